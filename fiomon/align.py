@@ -1,0 +1,94 @@
+"""Quantum alignment: where the grid of quanta starts (its phase).
+
+Phase matters more than anything else for accuracy (DESIGN.md): a record that straddles a
+quantum boundary is split in proportion to overlap, which is exact only if its I/Os were
+spread evenly. ``auto`` therefore puts boundaries where the records' own boundaries are.
+
+:func:`auto_phase` minimises the sample-weighted circular distance between record ends and
+the grid, ``sum_i w_i * d(e_i - phase mod Q)``, over every phase in 1 ms steps, with one FFT
+circular convolution (``O(Q log Q)``), so it stays cheap for long quanta.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.errors import ConfigError
+
+AlignMode = Literal["epoch", "auto"]
+Align = AlignMode | int  # an int is a fixed offset in ms
+
+
+def parse_duration_ms(text: str, *, what: str) -> int:
+    """Parse ``1s``, ``250ms``, ``2m``, ``1.5s`` or a bare number of seconds, to ms.
+
+    Raises:
+        ConfigError: the text is no duration or not a whole number of ms.
+    """
+    units = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+    t = text.strip().lower()
+    for suffix in sorted(units, key=len, reverse=True):
+        if t.endswith(suffix):
+            number, scale = t[: -len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = t, 1000
+    try:
+        value = float(number) * scale
+    except ValueError:
+        msg = f"{what}: {text!r} is not a duration (try 1s, 250ms, 2m)"
+        raise ConfigError([msg]) from None
+    if value < 0 or value != round(value):
+        msg = f"{what}: {text!r} must be a non-negative whole number of milliseconds"
+        raise ConfigError([msg])
+    return round(value)
+
+
+def parse_align(text: str) -> Align:
+    """``epoch``, ``auto`` or an offset duration (``250ms``).
+
+    Raises:
+        ConfigError: none of those.
+    """
+    t = text.strip().lower()
+    if t in ("epoch", "auto"):
+        return "epoch" if t == "epoch" else "auto"
+    return parse_duration_ms(t, what="align")
+
+
+def auto_phase(
+    ends_ms: npt.NDArray[np.int64], weights: npt.NDArray[np.float64], quantum_ms: int
+) -> int:
+    """The phase in ``[0, quantum_ms)`` that best matches the record ends.
+
+    Args:
+        ends_ms: record end stamps (ms).
+        weights: per record, its number of samples (heavier records matter more).
+        quantum_ms: the quantum length.
+
+    Returns:
+        The phase in ms; 0 when there is nothing to align to.
+    """
+    if quantum_ms <= 1 or len(ends_ms) == 0 or float(weights.sum()) <= 0:
+        return 0
+    resid = np.mod(ends_ms, quantum_ms)
+    hist = np.bincount(resid, weights=weights, minlength=quantum_ms)
+    k = np.arange(quantum_ms)
+    dist = np.minimum(k, quantum_ms - k).astype(np.float64)
+    # cost[p] = sum_r hist[r] * dist[(r - p) mod Q]: a circular cross-correlation.
+    cost = np.fft.irfft(np.fft.rfft(hist) * np.conj(np.fft.rfft(dist)), n=quantum_ms)
+    # Round away FFT noise so that equal costs tie-break to the smallest phase.
+    cost = np.round(cost, 6)
+    return int(np.argmin(cost))
+
+
+def phase_for(align: Align, quantum_ms: int) -> int | None:
+    """The fixed phase of a non-auto alignment (``None`` for ``auto``)."""
+    if align == "auto":
+        return None
+    if align == "epoch":
+        return 0
+    return int(align) % quantum_ms

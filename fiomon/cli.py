@@ -1,0 +1,197 @@
+"""The ``fiomon`` command line: one entry point, subcommands (DESIGN.md "Command line").
+
+Exit codes: 0 success; 1 the input held nothing usable or a strict parse failed; 2 a usage
+or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fiomon import __version__
+from fiomon.align import parse_align, parse_duration_ms
+from fiomon.errors import ConfigError, FiomonError, ParseError
+from fiomon.fiolog import interval_from_job_file
+from fiomon.output import FORMATS
+from fiomon.report import ReportOptions, run_report
+from fiomon.sources import SourceOptions
+from fiomon.windows import ALL_DIRECTIONS
+
+REPORT_EPILOG = """\
+inputs:
+  fio histogram logs (write_hist_log=PREFIX, log_hist_msec=N: PREFIX_clat_hist.N.log) and
+  fio json+ status streams (fio --output-format=json+ --status-interval=1 --output=F),
+  recognised by content. Use log_unix_epoch=1 so hosts share one clock.
+
+semantics:
+  a hist-log line is stamped at the END of its interval; records that straddle a quantum
+  are split in proportion to overlap; --align auto puts quantum boundaries where the
+  records' own boundaries are, which is what keeps the split exact.
+
+examples:
+  fiomon report results/*/job_clat_hist.*.log
+  fiomon report --quantum 10s --percentiles 50,99,99.99 --format csv *.log > p.csv
+  fiomon report --format fiologparser --percentiles 90,95,99 h_clat_hist.1.log
+"""
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(x) for x in text.replace(":", ",").split(",") if x.strip())
+    except ValueError:
+        msg = f"--percentiles: {text!r} is not a comma-separated list of numbers"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not qs or any(not 0 < q <= 100 for q in qs):
+        msg = f"--percentiles: values must be in (0, 100], got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return tuple(sorted(set(qs)))
+
+
+def _directions(text: str) -> tuple[str, ...]:
+    ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
+    bad = [d for d in ds if d not in ALL_DIRECTIONS]
+    if bad or not ds:
+        msg = f"--directions: unknown {bad or text!r}; choose from {','.join(ALL_DIRECTIONS)}"
+        raise argparse.ArgumentTypeError(msg)
+    return ds
+
+
+def _duration(what: str) -> type:
+    class _D:
+        def __new__(cls, text: str) -> int:  # type: ignore[misc]
+            try:
+                return parse_duration_ms(text, what=what)
+            except ConfigError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return _D
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(
+        prog="fiomon",
+        description="Cluster-wide latency percentiles over time from fio's histograms.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    r = sub.add_parser(
+        "report",
+        help="percentiles over time from finished fio logs",
+        description="Percentiles over time, per direction, from fio hist logs and json+ "
+        "status files: merged cluster-wide (and per host) in quanta of fixed length.",
+        epilog=REPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
+    r.add_argument("--quantum", type=_duration("--quantum"), default=1000,
+                   help="quantum length (default 1s; e.g. 250ms, 10s, 1m)")
+    r.add_argument("--align", type=str, default="auto",
+                   help="quantum phase: auto (match the records; default), epoch "
+                   "(multiples of the quantum) or an offset such as 250ms")
+    r.add_argument("--percentiles", type=_percentiles, default=(50.0, 90.0, 99.0, 99.9),
+                   help="comma-separated percentiles (default 50,90,99,99.9)")
+    r.add_argument("--directions", type=_directions, default=None,
+                   help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)")
+    r.add_argument("--per-host", action="store_true",
+                   help="also print host-scope rows; a file's host is its folder's name "
+                   "(or its file name when all files share a folder)")
+    r.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (default), csv, jsonl (closed-quantum JSON lines) or "
+                   "fiologparser (fio's fiologparser_hist.py columns)")
+    r.add_argument("--log-hist-msec", type=int, default=None, metavar="MS",
+                   help="fio's log_hist_msec: the span of each direction's first record "
+                   "(default: from --job-file, else the median spacing of the stamps)")
+    r.add_argument("--job-file", type=Path, default=None,
+                   help="fio job file to read log_hist_msec from")
+    r.add_argument("--group-nr", type=int, default=None,
+                   help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
+                   "from the column count)")
+    r.add_argument("--usbin", action="store_true",
+                   help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)")
+    r.add_argument("--strict", action="store_true",
+                   help="stop at the first bad line instead of counting and skipping it")
+    r.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="parser threads (default: one per core, at most 2)")
+    prog = r.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="always show a progress line on stderr")
+    prog.add_argument("--quiet", dest="progress", action="store_false",
+                      help="never show one (default: on a terminal, for inputs over 32 MB)")
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        align = parse_align(args.align)
+    except ConfigError as exc:
+        print(f"fiomon report: {exc}", file=sys.stderr)
+        return 2
+    interval = args.log_hist_msec
+    if interval is None and args.job_file is not None:
+        try:
+            interval = interval_from_job_file(args.job_file)
+        except OSError as exc:
+            print(f"fiomon report: --job-file: {exc}", file=sys.stderr)
+            return 2
+    if interval is not None and interval <= 0:
+        print("fiomon report: --log-hist-msec must be positive", file=sys.stderr)
+        return 2
+    if args.quantum <= 0:
+        print("fiomon report: --quantum must be positive", file=sys.stderr)
+        return 2
+    opts = ReportOptions(
+        quantum_ms=args.quantum,
+        align=align,
+        percentiles=args.percentiles,
+        directions=args.directions or ALL_DIRECTIONS,
+        directions_given=args.directions is not None,
+        per_host=args.per_host,
+        fmt=args.format,
+        source=SourceOptions(interval_ms=interval, group_nr=args.group_nr,
+                             unit="us" if args.usbin else None, strict=args.strict),
+        workers=args.jobs,
+        progress=args.progress,
+    )
+    try:
+        summary = run_report(args.logs, opts, sys.stdout)
+    except ParseError as exc:
+        print(f"fiomon report: {exc} (--strict)", file=sys.stderr)
+        return 1
+    except FiomonError as exc:
+        print(f"fiomon report: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # bad layout options such as --group-nr 7
+        print(f"fiomon report: {exc}", file=sys.stderr)
+        return 2
+    if summary.records == 0:
+        print("fiomon report: no histogram records in the input", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader (e.g. ``| head``) went away: stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "version":
+        print(f"fiomon {__version__}")
+        return 0
+    parser.print_help()
+    return 2

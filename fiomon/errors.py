@@ -1,0 +1,44 @@
+"""The fiomon exception tree.
+
+Every class also inherits the builtin that describes it, so callers may catch either
+``FiomonError`` or, say, ``ValueError``.
+"""
+
+from __future__ import annotations
+
+
+class FiomonError(Exception):
+    """Raised for any failure fiomon reports to its user (base class)."""
+
+
+class ConfigError(FiomonError, ValueError):
+    """Raised when a configuration file or command-line option is invalid.
+
+    Args:
+        problems: one message per bad key or option, each naming where it is.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class LayoutError(FiomonError, ValueError):
+    """Raised when no fio bin layout fits a histogram, or two layouts cannot be merged."""
+
+
+class ParseError(FiomonError, ValueError):
+    """Raised when input cannot be parsed and the caller asked for strictness.
+
+    Args:
+        source: the file (or stream) the bad input came from.
+        line_no: 1-based line number, or 0 when the problem is not tied to a line.
+        reason: what is wrong, for a person.
+    """
+
+    def __init__(self, source: str, line_no: int, reason: str) -> None:
+        self.source = source
+        self.line_no = line_no
+        self.reason = reason
+        where = f"{source}:{line_no}" if line_no else source
+        super().__init__(f"{where}: {reason}")

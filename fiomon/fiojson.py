@@ -1,0 +1,314 @@
+"""fio ``--output-format=json+ --status-interval=N`` streams to :class:`RecordBatch` records.
+
+fio appends one full JSON document per status interval (REFERENCE.md §2); the file as a
+whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to counts that are
+*cumulative* since the job started. So:
+
+* :class:`JsonSplitter` cuts the stream into documents incrementally, waits for a
+  half-written last document, and skips (and counts) noise between documents;
+* :class:`JsonStatusParser` maps midpoints back to fio bin indices (``plat_val_to_idx``) and
+  differences successive dumps per job and direction. The record of dump ``k`` covers
+  ``(timestamp_ms[k-1], timestamp_ms[k]]``; the first dump of a job covers its
+  ``job_runtime``. A count that decreases means the job restarted (a new run writing the
+  same file): a new stream begins, whose first record is the new cumulative histogram.
+  The final dump at exit carries the partial last interval that hist logs never write.
+
+Jobs are identified by position in ``jobs`` and name, since ``numjobs`` repeats names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.bins import BinLayout, plat_val_to_idx
+from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo
+from fiomon.problems import ProblemLog
+
+MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
+
+
+class JsonSplitter:
+    """Incremental splitter of concatenated JSON documents.
+
+    Args:
+        source: name used in messages.
+        problems: where noise and oversized documents are reported.
+        max_document_bytes: a pending document larger than this is dropped (reported), so a
+            stream that never closes its braces cannot grow memory without bound.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        problems: ProblemLog,
+        max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    ) -> None:
+        self.source = source
+        self.problems = problems
+        self.max_document_bytes = max_document_bytes
+        self._buf = ""
+        self._pending = b""
+        self._decoder = json.JSONDecoder()
+        self.documents = 0
+        self._line = 1
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        """Yield each document completed by ``data``."""
+        raw = self._pending + data
+        # Keep an incomplete UTF-8 sequence at the end for the next call.
+        text = raw.decode("utf-8", errors="ignore")
+        used = len(text.encode("utf-8"))
+        self._pending = raw[used:] if used < len(raw) and len(raw) - used < 4 else b""
+        if used < len(raw) and not self._pending:
+            self.problems.report(self.source, self._line, "encoding", "bytes that are not UTF-8")
+        self._buf += text
+        yield from self._drain(final=False)
+
+    def finish(self) -> Iterator[dict[str, Any]]:
+        """End of input: a document still incomplete is reported as truncated."""
+        yield from self._drain(final=True)
+        self._buf = ""
+
+    def _drain(self, *, final: bool) -> Iterator[dict[str, Any]]:
+        pos = 0
+        buf = self._buf
+        while True:
+            start = buf.find("{", pos)
+            skipped = buf[pos:start] if start >= 0 else buf[pos:]
+            if skipped.strip():
+                self.problems.report(self.source, self._line, "noise",
+                                     f"text between JSON documents: {skipped.strip()[:40]!r}")
+            self._line += skipped.count("\n")
+            if start < 0:
+                pos = len(buf)
+                break
+            try:
+                doc, end = self._decoder.raw_decode(buf, start)
+            except json.JSONDecodeError as exc:
+                incomplete = exc.pos >= len(buf) - 1 or (
+                    exc.msg.startswith("Unterminated string") and '"' not in buf[exc.pos + 1 :]
+                )
+                if incomplete and not final and len(buf) - start <= self.max_document_bytes:
+                    pos = start  # wait for the rest of this document
+                    break
+                if incomplete and final:
+                    self.problems.report(self.source, self._line, "truncated",
+                                         "last JSON document is incomplete (fio still writing?)")
+                    pos = len(buf)
+                    break
+                # A broken (or oversized) document: skip to the next line that opens one.
+                reason = (f"JSON document over {self.max_document_bytes} bytes" if incomplete
+                          else f"invalid JSON document: {exc.msg}")
+                self.problems.report(self.source, self._line, "json", reason)
+                nxt = buf.find("\n{", start + 1)
+                cut = len(buf) if nxt < 0 else nxt + 1
+                self._line += buf.count("\n", start, cut)
+                pos = cut
+                continue
+            self._line += buf.count("\n", start, end)
+            pos = end
+            if isinstance(doc, dict):
+                self.documents += 1
+                yield doc
+            else:
+                self.problems.report(self.source, self._line, "json", "JSON value is not an object")
+        self._buf = buf[pos:]
+
+
+@dataclass(slots=True)
+class _JobState:
+    stream: StreamInfo
+    restarts: int = 0
+    last_ts: int | None = None
+    cum: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
+    bytes_: dict[int, int] = field(default_factory=dict)
+    active: set[int] = field(default_factory=set)
+
+
+class JsonStatusParser:
+    """Turns json+ status documents into interval records.
+
+    Args:
+        source: name used in messages and stream ids (usually the path).
+        host: host label of the records.
+        layout: fio 3 layout of the json+ bins (GROUP_NR 29 unless fio was rebuilt).
+        problems: where bad documents are reported.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        host: str = "",
+        layout: BinLayout | None = None,
+        problems: ProblemLog | None = None,
+    ) -> None:
+        self.source = source
+        self.host = host
+        self.layout = layout or BinLayout()
+        self.problems = problems if problems is not None else ProblemLog()
+        self.splitter = JsonSplitter(source, self.problems)
+        self._jobs: dict[tuple[int, str], _JobState] = {}
+        self.records = 0
+
+    def feed(self, data: bytes) -> RecordBatch | None:
+        """Records of every document completed by ``data`` (``None`` if there are none)."""
+        return self._collect(self.splitter.feed(data))
+
+    def finish(self) -> RecordBatch | None:
+        """End of input; reports a truncated last document."""
+        out = self._collect(self.splitter.finish())
+        if self.splitter.documents == 0:
+            self.problems.warn(self.source, 0, "empty", "no fio JSON status documents")
+        return out
+
+    def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
+        rows: list[_Row] = []
+        for doc in docs:
+            rows.extend(self._document(doc))
+        if not rows:
+            return None
+        streams: dict[StreamInfo, int] = {}
+        sidx = [streams.setdefault(r.stream, len(streams)) for r in rows]
+        lens = [len(r.bins) for r in rows]
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        self.records += len(rows)
+        return RecordBatch(
+            layout=self.layout,
+            streams=tuple(streams),
+            stream_idx=np.asarray(sidx, dtype=np.int32),
+            direction=np.asarray([r.direction for r in rows], dtype=np.int8),
+            start_ms=np.asarray([r.start for r in rows], dtype=np.int64),
+            end_ms=np.asarray([r.end for r in rows], dtype=np.int64),
+            nbytes=np.asarray([r.nbytes for r in rows], dtype=np.int64),
+            indptr=indptr,
+            bins=np.concatenate([r.bins for r in rows]).astype(np.int32),
+            counts=np.concatenate([r.counts for r in rows]),
+        )
+
+    def _document(self, doc: dict[str, Any]) -> list[_Row]:
+        line = self.splitter._line  # noqa: SLF001 - the splitter's position names the document
+        ts = doc.get("timestamp_ms")
+        jobs = doc.get("jobs")
+        if not isinstance(ts, int) or not isinstance(jobs, list):
+            self.problems.report(self.source, line, "json-shape",
+                                 "document lacks integer 'timestamp_ms' or list 'jobs' "
+                                 "(not fio json+ output?)")
+            return []
+        rows: list[_Row] = []
+        for pos, job in enumerate(jobs):
+            if not isinstance(job, dict):
+                continue
+            name = str(job.get("jobname", f"job{pos}"))
+            key = (pos, name)
+            state = self._jobs.get(key)
+            if state is None:
+                state = _JobState(StreamInfo(self.host, f"{self.source}:{pos}:{name}"))
+                self._jobs[key] = state
+            rows.extend(self._job(state, job, ts, line))
+            state.last_ts = ts
+        return rows
+
+    def _job(self, state: _JobState, job: dict[str, Any], ts: int, line: int) -> list[_Row]:
+        current: dict[int, tuple[npt.NDArray[np.int64], int]] = {}
+        for d, label in enumerate(DIRECTION_LABELS):
+            parsed = self._direction(job.get(label), label, line)
+            if parsed is not None:
+                current[d] = parsed
+        restarted = any(
+            d in state.cum and _decreased(state.cum[d], cum) for d, (cum, _) in current.items()
+        )
+        if restarted:
+            state.restarts += 1
+            base = state.stream.stream.split("#run", 1)[0]
+            state.stream = StreamInfo(self.host, f"{base}#run{state.restarts + 1}")
+            state.cum.clear()
+            state.bytes_.clear()
+            state.active.clear()
+            state.last_ts = None
+            self.problems.warn(self.source, line, "restart",
+                               f"job {base.rsplit(':', 1)[-1]!r} restarted (counts decreased): "
+                               "new stream")
+        if state.last_ts is None:
+            runtime = job.get("job_runtime")
+            span = runtime if isinstance(runtime, int) and runtime > 0 else 0
+            start = ts - span
+        else:
+            start = state.last_ts
+        if ts < start:
+            self.problems.report(self.source, line, "decreasing",
+                                 f"timestamp_ms {ts} is before the previous {start}")
+            return []
+        rows = []
+        for d, (cum, nbytes) in current.items():
+            prev = state.cum.get(d)
+            delta = cum if prev is None else cum - prev
+            dbytes = nbytes - state.bytes_.get(d, 0)
+            state.cum[d] = cum
+            state.bytes_[d] = nbytes
+            if delta.any():
+                state.active.add(d)
+            if d not in state.active:
+                continue  # a direction the job never used: no records at all
+            nz = np.flatnonzero(delta)
+            rows.append(_Row(state.stream, d, start, ts, max(dbytes, 0), nz, delta[nz]))
+        return rows
+
+    def _direction(
+        self, section: object, label: str, line: int
+    ) -> tuple[npt.NDArray[np.int64], int] | None:
+        """Cumulative dense histogram and io_bytes of one direction, or None if absent."""
+        if not isinstance(section, dict):
+            return None
+        lat = section.get("clat_ns")
+        if not isinstance(lat, dict) or "bins" not in lat:
+            lat = section.get("lat_ns")
+        bins = lat.get("bins") if isinstance(lat, dict) else None
+        if bins is None:
+            return None
+        if not isinstance(bins, dict):
+            self.problems.report(self.source, line, "json-shape", f"{label}.clat_ns.bins is no object")
+            return None
+        try:
+            keys = np.fromiter((int(k) for k in bins), dtype=np.int64, count=len(bins))
+            vals = np.fromiter((int(v) for v in bins.values()), dtype=np.int64, count=len(bins))
+        except (TypeError, ValueError):
+            self.problems.report(self.source, line, "json-shape",
+                                 f"{label}.clat_ns.bins has non-integer keys or counts")
+            return None
+        if (keys < 0).any() or (vals < 0).any():
+            self.problems.report(self.source, line, "negative",
+                                 f"{label}.clat_ns.bins has negative values")
+            return None
+        dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)
+        np.add.at(dense, plat_val_to_idx(keys, self.layout.group_nr), vals)
+        io_bytes = section.get("io_bytes", 0)
+        return dense, io_bytes if isinstance(io_bytes, int) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    stream: StreamInfo
+    direction: int
+    start: int
+    end: int
+    nbytes: int
+    bins: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+
+
+def _decreased(old: npt.NDArray[np.int64], new: npt.NDArray[np.int64]) -> bool:
+    return bool((new < old).any())
+
+
+def looks_like_json(head: bytes) -> bool:
+    """Whether a file that starts with ``head`` is a json+ stream rather than a hist log."""
+    stripped = head.lstrip()
+    return stripped.startswith(b"{")

@@ -1,0 +1,278 @@
+"""fio histogram logs (``*_clat_hist.N.log``) to :class:`RecordBatch` records.
+
+Record semantics (REFERENCE.md §1, DESIGN.md):
+
+* a line ``time_ms, ddir, bs, c0..`` is stamped at the *end* of its interval and counts the
+  I/Os completed since the previous line of the same direction in the same file;
+* the first line of a direction covers ``log_hist_msec`` before it (given, read from the
+  job file, or the median spacing of the file's stamps);
+* a line with the same stamp as the previous one of its direction is a catch-up line
+  written after a stall: a zero-length record at that stamp whose counts are *added*;
+* a stamp that goes backwards is bad input (counted, skipped); a relative log whose
+  stamps restart near zero is a second run appended to the file (``per_job_logs=0``) and
+  starts a new stream;
+* stamps >= 10**12 are epoch ms (``log_unix_epoch=1``); smaller ones are relative to the
+  job start, are shifted by ``time_offset_ms`` and flagged with a warning.
+
+The parser is incremental: :meth:`HistLogParser.feed` takes any chunk of bytes, keeps an
+incomplete last line for the next call, and returns the records of the complete lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.bins import BinLayout, Unit, candidate_layouts, detect_layout
+from fiomon.errors import LayoutError
+from fiomon.linescan import scan
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.problems import ProblemLog
+
+EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
+DEFAULT_INTERVAL_MS = 1000
+READ_CHUNK = 4 << 20
+
+TimeKind = Literal["epoch", "relative"]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class HistLogOptions:
+    """How to read hist logs.
+
+    Args:
+        interval_ms: ``log_hist_msec``; ``None`` infers it from the stamps' median spacing.
+        group_nr: force fio's GROUP_NR (``--group-nr``); ``None`` detects it.
+        unit: force the bin unit (``"us"`` for fio 2 logs); ``None`` detects it.
+        time_offset_ms: added to relative stamps to place them on a common clock.
+    """
+
+    interval_ms: int | None = None
+    group_nr: int | None = None
+    unit: Unit | None = None
+    time_offset_ms: int = 0
+
+
+class HistLogParser:
+    """Incremental parser for one hist-log file.
+
+    Args:
+        source: name used in messages (usually the path).
+        host: host label of the records.
+        options: see :class:`HistLogOptions`.
+        problems: where bad lines and warnings are reported.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        host: str = "",
+        options: HistLogOptions | None = None,
+        problems: ProblemLog | None = None,
+    ) -> None:
+        self.source = source
+        self.host = host
+        self.options = options or HistLogOptions()
+        self.problems = problems if problems is not None else ProblemLog()
+        self.layout: BinLayout | None = None
+        self.time_kind: TimeKind | None = None
+        self.interval_ms = self.options.interval_ms
+        self.lines_seen = 0
+        self.records = 0
+        self._ncols: int | None = None
+        self._tail = b""
+        self._last_end: dict[int, int] = {}
+        self._segment = 0
+        self._segment_max = -1
+
+    @property
+    def stream(self) -> StreamInfo:
+        """The current stream (a new one starts when a relative log restarts)."""
+        name = self.source if self._segment == 0 else f"{self.source}#run{self._segment + 1}"
+        return StreamInfo(self.host, name)
+
+    def feed(self, data: bytes) -> RecordBatch | None:
+        """Parse the complete lines of ``self._tail + data``.
+
+        Returns:
+            The records, or ``None`` when no complete line was new or the layout is
+            unknown (a :class:`LayoutError` problem has been reported then).
+        """
+        buf = self._tail + data
+        cut = buf.rfind(b"\n") + 1
+        self._tail = buf[cut:]
+        if cut == 0:
+            return None
+        return self._parse(buf[:cut])
+
+    def finish(self) -> RecordBatch | None:
+        """End of input: an incomplete last line is reported as truncated."""
+        if self._tail:
+            line_no = self.lines_seen + 1
+            self._tail = b""
+            self.problems.report(
+                self.source, line_no, "truncated", "last line has no newline (truncated?)"
+            )
+        if self.lines_seen == 0:
+            self.problems.warn(self.source, 0, "empty", "empty file: no histogram records")
+        return None
+
+    def _fits_layout(self, ncols: int) -> bool:
+        return bool(candidate_layouts(ncols - 3, self.options.group_nr))
+
+    def _parse(self, buf: bytes) -> RecordBatch | None:
+        first_line = self.lines_seen + 1
+        res = scan(buf, self._ncols, prefer=self._fits_layout)
+        self.lines_seen += buf.count(b"\n")
+        for bad in res.bad:
+            self.problems.report(self.source, first_line + bad.index, bad.kind, bad.reason)
+        if not len(res.header):
+            return None
+        if self.layout is None:
+            try:
+                self.layout = detect_layout(
+                    res.ncols - 3, group_nr=self.options.group_nr, unit=self.options.unit
+                )
+            except LayoutError as exc:
+                self.problems.report(self.source, first_line, "layout", str(exc))
+                return None
+            self._ncols = res.ncols
+        times, dirs, bss = res.header[:, 0], res.header[:, 1], res.header[:, 2]
+        if self.interval_ms is None:
+            self.interval_ms = _median_spacing(times, dirs)
+            if self.interval_ms is None:
+                self.interval_ms = DEFAULT_INTERVAL_MS
+                self.problems.warn(
+                    self.source, 0, "interval",
+                    f"cannot infer log_hist_msec from one record; assuming "
+                    f"{DEFAULT_INTERVAL_MS} ms (pass --log-hist-msec)",
+                )
+        keep, starts, ends, streams, stream_idx = self._assign(
+            times, dirs, res.line_index + first_line
+        )
+        samples = np.zeros(len(times), dtype=np.int64)
+        rows = np.repeat(np.arange(len(times)), np.diff(res.indptr))
+        np.add.at(samples, rows, res.counts)
+        batch = RecordBatch(
+            layout=self.layout,
+            streams=tuple(streams),
+            stream_idx=stream_idx,
+            direction=dirs.astype(np.int8),
+            start_ms=starts,
+            end_ms=ends,
+            nbytes=samples * bss,
+            indptr=res.indptr,
+            bins=res.bins,
+            counts=res.counts,
+        )
+        batch = batch if keep.all() else batch.select(keep)
+        self.records += len(batch)
+        return batch
+
+    def _assign(
+        self, times: I64, dirs: I64, line_nos: I64
+    ) -> tuple[I64, I64, I64, list[StreamInfo], npt.NDArray[np.int32]]:
+        """Per record: keep flag, start and end ms, and stream, following fio's rules.
+
+        A Python loop over *records* (not bins): a few thousand per file.
+        """
+        n = len(times)
+        keep = np.ones(n, dtype=np.bool_)
+        stream_idx = np.zeros(n, dtype=np.int32)
+        starts = np.zeros(n, dtype=np.int64)
+        ends = np.zeros(n, dtype=np.int64)
+        streams: list[StreamInfo] = []
+        index: dict[StreamInfo, int] = {}
+        interval = int(self.interval_ms or DEFAULT_INTERVAL_MS)
+        for i, (t, d, line_no) in enumerate(zip(times.tolist(), dirs.tolist(),
+                                                line_nos.tolist(), strict=True)):
+            kind: TimeKind = "epoch" if t >= EPOCH_MS_MIN else "relative"
+            if d not in (0, 1, 2):
+                keep[i] = False
+                self.problems.report(self.source, line_no, "direction",
+                                     f"unknown direction {d} (fio writes 0, 1 or 2)")
+            elif self.time_kind is None:
+                self.time_kind = kind
+                if kind == "relative":
+                    self.problems.warn(
+                        self.source, 0, "relative-time",
+                        "relative timestamps (log_unix_epoch=0): hosts cannot be aligned "
+                        "exactly; times are ms since each job's start",
+                    )
+            elif kind != self.time_kind:
+                keep[i] = False
+                self.problems.report(self.source, line_no, "time-kind",
+                                     f"{kind} timestamp {t} in a file of {self.time_kind} ones")
+            if not keep[i]:
+                continue
+            if kind == "relative":
+                t += self.options.time_offset_ms
+            prev = self._last_end.get(d)
+            if prev is not None and t < prev:
+                restart = (kind == "relative"
+                           and t - self.options.time_offset_ms <= 2 * interval
+                           and prev - t >= interval)
+                if not restart:
+                    keep[i] = False
+                    self.problems.report(self.source, line_no, "decreasing",
+                                         f"timestamp {t} is before the previous {prev}")
+                    continue
+                self._segment += 1
+                self._last_end = {}
+                prev = None
+                self.problems.warn(self.source, line_no, "restart",
+                                   "timestamps restart: a second run appended to this file")
+            starts[i] = t - interval if prev is None else prev
+            ends[i] = t
+            self._last_end[d] = t
+            s = self.stream
+            if s not in index:
+                index[s] = len(streams)
+                streams.append(s)
+            stream_idx[i] = index[s]
+        return keep, starts, ends, streams, stream_idx
+
+
+def _median_spacing(times: I64, dirs: I64) -> int | None:
+    """Median positive spacing of stamps within each direction, or None if unknown."""
+    gaps = []
+    for d in (0, 1, 2):
+        t = times[dirs == d]
+        diff = np.diff(t)
+        gaps.append(diff[diff > 0])
+    allgaps = np.concatenate(gaps)
+    if not len(allgaps):
+        return None
+    return max(1, round(float(np.median(allgaps))))
+
+
+def read_chunks(path: Path, size: int = READ_CHUNK) -> Iterator[bytes]:
+    """The bytes of ``path`` in chunks of about ``size``."""
+    with path.open("rb") as fh:
+        while chunk := fh.read(size):
+            yield chunk
+
+
+def interval_from_job_file(path: Path) -> int | None:
+    """``log_hist_msec`` from a fio job file (last assignment wins), or None.
+
+    fio job files are INI-like but allow bare flags and ``;``/``#`` comments, so this reads
+    ``key=value`` lines itself rather than through configparser.
+    """
+    found: int | None = None
+    for raw in path.read_text(errors="replace").splitlines():
+        line = raw.split(";", 1)[0].split("#", 1)[0].strip()
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "log_hist_msec":
+            try:
+                found = int(value.strip())
+            except ValueError:
+                continue
+    return found

@@ -1,0 +1,195 @@
+"""Writers for closed quanta: ``table`` (for a person), ``csv``, ``jsonl``, ``fiologparser``.
+
+Every writer takes rows as they close (the report streams them) and never holds the whole
+run in memory.
+
+* ``jsonl``: the closed-quantum JSON line of DESIGN.md, one object per row.
+* ``csv``: the same fields flattened, latencies in ns; saturated percentiles hold their
+  lower bound and are listed in the ``saturated`` column.
+* ``fiologparser``: the layout of fio's ``fiologparser_hist.py`` so scripts keep working:
+  ``end-time, [dir,] samples, min, avg, median, <p>%..., max`` with times in ms, latencies
+  in the log's own unit (ns; µs for fio 2 logs), ``--percentiles`` other than 50 as the
+  ``<p>%`` columns, and ``samples`` the (overlap-weighted) I/O count of the quantum.
+* ``table``: aligned columns in a latency unit chosen from the first row (µs, ms or s);
+  a saturated percentile is shown as ``>`` its lower bound.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Literal, Protocol, TextIO
+
+from fiomon.histogram import pct_key
+from fiomon.windows import ClosedQuantum
+
+Format = Literal["table", "csv", "jsonl", "fiologparser"]
+FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
+_FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m"}
+_UNITS = (("us", 1e3), ("ms", 1e6), ("s", 1e9))
+
+
+class RowWriter(Protocol):
+    """Consumes closed quanta in time order."""
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        """Write ``rows``."""
+
+    def close(self) -> None:
+        """Write any footer."""
+
+
+class JsonlWriter:
+    """Closed-quantum JSON lines."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        """Write one JSON object per row."""
+        for r in rows:
+            self.out.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        """Nothing to finish."""
+
+
+class CsvWriter:
+    """Flat CSV with a header; latencies in ns."""
+
+    def __init__(self, out: TextIO, percentiles: Sequence[float]) -> None:
+        self.keys = [pct_key(q) for q in percentiles]
+        self.w = csv.writer(out, lineterminator="\n")
+        self.w.writerow([
+            "start_ms", "end_ms", "scope", "host", "direction", "samples", "iops",
+            "bytes_per_second", "min_ns", "mean_ns", *[f"p{k}_ns" for k in self.keys],
+            "max_ns", "saturated", "streams", "late_records",
+        ])
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        """Write one CSV line per row."""
+        for r in rows:
+            j = r.to_json()
+            self.w.writerow([
+                j["start_ms"], j["end_ms"], j["scope"], j["host"] or "", j["direction"],
+                j["samples"], _blank(j["iops"]), _blank(j["bytes_per_second"]), j["min_ns"],
+                j["mean_ns"], *[j["percentiles_ns"][k] for k in self.keys], j["max_ns"],
+                ";".join(j["saturated"]), j["streams"], j["late_records"],
+            ])
+
+    def close(self) -> None:
+        """Nothing to finish."""
+
+
+def _blank(x: object) -> object:
+    return "" if x is None else x
+
+
+class FiologparserWriter:
+    """The column layout of fio's fiologparser_hist.py."""
+
+    def __init__(self, out: TextIO, percentiles: Sequence[float], *, with_dir: bool,
+                 unit_ns: int) -> None:
+        self.out = out
+        self.keys = [pct_key(q) for q in percentiles if q != 50]
+        self.with_dir = with_dir
+        self.unit_ns = unit_ns
+        cols = ["end-time", *(["dir"] if with_dir else []), "samples", "min", "avg", "median",
+                *[f"{k}%" for k in self.keys], "max"]
+        out.write(", ".join(cols) + "\n")
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        """Write one line per row (cluster scope only, as fiologparser has no hosts)."""
+        for r in rows:
+            if r.scope != "cluster":
+                continue
+            s, u = r.stats, self.unit_ns
+            pcts = s.percentiles_ns
+            head = [f"{r.end_ms:d}"]
+            if self.with_dir:
+                head.append(_FIOLOG_DIR[r.direction])
+            vals = [pcts.get("50", float("nan"))] + [pcts[k] for k in self.keys]
+            fields = [*head, f"{round(s.samples):d}", f"{s.min_ns / u:.0f}",
+                      f"{s.mean_ns / u:.3f}", *[f"{v / u:.3f}" for v in vals],
+                      f"{s.max_ns / u:.0f}"]
+            self.out.write(", ".join(fields) + "\n")
+
+    def close(self) -> None:
+        """Nothing to finish."""
+
+
+class TableWriter:
+    """Aligned, human-readable columns."""
+
+    def __init__(self, out: TextIO, percentiles: Sequence[float], *, relative: bool,
+                 show_host: bool) -> None:
+        self.out = out
+        self.keys = [pct_key(q) for q in percentiles]
+        self.relative = relative
+        self.show_host = show_host
+        self.unit: tuple[str, float] | None = None
+        self.saturated_seen = False
+        self._last_date = ""
+
+    def _header(self) -> None:
+        name, _ = self.unit or _UNITS[0]
+        cols = ["end", *(["host"] if self.show_host else []), "dir", "samples", "IOPS",
+                "MB/s", "min", "mean", *[f"p{k}" for k in self.keys], "max"]
+        self.out.write(f"# latencies in {name}; end = end of each quantum"
+                       f"{' (s since job start)' if self.relative else ' (UTC)'}\n")
+        self.out.write(self._fmt(cols) + "\n")
+
+    def _fmt(self, cells: list[str]) -> str:
+        widths = [12, *([14] if self.show_host else []), 5, 9, 9, 8]
+        out = []
+        for i, c in enumerate(cells):
+            w = widths[i] if i < len(widths) else 10
+            out.append(c.ljust(w) if i < 2 + self.show_host else c.rjust(w))
+        return " ".join(out)
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        """Write one line per row, with a header before the first."""
+        for r in rows:
+            if self.unit is None:
+                p50 = r.stats.percentiles_ns.get("50", r.stats.mean_ns)
+                self.unit = next((u for u in _UNITS if p50 < u[1] * 1000), _UNITS[-1])
+                self._header()
+            self.out.write(self._line(r) + "\n")
+
+    def _line(self, r: ClosedQuantum) -> str:
+        assert self.unit is not None  # noqa: S101 - set by write() before the first line
+        scale = self.unit[1]
+        s = r.stats
+
+        def lat(v: float, key: str | None = None) -> str:
+            mark = ""
+            if key is not None and key in s.saturated:
+                mark = ">"
+                self.saturated_seen = True
+            return f"{mark}{v / scale:.{3 if v / scale < 100 else 1}f}"
+
+        if self.relative:
+            when = f"{r.end_ms / 1000:.3f}"
+        else:
+            t = dt.datetime.fromtimestamp(r.end_ms / 1000, tz=dt.UTC)
+            date = t.strftime("%Y-%m-%d")
+            if date != self._last_date:
+                self._last_date = date
+                self.out.write(f"# {date}\n")
+            when = t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+        cells = [when, *([r.host or "cluster"] if self.show_host else []), r.direction,
+                 f"{s.samples:.0f}", "-" if r.iops is None else f"{r.iops:.0f}",
+                 "-" if r.bytes_per_second is None else f"{r.bytes_per_second / 1e6:.1f}",
+                 lat(s.min_ns), lat(s.mean_ns),
+                 *[lat(s.percentiles_ns[k], k) for k in self.keys], lat(s.max_ns)]
+        return self._fmt(cells)
+
+    def close(self) -> None:
+        """Explain the saturation marker if it was used."""
+        if self.unit is None:
+            self.out.write("# no quanta: the input held no I/O\n")
+        if self.saturated_seen:
+            self.out.write("# '>' marks a lower bound: that percentile is in fio's last bin "
+                           "(latencies at or above its cap, about 17 s, are clamped there)\n")

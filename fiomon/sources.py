@@ -1,0 +1,129 @@
+"""Finished fio output files as chunked record sources for the offline report.
+
+A :class:`FileSource` reads one file in chunks of a few MB and feeds the matching parser
+(hist log or json+ stream, recognised by content). Its :attr:`FileSource.progress_ms`
+says how far in time its records have reached, so the report can read files in step and
+close quanta behind the slowest one, keeping memory bounded for runs of any length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fiomon.bins import BinLayout, Unit
+from fiomon.fiojson import JsonStatusParser, looks_like_json
+from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
+from fiomon.model import RecordBatch
+from fiomon.problems import ProblemLog
+
+CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Parsing options shared by all files of a report.
+
+    Args:
+        interval_ms: ``log_hist_msec`` of the hist logs, or ``None`` to infer it.
+        group_nr: force fio's GROUP_NR.
+        unit: force the bin unit of hist logs.
+        strict: make the first bad line fatal.
+        chunk_bytes: read size.
+    """
+
+    interval_ms: int | None = None
+    group_nr: int | None = None
+    unit: Unit | None = None
+    strict: bool = False
+    chunk_bytes: int = CHUNK_BYTES
+
+
+class FileSource:
+    """One input file, read in chunks.
+
+    Args:
+        path: the file.
+        host: host label of its records.
+        options: see :class:`SourceOptions`.
+    """
+
+    def __init__(self, path: Path, host: str, options: SourceOptions) -> None:
+        self.path = path
+        self.name = str(path)
+        self.problems = ProblemLog(strict=options.strict)
+        self.options = options
+        self._fh = path.open("rb")
+        self.size = path.stat().st_size
+        self.bytes_read = 0
+        self.done = False
+        self.max_end_ms: int | None = None
+        head = self._fh.read(64)
+        self._fh.seek(0)
+        self.kind = "json" if looks_like_json(head) else "hist"
+        self.parser: HistLogParser | JsonStatusParser
+        if self.kind == "json":
+            self.parser = JsonStatusParser(
+                self.name, host=host, problems=self.problems,
+                layout=BinLayout(options.group_nr) if options.group_nr else None,
+            )
+        else:
+            self.parser = HistLogParser(
+                self.name,
+                host=host,
+                options=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
+                problems=self.problems,
+            )
+
+    @property
+    def layout(self) -> BinLayout | None:
+        """Bin layout once known."""
+        return self.parser.layout
+
+    @property
+    def time_kind(self) -> TimeKind | None:
+        """``epoch`` or ``relative`` once known (json+ streams are always epoch)."""
+        if isinstance(self.parser, JsonStatusParser):
+            return "epoch" if self.parser.records else None
+        return self.parser.time_kind
+
+    @property
+    def slack_ms(self) -> int:
+        """How far a later record of this file may start before :attr:`max_end_ms`.
+
+        Directions of one hist log interleave with stamps up to an interval apart, and a
+        record starts one interval before its end.
+        """
+        if isinstance(self.parser, HistLogParser):
+            return 2 * int(self.parser.interval_ms or 1000)
+        return 0
+
+    def next_batch(self) -> RecordBatch | None:
+        """Parse the next chunk (the final call also finishes the parser)."""
+        if self.done:
+            return None
+        chunk = self._fh.read(self.options.chunk_bytes)
+        self.bytes_read += len(chunk)
+        if chunk:
+            batch = self.parser.feed(chunk)
+        else:
+            self.done = True
+            self._fh.close()
+            batch = self.parser.finish()
+        if batch is not None and len(batch):
+            end = int(batch.end_ms.max())
+            self.max_end_ms = end if self.max_end_ms is None else max(self.max_end_ms, end)
+        return batch
+
+    def close(self) -> None:
+        """Release the file handle."""
+        self.done = True
+        self._fh.close()
+
+
+def host_labels(paths: list[Path]) -> list[str]:
+    """Host label per file: its folder's name, or the file name when all share a folder."""
+    parents = {p.resolve().parent for p in paths}
+    if len(parents) > 1:
+        return [p.resolve().parent.name for p in paths]
+    return [p.name for p in paths]

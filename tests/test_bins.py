@@ -1,0 +1,125 @@
+"""Bin layouts against fio's own formulas (stat.c), written out the slow way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fiomon.bins import (
+    BinLayout,
+    candidate_layouts,
+    detect_layout,
+    fine_lower_upper,
+    plat_idx_to_val,
+    plat_val_to_idx,
+)
+from fiomon.errors import LayoutError
+
+
+def fio_idx_to_val(idx: int, edge: float = 0.5) -> float:
+    """stat.c plat_idx_to_val, with an edge fraction (0 lower, 1 upper)."""
+    if idx < 128:
+        return idx + edge if edge != 0.5 else idx
+    error_bits = (idx >> 6) - 1
+    base = 1 << (error_bits + 6)
+    k = idx % 64
+    return base + (k + edge) * (1 << error_bits)
+
+
+def fio_val_to_idx(val: int, group_nr: int = 29) -> int:
+    """stat.c plat_val_to_idx."""
+    msb = val.bit_length() - 1 if val else 0
+    if msb <= 6:
+        return val
+    error_bits = msb - 6
+    base = (error_bits + 1) << 6
+    offset = 63 & (val >> error_bits)
+    return min(base + offset, group_nr * 64 - 1)
+
+
+@pytest.mark.parametrize("group_nr", [19, 29, 30, 40])
+def test_fine_edges_match_fio_formula(group_nr: int) -> None:
+    n = group_nr * 64
+    lower, upper = fine_lower_upper(np.arange(n))
+    exp_lo = [fio_idx_to_val(i, 0.0) if i >= 128 else i for i in range(n)]
+    exp_hi = [fio_idx_to_val(i, 1.0) if i >= 128 else i + 1 for i in range(n)]
+    assert lower.tolist() == exp_lo
+    assert upper.tolist() == exp_hi
+    assert (lower[1:] == upper[:-1]).all(), "bins must tile the axis without gaps"
+
+
+def test_midpoints_are_what_fio_reports() -> None:
+    idx = np.arange(1856)
+    assert plat_idx_to_val(idx).tolist() == [int(fio_idx_to_val(i)) for i in range(1856)]
+
+
+def test_json_midpoints_map_back_to_their_index() -> None:
+    idx = np.arange(1856)
+    assert (plat_val_to_idx(plat_idx_to_val(idx)) == idx).all()
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=50))
+def test_val_to_idx_matches_fio(values: list[int]) -> None:
+    got = plat_val_to_idx(np.array(values, dtype=np.int64)).tolist()
+    assert got == [fio_val_to_idx(v) for v in values]
+
+
+def test_values_above_cap_are_clamped_into_last_bin() -> None:
+    assert plat_val_to_idx(np.array([2**34, 2**38]), 29).tolist() == [1855, 1855]
+    lay = BinLayout()
+    assert lay.cap_ns == 2**34 - 2**27  # lower edge of the last bin
+
+
+@pytest.mark.parametrize("c", range(7))
+def test_coarse_edges_are_unions_of_fine_bins(c: int) -> None:
+    lay = BinLayout(29, c)
+    lo, hi = lay.edges_ns()
+    assert len(lo) == 1856 >> c
+    stride = 1 << c
+    for i in (0, 1, 5, len(lo) // 2, len(lo) - 1):
+        assert lo[i] == (i * stride if i * stride < 128 else fio_idx_to_val(i * stride, 0.0))
+        j = (i + 1) * stride - 1
+        assert hi[i] == (j + 1 if j < 128 else fio_idx_to_val(j, 1.0))
+
+
+def test_fio2_layout_is_microseconds() -> None:
+    lay = detect_layout(1216)
+    assert (lay.group_nr, lay.coarseness, lay.unit) == (19, 0, "us")
+    lo, _ = lay.edges_ns()
+    assert lo[200] == fio_idx_to_val(200, 0.0) * 1000
+    assert detect_layout(76) == BinLayout(19, 4, "us")
+    assert detect_layout(1216, unit="ns").unit == "ns"
+
+
+@pytest.mark.parametrize(
+    ("nbins", "expected"),
+    [(1856, (29, 0)), (928, (29, 1)), (116, (29, 4)), (29, (29, 6)), (1920, (30, 0)),
+     (2048, (32, 0)), (608, (19, 1))],
+)
+def test_detection_prefers_the_finest_layout(nbins: int, expected: tuple[int, int]) -> None:
+    lay = detect_layout(nbins)
+    assert (lay.group_nr, lay.coarseness) == expected
+
+
+def test_group_nr_option_disambiguates() -> None:
+    assert detect_layout(1856, group_nr=58) == BinLayout(58, 1)
+    assert [c.group_nr for c in candidate_layouts(1856)] == [29, 58]
+
+
+def test_no_layout_lists_counts_that_would_fit() -> None:
+    with pytest.raises(LayoutError) as exc:
+        detect_layout(1855)
+    msg = str(exc.value)
+    assert "1855 histogram bins fit no fio layout" in msg
+    assert "1856 (GROUP_NR 29, coarseness 0)" in msg
+    assert "1216 (GROUP_NR 19, coarseness 0)" in msg
+    assert "--group-nr" in msg
+
+
+def test_invalid_layouts_are_refused() -> None:
+    with pytest.raises(ValueError, match="group_nr"):
+        BinLayout(7)
+    with pytest.raises(ValueError, match="coarseness"):
+        BinLayout(29, 9)
