@@ -126,7 +126,7 @@ def fine_lower_upper(fine_idx: IntArray) -> tuple[IntArray, IntArray]:
 
 
 def plat_idx_to_val(fine_idx: IntArray) -> IntArray:
-    """fio's ``plat_idx_to_val``: the value fio reports for a fine bin (its midpoint).
+    """Fio's ``plat_idx_to_val``: the value fio reports for a fine bin (its midpoint).
 
     Bins below 128 report their exact value; above, ``lower + 2**(e - 1)``.
     """
@@ -136,7 +136,7 @@ def plat_idx_to_val(fine_idx: IntArray) -> IntArray:
 
 
 def plat_val_to_idx(values: IntArray, group_nr: int = FIO3_GROUP_NR) -> IntArray:
-    """fio's ``plat_val_to_idx``: the fine bin of each value, clamped to the last bin."""
+    """Fio's ``plat_val_to_idx``: the fine bin of each value, clamped to the last bin."""
     v = np.asarray(values, dtype=np.int64)
     if v.size and int(v.min()) < 0:
         msg = "latency values must be non-negative"
@@ -194,7 +194,9 @@ def candidate_layouts(nbins: int, group_nr: int | None = None) -> list[BinLayout
     return found
 
 
-def detect_layout(nbins: int, *, group_nr: int | None = None, unit: Unit | None = None) -> BinLayout:
+def detect_layout(
+    nbins: int, *, group_nr: int | None = None, unit: Unit | None = None
+) -> BinLayout:
     """The layout of a histogram with ``nbins`` bins.
 
     The finest candidate wins (1856 bins is GROUP_NR 29 at coarseness 0, not 58 at 1).
@@ -221,9 +223,7 @@ def detect_layout(nbins: int, *, group_nr: int | None = None, unit: Unit | None 
     return layout
 
 
-def coarsen_counts(
-    bins: IntArray, source: BinLayout, target: BinLayout
-) -> IntArray:
+def coarsen_counts(bins: IntArray, source: BinLayout, target: BinLayout) -> IntArray:
     """Map bin indices of ``source`` onto the coarser ``target`` (same group_nr and unit).
 
     Coarsening is exact aggregation (a target bin is a union of source bins), never a

@@ -87,40 +87,111 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
-    r.add_argument("--quantum", type=_duration("--quantum"), default=1000,
-                   help="quantum length (default 1s; e.g. 250ms, 10s, 1m)")
-    r.add_argument("--align", type=str, default="auto",
-                   help="quantum phase: auto (match the records; default), epoch "
-                   "(multiples of the quantum) or an offset such as 250ms")
-    r.add_argument("--percentiles", type=_percentiles, default=(50.0, 90.0, 99.0, 99.9),
-                   help="comma-separated percentiles (default 50,90,99,99.9)")
-    r.add_argument("--directions", type=_directions, default=None,
-                   help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)")
-    r.add_argument("--per-host", action="store_true",
-                   help="also print host-scope rows; a file's host is its folder's name "
-                   "(or its file name when all files share a folder)")
-    r.add_argument("--format", choices=FORMATS, default="table",
-                   help="table (default), csv, jsonl (closed-quantum JSON lines) or "
-                   "fiologparser (fio's fiologparser_hist.py columns)")
-    r.add_argument("--log-hist-msec", type=int, default=None, metavar="MS",
-                   help="fio's log_hist_msec: the span of each direction's first record "
-                   "(default: from --job-file, else the median spacing of the stamps)")
-    r.add_argument("--job-file", type=Path, default=None,
-                   help="fio job file to read log_hist_msec from")
-    r.add_argument("--group-nr", type=int, default=None,
-                   help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
-                   "from the column count)")
-    r.add_argument("--usbin", action="store_true",
-                   help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)")
-    r.add_argument("--strict", action="store_true",
-                   help="stop at the first bad line instead of counting and skipping it")
-    r.add_argument("--jobs", type=int, default=0, metavar="N",
-                   help="parser threads (default: one per core, at most 2)")
+    r.add_argument(
+        "--quantum",
+        type=_duration("--quantum"),
+        default=1000,
+        help="quantum length (default 1s; e.g. 250ms, 10s, 1m)",
+    )
+    r.add_argument(
+        "--align",
+        type=str,
+        default="auto",
+        help="quantum phase: auto (match the records; default), epoch "
+        "(multiples of the quantum) or an offset such as 250ms",
+    )
+    r.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=(50.0, 90.0, 99.0, 99.9),
+        help="comma-separated percentiles (default 50,90,99,99.9)",
+    )
+    r.add_argument(
+        "--directions",
+        type=_directions,
+        default=None,
+        help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)",
+    )
+    r.add_argument(
+        "--per-host",
+        action="store_true",
+        help="also print host-scope rows; a file's host is its folder's name "
+        "(or its file name when all files share a folder)",
+    )
+    r.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (default), csv, jsonl (closed-quantum JSON lines) or "
+        "fiologparser (fio's fiologparser_hist.py columns)",
+    )
+    r.add_argument(
+        "--log-hist-msec",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="fio's log_hist_msec: the span of each direction's first record "
+        "(default: from --job-file, else the median spacing of the stamps)",
+    )
+    r.add_argument(
+        "--job-file", type=Path, default=None, help="fio job file to read log_hist_msec from"
+    )
+    r.add_argument(
+        "--group-nr",
+        type=int,
+        default=None,
+        help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
+        "from the column count)",
+    )
+    r.add_argument(
+        "--usbin",
+        action="store_true",
+        help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
+    )
+    r.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first bad line instead of counting and skipping it",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="parser threads (default: one per core, at most 2)",
+    )
     prog = r.add_mutually_exclusive_group()
-    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="always show a progress line on stderr")
-    prog.add_argument("--quiet", dest="progress", action="store_false",
-                      help="never show one (default: on a terminal, for inputs over 32 MB)")
+    prog.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always show a progress line on stderr",
+    )
+    prog.add_argument(
+        "--quiet",
+        dest="progress",
+        action="store_false",
+        help="never show one (default: on a terminal, for inputs over 32 MB)",
+    )
+    dm = sub.add_parser(
+        "demo",
+        help="simulated cluster through the real engine (no setup needed)",
+        description="Simulate a cluster of fio clients (normal head + power-law tail "
+        "latencies, a storage-node failure window) and report its percentiles over time.",
+    )
+    dm.add_argument("--hosts", type=int, default=8, help="simulated hosts (default 8)")
+    dm.add_argument("--jobs", type=int, default=4, help="fio jobs per host (default 4)")
+    dm.add_argument(
+        "--duration", type=int, default=30, metavar="S", help="simulated seconds (default 30)"
+    )
+    dm.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the simulated logs to DIR and keep them",
+    )
     sub.add_parser("version", help="print the version")
     return p
 
@@ -144,16 +215,27 @@ def _report(args: argparse.Namespace) -> int:
     if args.quantum <= 0:
         print("fiomon report: --quantum must be positive", file=sys.stderr)
         return 2
+    percentiles = args.percentiles
+    directions = args.directions or ALL_DIRECTIONS
+    if args.format == "fiologparser":
+        # fiologparser_hist.py always prints the median, and without --directions only the
+        # mixed ("all") row.
+        percentiles = tuple(sorted({50.0, *percentiles}))
+        directions = args.directions or ("all",)
     opts = ReportOptions(
         quantum_ms=args.quantum,
         align=align,
-        percentiles=args.percentiles,
-        directions=args.directions or ALL_DIRECTIONS,
+        percentiles=percentiles,
+        directions=directions,
         directions_given=args.directions is not None,
         per_host=args.per_host,
         fmt=args.format,
-        source=SourceOptions(interval_ms=interval, group_nr=args.group_nr,
-                             unit="us" if args.usbin else None, strict=args.strict),
+        source=SourceOptions(
+            interval_ms=interval,
+            group_nr=args.group_nr,
+            unit="us" if args.usbin else None,
+            strict=args.strict,
+        ),
         workers=args.jobs,
         progress=args.progress,
     )
@@ -190,6 +272,13 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "demo":
+        if args.hosts < 1 or args.jobs < 1 or args.duration < 3:
+            print("fiomon demo: --hosts and --jobs must be >= 1, --duration >= 3", file=sys.stderr)
+            return 2
+        from fiomon.demo import run_demo  # noqa: PLC0415 - report runs need not import it
+
+        return run_demo(hosts=args.hosts, jobs=args.jobs, seconds=args.duration, keep=args.keep)
     if args.command == "version":
         print(f"fiomon {__version__}")
         return 0

@@ -82,8 +82,12 @@ class JsonSplitter:
             start = buf.find("{", pos)
             skipped = buf[pos:start] if start >= 0 else buf[pos:]
             if skipped.strip():
-                self.problems.report(self.source, self._line, "noise",
-                                     f"text between JSON documents: {skipped.strip()[:40]!r}")
+                self.problems.report(
+                    self.source,
+                    self._line,
+                    "noise",
+                    f"text between JSON documents: {skipped.strip()[:40]!r}",
+                )
             self._line += skipped.count("\n")
             if start < 0:
                 pos = len(buf)
@@ -98,13 +102,20 @@ class JsonSplitter:
                     pos = start  # wait for the rest of this document
                     break
                 if incomplete and final:
-                    self.problems.report(self.source, self._line, "truncated",
-                                         "last JSON document is incomplete (fio still writing?)")
+                    self.problems.report(
+                        self.source,
+                        self._line,
+                        "truncated",
+                        "last JSON document is incomplete (fio still writing?)",
+                    )
                     pos = len(buf)
                     break
                 # A broken (or oversized) document: skip to the next line that opens one.
-                reason = (f"JSON document over {self.max_document_bytes} bytes" if incomplete
-                          else f"invalid JSON document: {exc.msg}")
+                reason = (
+                    f"JSON document over {self.max_document_bytes} bytes"
+                    if incomplete
+                    else f"invalid JSON document: {exc.msg}"
+                )
                 self.problems.report(self.source, self._line, "json", reason)
                 nxt = buf.find("\n{", start + 1)
                 cut = len(buf) if nxt < 0 else nxt + 1
@@ -194,13 +205,16 @@ class JsonStatusParser:
         )
 
     def _document(self, doc: dict[str, Any]) -> list[_Row]:
-        line = self.splitter._line  # noqa: SLF001 - the splitter's position names the document
+        line = self.splitter._line
         ts = doc.get("timestamp_ms")
         jobs = doc.get("jobs")
         if not isinstance(ts, int) or not isinstance(jobs, list):
-            self.problems.report(self.source, line, "json-shape",
-                                 "document lacks integer 'timestamp_ms' or list 'jobs' "
-                                 "(not fio json+ output?)")
+            self.problems.report(
+                self.source,
+                line,
+                "json-shape",
+                "document lacks integer 'timestamp_ms' or list 'jobs' (not fio json+ output?)",
+            )
             return []
         rows: list[_Row] = []
         for pos, job in enumerate(jobs):
@@ -233,9 +247,12 @@ class JsonStatusParser:
             state.bytes_.clear()
             state.active.clear()
             state.last_ts = None
-            self.problems.warn(self.source, line, "restart",
-                               f"job {base.rsplit(':', 1)[-1]!r} restarted (counts decreased): "
-                               "new stream")
+            self.problems.warn(
+                self.source,
+                line,
+                "restart",
+                f"job {base.rsplit(':', 1)[-1]!r} restarted (counts decreased): new stream",
+            )
         if state.last_ts is None:
             runtime = job.get("job_runtime")
             span = runtime if isinstance(runtime, int) and runtime > 0 else 0
@@ -243,8 +260,9 @@ class JsonStatusParser:
         else:
             start = state.last_ts
         if ts < start:
-            self.problems.report(self.source, line, "decreasing",
-                                 f"timestamp_ms {ts} is before the previous {start}")
+            self.problems.report(
+                self.source, line, "decreasing", f"timestamp_ms {ts} is before the previous {start}"
+            )
             return []
         rows = []
         for d, (cum, nbytes) in current.items():
@@ -274,18 +292,25 @@ class JsonStatusParser:
         if bins is None:
             return None
         if not isinstance(bins, dict):
-            self.problems.report(self.source, line, "json-shape", f"{label}.clat_ns.bins is no object")
+            self.problems.report(
+                self.source, line, "json-shape", f"{label}.clat_ns.bins is no object"
+            )
             return None
         try:
             keys = np.fromiter((int(k) for k in bins), dtype=np.int64, count=len(bins))
             vals = np.fromiter((int(v) for v in bins.values()), dtype=np.int64, count=len(bins))
         except (TypeError, ValueError):
-            self.problems.report(self.source, line, "json-shape",
-                                 f"{label}.clat_ns.bins has non-integer keys or counts")
+            self.problems.report(
+                self.source,
+                line,
+                "json-shape",
+                f"{label}.clat_ns.bins has non-integer keys or counts",
+            )
             return None
         if (keys < 0).any() or (vals < 0).any():
-            self.problems.report(self.source, line, "negative",
-                                 f"{label}.clat_ns.bins has negative values")
+            self.problems.report(
+                self.source, line, "negative", f"{label}.clat_ns.bins has negative values"
+            )
             return None
         dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)
         np.add.at(dense, plat_val_to_idx(keys, self.layout.group_nr), vals)

@@ -150,7 +150,9 @@ class HistLogParser:
             if self.interval_ms is None:
                 self.interval_ms = DEFAULT_INTERVAL_MS
                 self.problems.warn(
-                    self.source, 0, "interval",
+                    self.source,
+                    0,
+                    "interval",
                     f"cannot infer log_hist_msec from one record; assuming "
                     f"{DEFAULT_INTERVAL_MS} ms (pass --log-hist-msec)",
                 )
@@ -178,7 +180,7 @@ class HistLogParser:
 
     def _assign(
         self, times: I64, dirs: I64, line_nos: I64
-    ) -> tuple[I64, I64, I64, list[StreamInfo], npt.NDArray[np.int32]]:
+    ) -> tuple[npt.NDArray[np.bool_], I64, I64, list[StreamInfo], npt.NDArray[np.int32]]:
         """Per record: keep flag, start and end ms, and stream, following fio's rules.
 
         A Python loop over *records* (not bins): a few thousand per file.
@@ -191,44 +193,60 @@ class HistLogParser:
         streams: list[StreamInfo] = []
         index: dict[StreamInfo, int] = {}
         interval = int(self.interval_ms or DEFAULT_INTERVAL_MS)
-        for i, (t, d, line_no) in enumerate(zip(times.tolist(), dirs.tolist(),
-                                                line_nos.tolist(), strict=True)):
-            kind: TimeKind = "epoch" if t >= EPOCH_MS_MIN else "relative"
+        for i, (stamp, d, line_no) in enumerate(
+            zip(times.tolist(), dirs.tolist(), line_nos.tolist(), strict=True)
+        ):
+            kind: TimeKind = "epoch" if stamp >= EPOCH_MS_MIN else "relative"
             if d not in (0, 1, 2):
                 keep[i] = False
-                self.problems.report(self.source, line_no, "direction",
-                                     f"unknown direction {d} (fio writes 0, 1 or 2)")
+                self.problems.report(
+                    self.source,
+                    line_no,
+                    "direction",
+                    f"unknown direction {d} (fio writes 0, 1 or 2)",
+                )
             elif self.time_kind is None:
                 self.time_kind = kind
                 if kind == "relative":
                     self.problems.warn(
-                        self.source, 0, "relative-time",
+                        self.source,
+                        0,
+                        "relative-time",
                         "relative timestamps (log_unix_epoch=0): hosts cannot be aligned "
                         "exactly; times are ms since each job's start",
                     )
             elif kind != self.time_kind:
                 keep[i] = False
-                self.problems.report(self.source, line_no, "time-kind",
-                                     f"{kind} timestamp {t} in a file of {self.time_kind} ones")
+                self.problems.report(
+                    self.source,
+                    line_no,
+                    "time-kind",
+                    f"{kind} timestamp {stamp} in a file of {self.time_kind} ones",
+                )
             if not keep[i]:
                 continue
-            if kind == "relative":
-                t += self.options.time_offset_ms
+            t = stamp + (self.options.time_offset_ms if kind == "relative" else 0)
             prev = self._last_end.get(d)
             if prev is not None and t < prev:
-                restart = (kind == "relative"
-                           and t - self.options.time_offset_ms <= 2 * interval
-                           and prev - t >= interval)
+                restart = kind == "relative" and stamp <= 2 * interval and prev - t >= interval
                 if not restart:
                     keep[i] = False
-                    self.problems.report(self.source, line_no, "decreasing",
-                                         f"timestamp {t} is before the previous {prev}")
+                    self.problems.report(
+                        self.source,
+                        line_no,
+                        "decreasing",
+                        f"timestamp {t} is before the previous {prev}",
+                    )
                     continue
                 self._segment += 1
                 self._last_end = {}
                 prev = None
-                self.problems.warn(self.source, line_no, "restart",
-                                   "timestamps restart: a second run appended to this file")
+                self.problems.warn(
+                    self.source,
+                    line_no,
+                    "restart",
+                    "timestamps restart: a second run appended to this file",
+                )
             starts[i] = t - interval if prev is None else prev
             ends[i] = t
             self._last_end[d] = t

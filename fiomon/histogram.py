@@ -61,44 +61,65 @@ def percentiles(
     counts: npt.NDArray[np.float64], layout: BinLayout, qs: Sequence[float]
 ) -> tuple[list[float], list[bool]] | None:
     """Percentile values (ns) and saturation flags, or ``None`` for an empty histogram."""
-    cum = np.cumsum(counts, dtype=np.float64)
-    total = float(cum[-1]) if len(cum) else 0.0
-    if total <= 0:
+    stats = summarize(counts, layout, qs)
+    if stats is None:
         return None
-    lower, upper = layout.edges_ns()
-    last = len(counts) - 1
-    targets = np.asarray(qs, dtype=np.float64) / 100.0 * total
-    idx = np.searchsorted(cum, targets * (1 - _REL_TOL), side="left")
-    idx = np.minimum(idx, last)
-    # q = 0 (or a target in leading empty bins) starts at the first non-empty bin.
-    first = int(np.flatnonzero(counts > 0)[0])
-    idx = np.maximum(idx, first)
-    prev = np.where(idx > 0, cum[idx - 1], 0.0)
-    frac = np.clip((targets - prev) / counts[idx], 0.0, 1.0)
-    values = lower[idx] + frac * (upper[idx] - lower[idx])
-    sat = idx == last
-    values = np.where(sat, lower[last], values)
-    return values.tolist(), sat.tolist()
+    keys = [pct_key(q) for q in qs]
+    return [stats.percentiles_ns[k] for k in keys], [k in stats.saturated for k in keys]
 
 
 def summarize(
     counts: npt.NDArray[np.float64], layout: BinLayout, qs: Sequence[float]
 ) -> HistStats | None:
     """All statistics of ``counts`` (see the module contract), or ``None`` if empty."""
-    res = percentiles(counts, layout, qs)
-    if res is None:
-        return None
-    values, sat = res
-    nz = np.flatnonzero(counts > 0)
+    return summarize_many(np.asarray(counts, dtype=np.float64)[None, :], layout, qs)[0]
+
+
+def summarize_many(
+    hists: npt.NDArray[np.float64], layout: BinLayout, qs: Sequence[float]
+) -> list[HistStats | None]:
+    """:func:`summarize` of every row of ``hists`` at once (vectorised over rows)."""
+    n, nbins = hists.shape
+    if n == 0:
+        return []
     lower, upper = layout.edges_ns()
-    total = float(counts.sum())
-    mean = float(np.dot(counts, layout.mids_ns()) / total)
+    cum = np.cumsum(hists, axis=1)
+    total = cum[:, -1]
+    nonempty = total > 0
+    safe_total = np.where(nonempty, total, 1.0)
+    occupied = hists > 0
+    first = np.argmax(occupied, axis=1)
+    last_nz = nbins - 1 - np.argmax(occupied[:, ::-1], axis=1)
+    mean = (hists @ layout.mids_ns()) / safe_total
+    rows = np.arange(n)
     keys = [pct_key(q) for q in qs]
-    return HistStats(
-        samples=total,
-        min_ns=float(lower[nz[0]]),
-        mean_ns=mean,
-        max_ns=float(upper[nz[-1]]),
-        percentiles_ns=dict(zip(keys, values, strict=True)),
-        saturated=tuple(k for k, s in zip(keys, sat, strict=True) if s),
-    )
+    values = np.zeros((n, len(qs)))
+    sat = np.zeros((n, len(qs)), dtype=np.bool_)
+    for j, q in enumerate(qs):
+        target = q / 100.0 * total
+        # First bin whose cumulative count reaches the target (a relative tolerance keeps a
+        # target equal to a bin's running total in that bin, not past an empty gap).
+        idx = np.count_nonzero(cum < (target * (1 - _REL_TOL))[:, None], axis=1)
+        idx = np.clip(np.maximum(idx, first), 0, nbins - 1)
+        prev = np.where(idx > 0, cum[rows, np.maximum(idx - 1, 0)], 0.0)
+        here = hists[rows, idx]
+        frac = np.clip((target - prev) / np.where(here > 0, here, 1.0), 0.0, 1.0)
+        val = lower[idx] + frac * (upper[idx] - lower[idx])
+        sat[:, j] = idx == nbins - 1
+        values[:, j] = np.where(sat[:, j], lower[nbins - 1], val)
+    out: list[HistStats | None] = []
+    for i in range(n):
+        if not nonempty[i]:
+            out.append(None)
+            continue
+        out.append(
+            HistStats(
+                samples=float(total[i]),
+                min_ns=float(lower[first[i]]),
+                mean_ns=float(mean[i]),
+                max_ns=float(upper[last_nz[i]]),
+                percentiles_ns=dict(zip(keys, values[i].tolist(), strict=True)),
+                saturated=tuple(k for k, s in zip(keys, sat[i].tolist(), strict=True) if s),
+            )
+        )
+    return out

@@ -18,6 +18,7 @@ reason. Lines are only scanned complete (the buffer must end with a newline).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,23 +69,22 @@ class Scan:
 def _parse_at(a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], ends: I64) -> tuple[I64, I64]:
     """Decode the digit runs that end just before ``ends``; returns values and digit counts.
 
-    Works from the last digit backwards on a shrinking set: most fields have one or two
-    digits, so later passes touch only the few long ones.
+    Every run has at least one digit (canonical form), so the last digit is decoded densely;
+    earlier digits only for the shrinking set of longer runs (most counts are 1-2 digits).
     """
-    val = np.zeros(len(ends), dtype=np.int64)
-    ndig = np.zeros(len(ends), dtype=np.int64)
-    act = np.arange(len(ends), dtype=np.int64)
-    pos = ends - 1
-    for k in range(_MAX_DIGITS + 1):
-        # pos may reach -1 at the buffer start: index -1 is the buffer's final newline,
-        # which is not a digit, so the run stops there.
-        ok = isd[pos]
-        act, pos = act[ok], pos[ok]
+    val = a[ends - 1].astype(np.int64) - _ZERO
+    ndig = np.ones(len(ends), dtype=np.int64)
+    # pos may reach -1 at the buffer start: index -1 is the buffer's final newline, which is
+    # not a digit, so the run stops there.
+    act = np.flatnonzero(isd[ends - 2])
+    pos = ends[act] - 2
+    for k in range(1, _MAX_DIGITS + 1):
         if not len(act):
             break
-        val[act] += (a[pos].astype(np.int64) - _ZERO) * (10**k if k < _MAX_DIGITS else 0)
+        val[act] += (a[pos].astype(np.int64) - _ZERO) * 10**k
         ndig[act] += 1
-        pos = pos - 1
+        more = isd[pos - 1]
+        act, pos = act[more], pos[more] - 1
     return val, ndig
 
 
@@ -110,8 +110,12 @@ def _slow_line(line: bytes, ncols: int | None) -> tuple[bytes | None, str, str]:
 def _masks(
     a: npt.NDArray[np.uint8],
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], bool, int]:
-    """Digit, comma and newline masks; whether any byte breaks the canonical form; and
-    the separator width (2 for ``", "``, 1 for ``","``, 0 when mixed)."""
+    """Masks of a buffer and what they imply.
+
+    Returns the digit, separator (comma or newline) and newline masks; whether any byte
+    breaks the canonical
+    form; and the separator width (2 for ``", "``, 1 for ``","``, 0 when mixed).
+    """
     isd = (a - _ZERO) < 10  # uint8 arithmetic wraps, so non-digits land far above 9
     comma = a == _COMMA
     isnl = a == _NL
@@ -125,7 +129,7 @@ def _masks(
     # A space only ever follows a comma (else viol), so equal counts mean every comma
     # is followed by exactly one space.
     width = 2 if n_sp == n_comma else 1 if n_sp == 0 else 0
-    return isd, comma, isnl, bool(viol.any()), width
+    return isd, sep, isnl, bool(viol.any()), width
 
 
 def _choose(counts: I64, prefer: Callable[[int], bool] | None) -> int:
@@ -142,8 +146,7 @@ def _choose(counts: I64, prefer: Callable[[int], bool] | None) -> int:
     return ranked[0]
 
 
-def scan(buf: bytes, ncols: int | None = None,
-         prefer: Callable[[int], bool] | None = None) -> Scan:
+def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | None = None) -> Scan:
     """Scan complete lines (``buf`` ends with a newline, or is empty).
 
     Args:
@@ -158,17 +161,18 @@ def scan(buf: bytes, ncols: int | None = None,
     if b"\r" in buf:
         buf = buf.replace(b"\r\n", b"\n")
     a = np.frombuffer(buf, dtype=np.uint8)
-    isd, comma, isnl, any_viol, width = _masks(a)
+    isd, sep, isnl, any_viol, width = _masks(a)
     nl = np.flatnonzero(isnl)
     if len(nl) == 0:
         return _empty_scan(ncols or 0)
     if any_viol or width == 0:
         # Per-line checks find the offending lines; the rest is re-written canonically.
+        comma = a == _COMMA
         line_ok = _line_ok_slow(a, isd, comma, nl)
         if ncols is None:
             ncols = _mode_fields(a, comma, nl, line_ok, prefer)
         return _rescan(buf, nl, line_ok, ncols)
-    toks = _Tokens(a, isd, nl, width)
+    toks = _Tokens(a, isd, sep, nl, width)
     if ncols is None:
         ncols = _choose(toks.fields, prefer)
     line_ok = toks.fields == ncols
@@ -178,7 +182,9 @@ def scan(buf: bytes, ncols: int | None = None,
 
 
 def _line_ok_slow(
-    a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], comma: npt.NDArray[np.bool_],
+    a: npt.NDArray[np.uint8],
+    isd: npt.NDArray[np.bool_],
+    comma: npt.NDArray[np.bool_],
     nl: I64,
 ) -> npt.NDArray[np.bool_]:
     """Lines free of canonical-form violations and of mixed separators."""
@@ -200,23 +206,29 @@ def _line_ok_slow(
 
 
 def _mode_fields(
-    a: npt.NDArray[np.uint8], comma: npt.NDArray[np.bool_], nl: I64,
-    line_ok: npt.NDArray[np.bool_], prefer: Callable[[int], bool] | None,
+    a: npt.NDArray[np.uint8],
+    comma: npt.NDArray[np.bool_],
+    nl: I64,
+    line_ok: npt.NDArray[np.bool_],
+    prefer: Callable[[int], bool] | None,
 ) -> int:
     """Most common number of fields among good lines."""
     if not line_ok.any():
         # Nothing is canonical: count fields of the first few lines the slow way.
         starts = np.concatenate(([0], nl[:-1] + 1))
-        counts = [a[int(s) : int(e)].tobytes().count(b",") + 1
-                  for s, e in zip(starts[:100], nl[:100], strict=True)]
+        counts = [
+            a[int(s) : int(e)].tobytes().count(b",") + 1
+            for s, e in zip(starts[:100], nl[:100], strict=True)
+        ]
         return _choose(np.asarray(counts, dtype=np.int64), prefer)
     per_line = np.diff(np.cumsum(comma, dtype=np.int64)[nl], prepend=0) + 1
     return _choose(per_line[line_ok], prefer)
 
 
 class _Tokens:
-    """Non-zero fields of canonical, uniformly separated lines, located without a
-    per-byte prefix count.
+    """Non-zero fields of canonical, uniformly separated lines.
+
+    They are located without a per-byte prefix count.
 
     With separator width ``s`` and ``X_i`` the extra digits (beyond one) of fields
     ``0..i`` of a line, the separator after field ``i`` sits at
@@ -225,15 +237,26 @@ class _Tokens:
     fields, and ``X_i`` is a cumulative sum over those alone.
     """
 
-    def __init__(self, a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], nl: I64,
-                 width: int) -> None:
+    def __init__(
+        self,
+        a: npt.NDArray[np.uint8],
+        isd: npt.NDArray[np.bool_],
+        sep: npt.NDArray[np.bool_],
+        nl: I64,
+        width: int,
+    ) -> None:
         self.nl = nl
         self.starts = np.concatenate(([0], nl[:-1] + 1))
-        sep = np.zeros(len(a), dtype=np.bool_)
-        sep[:-1] = isd[:-1] & ~isd[1:]  # last digit of a field: the next byte is no digit
-        sep[:-1] &= (a[:-1] != _ZERO) | np.concatenate(([False], isd[:-2]))
-        last = np.flatnonzero(sep)  # position of the last digit of each non-zero field
-        self.ends = last + 1
+        # In canonical lines a separator always follows a digit, so a field ends at every
+        # separator; it is non-zero unless it is a lone "0". ``ends`` are separator
+        # positions (one past the field's last digit).
+        nz = np.empty(len(a), dtype=np.bool_)
+        nz[0] = False
+        np.not_equal(a[:-1], _ZERO, out=nz[1:])
+        nz[2:] |= isd[:-2]
+        nz &= sep
+        self.ends = np.flatnonzero(nz)
+        last = self.ends - 1
         self.row = np.searchsorted(nl, last)
         self.vals, self.ndig = _parse_at(a, isd, self.ends)
         xc = np.zeros(len(last) + 1, dtype=np.int64)
@@ -245,14 +268,17 @@ class _Tokens:
         line_len = nl - self.starts
         self.fields = (line_len - x_total + width) // (1 + width)
 
-    def result(self, a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], ncols: int,
-               line_index: I64) -> Scan:
+    def result(
+        self, a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], ncols: int, line_index: I64
+    ) -> Scan:
         """The scan of these lines (all of which have ``ncols`` fields)."""
         nlines = len(self.nl)
         if ncols < 4:
-            bad = [BadLine(int(i), "columns", f"has {ncols} fields, expected at least 4")
-                   for i in line_index]
-            return _with_bad(_empty_scan(ncols), bad)
+            short = [
+                BadLine(int(i), "columns", f"has {ncols} fields, expected at least 4")
+                for i in line_index
+            ]
+            return _with_bad(_empty_scan(ncols), short)
         header = np.zeros((nlines, 3), dtype=np.int64)
         hdig = np.zeros((nlines, 3), dtype=np.int64)
         pos = self.starts
@@ -262,14 +288,16 @@ class _Tokens:
         body = (self.col >= 3) & (self.vals > 0)  # "00" is located but holds no count
         row, col, vals = self.row[body], self.col[body] - 3, self.vals[body]
         bad: list[BadLine] = []
-        too_long = (self.ndig > _MAX_DIGITS) | np.zeros(len(self.ndig), dtype=np.bool_)
+        too_long = self.ndig > _MAX_DIGITS
         long_rows = np.flatnonzero((hdig > _MAX_DIGITS).any(1))
         if too_long.any() or len(long_rows):
             long_rows = np.union1d(long_rows, self.row[too_long])
             keep = np.ones(nlines, dtype=np.bool_)
             keep[long_rows] = False
-            bad = [BadLine(int(line_index[r]), "overflow", "a value has more than 18 digits")
-                   for r in long_rows]
+            bad = [
+                BadLine(int(line_index[r]), "overflow", "a value has more than 18 digits")
+                for r in long_rows
+            ]
             sel = keep[row]
             row, col, vals = row[sel], col[sel], vals[sel]
             row = (np.cumsum(keep) - 1)[row]
@@ -291,7 +319,7 @@ def _rescan(buf: bytes, nl: I64, line_ok: npt.NDArray[np.bool_], ncols: int) -> 
     # Walk runs of good lines as single slices; only bad lines are looked at one by one.
     flips = np.flatnonzero(np.diff(line_ok.astype(np.int8))) + 1
     bounds = [0, *flips.tolist(), len(line_ok)]
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         if line_ok[lo]:
             pieces.append(buf[int(starts[lo]) : int(nl[hi - 1]) + 1])
             index.extend(range(lo, hi))
@@ -311,8 +339,9 @@ def _rescan(buf: bytes, nl: I64, line_ok: npt.NDArray[np.bool_], ncols: int) -> 
         # only overflow lines; map its indices back to ours.
         idx = np.asarray(index, dtype=np.int64)
         bad.extend(BadLine(int(idx[b.index]), b.kind, b.reason) for b in inner.bad)
-        res = Scan(ncols, idx[inner.line_index], inner.header, inner.indptr, inner.bins,
-                   inner.counts, [])
+        res = Scan(
+            ncols, idx[inner.line_index], inner.header, inner.indptr, inner.bins, inner.counts, []
+        )
     bad.sort(key=lambda b: b.index)
     return _with_bad(res, bad)
 
@@ -339,5 +368,6 @@ def _parse_fwd(
 
 def _empty_scan(ncols: int) -> Scan:
     z = np.zeros(0, dtype=np.int64)
-    return Scan(ncols, z, np.zeros((0, 3), np.int64), np.zeros(1, np.int64),
-                np.zeros(0, np.int32), z, [])
+    return Scan(
+        ncols, z, np.zeros((0, 3), np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), z, []
+    )

@@ -137,7 +137,7 @@ class RecordBatch:
         lens = np.diff(self.indptr)[keep]
         indptr = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(lens, out=indptr[1:])
-        entries = _expand_ranges(self.indptr[keep], lens)
+        entries = expand_ranges(self.indptr[keep], lens)
         return RecordBatch(
             layout=self.layout,
             streams=self.streams,
@@ -222,16 +222,14 @@ class RecordBatch:
         )
 
 
-def _expand_ranges(
+def expand_ranges(
     starts: npt.NDArray[np.int64], lens: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
     """Concatenation of ``range(s, s + n)`` for each pair, vectorised."""
     total = int(lens.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    shift = np.repeat(starts - (ends - lens), lens)
-    return np.arange(total, dtype=np.int64) + shift
-
-
-expand_ranges = _expand_ranges
+    ends: npt.NDArray[np.int64] = np.cumsum(lens)
+    shift: npt.NDArray[np.int64] = np.repeat(starts - (ends - lens), lens)
+    out: npt.NDArray[np.int64] = np.arange(total, dtype=np.int64) + shift
+    return out

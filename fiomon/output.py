@@ -62,22 +62,49 @@ class CsvWriter:
     def __init__(self, out: TextIO, percentiles: Sequence[float]) -> None:
         self.keys = [pct_key(q) for q in percentiles]
         self.w = csv.writer(out, lineterminator="\n")
-        self.w.writerow([
-            "start_ms", "end_ms", "scope", "host", "direction", "samples", "iops",
-            "bytes_per_second", "min_ns", "mean_ns", *[f"p{k}_ns" for k in self.keys],
-            "max_ns", "saturated", "streams", "late_records",
-        ])
+        self.w.writerow(
+            [
+                "start_ms",
+                "end_ms",
+                "scope",
+                "host",
+                "direction",
+                "samples",
+                "iops",
+                "bytes_per_second",
+                "min_ns",
+                "mean_ns",
+                *[f"p{k}_ns" for k in self.keys],
+                "max_ns",
+                "saturated",
+                "streams",
+                "late_records",
+            ]
+        )
 
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
         """Write one CSV line per row."""
         for r in rows:
             j = r.to_json()
-            self.w.writerow([
-                j["start_ms"], j["end_ms"], j["scope"], j["host"] or "", j["direction"],
-                j["samples"], _blank(j["iops"]), _blank(j["bytes_per_second"]), j["min_ns"],
-                j["mean_ns"], *[j["percentiles_ns"][k] for k in self.keys], j["max_ns"],
-                ";".join(j["saturated"]), j["streams"], j["late_records"],
-            ])
+            self.w.writerow(
+                [
+                    j["start_ms"],
+                    j["end_ms"],
+                    j["scope"],
+                    j["host"] or "",
+                    j["direction"],
+                    j["samples"],
+                    _blank(j["iops"]),
+                    _blank(j["bytes_per_second"]),
+                    j["min_ns"],
+                    j["mean_ns"],
+                    *[j["percentiles_ns"][k] for k in self.keys],
+                    j["max_ns"],
+                    ";".join(j["saturated"]),
+                    j["streams"],
+                    j["late_records"],
+                ]
+            )
 
     def close(self) -> None:
         """Nothing to finish."""
@@ -90,14 +117,23 @@ def _blank(x: object) -> object:
 class FiologparserWriter:
     """The column layout of fio's fiologparser_hist.py."""
 
-    def __init__(self, out: TextIO, percentiles: Sequence[float], *, with_dir: bool,
-                 unit_ns: int) -> None:
+    def __init__(
+        self, out: TextIO, percentiles: Sequence[float], *, with_dir: bool, unit_ns: int
+    ) -> None:
         self.out = out
         self.keys = [pct_key(q) for q in percentiles if q != 50]
         self.with_dir = with_dir
         self.unit_ns = unit_ns
-        cols = ["end-time", *(["dir"] if with_dir else []), "samples", "min", "avg", "median",
-                *[f"{k}%" for k in self.keys], "max"]
+        cols = [
+            "end-time",
+            *(["dir"] if with_dir else []),
+            "samples",
+            "min",
+            "avg",
+            "median",
+            *[f"{k}%" for k in self.keys],
+            "max",
+        ]
         out.write(", ".join(cols) + "\n")
 
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
@@ -111,9 +147,14 @@ class FiologparserWriter:
             if self.with_dir:
                 head.append(_FIOLOG_DIR[r.direction])
             vals = [pcts.get("50", float("nan"))] + [pcts[k] for k in self.keys]
-            fields = [*head, f"{round(s.samples):d}", f"{s.min_ns / u:.0f}",
-                      f"{s.mean_ns / u:.3f}", *[f"{v / u:.3f}" for v in vals],
-                      f"{s.max_ns / u:.0f}"]
+            fields = [
+                *head,
+                f"{round(s.samples):d}",
+                f"{s.min_ns / u:.0f}",
+                f"{s.mean_ns / u:.3f}",
+                *[f"{v / u:.3f}" for v in vals],
+                f"{s.max_ns / u:.0f}",
+            ]
             self.out.write(", ".join(fields) + "\n")
 
     def close(self) -> None:
@@ -123,8 +164,9 @@ class FiologparserWriter:
 class TableWriter:
     """Aligned, human-readable columns."""
 
-    def __init__(self, out: TextIO, percentiles: Sequence[float], *, relative: bool,
-                 show_host: bool) -> None:
+    def __init__(
+        self, out: TextIO, percentiles: Sequence[float], *, relative: bool, show_host: bool
+    ) -> None:
         self.out = out
         self.keys = [pct_key(q) for q in percentiles]
         self.relative = relative
@@ -135,10 +177,22 @@ class TableWriter:
 
     def _header(self) -> None:
         name, _ = self.unit or _UNITS[0]
-        cols = ["end", *(["host"] if self.show_host else []), "dir", "samples", "IOPS",
-                "MB/s", "min", "mean", *[f"p{k}" for k in self.keys], "max"]
-        self.out.write(f"# latencies in {name}; end = end of each quantum"
-                       f"{' (s since job start)' if self.relative else ' (UTC)'}\n")
+        cols = [
+            "end",
+            *(["host"] if self.show_host else []),
+            "dir",
+            "samples",
+            "IOPS",
+            "MB/s",
+            "min",
+            "mean",
+            *[f"p{k}" for k in self.keys],
+            "max",
+        ]
+        self.out.write(
+            f"# latencies in {name}; end = end of each quantum"
+            f"{' (s since job start)' if self.relative else ' (UTC)'}\n"
+        )
         self.out.write(self._fmt(cols) + "\n")
 
     def _fmt(self, cells: list[str]) -> str:
@@ -179,11 +233,18 @@ class TableWriter:
                 self._last_date = date
                 self.out.write(f"# {date}\n")
             when = t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
-        cells = [when, *([r.host or "cluster"] if self.show_host else []), r.direction,
-                 f"{s.samples:.0f}", "-" if r.iops is None else f"{r.iops:.0f}",
-                 "-" if r.bytes_per_second is None else f"{r.bytes_per_second / 1e6:.1f}",
-                 lat(s.min_ns), lat(s.mean_ns),
-                 *[lat(s.percentiles_ns[k], k) for k in self.keys], lat(s.max_ns)]
+        cells = [
+            when,
+            *([r.host or "cluster"] if self.show_host else []),
+            r.direction,
+            f"{s.samples:.0f}",
+            "-" if r.iops is None else f"{r.iops:.0f}",
+            "-" if r.bytes_per_second is None else f"{r.bytes_per_second / 1e6:.1f}",
+            lat(s.min_ns),
+            lat(s.mean_ns),
+            *[lat(s.percentiles_ns[k], k) for k in self.keys],
+            lat(s.max_ns),
+        ]
         return self._fmt(cells)
 
     def close(self) -> None:
@@ -191,5 +252,7 @@ class TableWriter:
         if self.unit is None:
             self.out.write("# no quanta: the input held no I/O\n")
         if self.saturated_seen:
-            self.out.write("# '>' marks a lower bound: that percentile is in fio's last bin "
-                           "(latencies at or above its cap, about 17 s, are clamped there)\n")
+            self.out.write(
+                "# '>' marks a lower bound: that percentile is in fio's last bin "
+                "(latencies at or above its cap, about 17 s, are clamped there)\n"
+            )

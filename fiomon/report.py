@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -53,7 +53,7 @@ class ReportOptions:
     directions_given: bool = False
     per_host: bool = False
     fmt: Format = "table"
-    source: SourceOptions = SourceOptions()
+    source: SourceOptions = field(default_factory=SourceOptions)
     workers: int = 0  # 0: one per core, at most 2 per file pair
     progress: bool | None = None  # None: when stderr is a terminal and input is large
 
@@ -84,8 +84,10 @@ class _Progress:
         if not force and now - self.last < (0.2 if self.tty else 2.0):
             return
         self.last = now
-        line = (f"fiomon report: {done / 1e6:.0f}/{self.total / 1e6:.0f} MB read, "
-                f"{rows} quanta written, {now - self.t0:.1f} s")
+        line = (
+            f"fiomon report: {done / 1e6:.0f}/{self.total / 1e6:.0f} MB read, "
+            f"{rows} quanta written, {now - self.t0:.1f} s"
+        )
         self.err.write(("\r" + line) if self.tty else (line + "\n"))
         self.err.flush()
 
@@ -100,8 +102,9 @@ def _writer(opts: ReportOptions, out: TextIO, relative: bool, unit_ns: int) -> R
     if opts.fmt == "csv":
         return CsvWriter(out, opts.percentiles)
     if opts.fmt == "fiologparser":
-        return FiologparserWriter(out, opts.percentiles, with_dir=opts.directions_given,
-                                  unit_ns=unit_ns)
+        return FiologparserWriter(
+            out, opts.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
+        )
     return TableWriter(out, opts.percentiles, relative=relative, show_host=opts.per_host)
 
 
@@ -111,8 +114,9 @@ def _common_layout(sources: Sequence[FileSource]) -> BinLayout:
         msg = "no input file held a readable histogram record"
         raise FiomonError(msg)
     base = next(iter(layouts.values()))
-    odd = [n for n, lay in layouts.items()
-           if lay.group_nr != base.group_nr or lay.unit != base.unit]
+    odd = [
+        n for n, lay in layouts.items() if lay.group_nr != base.group_nr or lay.unit != base.unit
+    ]
     if odd:
         listing = "; ".join(f"{n}: {lay.describe()}" for n, lay in layouts.items())
         msg = f"input files have incompatible bin layouts (cannot merge exactly): {listing}"
@@ -139,28 +143,41 @@ def run_report(
     hosts = host_labels(list(paths)) if opts.per_host else [""] * len(paths)
     sources = [FileSource(p, h, opts.source) for p, h in zip(paths, hosts, strict=True)]
     total = sum(s.size for s in sources)
-    show = opts.progress if opts.progress is not None else (
-        err.isatty() and total >= PROGRESS_MIN_BYTES)
+    show = (
+        opts.progress
+        if opts.progress is not None
+        else (err.isatty() and total >= PROGRESS_MIN_BYTES)
+    )
     progress = _Progress(err, total, show)
     workers = opts.workers or min(2, os.cpu_count() or 1, len(sources)) or 1
     summary = ReportSummary(files=len(sources))
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fiomon-parse") as pool:
-            summary = _run(sources, opts, out, pool, workers, progress, summary)
+            summary = _run(
+                sources=sources,
+                opts=opts,
+                out=out,
+                pool=pool,
+                workers=workers,
+                progress=progress,
+                summary=summary,
+            )
     finally:
         for s in sources:
             s.close()
         progress.end()
-    log = ProblemLog()
-    for s in sources:
-        log.merge(s.problems)
-    summary.problems = log
-    for line in log.summary_lines():
-        err.write(line + "\n")
+        # Problems are shown even when the report fails: they usually say why.
+        log = ProblemLog()
+        for s in sources:
+            log.merge(s.problems)
+        summary.problems = log
+        for line in log.summary_lines():
+            err.write(line + "\n")
     return summary
 
 
 def _run(
+    *,
     sources: list[FileSource],
     opts: ReportOptions,
     out: TextIO,
@@ -178,21 +195,31 @@ def _run(
     kinds = {s.name: s.time_kind for s in sources if s.time_kind is not None}
     if len(set(kinds.values())) > 1:
         listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
-        msg = (f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
-               "with log_unix_epoch=1 or report them separately")
+        msg = (
+            f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
+            "with log_unix_epoch=1 or report them separately"
+        )
         raise FiomonError(msg)
     relative = "relative" in kinds.values()
     phase = phase_for(opts.align, opts.quantum_ms)
     if phase is None:
         batches = [b for bs in first.values() for b in bs]
         ends = np.concatenate([b.end_ms for b in batches]) if batches else np.zeros(0, np.int64)
-        weights = (np.concatenate([b.samples() for b in batches]).astype(np.float64)
-                   if batches else np.zeros(0))
+        weights = (
+            np.concatenate([b.samples() for b in batches]).astype(np.float64)
+            if batches
+            else np.zeros(0)
+        )
         phase = auto_phase(ends, weights, opts.quantum_ms)
     summary.phase_ms = phase
-    engine = QuantumEngine(layout=layout, quantum_ms=opts.quantum_ms, phase_ms=phase,
-                           percentiles=opts.percentiles, directions=opts.directions,
-                           per_host=opts.per_host)
+    engine = QuantumEngine(
+        layout=layout,
+        quantum_ms=opts.quantum_ms,
+        phase_ms=phase,
+        percentiles=opts.percentiles,
+        directions=opts.directions,
+        per_host=opts.per_host,
+    )
     writer = _writer(opts, out, relative, layout.unit_ns)
     for bs in first.values():
         for b in bs:
@@ -208,8 +235,10 @@ def _run(
     in_flight: dict[Future[RecordBatch | None], FileSource] = {}
     while True:
         busy = set(in_flight.values())
-        idle = sorted((s for s in sources if not s.done and s not in busy),
-                      key=lambda s: -1 if s.max_end_ms is None else s.max_end_ms)
+        idle = sorted(
+            (s for s in sources if not s.done and s not in busy),
+            key=lambda s: -1 if s.max_end_ms is None else s.max_end_ms,
+        )
         for s in idle[: max(0, workers - len(in_flight))]:
             in_flight[pool.submit(s.next_batch)] = s
         if not in_flight:
@@ -220,8 +249,9 @@ def _run(
             batch = fut.result()
             if batch is not None:
                 engine.add(batch)
-        marks = [s.max_end_ms - s.slack_ms for s in sources
-                 if not s.done and s.max_end_ms is not None]
+        marks = [
+            s.max_end_ms - s.slack_ms for s in sources if not s.done and s.max_end_ms is not None
+        ]
         pending = [s for s in sources if not s.done and s.max_end_ms is None]
         if marks and not pending:
             emit(engine.close_through(min(marks) - opts.quantum_ms))

@@ -101,8 +101,9 @@ def records(
             yield end + (7 if d else 0), d, counts, (lat if keep_truth else None)
 
 
-def format_line(end_ms: int, direction: int, bs: int, counts: npt.NDArray[np.int64],
-                coarseness: int = 0) -> str:
+def format_line(
+    end_ms: int, direction: int, bs: int, counts: npt.NDArray[np.int64], coarseness: int = 0
+) -> str:
     """One hist-log line as fio writes it (``", "`` separated, coarse bins summed)."""
     if coarseness:
         counts = counts.reshape(-1, 1 << coarseness).sum(axis=1)
@@ -138,15 +139,24 @@ def write_cluster(
         host_phase = int(rng.integers(0, interval_ms))
         slow = None
         if h < slow_hosts:
-            slow = (start_ms + slow_window_s[0] * 1000, start_ms + slow_window_s[1] * 1000,
-                    slow_factor)
+            slow = (
+                start_ms + slow_window_s[0] * 1000,
+                start_ms + slow_window_s[1] * 1000,
+                slow_factor,
+            )
         for j in range(jobs_per_host):
             spec = JobSpec(host, j + 1, iops, (host_phase + 3 * j) % interval_ms)
             path = host_dir / f"job_clat_hist.{j + 1}.log"
             with path.open("w") as fh:
-                for end, d, counts, _ in records(spec, start_ms=start_ms, seconds=seconds,
-                                                 interval_ms=interval_ms, model=model, rng=rng,
-                                                 slow=slow):
+                for end, d, counts, _ in records(
+                    spec,
+                    start_ms=start_ms,
+                    seconds=seconds,
+                    interval_ms=interval_ms,
+                    model=model,
+                    rng=rng,
+                    slow=slow,
+                ):
                     fh.write(format_line(end, d, 4096, counts))
             paths.append(path)
     return paths

@@ -17,7 +17,7 @@ from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
 from fiomon.problems import ProblemLog
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,9 @@ class FileSource:
         self.parser: HistLogParser | JsonStatusParser
         if self.kind == "json":
             self.parser = JsonStatusParser(
-                self.name, host=host, problems=self.problems,
+                self.name,
+                host=host,
+                problems=self.problems,
                 layout=BinLayout(options.group_nr) if options.group_nr else None,
             )
         else:

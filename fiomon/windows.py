@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.histogram import HistStats, summarize
+from fiomon.histogram import HistStats, summarize_many
 from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_ranges
 
 Scope = Literal["cluster", "host"]
@@ -95,7 +95,7 @@ def _num(x: float) -> float | int:
 
 @dataclass(slots=True)
 class _Slot:
-    hist: npt.NDArray[np.float64]
+    row: int  # row of the engine's store holding this slot's histogram
     nbytes: float = 0.0
     lo: int = 2**62
     hi: int = -(2**62)
@@ -157,6 +157,10 @@ class QuantumEngine:
         self.forced_closes = 0
         self.records = 0
         self._pending_closed: list[ClosedQuantum] = []
+        # Histograms of open slots are rows of one float64 store, so a whole batch merges
+        # with a single np.add.at; freed rows are zeroed and reused.
+        self._store = np.zeros((64, layout.nbins), dtype=np.float64)
+        self._free: list[int] = list(range(63, -1, -1))
 
     # -- intake -------------------------------------------------------------------------
 
@@ -211,7 +215,14 @@ class QuantumEngine:
             if late.any():
                 self._count_late(batch, rec, late, w, host)
                 keep = ~late
-                rec, q, lo, hi, w, host = rec[keep], q[keep], lo[keep], hi[keep], w[keep], host[keep]
+                rec, q, lo, hi, w, host = (
+                    rec[keep],
+                    q[keep],
+                    lo[keep],
+                    hi[keep],
+                    w[keep],
+                    host[keep],
+                )
                 if not len(rec):
                     return
 
@@ -220,24 +231,8 @@ class QuantumEngine:
         nh = len(self._host_names) + 1
         key = ((q - qmin) * nh + (host + 1)) * 3 + d
         uniq, slot = np.unique(key, return_inverse=True)
-        lens = np.diff(batch.indptr)[rec]
-        entry = expand_ranges(batch.indptr[rec], lens)
-        piece = np.repeat(np.arange(len(rec), dtype=np.int64), lens)
-        nbins = self.layout.nbins
-        dense = np.bincount(
-            slot[piece] * nbins + batch.bins[entry],
-            weights=batch.counts[entry] * w[piece],
-            minlength=len(uniq) * nbins,
-        ).reshape(len(uniq), nbins)
-        nbytes = np.bincount(slot, weights=batch.nbytes[rec] * w, minlength=len(uniq))
-        slot_lo = np.full(len(uniq), 2**62, dtype=np.int64)
-        slot_hi = np.full(len(uniq), -(2**62), dtype=np.int64)
-        np.minimum.at(slot_lo, slot, lo)
-        np.maximum.at(slot_hi, slot, hi)
-        pairs = np.unique(slot * (len(batch.streams) + 1) + batch.stream_idx[rec])
-
         slots: list[_Slot] = []
-        for j, k in enumerate(uniq.tolist()):
+        for k in uniq.tolist():
             d_j = k % 3
             rest = k // 3
             qj = rest // nh + qmin
@@ -245,12 +240,28 @@ class QuantumEngine:
             acc = self._open.setdefault(qj, {})
             sl = acc.get((hj, d_j))
             if sl is None:
-                sl = acc[(hj, d_j)] = _Slot(np.zeros(nbins, dtype=np.float64))
-            sl.hist += dense[j]
+                sl = acc[(hj, d_j)] = _Slot(self._alloc_row())
+            slots.append(sl)
+        slot_row = np.array([sl.row for sl in slots], dtype=np.int64)
+        lens = np.diff(batch.indptr)[rec]
+        entry = expand_ranges(batch.indptr[rec], lens)
+        piece = np.repeat(np.arange(len(rec), dtype=np.int64), lens)
+        nbins = self.layout.nbins
+        np.add.at(
+            self._store.reshape(-1),
+            slot_row[slot[piece]] * nbins + batch.bins[entry],
+            batch.counts[entry] * w[piece],
+        )
+        nbytes = np.bincount(slot, weights=batch.nbytes[rec] * w, minlength=len(uniq))
+        slot_lo = np.full(len(uniq), 2**62, dtype=np.int64)
+        slot_hi = np.full(len(uniq), -(2**62), dtype=np.int64)
+        np.minimum.at(slot_lo, slot, lo)
+        np.maximum.at(slot_hi, slot, hi)
+        for j, sl in enumerate(slots):
             sl.nbytes += float(nbytes[j])
             sl.lo = min(sl.lo, int(slot_lo[j]))
             sl.hi = max(sl.hi, int(slot_hi[j]))
-            slots.append(sl)
+        pairs = np.unique(slot * (len(batch.streams) + 1) + batch.stream_idx[rec])
         for p in pairs.tolist():
             slots[p // (len(batch.streams) + 1)].streams.add(
                 batch.streams[p % (len(batch.streams) + 1)]
@@ -274,6 +285,14 @@ class QuantumEngine:
             self._late_since_close[h] += 1
         del host  # late counts are kept by host name, also for hosts over the cap
 
+    def _alloc_row(self) -> int:
+        if not self._free:
+            old = self._store
+            self._store = np.zeros((2 * len(old), old.shape[1]), dtype=np.float64)
+            self._store[: len(old)] = old
+            self._free = list(range(2 * len(old) - 1, len(old) - 1, -1))
+        return self._free.pop()
+
     def _enforce_cap(self) -> None:
         excess = len(self._open) - self.max_open_quanta
         if excess > 0:
@@ -294,8 +313,8 @@ class QuantumEngine:
         out, self._pending_closed = self._pending_closed, []
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
         ready = sorted(q for q in self._open if q <= last_q)
-        for q in ready:
-            out.extend(self._close(q, self._open.pop(q)))
+        if ready:
+            out.extend(self._close(ready))
         if self._next_open is None or last_q + 1 > self._next_open:
             self._next_open = last_q + 1
         return out
@@ -307,38 +326,58 @@ class QuantumEngine:
             return out
         return self.close_through(self.quantum_bounds(max(self._open))[1])
 
-    def _close(self, q: int, slots: dict[tuple[int, int], _Slot]) -> list[ClosedQuantum]:
-        start, end = self.quantum_bounds(q)
+    def _close(self, quanta: list[int]) -> list[ClosedQuantum]:
+        """Rows of ``quanta`` (oldest first); their statistics are computed in one go."""
+        specs: list[tuple[int, Scope, str | None, str, list[_Slot]]] = []
+        freed: list[int] = []
+        for q in quanta:
+            slots = self._open.pop(q)
+            freed.extend(sl.row for sl in slots.values())
+            hosts = sorted({h for h, _ in slots})
+            scopes: list[tuple[Scope, str | None, list[int]]] = [("cluster", None, hosts)]
+            if self.per_host:
+                scopes += [("host", self._host_names[h], [h]) for h in hosts if h != OVERFLOW_HOST]
+            for scope, host_name, members in scopes:
+                for label in self.directions:
+                    dirs = [0, 1, 2] if label == "all" else [DIRECTION_LABELS.index(label)]
+                    parts = [slots[(h, d)] for h in members for d in dirs if (h, d) in slots]
+                    if parts:
+                        specs.append((q, scope, host_name, label, parts))
+        rows_src = [p.row for *_, parts in specs for p in parts]
+        group_start = np.cumsum([0] + [len(spec[4]) for spec in specs[:-1]])
+        hists = np.add.reduceat(self._store[rows_src], group_start, axis=0) if specs else None
+        stats = summarize_many(hists, self.layout, self.percentiles) if hists is not None else []
         rows: list[ClosedQuantum] = []
-        hosts = sorted({h for h, _ in slots})
-        scopes: list[tuple[Scope, str | None, list[int]]] = [("cluster", None, hosts)]
-        if self.per_host:
-            scopes += [("host", self._host_names[h], [h]) for h in hosts if h != OVERFLOW_HOST]
-        for scope, host_name, members in scopes:
-            for label in self.directions:
-                dirs = [0, 1, 2] if label == "all" else [DIRECTION_LABELS.index(label)]
-                parts = [slots[(h, d)] for h in members for d in dirs if (h, d) in slots]
-                row = self._row(start, end, scope, host_name, label, parts)
-                if row is not None:
-                    rows.append(row)
+        for (q, scope, host_name, label, parts), st in zip(specs, stats, strict=True):
+            if st is not None:
+                start, end = self.quantum_bounds(q)
+                rows.append(
+                    self._row(
+                        start=start,
+                        end=end,
+                        scope=scope,
+                        host=host_name,
+                        label=label,
+                        parts=parts,
+                        stats=st,
+                    )
+                )
+        self._store[freed] = 0.0
+        self._free.extend(freed)
         self._late_since_close.clear()
         return rows
 
     def _row(
         self,
+        *,
         start: int,
         end: int,
         scope: Scope,
         host: str | None,
         label: str,
         parts: list[_Slot],
-    ) -> ClosedQuantum | None:
-        if not parts:
-            return None
-        hist = parts[0].hist if len(parts) == 1 else np.sum([p.hist for p in parts], axis=0)
-        stats = summarize(hist, self.layout, self.percentiles)
-        if stats is None:
-            return None
+        stats: HistStats,
+    ) -> ClosedQuantum:
         covered_s = (max(p.hi for p in parts) - min(p.lo for p in parts)) / 1000.0
         streams = set().union(*(p.streams for p in parts))
         late = (

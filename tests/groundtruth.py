@@ -105,13 +105,25 @@ def fiologparser_hist(tmp: Path) -> Path:
     return dst
 
 
-def run_fiologparser(tool: Path, logs: list[Path], percentiles: str = "90,99"
-                     ) -> list[tuple[int, str, dict[str, float]]]:
+def run_fiologparser(
+    tool: Path, logs: list[Path], percentiles: str = "90,99"
+) -> list[tuple[int, str, dict[str, float]]]:
     """Rows of fiologparser_hist.py: (end_ms, direction, {key: ns})."""
     out = subprocess.run(
-        [sys.executable, str(tool), "--directions", "rw", "--percentiles", percentiles,
-         "-i", "1000", *map(str, logs)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            str(tool),
+            "--directions",
+            "rw",
+            "--percentiles",
+            percentiles,
+            "-i",
+            "1000",
+            *map(str, logs),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.splitlines()
     keys = ["50", *percentiles.split(",")]
     rows = []

@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -46,22 +47,29 @@ rate_iops=1500
 def fio_run(fio_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("fio")
     (d / "job.fio").write_text(JOB.format(data=d / "data", prefix=d / "run"))
-    subprocess.run([fio_bin, "--output", str(d / "out.txt"), str(d / "job.fio")],
-                   check=True, timeout=120)
+    subprocess.run(
+        [fio_bin, "--output", str(d / "out.txt"), str(d / "job.fio")], check=True, timeout=120
+    )
     return d
 
 
 Row = tuple[int, int, str, dict[str, float], float | None]
 
 
-def _report_rows(logs: list[Path], align: str) -> list[Row]:
+def _report_rows(logs: list[Path], align: Literal["auto", "epoch"]) -> list[Row]:
     out = io.StringIO()
-    opts = ReportOptions(align=align if align == "auto" else "epoch", fmt="jsonl",
-                         directions=("read", "write"), percentiles=(50.0, 90.0, 99.0))
+    opts = ReportOptions(
+        align=align,
+        fmt="jsonl",
+        directions=("read", "write"),
+        percentiles=(50.0, 90.0, 99.0),
+    )
     run_report(logs, opts, out, io.StringIO())
     rows = [json.loads(x) for x in out.getvalue().splitlines()]
-    return [(r["start_ms"], r["end_ms"], r["direction"], r["percentiles_ns"], r["samples"])
-            for r in rows]
+    return [
+        (r["start_ms"], r["end_ms"], r["direction"], r["percentiles_ns"], r["samples"])
+        for r in rows
+    ]
 
 
 def test_auto_alignment_is_within_bounds(fio_run: Path) -> None:
@@ -85,17 +93,25 @@ def test_epoch_alignment_beats_fiologparser_hist(fio_run: Path, tmp_path: Path) 
     truth = Truth.load(sorted(fio_run.glob("run_clat.*.log")))
     ours = relative_errors(_report_rows(logs, "epoch"), truth, ["99"]).errors["99"]
     tool = fiologparser_hist(tmp_path)
-    theirs_rows: list[Row] = [(end - 1000, end, d, v, None)
-                              for end, d, v in run_fiologparser(tool, logs)]
+    theirs_rows: list[Row] = [
+        (end - 1000, end, d, v, None) for end, d, v in run_fiologparser(tool, logs)
+    ]
     # Same windows for both: those fiomon covers (fiologparser reports no comparable count).
-    covered = {(r[1], r[2]) for r in _report_rows(logs, "epoch")
-               if r[4] is not None and len(truth.window(r[0], r[1], r[2])) > 0
-               and abs(r[4] - len(truth.window(r[0], r[1], r[2])))
-               <= 0.05 * len(truth.window(r[0], r[1], r[2]))}
-    theirs = relative_errors([r for r in theirs_rows if (r[1], r[2]) in covered], truth,
-                             ["99"]).errors["99"]
+    covered = {
+        (r[1], r[2])
+        for r in _report_rows(logs, "epoch")
+        if r[4] is not None
+        and len(truth.window(r[0], r[1], r[2])) > 0
+        and abs(r[4] - len(truth.window(r[0], r[1], r[2])))
+        <= 0.05 * len(truth.window(r[0], r[1], r[2]))
+    }
+    theirs = relative_errors(
+        [r for r in theirs_rows if (r[1], r[2]) in covered], truth, ["99"]
+    ).errors["99"]
     assert len(ours) >= 16
     assert len(theirs) >= 16
-    print(f"epoch p99 median error: fiomon {np.median(ours):.4%}, "
-          f"fiologparser_hist {np.median(theirs):.4%}")
+    print(
+        f"epoch p99 median error: fiomon {np.median(ours):.4%}, "
+        f"fiologparser_hist {np.median(theirs):.4%}"
+    )
     assert np.median(ours) < np.median(theirs)

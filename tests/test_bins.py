@@ -95,8 +95,15 @@ def test_fio2_layout_is_microseconds() -> None:
 
 @pytest.mark.parametrize(
     ("nbins", "expected"),
-    [(1856, (29, 0)), (928, (29, 1)), (116, (29, 4)), (29, (29, 6)), (1920, (30, 0)),
-     (2048, (32, 0)), (608, (19, 1))],
+    [
+        (1856, (29, 0)),
+        (928, (29, 1)),
+        (116, (29, 4)),
+        (29, (29, 6)),
+        (1920, (30, 0)),
+        (2048, (32, 0)),
+        (608, (19, 1)),
+    ],
 )
 def test_detection_prefers_the_finest_layout(nbins: int, expected: tuple[int, int]) -> None:
     lay = detect_layout(nbins)

@@ -21,9 +21,14 @@ def doc(ts: int, jobs: list[tuple[str, dict[int, int], int]]) -> str:
     for name, bins, runtime in jobs:
         keyed = {str(int(plat_idx_to_val(np.array([i]))[0])): c for i, c in bins.items()}
         io = sum(bins.values()) * 4096
-        out.append({"jobname": name, "job_runtime": runtime,
-                    "read": {"io_bytes": io, "clat_ns": {"N": sum(bins.values()), "bins": keyed}},
-                    "write": {"io_bytes": 0, "clat_ns": {"N": 0}}})
+        out.append(
+            {
+                "jobname": name,
+                "job_runtime": runtime,
+                "read": {"io_bytes": io, "clat_ns": {"N": sum(bins.values()), "bins": keyed}},
+                "write": {"io_bytes": 0, "clat_ns": {"N": 0}},
+            }
+        )
     return json.dumps({"fio version": "fio-3.33", "timestamp_ms": ts, "jobs": out}, indent=1)
 
 
@@ -55,8 +60,12 @@ def test_real_fio_stream_covers_final_partial_interval() -> None:
 
 
 def test_differencing_and_spans() -> None:
-    text = (doc(T0 + 1000, [("a", {300: 5}, 900)]) + "\n"
-            + doc(T0 + 2000, [("a", {300: 8, 310: 2}, 1900)]) + "\n")
+    text = (
+        doc(T0 + 1000, [("a", {300: 5}, 900)])
+        + "\n"
+        + doc(T0 + 2000, [("a", {300: 8, 310: 2}, 1900)])
+        + "\n"
+    )
     batches, _ = run(text)
     b = RecordBatch.concat(batches)
     assert b.start_ms.tolist() == [T0 + 100, T0 + 1000]
@@ -83,8 +92,11 @@ def test_numjobs_repeated_names_are_separate_streams() -> None:
 
 
 def test_decrease_is_a_restart_with_a_new_stream() -> None:
-    text = (doc(T0 + 1000, [("a", {300: 50}, 1000)]) + doc(T0 + 2000, [("a", {300: 90}, 2000)])
-            + doc(T0 + 3000, [("a", {300: 4}, 500)]))
+    text = (
+        doc(T0 + 1000, [("a", {300: 50}, 1000)])
+        + doc(T0 + 2000, [("a", {300: 90}, 2000)])
+        + doc(T0 + 3000, [("a", {300: 4}, 500)])
+    )
     batches, p = run(text)
     b = RecordBatch.concat(batches)
     assert b.samples().tolist() == [50, 40, 4]
@@ -102,15 +114,19 @@ def test_half_written_last_document_is_reported_truncated() -> None:
 
 
 def test_noise_between_documents_is_skipped_and_counted() -> None:
-    text = ("fio: some warning\n" + doc(T0 + 1000, [("a", {300: 5}, 1000)])
-            + "\n<garbage>\n" + doc(T0 + 2000, [("a", {300: 9}, 2000)]))
+    text = (
+        "fio: some warning\n"
+        + doc(T0 + 1000, [("a", {300: 5}, 1000)])
+        + "\n<garbage>\n"
+        + doc(T0 + 2000, [("a", {300: 9}, 2000)])
+    )
     batches, p = run(text)
     assert sum(len(b) for b in batches) == 2
     assert p.problems.counts["noise"] == 2
 
 
 def test_broken_document_is_skipped() -> None:
-    text = ('{"timestamp_ms": 5, "jobs": [}\n' + doc(T0 + 1000, [("a", {300: 5}, 1000)]))
+    text = '{"timestamp_ms": 5, "jobs": [}\n' + doc(T0 + 1000, [("a", {300: 5}, 1000)])
     batches, p = run(text)
     assert sum(len(b) for b in batches) == 1
     assert p.problems.counts["json"] == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -45,8 +47,12 @@ def test_real_fio_log_parses_exactly() -> None:
 
 
 def test_records_are_end_stamped_and_chain_per_direction() -> None:
-    text = (line(T0 + 1000, 0, {300: 5}) + line(T0 + 1010, 1, {300: 2})
-            + line(T0 + 2000, 0, {301: 4}) + line(T0 + 2010, 1, {302: 1}))
+    text = (
+        line(T0 + 1000, 0, {300: 5})
+        + line(T0 + 1010, 1, {300: 2})
+        + line(T0 + 2000, 0, {301: 4})
+        + line(T0 + 2010, 1, {302: 1})
+    )
     batch, _ = parse(text, interval_ms=1000)
     assert batch is not None
     assert batch.start_ms.tolist() == [T0, T0 + 10, T0 + 1000, T0 + 1010]
@@ -66,8 +72,12 @@ def test_first_span_defaults_to_median_spacing() -> None:
 def test_stall_catch_up_records_are_added_not_dropped() -> None:
     # After a 3 s stall fio writes one long record, then catch-up records with the SAME
     # stamp (REFERENCE.md §1): their I/Os must count.
-    text = (line(T0 + 1000, 0, {300: 10}) + line(T0 + 5000, 0, {300: 1})
-            + line(T0 + 5000, 0, {310: 1}) + line(T0 + 5000, 0, {320: 1}))
+    text = (
+        line(T0 + 1000, 0, {300: 10})
+        + line(T0 + 5000, 0, {300: 1})
+        + line(T0 + 5000, 0, {310: 1})
+        + line(T0 + 5000, 0, {320: 1})
+    )
     batch, p = parse(text, interval_ms=1000)
     assert batch is not None
     assert batch.samples().sum() == 13
@@ -141,8 +151,9 @@ def test_bad_line_is_named_counted_and_skipped(kind: str, make: object) -> None:
 @pytest.mark.parametrize(("kind", "make"), BAD_CASES, ids=[k for k, _ in BAD_CASES])
 def test_strict_makes_bad_line_fatal(kind: str, make: object) -> None:
     assert callable(make)
-    p = HistLogParser("x.log", options=HistLogOptions(interval_ms=1000),
-                      problems=ProblemLog(strict=True))
+    p = HistLogParser(
+        "x.log", options=HistLogOptions(interval_ms=1000), problems=ProblemLog(strict=True)
+    )
     with pytest.raises(ParseError, match=r"x\.log:2: "):
         p.feed((line(T0 + 1000, 0, {300: 5}) + make()).encode("latin-1"))
 
@@ -183,10 +194,7 @@ def test_crlf_and_tight_commas_are_accepted() -> None:
     assert p.problems.counts == {}
 
 
-def test_job_file_interval(tmp_path: object) -> None:
-    from pathlib import Path
-
-    assert isinstance(tmp_path, Path)
+def test_job_file_interval(tmp_path: Path) -> None:
     job = tmp_path / "j.fio"
     job.write_text("[global]\ndirect\n; log_hist_msec=5\nlog_hist_msec = 250 # ms\n[a]\n")
     assert interval_from_job_file(job) == 250
@@ -195,9 +203,13 @@ def test_job_file_interval(tmp_path: object) -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.integers(0, 2**40), st.integers(0, 2),
-                  st.lists(st.integers(0, 10**12), min_size=4, max_size=12)),
-        min_size=1, max_size=8,
+        st.tuples(
+            st.integers(0, 2**40),
+            st.integers(0, 2),
+            st.lists(st.integers(0, 10**12), min_size=4, max_size=12),
+        ),
+        min_size=1,
+        max_size=8,
     ),
     st.sampled_from([", ", ","]),
 )

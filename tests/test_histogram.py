@@ -35,8 +35,11 @@ def test_percentile_interpolates_inside_the_bin() -> None:
     lo, hi = LAY.edges_ns()
     res = percentiles(h, LAY, [25, 50, 100])
     assert res is not None
-    assert res[0] == [lo[1000] + 0.25 * (hi[1000] - lo[1000]),
-                      lo[1000] + 0.5 * (hi[1000] - lo[1000]), hi[1000]]
+    assert res[0] == [
+        lo[1000] + 0.25 * (hi[1000] - lo[1000]),
+        lo[1000] + 0.5 * (hi[1000] - lo[1000]),
+        hi[1000],
+    ]
 
 
 def test_boundary_target_stays_in_its_bin_across_a_gap() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,8 +18,12 @@ from fiomon.windows import QuantumEngine
 LAY = BinLayout()
 
 
-def batch(recs: list[tuple[int, int, int, dict[int, int]]], host: str = "",
-          stream: str = "s", layout: BinLayout = LAY) -> RecordBatch:
+def batch(
+    recs: list[tuple[int, int, int, dict[int, int]]],
+    host: str = "",
+    stream: str = "s",
+    layout: BinLayout = LAY,
+) -> RecordBatch:
     """Records as (start_ms, end_ms, direction, {bin: count})."""
     lens = [len(r[3]) for r in recs]
     indptr = np.zeros(len(recs) + 1, dtype=np.int64)
@@ -25,13 +31,16 @@ def batch(recs: list[tuple[int, int, int, dict[int, int]]], host: str = "",
     bins = [b for r in recs for b in sorted(r[3])]
     counts = [r[3][b] for r in recs for b in sorted(r[3])]
     return RecordBatch(
-        layout=layout, streams=(StreamInfo(host, stream),),
+        layout=layout,
+        streams=(StreamInfo(host, stream),),
         stream_idx=np.zeros(len(recs), np.int32),
         direction=np.array([r[2] for r in recs], np.int8),
         start_ms=np.array([r[0] for r in recs], np.int64),
         end_ms=np.array([r[1] for r in recs], np.int64),
         nbytes=np.array([sum(r[3].values()) * 4096 for r in recs], np.int64),
-        indptr=indptr, bins=np.array(bins, np.int32), counts=np.array(counts, np.int64),
+        indptr=indptr,
+        bins=np.array(bins, np.int32),
+        counts=np.array(counts, np.int64),
     )
 
 
@@ -96,7 +105,9 @@ def test_host_cap_is_counted_but_cluster_keeps_the_data() -> None:
     e.add(batch([(0, 1000, 0, {900: 2})], host="b"))
     rows = e.flush()
     assert [(r.scope, r.host, r.stats.samples) for r in rows] == [
-        ("cluster", None, 3), ("host", "a", 1)]
+        ("cluster", None, 3),
+        ("host", "a", 1),
+    ]
     assert e.hosts_over_cap == 1
 
 
@@ -120,15 +131,19 @@ def test_coarser_layout_merges_finer_batches_exactly() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 3000), st.integers(0, 2),
-                          st.integers(1, 50)), min_size=1, max_size=20),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5000), st.integers(0, 3000), st.integers(0, 2), st.integers(1, 50)
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.randoms(use_true_random=False),
+)
 def test_merge_is_order_independent_and_conserves_samples(
-    recs: list[tuple[int, int, int, int]], rnd: object
+    recs: list[tuple[int, int, int, int]], rnd: random.Random
 ) -> None:
-    import random
-
-    assert isinstance(rnd, random.Random)
     items = [(s, s + d, dr, {800 + c % 7: c}) for s, d, dr, c in recs]
     one = engine(directions=("all",))
     one.add(batch(items))

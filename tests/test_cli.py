@@ -1,0 +1,154 @@
+"""``fiomon`` through its real entry point: formats, bad input, exit codes, progress."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fiomon.cli import main
+from tests.conftest import FIXTURES
+
+HIST = FIXTURES / "fio333_randrw_clat_hist.1.log"
+JSON = FIXTURES / "fio333_randrw_status.json"
+
+
+def fiomon(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fiomon", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_jsonl_rows_follow_the_contract() -> None:
+    r = fiomon("report", "--format", "jsonl", str(HIST), str(JSON))
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert rows
+    keys = {
+        "start_ms",
+        "end_ms",
+        "scope",
+        "host",
+        "direction",
+        "samples",
+        "min_ns",
+        "mean_ns",
+        "max_ns",
+        "percentiles_ns",
+        "saturated",
+        "iops",
+        "bytes_per_second",
+        "streams",
+        "late_records",
+    }
+    for row in rows:
+        assert set(row) == keys
+        assert set(row["percentiles_ns"]) == {"50", "90", "99", "99.9"}
+        assert row["scope"] == "cluster"
+        assert row["end_ms"] - row["start_ms"] == 1000
+
+
+def test_csv_and_table_and_per_host() -> None:
+    r = fiomon(
+        "report", "--format", "csv", "--per-host", "--directions", "read", str(HIST), str(JSON)
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("start_ms,end_ms,scope,host,direction,samples")
+    hosts = {ln.split(",")[3] for ln in lines[1:]}
+    assert hosts == {"", HIST.name, JSON.name}
+    t = fiomon("report", str(HIST))
+    assert t.returncode == 0
+    assert "p99.9" in t.stdout.splitlines()[1]
+
+
+def test_fiologparser_layout() -> None:
+    r = fiomon("report", "--format", "fiologparser", "--percentiles", "90,95,99", str(HIST))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "end-time, samples, min, avg, median, 90%, 95%, 99%, max"
+    assert len(lines[1].split(", ")) == 9
+    assert "nan" not in r.stdout
+    d = fiomon("report", "--format", "fiologparser", "--directions", "read,write", str(HIST))
+    assert d.stdout.splitlines()[0].startswith("end-time, dir, samples")
+    assert {ln.split(", ")[1] for ln in d.stdout.splitlines()[1:]} == {"r", "w"}
+
+
+BAD = {
+    "empty": b"",
+    "binary": bytes(range(256)) * 20,
+    "truncated": HIST.read_bytes()[:-100],
+    "non-numeric": HIST.read_bytes().replace(b", 0, 0,", b", x, 0,", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_is_named_never_a_traceback(tmp_path: Path, name: str) -> None:
+    bad = tmp_path / f"{name}.log"
+    bad.write_bytes(BAD[name])
+    r = fiomon("report", str(bad), str(HIST))
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert str(bad) in r.stderr
+    assert r.stdout.count("\n") > 3, "the good file is still reported"
+    strict = fiomon("report", "--strict", str(bad))
+    assert "Traceback" not in strict.stderr
+    assert strict.returncode == 1
+    assert str(bad) in strict.stderr
+
+
+def test_nothing_readable_exits_1_with_reasons(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.log"
+    bad.write_text("1, 0, 4096, 1, 2\n")
+    r = fiomon("report", str(bad))
+    assert r.returncode == 1
+    assert "fit no fio layout" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert fiomon("report", "--quantum", "soon", str(HIST)).returncode == 2
+    assert fiomon("report", "--percentiles", "101", str(HIST)).returncode == 2
+    assert fiomon("report", "--align", "sideways", str(HIST)).returncode == 2
+    missing = fiomon("report", str(tmp_path / "nope.log"))
+    assert missing.returncode == 1
+    assert "not a readable file" in missing.stderr
+
+
+def test_mixing_epoch_and_relative_is_refused(tmp_path: Path) -> None:
+    rel = tmp_path / "rel.log"
+    rel.write_text(
+        "".join(f"{k * 1000}, 0, 4096, " + ", ".join(["1"] * 1856) + "\n" for k in range(1, 4))
+    )
+    r = fiomon("report", str(rel))
+    assert r.returncode == 0
+    assert "relative timestamps" in r.stderr
+    mixed = fiomon("report", str(rel), str(HIST))
+    assert mixed.returncode == 1
+    assert "cannot mix epoch-stamped and relative-time inputs" in mixed.stderr
+
+
+def test_progress_line_on_request() -> None:
+    r = fiomon("report", "--progress", "--format", "jsonl", str(HIST))
+    assert "fiomon report:" in r.stderr
+    assert "MB read" in r.stderr
+
+
+def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("fiomon ")
+    r = fiomon("demo", "--duration", "6", "--hosts", "2", "--jobs", "1")
+    assert r.returncode == 0, r.stderr
+    assert "p99" in r.stdout
+    assert "storage node fails" in r.stderr
+
+
+def test_every_module_imports_cleanly() -> None:
+    pkg = Path(__file__).resolve().parents[1] / "fiomon"
+    mods = sorted(p.stem for p in pkg.glob("*.py") if p.stem != "__main__")
+    code = "import importlib\nfor m in %r: importlib.import_module('fiomon.' + m)" % mods
+    r = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
