@@ -80,7 +80,9 @@ def run(cmd: list[str]) -> tuple[float, float]:
 
 def python_with_pandas(scratch: Path) -> str:
     """An interpreter that can import pandas (a throwaway venv if need be)."""
-    probe = subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import pandas"], capture_output=True, check=False
+    )
     if probe.returncode == 0:
         return sys.executable
     venv = scratch / "pandas-venv"

@@ -213,7 +213,7 @@ class QuantumEngine:
         if self._next_open is not None:
             late = q < self._next_open
             if late.any():
-                self._count_late(batch, rec, late, w, host)
+                self._count_late(batch, rec, late, w)
                 keep = ~late
                 rec, q, lo, hi, w, host = (
                     rec[keep],
@@ -274,8 +274,8 @@ class QuantumEngine:
         rec: npt.NDArray[np.int64],
         late: npt.NDArray[np.bool_],
         w: npt.NDArray[np.float64],
-        host: npt.NDArray[np.int64],
     ) -> None:
+        """Count late records by host name (also for hosts over the cap)."""
         samples = batch.samples()
         late_recs = np.unique(rec[late])
         self.late_samples += float((samples[rec[late]] * w[late]).sum())
@@ -283,7 +283,6 @@ class QuantumEngine:
             h = batch.streams[int(batch.stream_idx[r])].host
             self.late_records[h] += 1
             self._late_since_close[h] += 1
-        del host  # late counts are kept by host name, also for hosts over the cap
 
     def _alloc_row(self) -> int:
         if not self._free:

@@ -18,7 +18,11 @@ JSON = FIXTURES / "fio333_randrw_status.json"
 
 def fiomon(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fiomon", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "fiomon", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -149,6 +153,8 @@ def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_module_imports_cleanly() -> None:
     pkg = Path(__file__).resolve().parents[1] / "fiomon"
     mods = sorted(p.stem for p in pkg.glob("*.py") if p.stem != "__main__")
-    code = "import importlib\nfor m in %r: importlib.import_module('fiomon.' + m)" % mods
-    r = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    code = f"import importlib\nfor m in {mods!r}: importlib.import_module('fiomon.' + m)"
+    r = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, check=False
+    )
     assert r.returncode == 0, r.stderr
