@@ -155,7 +155,9 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
             well-formed lines, preferring counts that ``prefer`` accepts.
         prefer: predicate on a field count (e.g. "fits a fio bin layout").
     """
-    if buf and not buf.endswith(b"\n"):
+    if not buf:
+        return _empty_scan(ncols or 0)
+    if not buf.endswith(b"\n"):
         msg = "scan() takes complete lines only"
         raise ValueError(msg)
     if b"\r" in buf:

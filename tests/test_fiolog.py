@@ -227,3 +227,11 @@ def test_scan_equals_naive_parse(rows: list[tuple[int, int, list[int]]], sep: st
     rr = np.repeat(np.arange(len(ref)), np.diff(res.indptr))
     dense[rr, res.bins] = res.counts
     assert (dense == ref[:, 3:]).all()
+
+
+def test_scan_of_nothing_is_empty() -> None:
+    res = scan(b"")
+    assert len(res.header) == 0
+    assert res.bad == []
+    with pytest.raises(ValueError, match="complete lines"):
+        scan(b"1, 0, 4096, 5")
