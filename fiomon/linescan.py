@@ -109,12 +109,14 @@ def _slow_line(line: bytes, ncols: int | None) -> tuple[bytes | None, str, str]:
 
 def _masks(
     a: npt.NDArray[np.uint8],
-) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], bool, int]:
+) -> tuple[
+    npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], int
+]:
     """Masks of a buffer and what they imply.
 
-    Returns the digit, separator (comma or newline) and newline masks; whether any byte
-    breaks the canonical
-    form; and the separator width (2 for ``", "``, 1 for ``","``, 0 when mixed).
+    Returns the digit, separator (comma or newline) and newline masks; the bytes that break
+    the canonical form; and the separator width (2 for ``", "``, 1 for ``","``, 0 when
+    mixed).
     """
     isd = (a - _ZERO) < 10  # uint8 arithmetic wraps, so non-digits land far above 9
     comma = a == _COMMA
@@ -129,7 +131,7 @@ def _masks(
     # A space only ever follows a comma (else viol), so equal counts mean every comma
     # is followed by exactly one space.
     width = 2 if n_sp == n_comma else 1 if n_sp == 0 else 0
-    return isd, sep, isnl, bool(viol.any()), width
+    return isd, sep, isnl, viol, width
 
 
 def _choose(counts: I64, prefer: Callable[[int], bool] | None) -> int:
@@ -163,14 +165,14 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
     if b"\r" in buf:
         buf = buf.replace(b"\r\n", b"\n")
     a = np.frombuffer(buf, dtype=np.uint8)
-    isd, sep, isnl, any_viol, width = _masks(a)
+    isd, sep, isnl, viol, width = _masks(a)
     nl = np.flatnonzero(isnl)
     if len(nl) == 0:
         return _empty_scan(ncols or 0)
-    if any_viol or width == 0:
+    if width == 0 or viol.any():
         # Per-line checks find the offending lines; the rest is re-written canonically.
         comma = a == _COMMA
-        line_ok = _line_ok_slow(a, isd, comma, nl)
+        line_ok = _line_ok_slow(a, comma, nl, viol)
         if ncols is None:
             ncols = _mode_fields(a, comma, nl, line_ok, prefer)
         return _rescan(buf, nl, line_ok, ncols)
@@ -185,25 +187,20 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
 
 def _line_ok_slow(
     a: npt.NDArray[np.uint8],
-    isd: npt.NDArray[np.bool_],
     comma: npt.NDArray[np.bool_],
     nl: I64,
+    viol: npt.NDArray[np.bool_],
 ) -> npt.NDArray[np.bool_]:
-    """Lines free of canonical-form violations and of mixed separators."""
-    sp = a == _SPACE
-    sep = comma.copy()
-    sep[nl] = True
-    viol = ~(isd | sep | sp)
-    viol[1:] |= sp[1:] & ~comma[:-1]
-    viol[1:] |= sep[1:] & ~isd[:-1]
-    viol[0] |= sp[0] | sep[0]
+    """Lines free of canonical-form violations and of mixed separators.
+
+    ``viol`` is the violation mask :func:`_masks` already computed for this buffer.
+    """
     # Mixed "," and ", " is valid but not fast: send such lines through the slow path,
     # which re-writes them with ", ".
-    nospace = np.zeros(len(a), dtype=np.bool_)
-    nospace[:-1] = comma[:-1] & ~sp[1:]
-    viol |= nospace
+    bad = viol.copy()
+    bad[:-1] |= comma[:-1] & (a[1:] != _SPACE)
     ok = np.ones(len(nl), dtype=np.bool_)
-    ok[np.unique(np.searchsorted(nl, np.flatnonzero(viol)))] = False
+    ok[np.unique(np.searchsorted(nl, np.flatnonzero(bad)))] = False
     return ok
 
 
