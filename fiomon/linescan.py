@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +56,7 @@ class Scan:
         bins: column of each non-zero histogram count (0 = the 4th field).
         counts: the non-zero counts.
         bad: rejected lines with reasons.
+        lines: number of lines scanned (accepted or not).
     """
 
     ncols: int
@@ -64,6 +66,7 @@ class Scan:
     bins: npt.NDArray[np.int32]
     counts: I64
     bad: list[BadLine]
+    lines: int = 0
 
 
 def _parse_at(a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], ends: I64) -> tuple[I64, I64]:
@@ -107,31 +110,83 @@ def _slow_line(line: bytes, ncols: int | None) -> tuple[bytes | None, str, str]:
     return b", ".join(fields) + b"\n", "", ""
 
 
+class _Workspace(threading.local):
+    """Per-thread scratch arrays reused across scans.
+
+    Fresh multi-megabyte temporaries cost a page fault per 4 KiB on first touch, which made
+    the mask passes several times slower than the arithmetic; reusing buffers avoids that.
+    """
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.u8 = np.zeros(0, dtype=np.uint8)
+        self.masks = np.zeros((0, 0), dtype=np.bool_)
+
+    def get(self, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+        """A uint8 buffer and 7 boolean rows of at least ``n`` entries (views of length n)."""
+        if n > self.size:
+            self.size = max(n, self.size * 5 // 4)
+            self.u8 = np.empty(self.size, dtype=np.uint8)
+            self.masks = np.empty((7, self.size), dtype=np.bool_)
+        return self.u8[:n], self.masks[:, :n]
+
+
+_WS = _Workspace()
+
+
 def _masks(
     a: npt.NDArray[np.uint8],
 ) -> tuple[
-    npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], int
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.bool_],
+    bool,
+    int,
 ]:
     """Masks of a buffer and what they imply.
 
-    Returns the digit, separator (comma or newline) and newline masks; the bytes that break
-    the canonical form; and the separator width (2 for ``", "``, 1 for ``","``, 0 when
-    mixed).
+    Returns the digit, comma, separator (comma or newline) and newline masks; whether the
+    whole buffer is canonical; and the separator width (2 for ``", "``, 1 for ``","``, 0
+    when mixed). The masks are views of this thread's workspace: valid until its next scan.
+
+    The canonical rules are checked by counting, not with a violation mask: the four
+    allowed kinds of byte must add up to the buffer, and the spaces that follow a comma
+    and the separators that follow a digit must be all of them.
     """
-    isd = (a - _ZERO) < 10  # uint8 arithmetic wraps, so non-digits land far above 9
-    comma = a == _COMMA
-    isnl = a == _NL
-    sp = a == _SPACE
-    sep = comma | isnl
-    viol = ~(isd | sep | sp)
+    u8, m = _WS.get(len(a))
+    isd, comma, isnl, sp, sep, tmp = m[:6]
+    np.less(np.subtract(a, _ZERO, out=u8), 10, out=isd)  # uint8 wraps: non-digits >= 10
+    np.equal(a, _COMMA, out=comma)
+    np.equal(a, _NL, out=isnl)
+    np.equal(a, _SPACE, out=sp)
+    np.logical_or(comma, isnl, out=sep)
+    n_d, n_c, n_nl, n_sp = (int(np.count_nonzero(x)) for x in (isd, comma, isnl, sp))
+    t = tmp[1:]
+    ok = n_d + n_c + n_nl + n_sp == len(a) and not (sp[0] or sep[0])
+    if ok:
+        ok = int(np.count_nonzero(np.logical_and(comma[:-1], sp[1:], out=t))) == n_sp
+    if ok:
+        ok = int(np.count_nonzero(np.logical_and(isd[:-1], sep[1:], out=t))) == n_c + n_nl
+    # A space only ever follows a comma in canonical text, so equal counts mean every
+    # comma is followed by exactly one space.
+    width = 2 if n_sp == n_c else 1 if n_sp == 0 else 0
+    return isd, comma, sep, isnl, ok, width
+
+
+def _violations(
+    a: npt.NDArray[np.uint8],
+    isd: npt.NDArray[np.bool_],
+    comma: npt.NDArray[np.bool_],
+    sep: npt.NDArray[np.bool_],
+) -> npt.NDArray[np.bool_]:
+    """The bytes that break the canonical form (slow path only)."""
+    sp: npt.NDArray[np.bool_] = a == _SPACE
+    viol: npt.NDArray[np.bool_] = ~(isd | sep | sp)
     viol[1:] |= sp[1:] & ~comma[:-1]
     viol[1:] |= sep[1:] & ~isd[:-1]
     viol[0] |= sp[0] | sep[0]
-    n_sp, n_comma = int(np.count_nonzero(sp)), int(np.count_nonzero(comma))
-    # A space only ever follows a comma (else viol), so equal counts mean every comma
-    # is followed by exactly one space.
-    width = 2 if n_sp == n_comma else 1 if n_sp == 0 else 0
-    return isd, sep, isnl, viol, width
+    return viol
 
 
 def _choose(counts: I64, prefer: Callable[[int], bool] | None) -> int:
@@ -165,24 +220,23 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
     if b"\r" in buf:
         buf = buf.replace(b"\r\n", b"\n")
     a = np.frombuffer(buf, dtype=np.uint8)
-    isd, sep, isnl, viol, width = _masks(a)
+    isd, comma, sep, isnl, canonical, width = _masks(a)
     nl = np.flatnonzero(isnl)
     if len(nl) == 0:
         return _empty_scan(ncols or 0)
-    if width == 0 or viol.any():
+    if width == 0 or not canonical:
         # Per-line checks find the offending lines; the rest is re-written canonically.
-        comma = a == _COMMA
-        line_ok = _line_ok_slow(a, comma, nl, viol)
+        line_ok = _line_ok_slow(a, comma, nl, _violations(a, isd, comma, sep))
         if ncols is None:
             ncols = _mode_fields(a, comma, nl, line_ok, prefer)
-        return _rescan(buf, nl, line_ok, ncols)
+        return replace(_rescan(buf, nl, line_ok, ncols), lines=len(nl))
     toks = _Tokens(a, isd, sep, nl, width)
     if ncols is None:
         ncols = _choose(toks.fields, prefer)
     line_ok = toks.fields == ncols
     if not line_ok.all():
-        return _rescan(buf, nl, line_ok, ncols)
-    return toks.result(a, isd, ncols, np.arange(len(nl), dtype=np.int64))
+        return replace(_rescan(buf, nl, line_ok, ncols), lines=len(nl))
+    return replace(toks.result(a, isd, ncols, np.arange(len(nl), dtype=np.int64)), lines=len(nl))
 
 
 def _line_ok_slow(
@@ -193,11 +247,11 @@ def _line_ok_slow(
 ) -> npt.NDArray[np.bool_]:
     """Lines free of canonical-form violations and of mixed separators.
 
-    ``viol`` is the violation mask :func:`_masks` already computed for this buffer.
+    ``viol`` is the violation mask of the buffer (:func:`_violations`).
     """
     # Mixed "," and ", " is valid but not fast: send such lines through the slow path,
     # which re-writes them with ", ".
-    bad = viol.copy()
+    bad = viol
     bad[:-1] |= comma[:-1] & (a[1:] != _SPACE)
     ok = np.ones(len(nl), dtype=np.bool_)
     ok[np.unique(np.searchsorted(nl, np.flatnonzero(bad)))] = False
@@ -249,20 +303,24 @@ class _Tokens:
         # In canonical lines a separator always follows a digit, so a field ends at every
         # separator; it is non-zero unless it is a lone "0". ``ends`` are separator
         # positions (one past the field's last digit).
-        nz = np.empty(len(a), dtype=np.bool_)
+        nz = _WS.get(len(a))[1][6]  # the workspace's spare row (free once masks exist)
         nz[0] = False
         np.not_equal(a[:-1], _ZERO, out=nz[1:])
         nz[2:] |= isd[:-2]
         nz &= sep
         self.ends = np.flatnonzero(nz)
-        last = self.ends - 1
-        self.row = np.searchsorted(nl, last)
+        # Lines and ends are both sorted, so each line's ends are one contiguous run; a
+        # line's last field ends at its newline.
+        first = np.zeros(len(nl) + 1, dtype=np.int64)
+        first[1:] = np.searchsorted(self.ends, nl, side="right")
+        per_line = np.diff(first)
+        self.row = np.repeat(np.arange(len(nl), dtype=np.int64), per_line)
         self.vals, self.ndig = _parse_at(a, isd, self.ends)
-        xc = np.zeros(len(last) + 1, dtype=np.int64)
+        xc = np.zeros(len(self.ends) + 1, dtype=np.int64)
         np.cumsum(self.ndig - 1, out=xc[1:])
-        first = np.searchsorted(self.row, np.arange(len(nl) + 1))
-        x_incl = xc[1:] - xc[first[self.row]]
-        self.col = (self.ends - self.starts[self.row] - 1 - x_incl) // (1 + width)
+        # col = (end - start - 1 - extra digits of the line's fields so far) // (1 + width)
+        base = self.starts + 1 - xc[first[:-1]]
+        self.col = (self.ends - xc[1:] - np.repeat(base, per_line)) // (1 + width)
         x_total = xc[first[1:]] - xc[first[:-1]]
         line_len = nl - self.starts
         self.fields = (line_len - x_total + width) // (1 + width)

@@ -222,6 +222,7 @@ def test_scan_equals_naive_parse(rows: list[tuple[int, int, list[int]]], sep: st
     res = scan(text)
     ref = np.array([[int(x) for x in ln.split(",")] for ln in text.decode().splitlines()])
     assert not res.bad
+    assert res.lines == len(rows)
     assert (res.header == ref[:, :3]).all()
     dense = np.zeros((len(ref), width), dtype=np.int64)
     rr = np.repeat(np.arange(len(ref)), np.diff(res.indptr))
