@@ -83,30 +83,46 @@ def summarize_many(
     if n == 0:
         return []
     lower, upper = layout.edges_ns()
-    cum = np.cumsum(hists, axis=1)
-    total = cum[:, -1]
-    nonempty = total > 0
-    safe_total = np.where(nonempty, total, 1.0)
-    occupied = hists > 0
-    first = np.argmax(occupied, axis=1)
-    last_nz = nbins - 1 - np.argmax(occupied[:, ::-1], axis=1)
-    mean = (hists @ layout.mids_ns()) / safe_total
-    rows = np.arange(n)
+    last_nz = nbins - 1 - np.argmax(hists[:, ::-1] > 0, axis=1)
+    # Not ``hists @ mids``: a BLAS call wakes OpenBLAS's thread pool, whose spinning threads
+    # then compete with the parser threads for the two cores.
+    mean = np.einsum("ij,j->i", hists, layout.mids_ns())
     keys = [pct_key(q) for q in qs]
-    values = np.zeros((n, len(qs)))
-    sat = np.zeros((n, len(qs)), dtype=np.bool_)
-    for j, q in enumerate(qs):
-        target = q / 100.0 * total
-        # First bin whose cumulative count reaches the target (a relative tolerance keeps a
-        # target equal to a bin's running total in that bin, not past an empty gap).
-        idx = np.count_nonzero(cum < (target * (1 - _REL_TOL))[:, None], axis=1)
-        idx = np.clip(np.maximum(idx, first), 0, nbins - 1)
-        prev = np.where(idx > 0, cum[rows, np.maximum(idx - 1, 0)], 0.0)
-        here = hists[rows, idx]
-        frac = np.clip((target - prev) / np.where(here > 0, here, 1.0), 0.0, 1.0)
-        val = lower[idx] + frac * (upper[idx] - lower[idx])
-        sat[:, j] = idx == nbins - 1
-        values[:, j] = np.where(sat[:, j], lower[nbins - 1], val)
+    npct = len(qs)
+    fracs = np.asarray(qs, dtype=np.float64) / 100.0
+    found = np.empty((n, npct + 1), dtype=np.int64)
+    prev = np.zeros((n, npct))
+    targets = np.empty((n, npct))
+    total = np.empty(n)
+    # Running totals in blocks of rows, in one reused cache-sized buffer (a full-size
+    # cumsum spends most of its time faulting in fresh pages). Per row, one binary search
+    # finds the first bin whose running total reaches each target, and (with the smallest
+    # positive probe) the first non-empty bin. The relative tolerance keeps a target equal
+    # to a bin's running total in that bin, not past an empty gap.
+    block = max(1, min(n, (1 << 17) // nbins))
+    cum_buf = np.empty((block, nbins))
+    probes = np.empty((block, npct + 1))
+    probes[:, 0] = np.nextafter(0.0, 1.0)
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        cum = np.cumsum(hists[lo:hi], axis=1, out=cum_buf[: hi - lo])
+        total[lo:hi] = cum[:, -1]
+        t = cum[:, -1:] * fracs
+        targets[lo:hi] = t
+        probes[: hi - lo, 1:] = t * (1 - _REL_TOL)
+        for i in range(hi - lo):
+            found[lo + i] = cum[i].searchsorted(probes[i])
+        at = np.maximum(found[lo:hi, 1:], found[lo:hi, :1])
+        got = cum[np.arange(hi - lo)[:, None], np.clip(at, 1, nbins) - 1]
+        prev[lo:hi] = np.where(at > 0, got, 0.0)
+    nonempty = total > 0
+    mean = mean / np.where(nonempty, total, 1.0)
+    first = np.minimum(found[:, 0], nbins - 1)
+    idx = np.clip(np.maximum(found[:, 1:], first[:, None]), 0, nbins - 1)
+    here = hists[np.arange(n)[:, None], idx]
+    frac = np.clip((targets - prev) / np.where(here > 0, here, 1.0), 0.0, 1.0)
+    sat = idx == nbins - 1
+    values = np.where(sat, lower[nbins - 1], lower[idx] + frac * (upper[idx] - lower[idx]))
     out: list[HistStats | None] = []
     for i in range(n):
         if not nonempty[i]:
