@@ -37,7 +37,7 @@ from fiomon.output import (
 )
 from fiomon.problems import ProblemLog
 from fiomon.sources import FileSource, SourceOptions, host_labels
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
 
 PROGRESS_MIN_BYTES = 32 << 20
 
@@ -67,6 +67,7 @@ class ReportSummary:
     rows: int = 0
     quanta: int = 0
     phase_ms: int = 0
+    late_records: int = 0
     problems: ProblemLog | None = None
 
 
@@ -173,6 +174,12 @@ def run_report(
         summary.problems = log
         for line in log.summary_lines():
             err.write(line + "\n")
+        if summary.late_records:
+            err.write(
+                f"fiomon: warning: {summary.late_records} records reached quanta that had "
+                "already closed and are not in the report (a file's records are out of time "
+                "order by more than two intervals)\n"
+            )
     return summary
 
 
@@ -232,7 +239,11 @@ def _run(
             summary.rows += len(rows)
             summary.quanta += len({r.end_ms for r in rows})
 
-    in_flight: dict[Future[RecordBatch | None], FileSource] = {}
+    # Closing follows what the main thread has merged, never what a worker has read: a
+    # worker updates its source while its batch is still in flight, so the marks come from
+    # snapshots taken when each batch is merged.
+    seen: dict[FileSource, _Step] = {s: _Step.of(s, None) for s in sources}
+    in_flight: dict[Future[_Step], FileSource] = {}
     while True:
         busy = set(in_flight.values())
         idle = sorted(
@@ -240,27 +251,47 @@ def _run(
             key=lambda s: -1 if s.max_end_ms is None else s.max_end_ms,
         )
         for s in idle[: max(0, workers - len(in_flight))]:
-            in_flight[pool.submit(s.next_batch)] = s
+            in_flight[pool.submit(_step, s, engine)] = s
         if not in_flight:
             break
         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
         for fut in finished:
-            in_flight.pop(fut)
-            batch = fut.result()
-            if batch is not None:
-                engine.add(batch)
-        marks = [
-            s.max_end_ms - s.slack_ms for s in sources if not s.done and s.max_end_ms is not None
-        ]
-        pending = [s for s in sources if not s.done and s.max_end_ms is None]
-        if marks and not pending:
-            emit(engine.close_through(min(marks) - opts.quantum_ms))
+            step = fut.result()
+            seen[in_flight.pop(fut)] = step
+            if step.prepared is not None:
+                engine.commit(step.prepared)
+        live = [st for st in seen.values() if not st.done]
+        if live and all(st.max_end_ms is not None for st in live):
+            mark = min(int(st.max_end_ms or 0) - st.slack_ms for st in live)
+            emit(engine.close_through(mark - opts.quantum_ms))
         progress.update(sum(s.bytes_read for s in sources), summary.rows)
     emit(engine.flush())
     writer.close()
     summary.records = engine.records
+    summary.late_records = sum(engine.late_records.values())
     progress.update(sum(s.bytes_read for s in sources), summary.rows, force=True)
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A source's state right after one of its chunks was parsed (and the batch)."""
+
+    prepared: PreparedBatch | None
+    max_end_ms: int | None
+    slack_ms: int
+    done: bool
+
+    @classmethod
+    def of(cls, source: FileSource, prepared: PreparedBatch | None) -> _Step:
+        return cls(prepared, source.max_end_ms, source.slack_ms, source.done)
+
+
+def _step(source: FileSource, engine: QuantumEngine) -> _Step:
+    """Worker: parse the next chunk and cut it into quanta (engine settings only)."""
+    batch = source.next_batch()
+    prepared = engine.prepare(batch) if batch is not None and len(batch) else None
+    return _Step.of(source, prepared)
 
 
 def _first_batch(source: FileSource) -> RecordBatch | None:

@@ -13,13 +13,20 @@ not merged (published quanta never change) and it is counted per host.
 
 Memory is bounded by ``max_open_quanta``: when a record would open more, the oldest open
 quanta are closed early (counted in ``forced_closes``).
+
+Intake has two halves so that parsing threads do the arithmetic: :meth:`QuantumEngine.prepare`
+cuts a batch at quantum boundaries and groups it per (quantum, host, direction) *slot*; it
+reads only the engine's fixed settings, so any thread may call it. :meth:`~QuantumEngine.commit`
+(the engine owner's thread) finds or opens the slots' rows and merges with one
+``np.add.at``. :meth:`~QuantumEngine.add` does both.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +38,9 @@ from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_range
 
 Scope = Literal["cluster", "host"]
 ALL_DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS, "all")
-OVERFLOW_HOST = -1
+OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
+FOLDED_HOST = -2  # host id of slots that sum every host (no host scope requested)
+_FAR = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +102,80 @@ def _num(x: float) -> float | int:
     return float(f"{x:.12g}")
 
 
-@dataclass(slots=True)
-class _Slot:
-    row: int  # row of the engine's store holding this slot's histogram
-    nbytes: float = 0.0
-    lo: int = 2**62
-    hi: int = -(2**62)
-    streams: set[StreamInfo] = field(default_factory=set)
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """A batch cut at quantum boundaries and summed per (quantum, host, direction) slot.
+
+    Made by :meth:`QuantumEngine.prepare`; taken by :meth:`QuantumEngine.commit`. Slots are
+    sorted by (quantum, host, direction) and histogram entries are grouped by slot.
+
+    Args:
+        records: number of records in the source batch.
+        streams: the batch's stream table.
+        hosts: host names that ``slot_host`` indexes (empty when hosts are folded).
+        slot_q: quantum id of each slot.
+        slot_host: index into ``hosts``, or :data:`FOLDED_HOST`.
+        slot_dir: fio direction 0/1/2 of each slot.
+        slot_entries: number of histogram entries of each slot.
+        slot_lo: earliest covered time of each slot, ms.
+        slot_hi: latest covered time of each slot, ms.
+        slot_nbytes: bytes of each slot (overlap-weighted).
+        entry_idx: ``slot * nbins + bin`` of each histogram entry.
+        entry_val: overlap-weighted count of each entry.
+        pair_slot: with ``pair_stream``, the unique (slot, stream index) pairs.
+        pair_stream: stream index (into ``streams``) of each pair.
+        piece_slot: slot of each piece (a record's part in one quantum).
+        piece_rec: record index of each piece.
+        piece_stream: stream index (into ``streams``) of each piece.
+        piece_samples: overlap-weighted I/O count of each piece.
+    """
+
+    records: int
+    streams: tuple[StreamInfo, ...]
+    hosts: tuple[str, ...]
+    slot_q: npt.NDArray[np.int64]
+    slot_host: npt.NDArray[np.int64]
+    slot_dir: npt.NDArray[np.int64]
+    slot_entries: npt.NDArray[np.int64]
+    slot_lo: npt.NDArray[np.int64]
+    slot_hi: npt.NDArray[np.int64]
+    slot_nbytes: npt.NDArray[np.float64]
+    entry_idx: npt.NDArray[np.int64]
+    entry_val: npt.NDArray[np.float64]
+    pair_slot: npt.NDArray[np.int64]
+    pair_stream: npt.NDArray[np.int64]
+    piece_slot: npt.NDArray[np.int64]
+    piece_rec: npt.NDArray[np.int64]
+    piece_stream: npt.NDArray[np.int64]
+    piece_samples: npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """Merged histograms of one kind of output row (e.g. cluster per direction)."""
+
+    scope: Scope
+    q: npt.NDArray[np.int64]
+    host: npt.NDArray[np.int64]  # host id, or FOLDED_HOST for cluster scope
+    label: list[str]
+    hists: npt.NDArray[np.float64]
+    row_gid: npt.NDArray[np.int64]  # per closing row, its group (-1: not in this kind)
+
+
+def _run_starts(*keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Start index of every run of equal key tuples (keys sorted, non-empty)."""
+    change = np.zeros(len(keys[0]), dtype=np.bool_)
+    change[0] = True
+    for k in keys:
+        change[1:] |= k[1:] != k[:-1]
+    return np.flatnonzero(change)
+
+
+def _run_ids(starts: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
+    """Run number of each of ``n`` items, given the runs' start indices."""
+    mark = np.zeros(n, dtype=np.int64)
+    mark[starts] = 1
+    return np.cumsum(mark) - 1
 
 
 class QuantumEngine:
@@ -145,10 +221,10 @@ class QuantumEngine:
         self.per_host = per_host
         self.max_hosts = max_hosts
         self.max_open_quanta = max_open_quanta
-        self._open: dict[int, dict[tuple[int, int], _Slot]] = {}
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
+        self._stream_ids: dict[StreamInfo, int] = {}
         self.late_records: Counter[str] = Counter()
         self.late_samples = 0.0
         self._late_since_close: Counter[str] = Counter()
@@ -157,10 +233,38 @@ class QuantumEngine:
         self.forced_closes = 0
         self.records = 0
         self._pending_closed: list[ClosedQuantum] = []
-        # Histograms of open slots are rows of one float64 store, so a whole batch merges
-        # with a single np.add.at; freed rows are zeroed and reused.
-        self._store = np.zeros((64, layout.nbins), dtype=np.float64)
-        self._free: list[int] = list(range(63, -1, -1))
+        # Every open slot is one row of a float64 store plus per-row metadata; freed rows
+        # are zeroed and reused. ``_rows`` finds a slot's row, ``_quanta`` counts open rows
+        # per quantum. (row, stream id) pairs say which streams fed a row.
+        self._rows: dict[tuple[int, int, int], int] = {}
+        self._quanta: Counter[int] = Counter()
+        self._pair_row: list[npt.NDArray[np.int64]] = []
+        self._pair_sid: list[npt.NDArray[np.int64]] = []
+        self._free: list[int] = []
+        self._grow(64)
+
+    def _grow(self, capacity: int) -> None:
+        """Resize the store and its row metadata to ``capacity`` rows (never shrinks)."""
+        old = getattr(self, "_store", np.zeros((0, self.layout.nbins)))
+        n = len(old)
+        store = np.zeros((capacity, self.layout.nbins), dtype=np.float64)
+        store[:n] = old
+        self._store = store
+
+        def grown(name: str, fill: float, dtype: type) -> npt.NDArray[Any]:
+            arr: npt.NDArray[Any] = np.full(capacity, fill, dtype=dtype)
+            if n:
+                arr[:n] = getattr(self, name)
+            return arr
+
+        self._row_q = grown("_row_q", 0, np.int64)
+        self._row_host = grown("_row_host", 0, np.int64)
+        self._row_dir = grown("_row_dir", 0, np.int64)
+        self._row_used = grown("_row_used", 0, np.bool_)
+        self._row_lo = grown("_row_lo", _FAR, np.int64)
+        self._row_hi = grown("_row_hi", -_FAR, np.int64)
+        self._row_nbytes = grown("_row_nbytes", 0.0, np.float64)
+        self._free.extend(range(capacity - 1, n - 1, -1))
 
     # -- intake -------------------------------------------------------------------------
 
@@ -186,13 +290,27 @@ class QuantumEngine:
         self._host_names.append(host)
         return self._hosts[host]
 
+    def _stream_id(self, stream: StreamInfo) -> int:
+        sid = self._stream_ids.get(stream)
+        if sid is None:
+            sid = self._stream_ids[stream] = len(self._stream_ids)
+        return sid
+
     def add(self, batch: RecordBatch) -> None:
         """Merge every record of ``batch`` into its quanta (late parts are counted)."""
-        n = len(batch)
-        if n == 0:
-            return
+        self.commit(self.prepare(batch))
+
+    def prepare(self, batch: RecordBatch) -> PreparedBatch:
+        """Cut ``batch`` into per-slot histogram entries.
+
+        Pure: reads only the engine's fixed settings (layout, quantum, phase, per_host),
+        so it may run on any thread while another commits.
+
+        Raises:
+            LayoutError: the batch's layout cannot be coarsened to the engine's.
+        """
         batch = batch.coarsened(self.layout)
-        self.records += n
+        n = len(batch)
         s, e = batch.start_ms, batch.end_ms
         q_last = self.quantum_of(e)
         q_first = np.where(e > s, np.floor_divide(s - self.phase_ms, self.quantum_ms), q_last)
@@ -200,102 +318,128 @@ class QuantumEngine:
         npieces = q_last - q_first + 1
         rec = np.repeat(np.arange(n, dtype=np.int64), npieces)
         q = q_first[rec] + (np.arange(len(rec)) - np.repeat(np.cumsum(npieces) - npieces, npieces))
+        if self.per_host:
+            hosts = tuple(sorted({si.host for si in batch.streams}))
+            stream_host = np.array(
+                [hosts.index(si.host) for si in batch.streams] or [0], dtype=np.int64
+            )
+            host = stream_host[batch.stream_idx[rec]]
+        else:
+            hosts = ()
+            host = np.full(len(rec), FOLDED_HOST, dtype=np.int64)
+        d = batch.direction[rec].astype(np.int64)
+        # Pieces in slot order, so a slot's entries are contiguous.
+        order = np.lexsort((d, host, q))
+        rec, q, host, d = rec[order], q[order], host[order], d[order]
         qstart = self.phase_ms + q * self.quantum_ms
         lo = np.maximum(s[rec], qstart)
         hi = np.minimum(e[rec], qstart + self.quantum_ms)
         dur = (e - s)[rec]
-        w = np.where(dur > 0, (hi - lo) / np.maximum(dur, 1), 1.0)
-
-        stream_host = np.array(
-            [self._host_index(si.host) for si in batch.streams] or [0], dtype=np.int64
-        )
-        host = stream_host[batch.stream_idx[rec]]
-        if self._next_open is not None:
-            late = q < self._next_open
-            if late.any():
-                self._count_late(batch, rec, late, w)
-                keep = ~late
-                rec, q, lo, hi, w, host = (
-                    rec[keep],
-                    q[keep],
-                    lo[keep],
-                    hi[keep],
-                    w[keep],
-                    host[keep],
-                )
-                if not len(rec):
-                    return
-
-        d = batch.direction[rec].astype(np.int64)
-        qmin = int(q.min())
-        nh = len(self._host_names) + 1
-        key = ((q - qmin) * nh + (host + 1)) * 3 + d
-        uniq, slot = np.unique(key, return_inverse=True)
-        slots: list[_Slot] = []
-        for k in uniq.tolist():
-            d_j = k % 3
-            rest = k // 3
-            qj = rest // nh + qmin
-            hj = rest % nh - 1
-            acc = self._open.setdefault(qj, {})
-            sl = acc.get((hj, d_j))
-            if sl is None:
-                sl = acc[(hj, d_j)] = _Slot(self._alloc_row())
-            slots.append(sl)
-        slot_row = np.array([sl.row for sl in slots], dtype=np.int64)
+        # A zero-length (catch-up) record has exactly one piece, which takes all of it.
+        w: npt.NDArray[np.float64] = np.where(dur > 0, (hi - lo) / np.maximum(dur, 1), 1.0)
+        if len(rec):
+            starts = _run_starts(q, host, d)
+            slot = _run_ids(starts, len(rec))
+        else:
+            starts = slot = np.zeros(0, dtype=np.int64)
+        nslots = len(starts)
         lens = np.diff(batch.indptr)[rec]
         entry = expand_ranges(batch.indptr[rec], lens)
-        piece = np.repeat(np.arange(len(rec), dtype=np.int64), lens)
-        nbins = self.layout.nbins
-        np.add.at(
-            self._store.reshape(-1),
-            slot_row[slot[piece]] * nbins + batch.bins[entry],
-            batch.counts[entry] * w[piece],
+        weight = np.repeat(w, lens)
+        nstreams = len(batch.streams) + 1
+        pairs = np.unique(slot * nstreams + batch.stream_idx[rec].astype(np.int64))
+        return PreparedBatch(
+            records=n,
+            streams=batch.streams,
+            hosts=hosts,
+            slot_q=q[starts],
+            slot_host=host[starts],
+            slot_dir=d[starts],
+            slot_entries=np.bincount(slot, weights=lens, minlength=nslots).astype(np.int64),
+            slot_lo=np.minimum.reduceat(lo, starts) if nslots else lo,
+            slot_hi=np.maximum.reduceat(hi, starts) if nslots else hi,
+            slot_nbytes=np.bincount(slot, weights=batch.nbytes[rec] * w, minlength=nslots).astype(
+                np.float64
+            ),
+            entry_idx=np.repeat(slot * self.layout.nbins, lens) + batch.bins[entry],
+            entry_val=batch.counts[entry] * weight,
+            pair_slot=pairs // nstreams,
+            pair_stream=pairs % nstreams,
+            piece_slot=slot,
+            piece_rec=rec,
+            piece_stream=batch.stream_idx[rec].astype(np.int64),
+            piece_samples=w * batch.samples()[rec],
         )
-        nbytes = np.bincount(slot, weights=batch.nbytes[rec] * w, minlength=len(uniq))
-        slot_lo = np.full(len(uniq), 2**62, dtype=np.int64)
-        slot_hi = np.full(len(uniq), -(2**62), dtype=np.int64)
-        np.minimum.at(slot_lo, slot, lo)
-        np.maximum.at(slot_hi, slot, hi)
-        for j, sl in enumerate(slots):
-            sl.nbytes += float(nbytes[j])
-            sl.lo = min(sl.lo, int(slot_lo[j]))
-            sl.hi = max(sl.hi, int(slot_hi[j]))
-        pairs = np.unique(slot * (len(batch.streams) + 1) + batch.stream_idx[rec])
-        for p in pairs.tolist():
-            slots[p // (len(batch.streams) + 1)].streams.add(
-                batch.streams[p % (len(batch.streams) + 1)]
-            )
+
+    def commit(self, p: PreparedBatch) -> None:
+        """Merge a prepared batch (only from the thread that owns the engine)."""
+        if p.records == 0:
+            return
+        self.records += p.records
+        for si in p.streams:
+            self._host_index(si.host)  # hosts are tracked (and capped) in every mode
+        nslots = len(p.slot_q)
+        if self.per_host:
+            ids = np.array([self._host_index(h) for h in p.hosts] or [0], dtype=np.int64)
+            host = ids[p.slot_host]
+        else:
+            host = p.slot_host
+        keep = np.ones(nslots, dtype=np.bool_)
+        if self._next_open is not None:
+            late = p.slot_q < self._next_open
+            if late.any():
+                self._count_late(p, late)
+                keep = ~late
+        keys = list(zip(p.slot_q.tolist(), host.tolist(), p.slot_dir.tolist(), strict=True))
+        # Looked up in one C-level pass; only new slots take the Python path.
+        rows = np.fromiter(map(self._rows.get, keys, repeat(-1)), dtype=np.int64, count=nslots)
+        for j in np.flatnonzero((rows < 0) & keep).tolist():
+            rows[j] = self._open_row(keys[j])
+        rows[~keep] = np.flatnonzero(~keep)  # late slots keep a harmless dummy row
+        nbins = self.layout.nbins
+        idx = p.entry_idx + np.repeat((rows - np.arange(nslots)) * nbins, p.slot_entries)
+        val = p.entry_val
+        if not keep.all():
+            entry_keep = np.repeat(keep, p.slot_entries)
+            idx, val = idx[entry_keep], val[entry_keep]
+        np.add.at(self._store.reshape(-1), idx, val)
+        # Over-cap hosts share one row, so rows may repeat: unbuffered updates.
+        kept = rows[keep]
+        np.minimum.at(self._row_lo, kept, p.slot_lo[keep])
+        np.maximum.at(self._row_hi, kept, p.slot_hi[keep])
+        np.add.at(self._row_nbytes, kept, p.slot_nbytes[keep])
+        sids = np.array([self._stream_id(si) for si in p.streams] or [0], dtype=np.int64)
+        pair_keep = keep[p.pair_slot]
+        self._pair_row.append(rows[p.pair_slot[pair_keep]])
+        self._pair_sid.append(sids[p.pair_stream[pair_keep]])
         self._enforce_cap()
 
-    def _count_late(
-        self,
-        batch: RecordBatch,
-        rec: npt.NDArray[np.int64],
-        late: npt.NDArray[np.bool_],
-        w: npt.NDArray[np.float64],
-    ) -> None:
+    def _open_row(self, key: tuple[int, int, int]) -> int:
+        """Give slot ``key`` (quantum, host id, direction) a zeroed row."""
+        if not self._free:
+            self._grow(2 * len(self._store))
+        r = self._free.pop()
+        q, h, d = key
+        self._rows[key] = r
+        self._quanta[q] += 1
+        self._row_q[r], self._row_host[r], self._row_dir[r] = q, h, d
+        self._row_used[r] = True
+        return r
+
+    def _count_late(self, p: PreparedBatch, late_slot: npt.NDArray[np.bool_]) -> None:
         """Count late records by host name (also for hosts over the cap)."""
-        samples = batch.samples()
-        late_recs = np.unique(rec[late])
-        self.late_samples += float((samples[rec[late]] * w[late]).sum())
-        for r in late_recs.tolist():
-            h = batch.streams[int(batch.stream_idx[r])].host
+        late = late_slot[p.piece_slot]
+        self.late_samples += float(p.piece_samples[late].sum())
+        _, first = np.unique(p.piece_rec[late], return_index=True)
+        for si in p.piece_stream[late][first].tolist():
+            h = p.streams[si].host
             self.late_records[h] += 1
             self._late_since_close[h] += 1
 
-    def _alloc_row(self) -> int:
-        if not self._free:
-            old = self._store
-            self._store = np.zeros((2 * len(old), old.shape[1]), dtype=np.float64)
-            self._store[: len(old)] = old
-            self._free = list(range(2 * len(old) - 1, len(old) - 1, -1))
-        return self._free.pop()
-
     def _enforce_cap(self) -> None:
-        excess = len(self._open) - self.max_open_quanta
+        excess = len(self._quanta) - self.max_open_quanta
         if excess > 0:
-            oldest = sorted(self._open)[excess - 1]
+            oldest = sorted(self._quanta)[excess - 1]
             self.forced_closes += excess
             closed = self.close_through(self.quantum_bounds(oldest)[1])
             self._pending_closed.extend(closed)
@@ -305,94 +449,161 @@ class QuantumEngine:
     @property
     def open_quanta(self) -> int:
         """Number of quanta holding data and not yet closed."""
-        return len(self._open)
+        return len(self._quanta)
 
     def close_through(self, t_ms: int) -> list[ClosedQuantum]:
         """Close every quantum that ends at or before ``t_ms``, oldest first."""
         out, self._pending_closed = self._pending_closed, []
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
-        ready = sorted(q for q in self._open if q <= last_q)
-        if ready:
-            out.extend(self._close(ready))
+        if any(q <= last_q for q in self._quanta):
+            out.extend(self._close(last_q))
         if self._next_open is None or last_q + 1 > self._next_open:
             self._next_open = last_q + 1
         return out
 
     def flush(self) -> list[ClosedQuantum]:
         """Close every open quantum (end of input)."""
-        if not self._open:
+        if not self._quanta:
             out, self._pending_closed = self._pending_closed, []
             return out
-        return self.close_through(self.quantum_bounds(max(self._open))[1])
+        return self.close_through(self.quantum_bounds(max(self._quanta))[1])
 
-    def _close(self, quanta: list[int]) -> list[ClosedQuantum]:
-        """Rows of ``quanta`` (oldest first); their statistics are computed in one go."""
-        specs: list[tuple[int, Scope, str | None, str, list[_Slot]]] = []
-        freed: list[int] = []
-        for q in quanta:
-            slots = self._open.pop(q)
-            freed.extend(sl.row for sl in slots.values())
-            hosts = sorted({h for h, _ in slots})
-            scopes: list[tuple[Scope, str | None, list[int]]] = [("cluster", None, hosts)]
-            if self.per_host:
-                scopes += [("host", self._host_names[h], [h]) for h in hosts if h != OVERFLOW_HOST]
-            for scope, host_name, members in scopes:
-                for label in self.directions:
-                    dirs = [0, 1, 2] if label == "all" else [DIRECTION_LABELS.index(label)]
-                    parts = [slots[(h, d)] for h in members for d in dirs if (h, d) in slots]
-                    if parts:
-                        specs.append((q, scope, host_name, label, parts))
-        rows_src = [p.row for *_, parts in specs for p in parts]
-        group_start = np.cumsum([0] + [len(spec[4]) for spec in specs[:-1]])
-        hists = np.add.reduceat(self._store[rows_src], group_start, axis=0) if specs else None
-        stats = summarize_many(hists, self.layout, self.percentiles) if hists is not None else []
-        rows: list[ClosedQuantum] = []
-        for (q, scope, host_name, label, parts), st in zip(specs, stats, strict=True):
-            if st is not None:
-                start, end = self.quantum_bounds(q)
-                rows.append(
-                    self._row(
-                        start=start,
-                        end=end,
-                        scope=scope,
-                        host=host_name,
-                        label=label,
-                        parts=parts,
-                        stats=st,
-                    )
-                )
-        self._store[freed] = 0.0
-        self._free.extend(freed)
+    def _close(self, last_q: int) -> list[ClosedQuantum]:
+        """Close the open quanta up to ``last_q``; their statistics are computed in one go."""
+        rows = np.flatnonzero(self._row_used & (self._row_q <= last_q))
+        rows = rows[np.lexsort((self._row_host[rows], self._row_dir[rows], self._row_q[rows]))]
+        rq, rh, rd = self._row_q[rows], self._row_host[rows], self._row_dir[rows]
+        out = self._emit(rows, self._groups(rq, rh, rd, self._store[rows]))
+        self._store[rows] = 0.0
+        self._row_used[rows] = False
+        self._row_lo[rows] = _FAR
+        self._row_hi[rows] = -_FAR
+        self._row_nbytes[rows] = 0.0
+        for key in zip(rq.tolist(), rh.tolist(), rd.tolist(), strict=True):
+            del self._rows[key]
+        for q in set(rq.tolist()):
+            del self._quanta[q]
+        self._free.extend(rows.tolist())
         self._late_since_close.clear()
-        return rows
+        return out
 
-    def _row(
+    def _groups(
         self,
-        *,
-        start: int,
-        end: int,
-        scope: Scope,
-        host: str | None,
-        label: str,
-        parts: list[_Slot],
-        stats: HistStats,
-    ) -> ClosedQuantum:
-        covered_s = (max(p.hi for p in parts) - min(p.lo for p in parts)) / 1000.0
-        streams = set().union(*(p.streams for p in parts))
-        late = (
-            sum(self._late_since_close.values())
-            if host is None
-            else self._late_since_close.get(host, 0)
-        )
-        return ClosedQuantum(
-            start_ms=start,
-            end_ms=end,
-            scope=scope,
-            host=host,
-            direction=label,
-            stats=stats,
-            iops=stats.samples / covered_s if covered_s > 0 else None,
-            bytes_per_second=sum(p.nbytes for p in parts) / covered_s if covered_s > 0 else None,
-            streams=len(streams),
-            late_records=late,
-        )
+        rq: npt.NDArray[np.int64],
+        rh: npt.NDArray[np.int64],
+        rd: npt.NDArray[np.int64],
+        hists: npt.NDArray[np.float64],
+    ) -> list[_Groups]:
+        """Merged histograms per output kind, from closing rows sorted by (q, dir, host).
+
+        Cluster rows sum hosts per (quantum, direction); ``all`` sums those directions, so
+        each stored row is read once. Host rows are the stored rows themselves.
+        """
+        n = len(rq)
+        want_all = "all" in self.directions
+        cd_start = _run_starts(rq, rd)
+        cd_q, cd_d = rq[cd_start], rd[cd_start]
+        cd_gid = _run_ids(cd_start, n)
+        # Without host scope every (quantum, direction) has one row: nothing to add up.
+        cd_hist = hists if len(cd_start) == n else np.add.reduceat(hists, cd_start, axis=0)
+        folded = np.full(len(cd_start), FOLDED_HOST, dtype=np.int64)
+        kinds = [
+            _Groups("cluster", cd_q, folded, _labels(cd_d), cd_hist, cd_gid),
+        ]
+        if want_all:
+            ca_start = _run_starts(cd_q)
+            ca_of_cd = _run_ids(ca_start, len(cd_q))
+            kinds.append(
+                _Groups(
+                    "cluster",
+                    cd_q[ca_start],
+                    folded[: len(ca_start)],
+                    ["all"] * len(ca_start),
+                    np.add.reduceat(cd_hist, ca_start, axis=0),
+                    ca_of_cd[cd_gid],
+                )
+            )
+        if not self.per_host:
+            return kinds
+        hrows = np.flatnonzero(rh >= 0)  # over-cap hosts have no host scope
+        if not len(hrows):
+            return kinds
+        gid = np.full(n, -1, dtype=np.int64)
+        gid[hrows] = np.arange(len(hrows))
+        kinds.append(_Groups("host", rq[hrows], rh[hrows], _labels(rd[hrows]), hists[hrows], gid))
+        if want_all:
+            o = hrows[np.lexsort((rh[hrows], rq[hrows]))]
+            st = _run_starts(rq[o], rh[o])
+            gid = np.full(n, -1, dtype=np.int64)
+            gid[o] = _run_ids(st, len(o))
+            kinds.append(
+                _Groups(
+                    "host",
+                    rq[o][st],
+                    rh[o][st],
+                    ["all"] * len(st),
+                    np.add.reduceat(hists[o], st, axis=0),
+                    gid,
+                )
+            )
+        return kinds
+
+    def _emit(self, rows: npt.NDArray[np.int64], kinds: list[_Groups]) -> list[ClosedQuantum]:
+        """Closed-quantum rows of ``kinds``: per quantum, cluster then hosts, in label order."""
+        pair_row = np.concatenate(self._pair_row)
+        pair_sid = np.concatenate(self._pair_sid)
+        pos = np.full(len(self._store), -1, dtype=np.int64)
+        pos[rows] = np.arange(len(rows))
+        pair_pos = pos[pair_row]
+        closing = pair_pos >= 0
+        self._pair_row, self._pair_sid = [pair_row[~closing]], [pair_sid[~closing]]
+        pair_pos, pair_sid = pair_pos[closing], pair_sid[closing]
+        nsid = len(self._stream_ids) + 1
+        lo, hi, nbytes = self._row_lo[rows], self._row_hi[rows], self._row_nbytes[rows]
+        late_total = sum(self._late_since_close.values())
+        keyed: list[tuple[tuple[int, int, int], ClosedQuantum]] = []
+        for k in kinds:
+            wanted = [i for i, label in enumerate(k.label) if label in self.directions]
+            if not wanted:
+                continue
+            ng = len(k.q)
+            m = k.row_gid >= 0
+            g = k.row_gid[m]
+            g_lo = np.full(ng, _FAR, dtype=np.int64)
+            np.minimum.at(g_lo, g, lo[m])
+            g_hi = np.full(ng, -_FAR, dtype=np.int64)
+            np.maximum.at(g_hi, g, hi[m])
+            g_bytes = np.bincount(g, weights=nbytes[m], minlength=ng)
+            pg = k.row_gid[pair_pos]
+            pm = pg >= 0
+            g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
+            stats = summarize_many(k.hists[wanted], self.layout, self.percentiles)
+            for i, st in zip(wanted, stats, strict=True):
+                if st is None:
+                    continue  # empty quanta produce no row
+                q, h = int(k.q[i]), int(k.host[i])
+                host = None if k.scope == "cluster" else self._host_names[h]
+                covered_s = (int(g_hi[i]) - int(g_lo[i])) / 1000.0
+                start, end = self.quantum_bounds(q)
+                row = ClosedQuantum(
+                    start_ms=start,
+                    end_ms=end,
+                    scope=k.scope,
+                    host=host,
+                    direction=k.label[i],
+                    stats=st,
+                    iops=st.samples / covered_s if covered_s > 0 else None,
+                    bytes_per_second=float(g_bytes[i]) / covered_s if covered_s > 0 else None,
+                    streams=int(g_streams[i]),
+                    late_records=(
+                        late_total if host is None else self._late_since_close.get(host, 0)
+                    ),
+                )
+                rank = 0 if host is None else 1 + h
+                keyed.append(((q, rank, self.directions.index(k.label[i])), row))
+        keyed.sort(key=lambda kr: kr[0])
+        return [r for _, r in keyed]
+
+
+def _labels(dirs: npt.NDArray[np.int64]) -> list[str]:
+    return [DIRECTION_LABELS[d] for d in dirs.tolist()]
