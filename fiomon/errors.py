@@ -42,3 +42,14 @@ class ParseError(FiomonError, ValueError):
         self.reason = reason
         where = f"{source}:{line_no}" if line_no else source
         super().__init__(f"{where}: {reason}")
+
+
+class WireFormatError(FiomonError, ValueError):
+    """Raised when an MQTT payload is not a valid fiomon wire-format message.
+
+    The message says why (truncated, oversized, wrong version, out of range, inconsistent).
+    """
+
+
+class BrokerError(FiomonError, ConnectionError):
+    """Raised when the MQTT broker cannot be reached or refuses us, after retries."""

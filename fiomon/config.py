@@ -1,0 +1,386 @@
+"""YAML configuration into frozen dataclasses, with every problem reported at once.
+
+``load_agent_config(path)`` reads the agent's file (DESIGN.md "Minimal configuration").
+Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
+(``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
+carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
+Nothing is read from the environment.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from fiomon.align import parse_duration_ms
+from fiomon.errors import ConfigError
+
+T = TypeVar("T")
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: object, *, what: str) -> int:
+    """Bytes from ``65536``, ``256KiB``, ``64MiB`` or ``1GB``.
+
+    Raises:
+        ConfigError: not a size.
+    """
+    if isinstance(value, bool):
+        msg = f"{what}: expected a size such as 64MiB, got {value!r}"
+        raise ConfigError([msg])
+    if isinstance(value, int):
+        if value < 0:
+            msg = f"{what}: must not be negative, got {value}"
+            raise ConfigError([msg])
+        return value
+    m = _SIZE_RE.match(str(value))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        msg = f"{what}: expected a size such as 64MiB or 256KiB, got {value!r}"
+        raise ConfigError([msg])
+    return round(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def _default_host() -> str:
+    """The machine's short host name, made safe as a topic level."""
+    name = socket.gethostname().split(".", 1)[0] or "localhost"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:128]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to the broker.
+
+    Args:
+        ca_file: CA bundle that signed the broker's certificate (None: system CAs).
+        cert_file: client certificate, for brokers that require one.
+        key_file: its private key.
+        insecure: skip hostname verification (testing only).
+    """
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Where the MQTT broker is and how to log in.
+
+    Args:
+        host: broker host name or address.
+        port: TCP port (1883 plain, 8883 TLS by convention).
+        tls: TLS settings, or None for plain TCP.
+        username: MQTT user name (the agent's ACL identity), or None.
+        password_file: file whose first line is the password (kept out of the YAML).
+        client_id: MQTT client id; None derives a stable one from the host name.
+        keepalive_s: MQTT keepalive; the broker publishes the Will about 1.5x this after
+            a silent network loss.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    tls: TlsConfig | None = None
+    username: str | None = None
+    password_file: Path | None = None
+    client_id: str | None = None
+    keepalive_s: int = 30
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The agent's configuration (``fiomon agent --config FILE``).
+
+    Args:
+        broker: the MQTT broker.
+        topic_prefix: first topic level; the agent publishes under
+            ``<prefix>/v1/<host>/...``.
+        host: this client host's name in every record (default: the machine's).
+        watch: glob patterns of fio json+ status files and hist logs to follow.
+        state_dir: read positions and the spool live here.
+        flush_interval_ms: how often new data is read and published.
+        poll_interval_ms: how often the globs are re-expanded for new files.
+        spool_bytes: on-disk spool for when the broker is unreachable; when full, the
+            oldest messages are dropped and counted.
+        max_message_bytes: cap on one MQTT message (many records each).
+        heartbeat_interval_ms: how often the counters are published on the status topic.
+        log_hist_msec: ``log_hist_msec`` of the hist logs (None: inferred from spacing).
+    """
+
+    watch: tuple[str, ...]
+    state_dir: Path
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic_prefix: str = "fiomon"
+    host: str = field(default_factory=_default_host)
+    flush_interval_ms: int = 1000
+    poll_interval_ms: int = 500
+    spool_bytes: int = 64 * 1024**2
+    max_message_bytes: int = 256 * 1024
+    heartbeat_interval_ms: int = 10_000
+    log_hist_msec: int | None = None
+
+
+class _Reader:
+    """Reads typed values out of nested mappings, collecting problems with their paths."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def section(self, data: object, path: str, known: set[str]) -> dict[str, Any]:
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            self.problems.append(f"{path or 'top level'}: expected a mapping, got {data!r}")
+            return {}
+        for key in data:
+            if key not in known:
+                where = f"{path}.{key}" if path else str(key)
+                hint = ", ".join(sorted(known))
+                self.problems.append(f"{where}: unknown key (known here: {hint})")
+        return data
+
+    def get(
+        self,
+        data: dict[str, Any],
+        path: str,
+        key: str,
+        convert: Callable[[object, str], T],
+        default: T,
+    ) -> T:
+        if key not in data or data[key] is None:
+            return default
+        where = f"{path}.{key}" if path else key
+        try:
+            return convert(data[key], where)
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
+            return default
+
+    def require(self, data: dict[str, Any], path: str, key: str) -> None:
+        if data.get(key) is None:
+            where = f"{path}.{key}" if path else key
+            self.problems.append(f"{where}: required")
+
+
+def _str(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        msg = f"{where}: expected a non-empty string, got {value!r}"
+        raise ConfigError([msg])
+    return value
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    return _str(value, where)
+
+
+def _int_in(lo: int, hi: int) -> Callable[[object, str], int]:
+    def conv(value: object, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            msg = f"{where}: expected an integer in [{lo}, {hi}], got {value!r}"
+            raise ConfigError([msg])
+        return value
+
+    return conv
+
+
+def _opt_int_in(lo: int, hi: int) -> Callable[[object, str], int | None]:
+    conv = _int_in(lo, hi)
+
+    def opt(value: object, where: str) -> int | None:
+        return conv(value, where)
+
+    return opt
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        msg = f"{where}: expected true or false, got {value!r}"
+        raise ConfigError([msg])
+    return value
+
+
+def _path(value: object, where: str) -> Path:
+    return Path(_str(value, where)).expanduser()
+
+
+def _opt_path(value: object, where: str) -> Path | None:
+    return _path(value, where)
+
+
+def _duration_ms(minimum: int) -> Callable[[object, str], int]:
+    def conv(value: object, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            msg = f"{where}: expected a duration such as 1s or 250ms, got {value!r}"
+            raise ConfigError([msg])
+        ms = parse_duration_ms(str(value), what=where)
+        if ms < minimum:
+            msg = f"{where}: must be at least {minimum} ms, got {value!r}"
+            raise ConfigError([msg])
+        return ms
+
+    return conv
+
+
+def _size(minimum: int) -> Callable[[object, str], int]:
+    def conv(value: object, where: str) -> int:
+        n = parse_size(value, what=where)
+        if n < minimum:
+            msg = f"{where}: must be at least {minimum} bytes, got {value!r}"
+            raise ConfigError([msg])
+        return n
+
+    return conv
+
+
+def _globs(value: object, where: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        msg = f"{where}: expected a list of glob patterns, got {value!r}"
+        raise ConfigError([msg])
+    bad = [i for i, g in enumerate(items) if not isinstance(g, str) or not g.strip()]
+    if bad:
+        msg = f"{where}[{bad[0]}]: expected a glob pattern string, got {items[bad[0]]!r}"
+        raise ConfigError([msg])
+    return tuple(str(Path(g).expanduser()) for g in items)
+
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def _topic_prefix(value: object, where: str) -> str:
+    text = _str(value, where)
+    if not _TOPIC_RE.match(text):
+        msg = f"{where}: {text!r} must be topic levels of letters, digits, '_', '.', '-'"
+        raise ConfigError([msg])
+    return text
+
+
+def _host(value: object, where: str) -> str:
+    text = _str(value, where)
+    if not _HOST_RE.match(text):
+        msg = f"{where}: {text!r} must be 1-128 letters, digits, '_', '.', '-' (a topic level)"
+        raise ConfigError([msg])
+    return text
+
+
+def read_yaml(path: Path) -> object:
+    """The YAML document in ``path``.
+
+    Raises:
+        ConfigError: unreadable or not YAML (with the line of the syntax error).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        msg = f"{path}: cannot read ({exc.strerror or exc})"
+        raise ConfigError([msg]) from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        msg = f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})"
+        raise ConfigError([msg]) from exc
+
+
+def _broker(r: _Reader, data: object) -> BrokerConfig:
+    b = r.section(
+        data,
+        "broker",
+        {"host", "port", "tls", "username", "password_file", "client_id", "keepalive"},
+    )
+    tls: TlsConfig | None = None
+    if b.get("tls") not in (None, False):
+        t = {} if b["tls"] is True else r.section(b["tls"], "broker.tls", set(TlsConfig.__slots__))
+        tls = TlsConfig(
+            ca_file=r.get(t, "broker.tls", "ca_file", _opt_path, None),
+            cert_file=r.get(t, "broker.tls", "cert_file", _opt_path, None),
+            key_file=r.get(t, "broker.tls", "key_file", _opt_path, None),
+            insecure=r.get(t, "broker.tls", "insecure", _bool, False),
+        )
+        if (tls.cert_file is None) != (tls.key_file is None):
+            r.problems.append("broker.tls: cert_file and key_file go together")
+    return BrokerConfig(
+        host=r.get(b, "broker", "host", _str, "127.0.0.1"),
+        port=r.get(b, "broker", "port", _int_in(1, 65535), 8883 if tls else 1883),
+        tls=tls,
+        username=r.get(b, "broker", "username", _opt_str, None),
+        password_file=r.get(b, "broker", "password_file", _opt_path, None),
+        client_id=r.get(b, "broker", "client_id", _opt_str, None),
+        keepalive_s=r.get(b, "broker", "keepalive", _duration_ms(1000), 30_000) // 1000,
+    )
+
+
+def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
+    """Validate a parsed YAML document as the agent's configuration.
+
+    Raises:
+        ConfigError: listing every problem, each with its key path.
+    """
+    r = _Reader()
+    known = {
+        "broker",
+        "topic_prefix",
+        "host",
+        "watch",
+        "state_dir",
+        "flush_interval",
+        "poll_interval",
+        "spool_size",
+        "max_message_size",
+        "heartbeat_interval",
+        "log_hist_msec",
+    }
+    top = r.section(data, "", known)
+    r.require(top, "", "watch")
+    r.require(top, "", "state_dir")
+    broker = _broker(r, top.get("broker"))
+    cfg = AgentConfig(
+        watch=r.get(top, "", "watch", _globs, ()),
+        state_dir=r.get(top, "", "state_dir", _path, Path()),
+        broker=broker,
+        topic_prefix=r.get(top, "", "topic_prefix", _topic_prefix, "fiomon"),
+        host=r.get(top, "", "host", _host, _default_host()),
+        flush_interval_ms=r.get(top, "", "flush_interval", _duration_ms(10), 1000),
+        poll_interval_ms=r.get(top, "", "poll_interval", _duration_ms(10), 500),
+        spool_bytes=r.get(top, "", "spool_size", _size(1024**2), 64 * 1024**2),
+        max_message_bytes=r.get(top, "", "max_message_size", _size(16 * 1024), 256 * 1024),
+        heartbeat_interval_ms=r.get(top, "", "heartbeat_interval", _duration_ms(100), 10_000),
+        log_hist_msec=r.get(top, "", "log_hist_msec", _opt_int_in(1, 3_600_000), None),
+    )
+    if cfg.max_message_bytes > cfg.spool_bytes:
+        r.problems.append("max_message_size: must not exceed spool_size")
+    if r.problems:
+        raise ConfigError([f"{source}: {p}" for p in r.problems])
+    return cfg
+
+
+def load_agent_config(path: Path) -> AgentConfig:
+    """Read and validate the agent's YAML file.
+
+    Raises:
+        ConfigError: unreadable, not YAML, or any key invalid (all listed at once).
+    """
+    return agent_config_from(read_yaml(path), source=str(path))

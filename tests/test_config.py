@@ -1,0 +1,70 @@
+"""Configuration: the examples load, and every bad key is reported at once with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fiomon.config import load_agent_config, parse_size
+from fiomon.errors import ConfigError
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+
+
+def test_agent_example_loads_with_its_documented_values() -> None:
+    cfg = load_agent_config(CONFIG / "agent.example.yaml")
+    assert cfg.broker.host == "127.0.0.1"
+    assert cfg.broker.port == 1883
+    assert cfg.broker.keepalive_s == 30
+    assert cfg.topic_prefix == "fiomon"
+    assert cfg.watch == ("/var/lib/fio/results/*.json", "/var/lib/fio/results/*_clat_hist.*.log")
+    assert cfg.state_dir == Path("/var/lib/fiomon-agent")
+    assert cfg.flush_interval_ms == 1000
+    assert cfg.poll_interval_ms == 500
+    assert cfg.spool_bytes == 64 * 1024**2
+    assert cfg.max_message_bytes == 256 * 1024
+    assert cfg.host  # the machine's name
+
+
+def test_every_problem_is_listed_with_its_path(tmp_path: Path) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text(
+        "broker: {port: nope, tls: {cert_file: /x}, colour: red}\n"
+        "watch: []\n"
+        "flush_interval: soon\n"
+        "spool_size: 12 parsecs\n"
+        "host: 'bad host/name'\n"
+        "typo_key: 1\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(f)
+    text = "\n".join(info.value.problems)
+    for needle in (
+        "broker.port: expected an integer",
+        "broker.colour: unknown key",
+        "broker.tls: cert_file and key_file go together",
+        "watch: expected a list of glob patterns",
+        "flush_interval: 'soon' is not a duration",
+        "spool_size: expected a size",
+        "host: 'bad host/name'",
+        "typo_key: unknown key",
+        "state_dir: required",
+    ):
+        assert needle in text, needle
+    assert all(p.startswith(str(f)) for p in info.value.problems)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text("watch: [a\nstate_dir: /x\n")
+    with pytest.raises(ConfigError, match=r"agent\.yaml:\d+: not valid YAML"):
+        load_agent_config(f)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [(65536, 65536), ("256KiB", 262144), ("64MiB", 64 * 1024**2), ("1GB", 10**9), ("1.5k", 1500)],
+)
+def test_sizes(text: object, value: int) -> None:
+    assert parse_size(text, what="x") == value

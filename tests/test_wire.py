@@ -1,0 +1,170 @@
+"""Wire format v1: exact round trips, and every malformed payload refused with a reason."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fiomon.bins import BinLayout
+from fiomon.errors import WireFormatError
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.wire import MAX_TIME_MS, VERSION, Message, decode, encode
+
+LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us"), BinLayout(30, 6)]
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> RecordBatch:
+    layout = draw(st.sampled_from(LAYOUTS))
+    labels = draw(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=4, unique=True))
+    n = draw(st.integers(1, 6))
+    recs = []
+    for _ in range(n):
+        start = draw(st.integers(0, MAX_TIME_MS - 1))
+        end = draw(st.integers(start, min(MAX_TIME_MS - 1, start + 10**6)))
+        bins = sorted(draw(st.sets(st.integers(0, layout.nbins - 1), max_size=12)))
+        big = draw(st.booleans())
+        counts = [draw(st.integers(1, 2**62 if big else 2**32 - 1)) for _ in bins]
+        recs.append(
+            (
+                draw(st.integers(0, len(labels) - 1)),
+                draw(st.integers(0, 2)),
+                start,
+                end,
+                draw(st.integers(0, 2**62)),
+                bins,
+                counts,
+            )
+        )
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(r[5]) for r in recs], out=indptr[1:])
+    return RecordBatch(
+        layout=layout,
+        streams=tuple(StreamInfo("h", lab) for lab in labels),
+        stream_idx=np.array([r[0] for r in recs], np.int32),
+        direction=np.array([r[1] for r in recs], np.int8),
+        start_ms=np.array([r[2] for r in recs], np.int64),
+        end_ms=np.array([r[3] for r in recs], np.int64),
+        nbytes=np.array([r[4] for r in recs], np.int64),
+        indptr=indptr,
+        bins=np.array([b for r in recs for b in r[5]], np.int32),
+        counts=np.array([c for r in recs for c in r[6]], np.int64),
+    )
+
+
+def assert_same(a: RecordBatch, b: RecordBatch) -> None:
+    assert a.layout == b.layout
+    assert [s.stream for s in a.streams] == [s.stream for s in b.streams]
+    for name in ("stream_idx", "direction", "start_ms", "end_ms", "nbytes", "indptr", "bins"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert np.array_equal(a.counts, b.counts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.integers(0, 2**40), st.text(min_size=1, max_size=30))
+def test_decode_of_encode_is_the_identity(batch: RecordBatch, seq: int, stream: str) -> None:
+    msg = decode(encode("client-07", stream, seq, batch))
+    assert isinstance(msg, Message)
+    assert (msg.agent, msg.stream, msg.first_seq) == ("client-07", stream, seq)
+    assert list(msg.seqs) == list(range(seq, seq + len(batch)))
+    assert all(s.host == "client-07" for s in msg.batch.streams)
+    assert_same(batch, msg.batch)
+
+
+def _valid() -> bytes:
+    b = RecordBatch(
+        layout=BinLayout(),
+        streams=(StreamInfo("h", "job.json:0:randrw"),),
+        stream_idx=np.array([0, 0], np.int32),
+        direction=np.array([0, 1], np.int8),
+        start_ms=np.array([1_795_000_000_000, 1_795_000_000_000], np.int64),
+        end_ms=np.array([1_795_000_001_000, 1_795_000_001_000], np.int64),
+        nbytes=np.array([4096 * 7, 4096 * 2], np.int64),
+        indptr=np.array([0, 2, 3], np.int64),
+        bins=np.array([700, 701, 900], np.int32),
+        counts=np.array([4, 3, 2], np.int64),
+    )
+    return encode("client-07", "job.json@1", 10, b)
+
+
+def _patch(data: bytes, offset: int, fmt: str, value: int) -> bytes:
+    raw = bytearray(data)
+    struct.pack_into(fmt, raw, offset, value)
+    return bytes(raw)
+
+
+# Offsets from docs/wire-format.md: records at 10, bins at 14; the record table is the
+# 2 x 32 bytes before the 3 bins (2 bytes each) and 3 counts (4 bytes each).
+TABLE = len(_valid()) - 3 * 6 - 2 * 32
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: d[:-1], "inconsistent"),
+        (lambda d: d[:20], "truncated"),
+        (lambda d: b"", "truncated"),
+        (lambda d: b"XXXX" + d[4:], "not a fiomon message"),
+        (lambda d: _patch(d, 4, "<B", VERSION + 1), "unsupported wire format version 2"),
+        (lambda d: _patch(d, 5, "<B", 0x80), "unknown flags"),
+        (lambda d: _patch(d, 6, "<B", 7), "invalid bin layout"),
+        (lambda d: _patch(d, 10, "<I", 0), "record count 0"),
+        (lambda d: _patch(d, 14, "<I", 4), "inconsistent"),
+        (lambda d: _patch(d, TABLE + 2, "<B", 3), "direction"),
+        (lambda d: _patch(d, TABLE, "<H", 5), "label index"),
+        (lambda d: _patch(d, TABLE + 12, "<q", 1_795_000_000_000 - 5000), "times"),
+        (lambda d: d + b"\0" * 6, "inconsistent"),
+        (lambda d: d + b"\0" * (1 << 20), "oversized"),
+    ],
+)
+def test_malformed_payloads_are_refused_with_a_reason(mutate: object, reason: str) -> None:
+    data = mutate(_valid())  # type: ignore[operator]
+    with pytest.raises(WireFormatError, match=reason):
+        decode(data, max_bytes=1 << 20)
+
+
+def test_bins_must_increase_and_fit_the_layout() -> None:
+    data = _valid()
+    bins_at = len(data) - 3 * 4 - 3 * 2
+    with pytest.raises(WireFormatError, match="strictly increasing"):
+        decode(_patch(data, bins_at + 2, "<H", 700))
+    with pytest.raises(WireFormatError, match="bin index"):
+        decode(_patch(data, bins_at + 4, "<H", 5000))
+    with pytest.raises(WireFormatError, match="positive"):
+        decode(_patch(data, len(data) - 4, "<I", 0))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=400))
+def test_random_bytes_never_raise_anything_but_wire_format_error(data: bytes) -> None:
+    with contextlib.suppress(WireFormatError):
+        decode(data)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), min_size=1, max_size=6),
+    st.integers(0, 200),
+    st.binary(max_size=8),
+)
+def test_mutated_payloads_decode_or_are_refused(
+    flips: list[tuple[int, int]], cut: int, tail: bytes
+) -> None:
+    raw = bytearray(_valid())
+    for pos, val in flips:
+        raw[pos % len(raw)] = val
+    data = bytes(raw[: len(raw) - cut % 8]) + tail
+    try:
+        msg = decode(data)
+    except WireFormatError:
+        return
+    # Whatever still decodes is internally consistent.
+    b = msg.batch
+    assert int(b.indptr[-1]) == len(b.counts) == len(b.bins)
+    assert (b.direction <= 2).all() and (b.end_ms >= b.start_ms).all()
+    assert (b.counts > 0).all() and (b.bins < b.layout.nbins).all()
