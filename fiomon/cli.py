@@ -192,8 +192,68 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write the simulated logs to DIR and keep them",
     )
+    ag = sub.add_parser(
+        "agent",
+        help="follow fio's output on this host and publish it over MQTT",
+        description="Follow fio json+ status files and hist logs matching the configured "
+        "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
+        "positions and the spool live in state_dir; SIGTERM stops cleanly.",
+        epilog="example configuration: config/agent.example.yaml",
+    )
+    ag.add_argument("--config", type=Path, required=True, metavar="FILE", help="agent YAML")
+    ag.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity on stderr (default info)",
+    )
+    cc = sub.add_parser(
+        "check-config",
+        help="validate a configuration file and list every problem",
+        description="Validate an agent configuration file; every bad key is listed with its "
+        "path. Exit 0 if valid, 2 if not.",
+    )
+    cc.add_argument("file", type=Path, metavar="FILE")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
+    import logging  # noqa: PLC0415
+
+    from fiomon.agent import run_agent  # noqa: PLC0415
+    from fiomon.config import load_agent_config  # noqa: PLC0415
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_agent_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"fiomon agent: {problem}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run_agent(cfg))
+    except KeyboardInterrupt:
+        return 130
+    except (ConfigError, OSError) as exc:
+        print(f"fiomon agent: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from fiomon.config import load_agent_config  # noqa: PLC0415
+
+    try:
+        cfg = load_agent_config(args.file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
+        return 2
+    print(f"{args.file}: valid agent configuration (host {cfg.host}, {len(cfg.watch)} globs)")
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -279,6 +339,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from fiomon.demo import run_demo  # noqa: PLC0415 - report runs need not import it
 
         return run_demo(hosts=args.hosts, jobs=args.jobs, seconds=args.duration, keep=args.keep)
+    if args.command == "agent":
+        return _agent(args)
+    if args.command == "check-config":
+        return _check_config(args)
     if args.command == "version":
         print(f"fiomon {__version__}")
         return 0

@@ -1,0 +1,119 @@
+"""MQTT plumbing shared by agent and aggregator: topics, client construction, backoff.
+
+Topics (``docs/wire-format.md``): records on ``<prefix>/v1/<host>/records`` (QoS 1), the
+agent's retained status on ``<prefix>/v1/<host>/status`` (its Will says ``offline``).
+aiomqtt 2.5's client is reusable, not re-entrant, and must be created inside the running
+loop; each ``async with`` connects once (REFERENCE.md §4).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import aiomqtt
+
+from fiomon.config import BrokerConfig
+from fiomon.errors import ConfigError
+
+WIRE_LEVEL = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names under one prefix.
+
+    Args:
+        prefix: the configured ``topic_prefix``.
+    """
+
+    prefix: str
+
+    def records(self, host: str) -> str:
+        """Where ``host``'s agent publishes records."""
+        return f"{self.prefix}/{WIRE_LEVEL}/{host}/records"
+
+    def status(self, host: str) -> str:
+        """``host``'s agent status (retained; Will = offline)."""
+        return f"{self.prefix}/{WIRE_LEVEL}/{host}/status"
+
+    @property
+    def all_records(self) -> str:
+        """Subscription filter for every agent's records."""
+        return f"{self.prefix}/{WIRE_LEVEL}/+/records"
+
+    @property
+    def all_status(self) -> str:
+        """Subscription filter for every agent's status."""
+        return f"{self.prefix}/{WIRE_LEVEL}/+/status"
+
+
+def read_password(broker: BrokerConfig) -> str | None:
+    """The first line of the password file, or None.
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    if broker.password_file is None:
+        return None
+    try:
+        text = broker.password_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        msg = f"broker.password_file: cannot read {broker.password_file} ({exc.strerror or exc})"
+        raise ConfigError([msg]) from exc
+    return text.splitlines()[0] if text else ""
+
+
+def make_client(
+    broker: BrokerConfig,
+    *,
+    identifier: str,
+    will: aiomqtt.Will | None = None,
+    timeout_s: float = 10.0,
+) -> aiomqtt.Client:
+    """A client for ``broker`` (call inside the running event loop)."""
+    tls = None
+    if broker.tls is not None:
+        tls = aiomqtt.TLSParameters(
+            ca_certs=str(broker.tls.ca_file) if broker.tls.ca_file else None,
+            certfile=str(broker.tls.cert_file) if broker.tls.cert_file else None,
+            keyfile=str(broker.tls.key_file) if broker.tls.key_file else None,
+        )
+    return aiomqtt.Client(
+        broker.host,
+        broker.port,
+        identifier=identifier,
+        username=broker.username,
+        password=read_password(broker),
+        will=will,
+        keepalive=broker.keepalive_s,
+        timeout=timeout_s,
+        tls_params=tls,
+        tls_insecure=broker.tls.insecure if broker.tls is not None else None,
+    )
+
+
+class Backoff:
+    """Capped exponential backoff with jitter (seconds), so agents do not reconnect in step.
+
+    Args:
+        base_s: first delay's upper bound.
+        cap_s: largest delay.
+        rng: random source (injected for tests).
+    """
+
+    def __init__(self, base_s: float = 0.5, cap_s: float = 30.0, rng: random.Random | None = None):
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.attempt = 0
+        self._rng = rng or random.Random()  # noqa: S311 -- jitter, not cryptography
+
+    def reset(self) -> None:
+        """After a success: start from the base again."""
+        self.attempt = 0
+
+    def next(self) -> float:
+        """The next delay: uniform in [b/2, b] with b = min(cap, base * 2**attempt)."""
+        bound = min(self.cap_s, self.base_s * 2**self.attempt)
+        self.attempt = min(self.attempt + 1, 30)
+        return self._rng.uniform(bound / 2, bound)
