@@ -270,6 +270,8 @@ class HistLogParser:
         from its previous record.
         """
         n = len(times)
+        if n == 1:
+            return self._assign_one(int(times[0]), int(dirs[0]))
         if not n or int(dirs.min()) < 0 or int(dirs.max()) > 2:
             return None
         epoch = times >= EPOCH_MS_MIN
@@ -304,6 +306,22 @@ class HistLogParser:
         self._last_end.update(last)
         keep = np.ones(n, dtype=np.bool_)
         return keep, starts, t, [self.stream], np.zeros(n, dtype=np.int32)
+
+    def _assign_one(
+        self, stamp: int, d: int
+    ) -> tuple[npt.NDArray[np.bool_], I64, I64, list[StreamInfo], npt.NDArray[np.int32]] | None:
+        """:meth:`_assign_ordered` for one record (a log growing line by line)."""
+        kind: TimeKind = "epoch" if stamp >= EPOCH_MS_MIN else "relative"
+        if d not in (0, 1, 2) or self.time_kind is None or kind != self.time_kind:
+            return None  # the general path handles (and reports) the first and odd records
+        t = stamp + (self.options.time_offset_ms if kind == "relative" else 0)
+        prev = self._last_end.get(d)
+        if prev is not None and t < prev:
+            return None
+        start = t - int(self.interval_ms or DEFAULT_INTERVAL_MS) if prev is None else prev
+        self._last_end[d] = t
+        one = np.ones(1, dtype=np.bool_)
+        return one, np.array([start]), np.array([t]), [self.stream], np.zeros(1, np.int32)
 
 
 def _median_spacing(times: I64, dirs: I64) -> int | None:

@@ -219,6 +219,19 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
         raise ValueError(msg)
     if b"\r" in buf:
         buf = buf.replace(b"\r\n", b"\n")
+    if len(buf) <= _SMALL_BYTES:
+        small = _scan_small(buf, ncols, prefer)
+        if small is not None:
+            return small
+    return scan_vectorised(buf, ncols, prefer)
+
+
+def scan_vectorised(
+    buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | None = None
+) -> Scan:
+    """:func:`scan` without the small-input shortcut (for tests and large inputs)."""
+    if not buf:
+        return _empty_scan(ncols or 0)
     a = np.frombuffer(buf, dtype=np.uint8)
     isd, comma, sep, isnl, canonical, width = _masks(a)
     nl = np.flatnonzero(isnl)
@@ -237,6 +250,66 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
     if not line_ok.all():
         return replace(_rescan(buf, nl, line_ok, ncols), lines=len(nl))
     return replace(toks.result(a, isd, ncols, np.arange(len(nl), dtype=np.int64)), lines=len(nl))
+
+
+_SMALL_BYTES = 64 * 1024
+_ALLOWED = b"0123456789, "
+
+
+def _scan_small(buf: bytes, ncols: int | None, prefer: Callable[[int], bool] | None) -> Scan | None:
+    """A few clean lines (a log growing line by line), parsed per line in C.
+
+    The vectorised scan costs a fixed ~0.5 ms per call; numpy's own text parser takes
+    ~30 us per 1859-field line. Returns None for anything but clean, uniform lines, which
+    then take the vectorised path with its exact checks and messages.
+    """
+    lines = buf.split(b"\n")[:-1]
+    rows: list[I64] = []
+    for ln in lines:
+        edge = ln.strip()
+        if (
+            ln.translate(None, _ALLOWED)
+            or not edge
+            # numpy reads an empty field as a number: leave any such line to the exact path
+            or b",," in ln
+            or b", ," in ln
+            or b",  " in ln
+            or edge.startswith(b",")
+            or edge.endswith(b",")
+        ):
+            return None
+        try:
+            v = np.fromstring(ln, dtype=np.int64, sep=",")
+        except ValueError:
+            return None
+        rows.append(v)
+    widths = {len(v) for v in rows}
+    if len(widths) != 1:
+        return None
+    (width,) = widths
+    if ncols is None:
+        if width < 4 or (prefer is not None and not prefer(width)):
+            return None
+        ncols = width
+    if width != ncols or ncols < 4:
+        return None
+    dense = rows[0][None, :] if len(rows) == 1 else np.stack(rows)
+    if int(dense.max()) >= 10**_MAX_DIGITS:  # saturated or too long: exact path decides
+        return None
+    body = dense[:, 3:]
+    flat = np.flatnonzero(body)
+    row, col = np.divmod(flat, ncols - 3)
+    indptr = np.searchsorted(row, np.arange(len(rows) + 1)).astype(np.int64)
+    return Scan(
+        ncols,
+        np.arange(len(rows), dtype=np.int64),
+        np.ascontiguousarray(dense[:, :3]),
+        indptr,
+        col.astype(np.int32),
+        body.reshape(-1)[flat],
+        [],
+        len(lines),
+    )
 
 
 def _line_ok_slow(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fiomon.errors import ParseError
 from fiomon.fiolog import HistLogOptions, HistLogParser, interval_from_job_file
-from fiomon.linescan import scan
+from fiomon.linescan import scan, scan_vectorised
 from fiomon.model import RecordBatch
 from fiomon.problems import ProblemLog
 from tests.conftest import FIXTURES
@@ -219,15 +219,15 @@ def test_scan_equals_naive_parse(rows: list[tuple[int, int, list[int]]], sep: st
         sep.join(map(str, [t, d, 4096, *(vals + [0] * width)[:width]])) + "\n"
         for t, d, vals in rows
     ).encode()
-    res = scan(text)
     ref = np.array([[int(x) for x in ln.split(",")] for ln in text.decode().splitlines()])
-    assert not res.bad
-    assert res.lines == len(rows)
-    assert (res.header == ref[:, :3]).all()
-    dense = np.zeros((len(ref), width), dtype=np.int64)
-    rr = np.repeat(np.arange(len(ref)), np.diff(res.indptr))
-    dense[rr, res.bins] = res.counts
-    assert (dense == ref[:, 3:]).all()
+    for res in (scan(text), scan_vectorised(text)):  # the small-input path and the main one
+        assert not res.bad
+        assert res.lines == len(rows)
+        assert (res.header == ref[:, :3]).all()
+        dense = np.zeros((len(ref), width), dtype=np.int64)
+        rr = np.repeat(np.arange(len(ref)), np.diff(res.indptr))
+        dense[rr, res.bins] = res.counts
+        assert (dense == ref[:, 3:]).all()
 
 
 def test_scan_of_nothing_is_empty() -> None:
@@ -236,3 +236,32 @@ def test_scan_of_nothing_is_empty() -> None:
     assert res.bad == []
     with pytest.raises(ValueError, match="complete lines"):
         scan(b"1, 0, 4096, 5")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 999), min_size=6, max_size=6), min_size=1, max_size=5),
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.sampled_from(list(b"0123456789, -x.\x00+"))),
+        max_size=4,
+    ),
+)
+def test_small_input_path_agrees_with_the_vectorised_scan(
+    rows: list[list[int]], edits: list[tuple[int, int]]
+) -> None:
+    raw = bytearray(
+        "".join(
+            ", ".join(map(str, [1_795_000_000_000 + i, 0, 4096, *r])) + "\n"
+            for i, r in enumerate(rows)
+        ).encode()
+    )
+    for pos, byte in edits:
+        at = pos % len(raw)
+        if raw[at] != 10:  # keep the line structure
+            raw[at] = byte
+    buf = bytes(raw)
+    a, b = scan(buf, 9), scan_vectorised(buf, 9)
+    assert [(x.index, x.kind) for x in a.bad] == [(x.index, x.kind) for x in b.bad]
+    for name in ("line_index", "header", "indptr", "bins", "counts"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.lines == b.lines == len(rows)
