@@ -3,8 +3,8 @@
 Three tasks in one TaskGroup:
 
 * **read**: every ``flush_interval`` the :class:`~fiomon.follow.Follower` reads what is new
-  (in a worker thread) and appends the encoded messages to the on-disk
-  :class:`~fiomon.spool.Spool`;
+  (in a worker thread; every ``poll_interval`` it also looks for new files) and appends the
+  encoded messages to the on-disk :class:`~fiomon.spool.Spool`;
 * **publish**: one connection loop (capped, jittered backoff) that publishes the spool
   oldest first at QoS 1, and pops a message only after its PUBACK; it also keeps the
   retained status topic (``online`` with counters, as a heartbeat; the Will says
@@ -125,16 +125,30 @@ class Agent:
             log.info("stopped: %s", json.dumps(self.status("offline")["counters"]))
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
-        interval = self.cfg.flush_interval_ms / 1000
+        """Read followed files every flush interval; look for new files every poll interval."""
+        loop = asyncio.get_running_loop()
+        flush = self.cfg.flush_interval_ms / 1000
+        poll = self.cfg.poll_interval_ms / 1000
+        next_read = next_look = loop.time()
         try:
             while not stop.is_set():
-                messages = await asyncio.to_thread(lambda: list(self.follower.poll()))
-                self._enqueue(messages)
+                now = loop.time()
+                look = now >= next_look
+                if look or now >= next_read:
+                    messages = await asyncio.to_thread(self._poll_files, look)
+                    self._enqueue(messages)
+                    next_read = now + flush
+                    if look:
+                        next_look = now + poll
+                wait = max(0.0, min(next_read, next_look) - loop.time())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), wait)
         finally:
             self._reading_done.set()
             self._wake.set()
+
+    def _poll_files(self, discover: bool) -> list[Outgoing]:
+        return list(self.follower.poll(discover=discover))
 
     def _enqueue(self, messages: list[Outgoing]) -> None:
         for m in messages:

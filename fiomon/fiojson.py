@@ -166,6 +166,7 @@ class JsonStatusParser:
         self.problems = problems if problems is not None else ProblemLog()
         self.splitter = JsonSplitter(source, self.problems)
         self._jobs: dict[tuple[int, str], _JobState] = {}
+        self._index_cache: dict[str, int] = {}
         self.records = 0
 
     def feed(self, data: bytes) -> RecordBatch | None:
@@ -279,6 +280,27 @@ class JsonStatusParser:
             rows.append(_Row(state.stream, d, start, ts, max(dbytes, 0), nz, delta[nz]))
         return rows
 
+    def _indices(self, bins: dict[str, object]) -> npt.NDArray[np.int64]:
+        """Fine bin index of each json+ key (a midpoint in ns), cached by key text.
+
+        Raises:
+            ValueError: a key is not a non-negative integer.
+        """
+        cache = self._index_cache
+        try:
+            return np.fromiter(map(cache.__getitem__, bins), dtype=np.int64, count=len(bins))
+        except KeyError:
+            pass
+        keys = np.fromiter(map(int, bins), dtype=np.int64, count=len(bins))
+        if (keys < 0).any():
+            msg = "negative bin key"
+            raise ValueError(msg)
+        idx = plat_val_to_idx(keys, self.layout.group_nr)
+        if len(cache) + len(bins) > _INDEX_CACHE_MAX:
+            cache.clear()
+        cache.update(zip(bins, idx.tolist(), strict=True))
+        return idx
+
     def _direction(
         self, section: object, label: str, line: int
     ) -> tuple[npt.NDArray[np.int64], int] | None:
@@ -297,24 +319,24 @@ class JsonStatusParser:
             )
             return None
         try:
-            # map(int, ...) iterates in C: this runs for every job and direction every second.
-            keys = np.fromiter(map(int, bins), dtype=np.int64, count=len(bins))
+            # map() iterates in C: this runs for every job and direction every second.
             vals = np.fromiter(map(int, bins.values()), dtype=np.int64, count=len(bins))
+            idx = self._indices(bins)
         except (TypeError, ValueError):
             self.problems.report(
                 self.source,
                 line,
                 "json-shape",
-                f"{label}.clat_ns.bins has non-integer keys or counts",
+                f"{label}.clat_ns.bins has non-integer or negative keys or counts",
             )
             return None
-        if (keys < 0).any() or (vals < 0).any():
+        if (vals < 0).any():
             self.problems.report(
                 self.source, line, "negative", f"{label}.clat_ns.bins has negative values"
             )
             return None
         dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)
-        np.add.at(dense, plat_val_to_idx(keys, self.layout.group_nr), vals)
+        np.add.at(dense, idx, vals)
         io_bytes = section.get("io_bytes", 0)
         return dense, io_bytes if isinstance(io_bytes, int) else 0
 
@@ -328,6 +350,9 @@ class _Row:
     nbytes: int
     bins: npt.NDArray[np.int64]
     counts: npt.NDArray[np.int64]
+
+
+_INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 
 
 def _decreased(old: npt.NDArray[np.int64], new: npt.NDArray[np.int64]) -> bool:

@@ -201,13 +201,15 @@ class Follower:
             found.update(p for p in glob.glob(pattern) if os.path.isfile(p))
         return sorted(found)
 
-    def poll(self, *, final: bool = False) -> Iterator[Outgoing]:
-        """Read what is new in every followed file (and pick up new files).
+    def poll(self, *, discover: bool = True, final: bool = False) -> Iterator[Outgoing]:
+        """Read what is new in every followed file.
 
         Args:
+            discover: also expand the patterns and start following new files.
             final: also finish the parsers (at shutdown nothing more will come).
         """
-        current = set(self.paths())
+        known = {p for p in self._gens if os.path.isfile(p)}
+        current = set(self.paths()) if discover else known
         for path in sorted(current | set(self._gens)):
             yield from self._poll_path(path, present=path in current)
         if final:

@@ -196,6 +196,8 @@ async def test_kill_9_and_restart_lose_nothing(mosquitto: Mosquitto, tmp_path: P
         await sub.wait_for(lambda: len(sub.seen) >= 20)
         agent.send_signal(signal.SIGKILL)  # no goodbye, no final checkpoint
         await agent.wait()
+        # The broker publishes the Will: the host is marked offline at once.
+        await sub.wait_for(lambda: sub.status and sub.status[-1]["state"] == "offline")
         await asyncio.sleep(0.5)
         agent = await _start_agent(cfg)
         await writer
@@ -274,3 +276,26 @@ async def test_live_fio_records_arrive_within_2_s_while_fio_runs(
     assert len(streams) == 1
     (stream,) = streams
     assert sub.seqs(stream) == list(range(len(sub.seqs(stream))))
+
+
+async def test_partial_line_completed_after_a_restart_arrives_once(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    log = data / "job_clat_hist.1.log"
+    second = hist_line(1)
+    log.write_text(hist_line(0) + second[:100])
+    async with subscribed(mosquitto) as sub:
+        for text in (second[100:] + hist_line(2), ""):
+            stop = asyncio.Event()
+            task = asyncio.create_task(Agent(agent_config(mosquitto, tmp_path)).run(stop))
+            want = 1 if text else 3
+            await sub.wait_for(lambda: len(sub.seen) >= want)  # noqa: B023 -- awaited here
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            if text:
+                with log.open("a") as fh:
+                    fh.write(text)  # the line is completed while no agent runs
+    assert sub.seqs(f"{log}@1") == [0, 1, 2]
+    assert sub.duplicates == 0

@@ -152,3 +152,35 @@ def test_messages_respect_the_size_cap(tmp_path: Path) -> None:
     assert len(out) > 1
     assert all(len(m.payload) <= 64 * 1024 for m in out)
     assert [s for _, s, _ in records(out)] == list(range(20))
+
+
+def test_relative_log_is_placed_on_the_wall_clock_by_its_mtime(tmp_path: Path) -> None:
+    p = tmp_path / "a_clat_hist.1.log"
+    counts = np.zeros(1856, dtype=np.int64)
+    counts[700] = 4
+    p.write_text("".join(format_line(1000 * (i + 1), 0, 4096, counts) for i in range(3)))
+    mtime_ms = T0 + 123_456
+    os.utime(p, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
+    f = follower(tmp_path)
+    ends = [e for _, _, e in records(list(f.poll()))]
+    # The last record (stamped 3000 ms after the job's start) is taken to end at the mtime.
+    assert ends == [mtime_ms - 2000, mtime_ms - 1000, mtime_ms]
+    saved = f.positions({})
+    assert saved[str(p)].time_offset_ms == mtime_ms - 3000
+
+
+def test_spool_drops_the_oldest_when_full_and_counts_it(tmp_path: Path) -> None:
+    from fiomon.spool import Spool  # noqa: PLC0415
+
+    spool = Spool(tmp_path / "spool", max_bytes=3000)
+    dropped = []
+    for i in range(5):
+        dropped += spool.push(Outgoing("s@1", 10 * i, 10, bytes([i]) * 1000))
+    assert [d.first_seq for d in dropped] == [0, 10]
+    assert (spool.dropped_messages, spool.dropped_records) == (2, 20)
+    got = []
+    while (m := spool.peek()) is not None:
+        got.append((m.first_seq, m.payload[:1]))
+        spool.pop()
+    assert got == [(20, b"\x02"), (30, b"\x03"), (40, b"\x04")]
+    spool.close()
