@@ -269,20 +269,19 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
-def _topic_prefix(value: object, where: str) -> str:
-    text = _str(value, where)
-    if not _TOPIC_RE.match(text):
-        msg = f"{where}: {text!r} must be topic levels of letters, digits, '_', '.', '-'"
-        raise ConfigError([msg])
-    return text
+def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[object, str], str]:
+    def conv(value: object, where: str) -> str:
+        text = _str(value, where)
+        if not pattern.match(text):
+            msg = f"{where}: {text!r} must be {rule}"
+            raise ConfigError([msg])
+        return text
+
+    return conv
 
 
-def _host(value: object, where: str) -> str:
-    text = _str(value, where)
-    if not _HOST_RE.match(text):
-        msg = f"{where}: {text!r} must be 1-128 letters, digits, '_', '.', '-' (a topic level)"
-        raise ConfigError([msg])
-    return text
+_topic_prefix = _matching(_TOPIC_RE, "topic levels of letters, digits, '_', '.', '-'")
+_host = _matching(_HOST_RE, "1-128 letters, digits, '_', '.', '-' (a topic level)")
 
 
 def read_yaml(path: Path) -> object:

@@ -210,15 +210,7 @@ class HistLogParser:
                     f"unknown direction {d} (fio writes 0, 1 or 2)",
                 )
             elif self.time_kind is None:
-                self.time_kind = kind
-                if kind == "relative":
-                    self.problems.warn(
-                        self.source,
-                        0,
-                        "relative-time",
-                        "relative timestamps (log_unix_epoch=0): hosts cannot be aligned "
-                        "exactly; times are ms since each job's start",
-                    )
+                self._set_time_kind(kind)
             elif kind != self.time_kind:
                 keep[i] = False
                 self.problems.report(
@@ -294,18 +286,22 @@ class HistLogParser:
             starts[idx[1:]] = td[:-1]
             last[d] = int(td[-1])
         if self.time_kind is None:
-            self.time_kind = kind
-            if kind == "relative":
-                self.problems.warn(
-                    self.source,
-                    0,
-                    "relative-time",
-                    "relative timestamps (log_unix_epoch=0): hosts cannot be aligned "
-                    "exactly; times are ms since each job's start",
-                )
+            self._set_time_kind(kind)
         self._last_end.update(last)
         keep = np.ones(n, dtype=np.bool_)
         return keep, starts, t, [self.stream], np.zeros(n, dtype=np.int32)
+
+    def _set_time_kind(self, kind: TimeKind) -> None:
+        """Fix the file's time kind at its first record; a relative one is a warning."""
+        self.time_kind = kind
+        if kind == "relative":
+            self.problems.warn(
+                self.source,
+                0,
+                "relative-time",
+                "relative timestamps (log_unix_epoch=0): hosts cannot be aligned "
+                "exactly; times are ms since each job's start",
+            )
 
     def _assign_one(
         self, stamp: int, d: int
