@@ -24,6 +24,7 @@ import json
 import logging
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -84,6 +85,7 @@ class Agent:
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}
         self.counters = AgentCounters()
+        self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
         self._saved: dict[str, dict[str, object]] | None = None
@@ -245,6 +247,7 @@ class Agent:
         return {
             "state": state,
             "agent": self.cfg.host,
+            "instance": self.instance,
             "version": __version__,
             "time_ms": self._now_ms(),
             "counters": counters,

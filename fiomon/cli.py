@@ -207,11 +207,27 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log verbosity on stderr (default info)",
     )
+    agg = sub.add_parser(
+        "aggregator",
+        help="merge every agent's records into live cluster percentiles, metrics and alerts",
+        description="Subscribe to the agents' records (persistent MQTT session), close quanta "
+        "on time, export Prometheus metrics on `listen`, append closed quanta to the quanta "
+        "file and evaluate the SLA rules. SIGTERM stops cleanly.",
+        epilog="example configuration: config/aggregator.example.yaml",
+    )
+    agg.add_argument("--config", type=Path, required=True, metavar="FILE", help="aggregator YAML")
+    agg.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity on stderr (default info)",
+    )
     cc = sub.add_parser(
         "check-config",
         help="validate a configuration file and list every problem",
-        description="Validate an agent configuration file; every bad key is listed with its "
-        "path. Exit 0 if valid, 2 if not.",
+        description="Validate an agent or aggregator configuration file (told apart by its "
+        "keys: an agent has `watch`); every bad key is listed with its path. Exit 0 if "
+        "valid, 2 if not.",
     )
     cc.add_argument("file", type=Path, metavar="FILE")
     sub.add_parser("version", help="print the version")
@@ -242,17 +258,54 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _aggregator(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
+    import logging  # noqa: PLC0415
+
+    from fiomon.aggregator import run_aggregator  # noqa: PLC0415
+    from fiomon.config import load_aggregator_config  # noqa: PLC0415
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_aggregator_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"fiomon aggregator: {problem}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run_aggregator(cfg))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"fiomon aggregator: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _check_config(args: argparse.Namespace) -> int:
-    from fiomon.config import load_agent_config  # noqa: PLC0415
+    from fiomon.config import (  # noqa: PLC0415
+        agent_config_from,
+        aggregator_config_from,
+        read_yaml,
+    )
 
     try:
-        cfg = load_agent_config(args.file)
+        data = read_yaml(args.file)
+        if isinstance(data, dict) and "watch" in data:
+            agent = agent_config_from(data, source=str(args.file))
+            text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
+        else:
+            agg = aggregator_config_from(data, source=str(args.file))
+            text = (
+                f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
+                f"/metrics on {agg.listen})"
+            )
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
         return 2
-    print(f"{args.file}: valid agent configuration (host {cfg.host}, {len(cfg.watch)} globs)")
+    print(f"{args.file}: {text}")
     return 0
 
 
@@ -341,6 +394,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return run_demo(hosts=args.hosts, jobs=args.jobs, seconds=args.duration, keep=args.keep)
     if args.command == "agent":
         return _agent(args)
+    if args.command == "aggregator":
+        return _aggregator(args)
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "version":

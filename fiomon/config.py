@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from fiomon.align import parse_duration_ms
+from fiomon.align import Align, parse_align, parse_duration_ms
 from fiomon.errors import ConfigError
 
 T = TypeVar("T")
@@ -374,6 +374,312 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     if r.problems:
         raise ConfigError([f"{source}: {p}" for p in r.problems])
     return cfg
+
+
+DIRECTIONS = ("read", "write", "trim", "all")
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
+
+
+@dataclass(frozen=True, slots=True)
+class SlaRule:
+    """One SLA rule: "p99 read above 5 ms for 3 quanta".
+
+    Args:
+        name: rule name (a label value: letters, digits, ``_ . -``).
+        direction: ``read``, ``write``, ``trim`` or ``all``.
+        percentile: which percentile, in (0, 100]; must be one the aggregator computes.
+        threshold_ns: the limit, in ns (configured with units: ``5ms``).
+        scope: ``cluster`` (one state) or ``host`` (one state per host).
+        for_quanta: consecutive breaching quanta before it fires.
+        min_samples: quanta with fewer I/Os are no evidence either way.
+        clear_ns: it clears below this (hysteresis), default 90 % of the threshold.
+        clear_for: consecutive clear quanta before it resolves (default ``for_quanta``).
+    """
+
+    name: str
+    direction: str
+    percentile: float
+    threshold_ns: float
+    scope: str = "cluster"
+    for_quanta: int = 3
+    min_samples: int = 100
+    clear_ns: float = 0.0
+    clear_for: int = 0
+
+    def __post_init__(self) -> None:
+        if self.clear_ns <= 0:
+            object.__setattr__(self, "clear_ns", 0.9 * self.threshold_ns)
+        if self.clear_for <= 0:
+            object.__setattr__(self, "clear_for", self.for_quanta)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Alertmanager v2 endpoint (``POST <url>/api/v2/alerts``).
+
+    Args:
+        url: Alertmanager base URL, e.g. ``http://127.0.0.1:9093``.
+        timeout_ms: per request.
+        resend_ms: firing alerts are re-sent this often (Alertmanager expects it).
+    """
+
+    url: str
+    timeout_ms: int = 5000
+    resend_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorConfig:
+    """The aggregator's configuration (``fiomon aggregator --config FILE``).
+
+    Args:
+        broker: the MQTT broker.
+        topic_prefix: subscribes to ``<prefix>/v1/+/records`` and ``.../status``.
+        client_id: fixed MQTT client id of the persistent session.
+        session_expiry_ms: how long the broker keeps queuing for us while we are away.
+        quantum_ms: quantum length.
+        lateness_ms: a quantum closes at the latest this long after its end.
+        align: ``epoch``, ``auto`` or a fixed offset in ms.
+        percentiles: percentiles computed and exported.
+        per_host: also keep host scope (metrics and quanta file rows).
+        listen: ``host:port`` of ``/metrics``.
+        tls_cert: certificate for HTTPS on ``listen`` (with ``tls_key``).
+        tls_key: its key.
+        quanta_file: closed quanta as JSON lines, or None.
+        quanta_file_max_bytes: rotate past this size.
+        quanta_file_keep: rotated files kept.
+        max_hosts: hosts with their own scope and series; more are counted and merged
+            into cluster scope only.
+        max_streams: streams tracked for dedup; more are refused and counted.
+        max_open_quanta: quanta held open at once; more close the oldest early.
+        max_message_bytes: larger payloads are refused.
+        state_dir: where the journal of unclosed records lives (None: no journal).
+        sla: SLA rules.
+        alert_topic: retained MQTT topic with the alert states.
+        webhook: Alertmanager to notify, or None.
+    """
+
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic_prefix: str = "fiomon"
+    client_id: str = "fiomon-aggregator"
+    session_expiry_ms: int = 3_600_000
+    quantum_ms: int = 1000
+    lateness_ms: int = 5000
+    align: Align = "auto"
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    per_host: bool = True
+    listen: str = DEFAULT_LISTEN
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    quanta_file: Path | None = None
+    quanta_file_max_bytes: int = 64 * 1024**2
+    quanta_file_keep: int = 5
+    max_hosts: int = 1000
+    max_streams: int = 100_000
+    max_open_quanta: int = 600
+    max_message_bytes: int = 1024**2
+    state_dir: Path | None = None
+    sla: tuple[SlaRule, ...] = ()
+    alert_topic: str = ""
+    webhook: WebhookConfig | None = None
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        """``listen`` split into address and port."""
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 -- only if asked
+
+
+def _percentile_list(value: object, where: str) -> tuple[float, ...]:
+    items = value if isinstance(value, list) else None
+    if not items or not all(
+        isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 100 for q in items
+    ):
+        msg = f"{where}: expected a list of percentiles in (0, 100], got {value!r}"
+        raise ConfigError([msg])
+    return tuple(sorted({float(q) for q in items}))
+
+
+def _align(value: object, where: str) -> Align:
+    try:
+        return parse_align(str(value))
+    except ConfigError as exc:
+        raise ConfigError([f"{where}: {p}" for p in exc.problems]) from None
+
+
+def _listen(value: object, where: str) -> str:
+    text = _str(value, where)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        msg = f"{where}: expected host:port (e.g. {DEFAULT_LISTEN}), got {value!r}"
+        raise ConfigError([msg])
+    del host
+    return text
+
+
+def _threshold_ns(value: object, where: str) -> float:
+    text = str(value).strip().lower()
+    units = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+    for suffix in ("ns", "us", "µs", "ms", "s"):
+        if text.endswith(suffix):
+            try:
+                v = float(text[: -len(suffix)]) * units[suffix]
+            except ValueError:
+                break
+            if v > 0:
+                return v
+            break
+    msg = f"{where}: expected a latency with units such as 5ms or 500us, got {value!r}"
+    raise ConfigError([msg])
+
+
+def _choice(*options: str) -> Callable[[object, str], str]:
+    def conv(value: object, where: str) -> str:
+        if value not in options:
+            msg = f"{where}: expected one of {', '.join(options)}, got {value!r}"
+            raise ConfigError([msg])
+        return str(value)
+
+    return conv
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_rule_name = _matching(_NAME_RE, "1-64 letters, digits, '_', '.', '-'")
+
+
+def _sla_rules(r: _Reader, data: object, percentiles: tuple[float, ...]) -> tuple[SlaRule, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        r.problems.append(f"sla: expected a list of rules, got {data!r}")
+        return ()
+    rules: list[SlaRule] = []
+    names: set[str] = set()
+    known = {
+        "name",
+        "direction",
+        "percentile",
+        "threshold",
+        "scope",
+        "for",
+        "min_samples",
+        "clear_below",
+        "clear_for",
+    }
+    for i, item in enumerate(data):
+        path = f"sla[{i}]"
+        d = r.section(item, path, known)
+        before = len(r.problems)
+        for key in ("name", "direction", "percentile", "threshold"):
+            r.require(d, path, key)
+        name = r.get(d, path, "name", _rule_name, "")
+        pct = r.get(d, path, "percentile", _percentile_one, 0.0)
+        if pct and pct not in percentiles:
+            r.problems.append(
+                f"{path}.percentile: {pct:g} is not among the computed percentiles "
+                f"{', '.join(f'{q:g}' for q in percentiles)}"
+            )
+        if name in names:
+            r.problems.append(f"{path}.name: duplicate rule name {name!r}")
+        names.add(name)
+        threshold = r.get(d, path, "threshold", _threshold_ns, 0.0)
+        rule_args = {
+            "name": name,
+            "direction": r.get(d, path, "direction", _choice(*DIRECTIONS), "read"),
+            "percentile": pct,
+            "threshold_ns": threshold,
+            "scope": r.get(d, path, "scope", _choice("cluster", "host"), "cluster"),
+            "for_quanta": r.get(d, path, "for", _int_in(1, 100_000), 3),
+            "min_samples": r.get(d, path, "min_samples", _int_in(0, 10**12), 100),
+            "clear_ns": r.get(d, path, "clear_below", _threshold_ns, 0.0),
+            "clear_for": r.get(d, path, "clear_for", _int_in(1, 100_000), 0),
+        }
+        if len(r.problems) == before:
+            rule = SlaRule(**rule_args)  # type: ignore[arg-type]
+            if rule.clear_ns > rule.threshold_ns:
+                r.problems.append(f"{path}.clear_below: must not exceed the threshold")
+            rules.append(rule)
+    return tuple(rules)
+
+
+def _percentile_one(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+        msg = f"{where}: expected a percentile in (0, 100], got {value!r}"
+        raise ConfigError([msg])
+    return float(value)
+
+
+def aggregator_config_from(data: object, *, source: str = "config") -> AggregatorConfig:
+    """Validate a parsed YAML document as the aggregator's configuration.
+
+    Raises:
+        ConfigError: listing every problem, each with its key path.
+    """
+    r = _Reader()
+    known = {f for f in AggregatorConfig.__dataclass_fields__ if f not in _AGG_RENAMED} | set(
+        _AGG_RENAMED.values()
+    )
+    top = r.section(data, "", known)
+    prefix = r.get(top, "", "topic_prefix", _topic_prefix, "fiomon")
+    percentiles = r.get(top, "", "percentiles", _percentile_list, DEFAULT_PERCENTILES)
+    webhook = None
+    if top.get("webhook") is not None:
+        w = r.section(top["webhook"], "webhook", {"url", "timeout", "resend"})
+        r.require(w, "webhook", "url")
+        webhook = WebhookConfig(
+            url=r.get(w, "webhook", "url", _str, ""),
+            timeout_ms=r.get(w, "webhook", "timeout", _duration_ms(100), 5000),
+            resend_ms=r.get(w, "webhook", "resend", _duration_ms(1000), 60_000),
+        )
+    cfg = AggregatorConfig(
+        broker=_broker(r, top.get("broker")),
+        topic_prefix=prefix,
+        client_id=r.get(top, "", "client_id", _str, "fiomon-aggregator"),
+        session_expiry_ms=r.get(top, "", "session_expiry", _duration_ms(1000), 3_600_000),
+        quantum_ms=r.get(top, "", "quantum", _duration_ms(1), 1000),
+        lateness_ms=r.get(top, "", "lateness", _duration_ms(0), 5000),
+        align=r.get(top, "", "align", _align, "auto"),
+        percentiles=percentiles,
+        per_host=r.get(top, "", "per_host", _bool, True),
+        listen=r.get(top, "", "listen", _listen, DEFAULT_LISTEN),
+        tls_cert=r.get(top, "", "tls_cert", _opt_path, None),
+        tls_key=r.get(top, "", "tls_key", _opt_path, None),
+        quanta_file=r.get(top, "", "quanta_file", _opt_path, None),
+        quanta_file_max_bytes=r.get(top, "", "quanta_file_max_size", _size(4096), 64 * 1024**2),
+        quanta_file_keep=r.get(top, "", "quanta_file_keep", _int_in(0, 1000), 5),
+        max_hosts=r.get(top, "", "max_hosts", _int_in(1, 10**6), 1000),
+        max_streams=r.get(top, "", "max_streams", _int_in(1, 10**8), 100_000),
+        max_open_quanta=r.get(top, "", "max_open_quanta", _int_in(2, 10**6), 600),
+        max_message_bytes=r.get(top, "", "max_message_size", _size(1024), 1024**2),
+        state_dir=r.get(top, "", "state_dir", _opt_path, None),
+        sla=_sla_rules(r, top.get("sla"), percentiles),
+        alert_topic=r.get(top, "", "alert_topic", _topic_prefix, f"{prefix}/v1/_aggregator/alerts"),
+        webhook=webhook,
+    )
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        r.problems.append("tls_cert and tls_key go together")
+    if r.problems:
+        raise ConfigError([f"{source}: {p}" for p in r.problems])
+    return cfg
+
+
+_AGG_RENAMED = {
+    "session_expiry_ms": "session_expiry",
+    "quantum_ms": "quantum",
+    "lateness_ms": "lateness",
+    "quanta_file_max_bytes": "quanta_file_max_size",
+    "max_message_bytes": "max_message_size",
+}
+
+
+def load_aggregator_config(path: Path) -> AggregatorConfig:
+    """Read and validate the aggregator's YAML file.
+
+    Raises:
+        ConfigError: unreadable, not YAML, or any key invalid (all listed at once).
+    """
+    return aggregator_config_from(read_yaml(path), source=str(path))
 
 
 def load_agent_config(path: Path) -> AgentConfig:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from fiomon.config import BrokerConfig
 from fiomon.errors import ConfigError
@@ -70,8 +73,28 @@ def make_client(
     identifier: str,
     will: aiomqtt.Will | None = None,
     timeout_s: float = 10.0,
+    persistent_session_s: int | None = None,
 ) -> aiomqtt.Client:
-    """A client for ``broker`` (call inside the running event loop)."""
+    """A client for ``broker`` (call inside the running event loop).
+
+    Args:
+        broker: where and how to connect.
+        identifier: the MQTT client id.
+        will: the Last Will, if any.
+        timeout_s: connect/publish/subscribe timeout.
+        persistent_session_s: ask for a persistent MQTT 5 session kept this long while we
+            are away (``clean_start=False`` plus a session expiry: aiomqtt's default
+            clean-start option would discard the session on every reconnect).
+    """
+    extra: dict[str, Any] = {}
+    if persistent_session_s is not None:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = persistent_session_s
+        extra = {
+            "protocol": aiomqtt.ProtocolVersion.V5,
+            "clean_start": False,
+            "properties": props,
+        }
     tls = None
     if broker.tls is not None:
         tls = aiomqtt.TLSParameters(
@@ -90,6 +113,7 @@ def make_client(
         timeout=timeout_s,
         tls_params=tls,
         tls_insecure=broker.tls.insecure if broker.tls is not None else None,
+        **extra,
     )
 
 

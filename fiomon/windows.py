@@ -58,6 +58,8 @@ class ClosedQuantum:
         bytes_per_second: bytes per covered second (``None`` likewise).
         streams: number of streams that contributed.
         late_records: late records of this scope counted since the previous close.
+        hist: the merged histogram (counts per bin of the engine's layout), kept for
+            cluster rows when the engine is asked to (the exporter's bucket histogram).
     """
 
     start_ms: int
@@ -70,6 +72,7 @@ class ClosedQuantum:
     bytes_per_second: float | None
     streams: int
     late_records: int
+    hist: npt.NDArray[np.float64] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The closed-quantum JSON object of DESIGN.md."""
@@ -192,6 +195,7 @@ class QuantumEngine:
         max_hosts: hosts tracked for host scope; more are counted in ``hosts_over_cap``
             and only enter cluster scope.
         max_open_quanta: open quanta kept; more force the oldest to close.
+        keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
     """
 
     def __init__(
@@ -205,6 +209,7 @@ class QuantumEngine:
         per_host: bool = False,
         max_hosts: int = 1000,
         max_open_quanta: int = 100_000,
+        keep_hists: bool = False,
     ) -> None:
         if quantum_ms <= 0:
             msg = f"quantum_ms must be positive, got {quantum_ms}"
@@ -221,6 +226,7 @@ class QuantumEngine:
         self.per_host = per_host
         self.max_hosts = max_hosts
         self.max_open_quanta = max_open_quanta
+        self.keep_hists = keep_hists
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
@@ -598,6 +604,7 @@ class QuantumEngine:
                     late_records=(
                         late_total if host is None else self._late_since_close.get(host, 0)
                     ),
+                    hist=k.hists[i].copy() if self.keep_hists and host is None else None,
                 )
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))
