@@ -257,12 +257,6 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
     c.on_records("h1", good[:4] + b"\x09" + good[5:])  # another version
     c.on_records("h1", good + b"\0" * 70_000)  # oversized
     c.on_records("h2", good)  # published under another host's topic
-    odd = (
-        RecordBatch(**{**batch([T0 + 1000]).__dict__, "layout": BinLayout(29, 2)})
-        if False
-        else None
-    )
-    del odd
     coarse = batch([T0 + 1000])
     c.on_records("h1", good)
     c.on_records("h1", good)  # a redelivery
