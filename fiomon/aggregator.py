@@ -8,44 +8,36 @@ the shared :class:`~fiomon.windows.QuantumEngine` (the report's engine, so the s
 give the same numbers), closes what the :class:`~fiomon.watermark.Watermark` allows, and
 feeds the quanta file, the alert book and a fresh exporter snapshot.
 
-:func:`run_aggregator` wires it to MQTT (a persistent MQTT v5 session: fixed client id,
-``clean_start=False`` and a session expiry, so a restart receives what the broker queued
-meanwhile), to the exporter's HTTP thread and to the alert sinks.
+With a ``state_dir`` it journals what it accepts and re-forms the open quanta after a
+crash (:mod:`fiomon.journal`). :func:`fiomon.serve.run_aggregator` wires it to MQTT, to
+the exporter's HTTP thread and to the alert sinks.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import signal
 import time
-import urllib.error
-import urllib.request
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
 
-import aiomqtt
 import numpy as np
 
-from fiomon import __version__
-from fiomon.alerts import AlertBook, Phase, Transition
+from fiomon.alerts import AlertBook, Transition
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig
 from fiomon.dedup import SeqTracker
 from fiomon.errors import LayoutError, WireFormatError
-from fiomon.exporter import BucketHistogram, FiomonCollector, Snapshot, bucket_edges_s
+from fiomon.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.histogram import pct_key
+from fiomon.journal import GridState, Journal, last_quanta_end
 from fiomon.model import RecordBatch
-from fiomon.mqtt import Backoff, Topics, make_client
 from fiomon.quantafile import QuantaFile
 from fiomon.watermark import Watermark
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
-from fiomon.wire import decode
+from fiomon.wire import Message, decode
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -107,12 +99,61 @@ class AggregatorCore:
         self.quanta_closed = 0
         self.transitions: list[Transition] = []
         self._host_labels: set[str] = set()
+        self.journal: Journal | None = None
+        self.state_path: Path | None = None
+        self.replayed = 0
+        if cfg.state_dir is not None:
+            self.journal = Journal(cfg.state_dir / "journal")
+            self.state_path = cfg.state_dir / "state.json"
+
+    # -- restart -------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Re-form what the previous run had received but not published (its journal).
+
+        The saved grid keeps the same quanta; quanta it had closed (by the state file or
+        the quanta file's last line, whichever is later) are not published again.
+        """
+        if self.journal is None or self.state_path is None:
+            return
+        grid = GridState.load(self.state_path)
+        if grid is not None and grid.quantum_ms == self.cfg.quantum_ms:
+            g, c, unit = grid.layout
+            self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]
+            self._create_engine(self._first_layout, grid.phase_ms)
+            closed = grid.closed_ms
+            if self.cfg.quanta_file is not None:
+                last = last_quanta_end(self.cfg.quanta_file)
+                if last is not None and (closed is None or last > closed):
+                    closed = last
+            if closed is not None and self.engine is not None:
+                self.engine.close_through(closed)
+                self._closed_ms = closed
+        elif grid is not None:
+            log.warning("quantum changed since the last run: its journal starts a new grid")
+        ends: dict[int, int] = {}
+        for segment, payload in self.journal.replay():
+            try:
+                msg = decode(payload, max_bytes=self.cfg.max_message_bytes)
+            except WireFormatError:
+                continue
+            self._accept(msg, journal=False)
+            ends[segment] = max(ends.get(segment, -(2**62)), int(msg.batch.end_ms.max()))
+        for segment, end in ends.items():
+            self.journal.adopt(segment, end)
+        self.replayed = self.records["received"]
+        if self.replayed:
+            self._merge(self.now_ms(), force=True)
+            if self.engine is not None:
+                # Parts of replayed records in quanta published before the crash are not
+                # late: they were in those quanta.
+                self.engine.reset_late_counts()
+            log.info("re-formed the open quanta from %d journaled records", self.replayed)
 
     # -- intake --------------------------------------------------------------------------
 
     def on_records(self, topic_host: str, payload: bytes) -> None:
         """One message from ``<prefix>/v1/<topic_host>/records``."""
-        now = self.now_ms()
         try:
             msg = decode(payload, max_bytes=self.cfg.max_message_bytes)
         except WireFormatError as exc:
@@ -127,6 +168,11 @@ class AggregatorCore:
                 "layout", f"from {topic_host}: layout {msg.batch.layout.describe()} cannot merge"
             )
             return
+        self._accept(msg, journal=True, payload=payload)
+
+    def _accept(self, msg: Message, *, journal: bool, payload: bytes = b"") -> None:
+        """Dedup, sanity-check and queue a decoded message's records."""
+        now = self.now_ms()
         n = len(msg.batch)
         verdict = self.tracker.judge(msg.agent, msg.stream, msg.first_seq, n)
         host = self._host_label(msg.agent)
@@ -157,7 +203,10 @@ class AggregatorCore:
                 self._invalid(reason, f"{bad} records of {msg.stream} from {msg.agent}")
                 keep &= ~mask
         if keep.any():
-            self.watermark.observe(msg.agent, msg.stream, int(batch.end_ms[keep].max()), now)
+            end = int(batch.end_ms[keep].max())
+            if journal and self.journal is not None:
+                self.journal.append(payload, end)
+            self.watermark.observe(msg.agent, msg.stream, end, now)
             self._queue.append(batch if keep.all() else batch.select(keep))
             if self._queued_since is None:
                 self._queued_since = now
@@ -228,9 +277,10 @@ class AggregatorCore:
         if not self._merge(now, force=False):
             return []
         assert self.engine is not None  # noqa: S101 -- _merge made it
-        rows = self.engine.close_through(self.watermark.close_through(now))
+        mark = self.watermark.close_through(now)
+        rows = self.engine.close_through(mark)
         if rows:
-            self._closed(rows, now)
+            self._closed(rows, now, mark)
         return rows
 
     def _merge(self, now: int, *, force: bool) -> bool:
@@ -265,8 +315,12 @@ class AggregatorCore:
             weights = np.concatenate([b.samples() for b in self._queue]).astype(np.float64)
             phase = auto_phase(ends, weights, self.cfg.quantum_ms)
             log.info("align auto: quanta end at %d ms past each quantum", phase)
+        self._create_engine(self._first_layout, phase)
+        return True
+
+    def _create_engine(self, layout: BinLayout, phase: int) -> None:
         self.engine = QuantumEngine(
-            layout=self._first_layout,
+            layout=layout,
             quantum_ms=self.cfg.quantum_ms,
             phase_ms=phase,
             percentiles=self.cfg.percentiles,
@@ -277,10 +331,8 @@ class AggregatorCore:
             keep_hists=True,
         )
         self.buckets = BucketHistogram(
-            self._first_layout,
-            bucket_edges_s(self._first_layout, [r.threshold_ns for r in self.cfg.sla]),
+            layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])
         )
-        return True
 
     def flush(self) -> list[ClosedQuantum]:
         """Merge what is queued and close everything still open (shutdown)."""
@@ -288,15 +340,16 @@ class AggregatorCore:
             return []
         rows = self.engine.flush()
         if rows:
-            self._closed(rows, self.now_ms())
+            self._closed(rows, self.now_ms(), max(r.end_ms for r in rows))
         return rows
 
-    def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
+    def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
         ends = sorted({r.end_ms for r in rows})
         self.quanta_closed += len(ends)
         self.close_delays_ms.extend(now - e for e in ends)
         if self.quanta is not None:
             self.quanta.write(rows)
+        self._save_grid(max(mark, ends[-1]))
         assert self.buckets is not None  # noqa: S101 -- made with the engine
         for r in rows:
             if r.scope == "cluster" and r.hist is not None:
@@ -305,6 +358,26 @@ class AggregatorCore:
             self.transitions.append(t)
             log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
         self.snapshot = self._build_snapshot(rows)
+
+    def _save_grid(self, closed_ms: int) -> None:
+        """After the quanta file: remember the grid and how far it was published."""
+        self._closed_ms = closed_ms
+        if self.state_path is None or self.engine is None or self.journal is None:
+            return
+        lay = self.engine.layout
+        grid = GridState(
+            self.cfg.quantum_ms,
+            self.engine.phase_ms,
+            (lay.group_nr, lay.coarseness, lay.unit),
+            closed_ms,
+        )
+        try:
+            grid.save(self.state_path)
+        except OSError as exc:
+            log.error("cannot save %s: %s", self.state_path, exc)
+        self.journal.release(closed_ms)
+
+    _closed_ms: int | None = None
 
     # -- exporter snapshot ----------------------------------------------------------------
 
@@ -421,224 +494,3 @@ _SAT_KEY = (
 def _quantile_label(q: float) -> str:
     """``99`` -> ``0.99``, ``99.9`` -> ``0.999`` (Prometheus' quantile convention)."""
     return f"{q / 100:.6f}".rstrip("0").rstrip(".")
-
-
-# -- I/O: MQTT, HTTP, sinks -------------------------------------------------------------------
-
-
-class AlertSinks:
-    """Publishes alert transitions: retained MQTT topic and an optional Alertmanager.
-
-    Args:
-        cfg: the configuration.
-    """
-
-    def __init__(self, cfg: AggregatorConfig) -> None:
-        self.cfg = cfg
-        self.webhook_failures = 0
-        self._last_post = 0.0
-
-    def alertmanager_payload(self, book: AlertBook, transitions: list[Transition]) -> list[Any]:
-        """Alertmanager v2 alerts: every firing alert, plus the ones that just resolved."""
-        now = datetime.now(UTC).isoformat()
-        out: list[Any] = []
-        for rule, host, state in book.firing():
-            labels = {"alertname": "FiomonSLA", "rule": rule.name, "direction": rule.direction}
-            if host:
-                labels["host"] = host
-            out.append(
-                {
-                    "labels": labels,
-                    "annotations": {
-                        "summary": f"p{rule.percentile:g} {rule.direction} latency above "
-                        f"{rule.threshold_ns / 1e6:g} ms",
-                        "value_ms": f"{(state.value_ns or 0) / 1e6:.3f}",
-                    },
-                    "startsAt": datetime.fromtimestamp(
-                        (state.fired_ms or 0) / 1000, UTC
-                    ).isoformat(),
-                }
-            )
-        for t in transitions:
-            if t.new is Phase.RESOLVED:
-                labels = {
-                    "alertname": "FiomonSLA",
-                    "rule": t.rule.name,
-                    "direction": t.rule.direction,
-                }
-                if t.host:
-                    labels["host"] = t.host
-                out.append({"labels": labels, "endsAt": now})
-        return out
-
-    def post(self, alerts: list[Any]) -> None:
-        """POST to Alertmanager (blocking: call from a thread)."""
-        hook = self.cfg.webhook
-        if hook is None or not alerts:
-            return
-        req = urllib.request.Request(  # noqa: S310 -- the configured http(s) URL
-            hook.url.rstrip("/") + "/api/v2/alerts",
-            data=json.dumps(alerts).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=hook.timeout_ms / 1000):  # noqa: S310
-                pass
-        except (urllib.error.URLError, OSError) as exc:
-            self.webhook_failures += 1
-            log.warning("alertmanager %s: %s", hook.url, exc)
-
-
-async def run_aggregator(
-    cfg: AggregatorConfig,
-    *,
-    stop: asyncio.Event | None = None,
-    ready: Callable[[AggregatorCore], None] | None = None,
-) -> None:
-    """Run until SIGTERM/SIGINT (or ``stop``); closes what is open before leaving."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    core = AggregatorCore(cfg)
-    collector = FiomonCollector(lambda: core.snapshot)
-    from fiomon.exporter import serve_metrics  # noqa: PLC0415 -- keeps the import light
-
-    addr, port = cfg.listen_addr
-    server, _thread, _reg = serve_metrics(
-        addr, port, collector, certfile=cfg.tls_cert, keyfile=cfg.tls_key
-    )
-    log.info(
-        "fiomon aggregator %s: /metrics on %s, broker %s:%d, quantum %d ms, lateness %d ms",
-        __version__,
-        cfg.listen,
-        cfg.broker.host,
-        cfg.broker.port,
-        cfg.quantum_ms,
-        cfg.lateness_ms,
-    )
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    sinks = AlertSinks(cfg)
-    topics = Topics(cfg.topic_prefix)
-    outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
-    if ready is not None:
-        ready(core)
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(_mqtt_loop(cfg, core, topics, outbox, stop), name="fiomon.mqtt")
-            tg.create_task(_close_loop(cfg, core, sinks, outbox, stop), name="fiomon.close")
-    finally:
-        for sig in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        server.shutdown()
-        server.server_close()
-        if core.quanta is not None:
-            core.quanta.close()
-
-
-async def _close_loop(
-    cfg: AggregatorConfig,
-    core: AggregatorCore,
-    sinks: AlertSinks,
-    outbox: asyncio.Queue[tuple[str, bytes]],
-    stop: asyncio.Event,
-) -> None:
-    period = min(0.25, cfg.quantum_ms / 4000)
-    last_resend = 0.0
-    loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
-        rows = core.tick() if not stop.is_set() else core.flush()
-        if not rows:
-            core.refresh_snapshot()
-        transitions, core.transitions = core.transitions, []
-        resend = (
-            cfg.webhook is not None and loop.time() - last_resend > cfg.webhook.resend_ms / 1000
-        )
-        if transitions:
-            body = json.dumps({"time_ms": core.now_ms(), "alerts": core.alerts.snapshot()})
-            with contextlib.suppress(asyncio.QueueFull):
-                outbox.put_nowait((cfg.alert_topic, body.encode()))
-        if cfg.webhook is not None and (transitions or (resend and core.alerts.firing())):
-            last_resend = loop.time()
-            payload = sinks.alertmanager_payload(core.alerts, transitions)
-            await asyncio.to_thread(sinks.post, payload)
-
-
-async def _mqtt_loop(
-    cfg: AggregatorConfig,
-    core: AggregatorCore,
-    topics: Topics,
-    outbox: asyncio.Queue[tuple[str, bytes]],
-    stop: asyncio.Event,
-) -> None:
-    # A persistent session (REFERENCE §4): the broker queues QoS 1 records while we are
-    # away and replays them on reconnect.
-    client = make_client(
-        cfg.broker,
-        identifier=cfg.client_id,
-        persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
-    )
-    backoff = Backoff()
-    records_prefix = f"{cfg.topic_prefix}/v1/"
-    while not stop.is_set():
-        try:
-            async with client:
-                backoff.reset()
-                await client.subscribe(topics.all_records, qos=1)
-                await client.subscribe(topics.all_status, qos=1)
-                log.info("subscribed on %s:%d", cfg.broker.host, cfg.broker.port)
-                publisher = asyncio.create_task(_publish_outbox(client, outbox))
-                try:
-                    async for m in _until(client.messages, stop):
-                        topic = m.topic.value
-                        payload = m.payload
-                        parts = topic[len(records_prefix) :].split("/")
-                        if len(parts) != 2 or not topic.startswith(records_prefix):
-                            continue
-                        if parts[1] == "records":
-                            core.on_records(parts[0], payload)
-                        elif parts[1] == "status":
-                            core.on_status(parts[0], payload)
-                finally:
-                    publisher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await publisher
-                return
-        except aiomqtt.MqttError as exc:
-            log.warning("broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
-
-
-async def _until(
-    messages: AsyncIterator[aiomqtt.Message], stop: asyncio.Event
-) -> AsyncIterator[aiomqtt.Message]:
-    """Iterate ``messages`` until ``stop`` is set (the loser of the race is cancelled)."""
-    it = messages.__aiter__()
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if nxt not in done:
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
-                return
-            yield nxt.result()
-    finally:
-        stopper.cancel()
-
-
-async def _publish_outbox(client: aiomqtt.Client, outbox: asyncio.Queue[tuple[str, bytes]]) -> None:
-    while True:
-        topic, payload = await outbox.get()
-        try:
-            await client.publish(topic, payload, qos=1, retain=True)
-        except aiomqtt.MqttError as exc:
-            log.warning("cannot publish %s: %s", topic, exc)

@@ -262,8 +262,8 @@ def _aggregator(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
     import logging  # noqa: PLC0415
 
-    from fiomon.aggregator import run_aggregator  # noqa: PLC0415
     from fiomon.config import load_aggregator_config  # noqa: PLC0415
+    from fiomon.serve import run_aggregator  # noqa: PLC0415
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

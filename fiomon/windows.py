@@ -450,6 +450,12 @@ class QuantumEngine:
             closed = self.close_through(self.quantum_bounds(oldest)[1])
             self._pending_closed.extend(closed)
 
+    def reset_late_counts(self) -> None:
+        """Forget late counts (after replaying records whose closed quanta were published)."""
+        self.late_records.clear()
+        self.late_samples = 0.0
+        self._late_since_close.clear()
+
     # -- closing ------------------------------------------------------------------------
 
     @property

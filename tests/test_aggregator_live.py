@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from fiomon.aggregator import AggregatorCore, run_aggregator
+from fiomon.aggregator import AggregatorCore
 from fiomon.config import AggregatorConfig, BrokerConfig
 from fiomon.report import ReportOptions, run_report
+from fiomon.serve import run_aggregator
 from fiomon.simulate import write_cluster
 from fiomon.sources import SourceOptions
 from tests.conftest import Mosquitto, free_port
@@ -122,3 +123,90 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     assert core.records["duplicate"] == 0
     assert sum(core.lost.values()) == 0
     assert not core.invalid
+
+
+async def replay_logs(staged: list[Path], dest: Path, *, start_ms: int, speedup: float) -> None:
+    """Copy staged hist-log lines into ``dest/<host>/`` in time order, ``speedup`` x real time."""
+    lines: list[tuple[int, Path, str]] = []
+    for p in staged:
+        for line in p.read_text().splitlines(keepends=True):
+            lines.append((int(line.split(",", 1)[0]), dest / p.parent.name / p.name, line))
+    lines.sort(key=lambda x: x[0])
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for end, target, line in lines:
+        due = t0 + (end - start_ms) / 1000 / speedup
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a") as fh:
+            fh.write(line)
+
+
+async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    # Event time starts a little ahead of the clock and runs 4x faster, so quanta close
+    # early (every live stream past their end), never on the clock, whatever the start-up
+    # order of the processes.
+    now = time.time_ns() // 1_000_000
+    start = now // 1000 * 1000 + 3000
+    staged = write_cluster(
+        tmp_path / "staged", hosts=3, jobs_per_host=2, seconds=40, iops=300, start_ms=start, seed=5
+    )
+    data = tmp_path / "data"
+    cfg = tmp_path / "aggregator.yaml"
+    port = free_port()
+    cfg.write_text(
+        f"broker: {{port: {mosquitto.port}}}\ntopic_prefix: {PREFIX}\n"
+        "client_id: fiomon-aggregator-kill\nquantum: 1s\nlateness: 3s\nalign: epoch\n"
+        f"listen: 127.0.0.1:{port}\nquanta_file: {tmp_path / 'quanta.jsonl'}\n"
+        f"state_dir: {tmp_path / 'aggregator-state'}\n"
+    )
+
+    async def aggregator() -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "fiomon",
+            "aggregator",
+            "--config",
+            str(cfg),
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+
+    agg = await aggregator()
+    await asyncio.sleep(1.0)  # the persistent session exists from here on
+    agents = [await _agent(tmp_path, f"client-{h:02d}", mosquitto.port) for h in (1, 2, 3)]
+    writer = asyncio.create_task(replay_logs(staged, data, start_ms=start, speedup=4.0))
+    try:
+        await asyncio.sleep(4.0)
+        quanta = tmp_path / "quanta.jsonl"
+        assert quanta.exists() and quanta.read_text(), "quanta closed before the crash"
+        agg.kill()  # SIGKILL: open quanta, in memory, die with it
+        await agg.wait()
+        await asyncio.sleep(1.0)  # the broker queues records for the session meanwhile
+        agg = await aggregator()
+        await writer
+        await asyncio.sleep(3.0)  # agents publish the last lines
+    finally:
+        for a in agents:
+            a.terminate()
+            await a.wait()
+    agg.terminate()  # SIGTERM: closes what is open
+    assert await asyncio.wait_for(agg.wait(), 20) == 0
+    files = sorted(p.resolve() for p in data.glob("*/*.log"))
+    offline = io.StringIO()
+    run_report(
+        files,
+        ReportOptions(
+            fmt="jsonl",
+            align="epoch",
+            per_host=True,
+            source=SourceOptions(interval_ms=1000),
+            progress=False,
+        ),
+        offline,
+        io.StringIO(),
+    )
+    online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
+    assert_rows_equal(online, [json.loads(line) for line in offline.getvalue().splitlines()])
