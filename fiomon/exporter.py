@@ -113,6 +113,7 @@ class Snapshot:
         sla_breaches: ``rule -> times it started firing``.
         counters: ``(metric, help, label names) -> {label values: value}``, counters.
         gauges: the same for gauges.
+        histograms: ``(metric, help) -> (edges, cumulative counts, count, sum)``.
     """
 
     quantum_end_s: float | None = None
@@ -127,6 +128,9 @@ class Snapshot:
     )
     gauges: dict[tuple[str, str, tuple[str, ...]], dict[tuple[str, ...], float]] = field(
         default_factory=dict
+    )
+    histograms: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...], float, float]] = (
+        field(default_factory=dict)
     )
 
 
@@ -196,6 +200,12 @@ class FiomonCollector:
             for lv, v in sorted(values.items()):
                 c.add_metric(list(lv), v)
             yield c
+        for (name, text), (edges, counts, n, total) in sorted(s.histograms.items()):
+            fam = HistogramMetricFamily(name, text)
+            b = [(_le(e), c) for e, c in zip(edges, counts, strict=True)]
+            b.append(("+Inf", n))
+            fam.add_metric([], b, sum_value=total)
+            yield fam
         for (name, text, labels), values in sorted(s.gauges.items()):
             gg = GaugeMetricFamily(name, text, labels=list(labels))
             for lv, v in sorted(values.items()):

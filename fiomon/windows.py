@@ -326,9 +326,8 @@ class QuantumEngine:
         q = q_first[rec] + (np.arange(len(rec)) - np.repeat(np.cumsum(npieces) - npieces, npieces))
         if self.per_host:
             hosts = tuple(sorted({si.host for si in batch.streams}))
-            stream_host = np.array(
-                [hosts.index(si.host) for si in batch.streams] or [0], dtype=np.int64
-            )
+            where = {h: i for i, h in enumerate(hosts)}
+            stream_host = np.array([where[si.host] for si in batch.streams] or [0], dtype=np.int64)
             host = stream_host[batch.stream_idx[rec]]
         else:
             hosts = ()
@@ -400,7 +399,9 @@ class QuantumEngine:
         # Looked up in one C-level pass; only new slots take the Python path.
         rows = np.fromiter(map(self._rows.get, keys, repeat(-1)), dtype=np.int64, count=nslots)
         for j in np.flatnonzero((rows < 0) & keep).tolist():
-            rows[j] = self._open_row(keys[j])
+            # Over-cap hosts share one slot key, so a key may repeat within a batch.
+            r = self._rows.get(keys[j])
+            rows[j] = self._open_row(keys[j]) if r is None else r
         rows[~keep] = np.flatnonzero(~keep)  # late slots keep a harmless dummy row
         nbins = self.layout.nbins
         idx = p.entry_idx + np.repeat((rows - np.arange(nslots)) * nbins, p.slot_entries)
@@ -542,22 +543,21 @@ class QuantumEngine:
             return kinds
         gid = np.full(n, -1, dtype=np.int64)
         gid[hrows] = np.arange(len(hrows))
-        kinds.append(_Groups("host", rq[hrows], rh[hrows], _labels(rd[hrows]), hists[hrows], gid))
+        host_hists = hists if len(hrows) == n else hists[hrows]  # no copy when all are hosts
+        kinds.append(_Groups("host", rq[hrows], rh[hrows], _labels(rd[hrows]), host_hists, gid))
         if want_all:
+            # (quantum, host) groups; each direction adds its rows to them with one fancy
+            # add (a (quantum, host) has at most one row per direction), not a full copy.
             o = hrows[np.lexsort((rh[hrows], rq[hrows]))]
             st = _run_starts(rq[o], rh[o])
             gid = np.full(n, -1, dtype=np.int64)
             gid[o] = _run_ids(st, len(o))
-            kinds.append(
-                _Groups(
-                    "host",
-                    rq[o][st],
-                    rh[o][st],
-                    ["all"] * len(st),
-                    np.add.reduceat(hists[o], st, axis=0),
-                    gid,
-                )
-            )
+            total = np.zeros((len(st), hists.shape[1]))
+            for d in (0, 1, 2):
+                sel = hrows[rd[hrows] == d]
+                if len(sel):
+                    total[gid[sel]] += hists[sel]
+            kinds.append(_Groups("host", rq[o][st], rh[o][st], ["all"] * len(st), total, gid))
         return kinds
 
     def _emit(self, rows: npt.NDArray[np.int64], kinds: list[_Groups]) -> list[ClosedQuantum]:

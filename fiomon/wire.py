@@ -220,10 +220,7 @@ def _decode(data: bytes, max_bytes: int) -> Message:
     if not 0 < nlabels <= MAX_LABELS:
         msg = f"label count {nlabels} outside 1..{MAX_LABELS}"
         raise WireFormatError(msg)
-    labels = tuple(StreamInfo(agent, cur.text(f"job label {i}")) for i in range(nlabels))
-    if len(set(labels)) != nlabels:
-        msg = "duplicate job labels"
-        raise WireFormatError(msg)
+    labels = _labels(cur, agent, nlabels)
     rows = np.frombuffer(cur.take(n * _RECORD.itemsize, "record table"), dtype=_RECORD)
     width = 8 if flags & FLAG_WIDE_COUNTS else 4
     rest = len(data) - cur.pos
@@ -254,6 +251,45 @@ def _decode(data: bytes, max_bytes: int) -> Message:
         counts=counts_raw.astype(np.int64),
     )
     return Message(agent, stream, int(first_seq), batch)
+
+
+_LABEL_CACHE: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
+_LABEL_CACHE_MAX = 4096
+_LAST_TABLE: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
+
+
+def _labels(cur: _Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
+    """The job label table; an agent sends the same table every second, so it is cached."""
+    start = cur.pos
+    last = _LAST_TABLE.get(agent)
+    if last is not None and len(last[1]) == nlabels and cur.data.startswith(last[0], start):
+        # The lengths are inside the bytes: the same count of labels in the same bytes is
+        # the same, valid table.
+        cur.pos += len(last[0])
+        return last[1]
+    for i in range(nlabels):  # walk the lengths (bounds-checked), decode only on a miss
+        (length,) = struct.unpack("<H", cur.take(2, f"job label {i} length"))
+        if not 0 < length <= MAX_ID_BYTES:
+            msg = f"job label {i} length {length} outside 1..{MAX_ID_BYTES}"
+            raise WireFormatError(msg)
+        cur.take(length, f"job label {i}")
+    raw = cur.data[start : cur.pos]
+    key = (agent, raw)
+    hit = _LABEL_CACHE.get(key)
+    if hit is not None:
+        _LAST_TABLE[agent] = (raw, hit)
+        return hit
+    sub = _Cursor(raw)
+    labels = tuple(StreamInfo(agent, sub.text(f"job label {i}")) for i in range(nlabels))
+    if len(set(labels)) != nlabels:
+        msg = "duplicate job labels"
+        raise WireFormatError(msg)
+    if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+        _LABEL_CACHE.clear()
+        _LAST_TABLE.clear()
+    _LABEL_CACHE[key] = labels
+    _LAST_TABLE[agent] = (raw, labels)
+    return labels
 
 
 def _check_rows(rows: npt.NDArray[np.void], nlabels: int, nnz: int) -> None:

@@ -168,3 +168,24 @@ def test_mutated_payloads_decode_or_are_refused(
     assert int(b.indptr[-1]) == len(b.counts) == len(b.bins)
     assert (b.direction <= 2).all() and (b.end_ms >= b.start_ms).all()
     assert (b.counts > 0).all() and (b.bins < b.layout.nbins).all()
+
+
+def test_label_tables_sharing_a_prefix_decode_apart() -> None:
+    # The decoder caches each agent's last label table; a longer table that starts with
+    # the same bytes must not be taken for it.
+    def one(labels: tuple[str, ...]) -> RecordBatch:
+        n = len(labels)
+        return RecordBatch(
+            layout=BinLayout(),
+            streams=tuple(StreamInfo("h", s) for s in labels),
+            stream_idx=np.arange(n, dtype=np.int32),
+            direction=np.zeros(n, np.int8),
+            start_ms=np.zeros(n, np.int64),
+            end_ms=np.full(n, 1000, np.int64),
+            nbytes=np.zeros(n, np.int64),
+            indptr=np.zeros(n + 1, np.int64),
+        )
+
+    for labels in [("a",), ("a", "b"), ("a",), ("a", "c"), ("a", "b")]:
+        msg = decode(encode("agent-x", "s@1", 0, one(labels)))
+        assert [s.stream for s in msg.batch.streams] == list(labels)
