@@ -76,7 +76,9 @@ class AggregatorCore:
         self.cfg = cfg
         self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self.tracker = SeqTracker(cfg.max_streams)
-        self.watermark = Watermark(cfg.lateness_ms)
+        self.watermark = Watermark(
+            cfg.lateness_ms, warmup_ms=min(cfg.lateness_ms, max(2 * cfg.quantum_ms, 2000))
+        )
         self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
         self.engine: QuantumEngine | None = None
         self.buckets: BucketHistogram | None = None
@@ -337,6 +339,11 @@ class AggregatorCore:
             max_hosts=self.cfg.max_hosts,
             max_open_quanta=self.cfg.max_open_quanta,
             keep_hists=True,
+            # Room for every host's rows over the lateness, without copies as it fills.
+            capacity_rows=min(
+                1 << 17,
+                self.cfg.max_hosts * 2 * (self.cfg.lateness_ms // self.cfg.quantum_ms + 3),
+            ),
         )
         self.buckets = BucketHistogram(
             layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])

@@ -7,10 +7,10 @@ its agent is not marked offline (its status topic) and it has reported within
 lateness. Records of one stream arrive in order (one MQTT client, QoS 1), so a stream
 whose records reached time ``t`` has nothing more to say about quanta ending by ``t``.
 
-Early closing starts one ``lateness`` after the first record: until then the set of
+Early closing starts ``warmup_ms`` after the first record: until then the set of
 streams is not known (agents start, and reconnect after an aggregator restart, at
 different times), and closing on the first few would make every other host's records
-late.
+late. Agents publish every second, so a couple of seconds suffice.
 
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
@@ -33,12 +33,17 @@ class Watermark:
     Args:
         lateness_ms: the latest a quantum closes, after its end.
         idle_ms: a stream silent this long stops holding quanta open (and is forgotten
-            after ten times as long, which bounds memory).
+            after ten times as long, which bounds memory); default the lateness.
+        warmup_ms: no early closing this long after the first record; default the
+            lateness.
     """
 
-    def __init__(self, lateness_ms: int, idle_ms: int | None = None) -> None:
+    def __init__(
+        self, lateness_ms: int, idle_ms: int | None = None, warmup_ms: int | None = None
+    ) -> None:
         self.lateness_ms = lateness_ms
         self.idle_ms = lateness_ms if idle_ms is None else idle_ms
+        self.warmup_ms = lateness_ms if warmup_ms is None else warmup_ms
         self._streams: dict[tuple[str, str], _Progress] = {}
         self._offline: set[str] = set()
         self._mark: int | None = None
@@ -74,7 +79,7 @@ class Watermark:
         """Quanta ending at or before the returned time (ms) may close now."""
         ends = [p.end_ms for p in self._streams.values() if self._live(p, now_ms)]
         target = now_ms - self.lateness_ms
-        warm = self._first_ms is not None and now_ms - self._first_ms >= self.lateness_ms
+        warm = self._first_ms is not None and now_ms - self._first_ms >= self.warmup_ms
         if ends and warm:
             target = max(target, min(ends))
         if self._mark is None or target > self._mark:

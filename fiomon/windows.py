@@ -41,6 +41,7 @@ ALL_DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS, "all")
 OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
 FOLDED_HOST = -2  # host id of slots that sum every host (no host scope requested)
 _FAR = 2**62
+CLOSE_ROWS = 2048  # stored rows closed together at most (bounds the memory of a close)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +197,8 @@ class QuantumEngine:
             and only enter cluster scope.
         max_open_quanta: open quanta kept; more force the oldest to close.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
+        capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
+            cost memory only once used; reserving avoids copying the store as it grows.
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class QuantumEngine:
         max_hosts: int = 1000,
         max_open_quanta: int = 100_000,
         keep_hists: bool = False,
+        capacity_rows: int = 64,
     ) -> None:
         if quantum_ms <= 0:
             msg = f"quantum_ms must be positive, got {quantum_ms}"
@@ -247,7 +251,7 @@ class QuantumEngine:
         self._pair_row: list[npt.NDArray[np.int64]] = []
         self._pair_sid: list[npt.NDArray[np.int64]] = []
         self._free: list[int] = []
-        self._grow(64)
+        self._grow(max(64, capacity_rows))
 
     def _grow(self, capacity: int) -> None:
         """Resize the store and its row metadata to ``capacity`` rows (never shrinks)."""
@@ -468,8 +472,21 @@ class QuantumEngine:
         """Close every quantum that ends at or before ``t_ms``, oldest first."""
         out, self._pending_closed = self._pending_closed, []
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
-        if any(q <= last_q for q in self._quanta):
-            out.extend(self._close(last_q))
+        ready = sorted(q for q in self._quanta if q <= last_q)
+        # Close in chunks of about CLOSE_ROWS rows: closing many quanta at once (after an
+        # outage, or at the end of a report) must not need memory for all of them.
+        chunk: list[int] = []
+        rows = 0
+        for q in ready:
+            if chunk and rows + self._quanta[q] > CLOSE_ROWS:
+                out.extend(self._close(chunk[0], chunk[-1]))
+                chunk, rows = [], 0
+            chunk.append(q)
+            rows += self._quanta[q]
+        if chunk:
+            out.extend(self._close(chunk[0], chunk[-1]))
+        if ready:
+            self._late_since_close.clear()
         if self._next_open is None or last_q + 1 > self._next_open:
             self._next_open = last_q + 1
         return out
@@ -481,9 +498,9 @@ class QuantumEngine:
             return out
         return self.close_through(self.quantum_bounds(max(self._quanta))[1])
 
-    def _close(self, last_q: int) -> list[ClosedQuantum]:
-        """Close the open quanta up to ``last_q``; their statistics are computed in one go."""
-        rows = np.flatnonzero(self._row_used & (self._row_q <= last_q))
+    def _close(self, first_q: int, last_q: int) -> list[ClosedQuantum]:
+        """Close the open quanta ``first_q..last_q``; their statistics in one go."""
+        rows = np.flatnonzero(self._row_used & (self._row_q >= first_q) & (self._row_q <= last_q))
         rows = rows[np.lexsort((self._row_host[rows], self._row_dir[rows], self._row_q[rows]))]
         rq, rh, rd = self._row_q[rows], self._row_host[rows], self._row_dir[rows]
         out = self._emit(rows, self._groups(rq, rh, rd, self._store[rows]))
@@ -497,7 +514,6 @@ class QuantumEngine:
         for q in set(rq.tolist()):
             del self._quanta[q]
         self._free.extend(rows.tolist())
-        self._late_since_close.clear()
         return out
 
     def _groups(
