@@ -456,7 +456,8 @@ class AggregatorConfig:
         max_message_bytes: larger payloads are refused.
         state_dir: where the journal of unclosed records lives (None: no journal).
         sla: SLA rules.
-        alert_topic: retained MQTT topic with the alert states.
+        alert_topic: retained MQTT topic with the alert states (default
+            ``<prefix>/v1/_aggregator/alerts``).
         webhook: Alertmanager to notify, or None.
     """
 
@@ -483,6 +484,10 @@ class AggregatorConfig:
     sla: tuple[SlaRule, ...] = ()
     alert_topic: str = ""
     webhook: WebhookConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not self.alert_topic:
+            object.__setattr__(self, "alert_topic", f"{self.topic_prefix}/v1/_aggregator/alerts")
 
     @property
     def listen_addr(self) -> tuple[str, int]:

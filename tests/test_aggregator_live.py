@@ -7,10 +7,13 @@ import io
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import pytest
+
 from fiomon.aggregator import AggregatorCore
-from fiomon.config import AggregatorConfig, BrokerConfig
+from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.report import ReportOptions, run_report
 from fiomon.serve import run_aggregator
 from fiomon.simulate import write_cluster
@@ -210,3 +213,124 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     )
     online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
     assert_rows_equal(online, [json.loads(line) for line in offline.getvalue().splitlines()])
+
+
+FAST = ["--rw=randread", "--bs=4k", "--rate_iops=300"]
+
+
+def _fio_args(fio: str, tmp: Path, host: str, slow_phase: bool) -> list[str]:
+    out = tmp / "data" / host / "run.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    common = [
+        "--ioengine=psync",
+        f"--filename={tmp / f'{host}.dat'}",
+        "--size=64M",
+        "--time_based",
+        "--status-interval=1",
+        "--output-format=json+",
+        f"--output={out}",
+        "--eta=never",
+    ]
+    if not slow_phase:
+        return [fio, *common, "--name=steady", *FAST, "--runtime=13"]
+    # 4 s fast, 5 s of 8 MiB reads (tens of ms each: the "failing storage node"), 4 s fast.
+    return [
+        fio,
+        *common,
+        "--name=fast1",
+        *FAST,
+        "--runtime=4",
+        "--name=slow",
+        "--stonewall",
+        "--rw=read",
+        "--bs=8M",
+        "--rate_iops=40",
+        "--runtime=5",
+        "--name=fast2",
+        "--stonewall",
+        *FAST,
+        "--runtime=4",
+    ]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.mark.fio
+async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
+    mosquitto: Mosquitto, tmp_path: Path, fio_bin: str
+) -> None:
+    port = free_port()
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix=PREFIX,
+        client_id="fiomon-aggregator-sla",
+        lateness_ms=3000,
+        align="auto",
+        listen=f"127.0.0.1:{port}",
+        quanta_file=tmp_path / "quanta.jsonl",
+        sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=2, min_samples=100),),
+    )
+    stop = asyncio.Event()
+    aggregator = asyncio.create_task(run_aggregator(cfg, stop=stop))
+    hosts = ["client-01", "client-02", "client-03"]
+    agents = [await _agent(tmp_path, h, mosquitto.port) for h in hosts]
+    fios = [
+        await asyncio.create_subprocess_exec(
+            *_fio_args(fio_bin, tmp_path, h, slow_phase=(h == "client-01")),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        for h in hosts
+    ]
+    breach: list[float] = []
+    p99: list[float] = []
+    try:
+        while any(f.returncode is None for f in fios):
+            await asyncio.sleep(0.5)
+            m = await asyncio.to_thread(_scrape, port)
+            breach.append(m.get(("fiomon_sla_breach", (("host", ""), ("rule", "p99-read"))), -1))
+            p99.append(
+                m.get(
+                    (
+                        "fiomon_cluster_latency_seconds",
+                        (("direction", "read"), ("quantile", "0.99")),
+                    ),
+                    -1,
+                )
+            )
+        assert [await f.wait() for f in fios] == [0, 0, 0]
+        for _ in range(12):  # the last quanta close (lateness 3 s) and clear the alert
+            await asyncio.sleep(0.5)
+            m = await asyncio.to_thread(_scrape, port)
+            breach.append(m.get(("fiomon_sla_breach", (("host", ""), ("rule", "p99-read"))), -1))
+        final = m
+    finally:
+        for a in agents:
+            a.terminate()
+            await a.wait()
+        stop.set()
+        await asyncio.wait_for(aggregator, 15)
+    rows = [json.loads(x) for x in (tmp_path / "quanta.jsonl").read_text().splitlines()]
+    read = [r for r in rows if r["scope"] == "cluster" and r["direction"] == "read"]
+    worst = max(r["percentiles_ns"]["99"] for r in read)
+    best = min(r["percentiles_ns"]["99"] for r in read)
+    print(
+        f"live p99 read on /metrics: {min(x for x in p99 if x > 0) * 1e3:.2f}.."
+        f"{max(p99) * 1e3:.2f} ms; quanta file: {len(read)} read quanta, p99 "
+        f"{best / 1e6:.2f}..{worst / 1e6:.2f} ms; breach gauge seen {sorted(set(breach))}"
+    )
+    assert max(p99) > 0.005 > min(x for x in p99 if x > 0), "live p99 crossed the SLA"
+    assert worst > 5e6 > best
+    assert 1.0 in breach, "the SLA rule fired"
+    assert breach[-1] == 0.0, "and resolved"
+    assert final[("fiomon_sla_breaches_total", (("rule", "p99-read"),))] == 1.0
+    assert {r["host"] for r in rows if r["scope"] == "host"} == set(hosts)
