@@ -10,14 +10,19 @@ import time
 import urllib.request
 from pathlib import Path
 
+import aiomqtt
+import numpy as np
 import pytest
 
 from fiomon.aggregator import AggregatorCore
+from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
+from fiomon.model import RecordBatch, StreamInfo
 from fiomon.report import ReportOptions, run_report
 from fiomon.serve import run_aggregator
 from fiomon.simulate import write_cluster
 from fiomon.sources import SourceOptions
+from fiomon.wire import encode
 from tests.conftest import Mosquitto, free_port
 from tests.livedata import write_json_stream
 
@@ -334,3 +339,72 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
     assert breach[-1] == 0.0, "and resolved"
     assert final[("fiomon_sla_breaches_total", (("rule", "p99-read"),))] == 1.0
     assert {r["host"] for r in rows if r["scope"] == "host"} == set(hosts)
+
+
+def _one(end_ms: int, layout: BinLayout | None = None) -> RecordBatch:
+    return RecordBatch(
+        layout=layout or BinLayout(),
+        streams=(StreamInfo("", "job"),),
+        stream_idx=np.zeros(1, np.int32),
+        direction=np.zeros(1, np.int8),
+        start_ms=np.array([end_ms - 1000], np.int64),
+        end_ms=np.array([end_ms], np.int64),
+        nbytes=np.array([4096 * 10], np.int64),
+        indptr=np.array([0, 1], np.int64),
+        bins=np.array([700], np.int32),
+        counts=np.array([10], np.int64),
+    )
+
+
+async def test_bad_payloads_over_a_real_broker_are_counted_and_the_rest_flows(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    port = free_port()
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix=PREFIX,
+        client_id="fiomon-aggregator-faults",
+        lateness_ms=1000,
+        align="epoch",
+        listen=f"127.0.0.1:{port}",
+    )
+    cores: list[AggregatorCore] = []
+    stop = asyncio.Event()
+    aggregator = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
+    await asyncio.sleep(0.5)
+    now = time.time_ns() // 1_000_000
+    topic = f"{PREFIX}/v1/h1/records"
+    good = encode("h1", "s@1", 0, _one(now))
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="faults") as c:
+        await c.publish(topic, good, qos=1)
+        await c.publish(topic, good, qos=1)  # a duplicate delivery
+        await c.publish(topic, b"\x00\xff" * 40, qos=1)  # garbage
+        await c.publish(topic, good + b"\0" * (2 * 1024 * 1024), qos=1)  # oversized
+        await c.publish(topic, encode("h1", "s@2", 0, _one(now, BinLayout(19, 0, "us"))), qos=1)
+        await c.publish(topic, encode("h1", "s@3", 0, _one(now + 3_600_000)), qos=1)  # future
+        await c.publish(f"{PREFIX}/v1/h2/records", good, qos=1)  # another host's id
+        await asyncio.sleep(2.5)  # the first quanta close (lateness 1 s)
+        await c.publish(topic, encode("h1", "s@4", 0, _one(now - 3_600_000)), qos=1)  # past
+        await c.publish(topic, encode("h1", "s@1", 1, _one(now + 10_000)), qos=1)
+        await asyncio.sleep(2.5)
+        m = await asyncio.to_thread(_scrape, port)
+    stop.set()
+    await asyncio.wait_for(aggregator, 15)
+    invalid = {
+        dict(k)["reason"]: v
+        for (name, k), v in m.items()
+        if name == "fiomon_invalid_messages_total"
+    }
+    assert invalid == {
+        "not-fiomon": 1,
+        "oversized": 1,
+        "layout": 1,
+        "future": 1,
+        "agent-mismatch": 1,
+    }
+    records = {dict(k)["result"]: v for (name, k), v in m.items() if name == "fiomon_records_total"}
+    assert records["duplicate"] == 1
+    assert records["received"] == 3  # the good one, the past one, the last one
+    late = {dict(k)["host"]: v for (name, k), v in m.items() if name == "fiomon_late_records_total"}
+    assert late == {"h1": 1.0}  # the hour-old record reached a closed quantum
+    assert cores[0].engine is not None and cores[0].quanta_closed >= 2
