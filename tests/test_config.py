@@ -68,3 +68,49 @@ def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
 )
 def test_sizes(text: object, value: int) -> None:
     assert parse_size(text, what="x") == value
+
+
+def test_aggregator_example_loads_with_its_rules() -> None:
+    from fiomon.config import load_aggregator_config  # noqa: PLC0415
+
+    cfg = load_aggregator_config(CONFIG / "aggregator.example.yaml")
+    assert (cfg.quantum_ms, cfg.lateness_ms, cfg.align) == (1000, 5000, "auto")
+    assert cfg.listen_addr == ("127.0.0.1", 10027)
+    assert cfg.alert_topic == "fiomon/v1/_aggregator/alerts"
+    first, second = cfg.sla
+    assert (first.name, first.threshold_ns, first.for_quanta, first.clear_ns) == (
+        "p99-read",
+        5e6,
+        3,
+        4.5e6,
+    )
+    assert (second.scope, second.min_samples, second.clear_ns, second.clear_for) == (
+        "host",
+        200,
+        15e6,
+        5,
+    )
+
+
+def test_aggregator_problems_are_all_listed(tmp_path: Path) -> None:
+    from fiomon.config import load_aggregator_config  # noqa: PLC0415
+
+    f = tmp_path / "agg.yaml"
+    f.write_text(
+        "quantum: fast\nlisten: nowhere\npercentiles: [50, 200]\n"
+        "sla:\n  - {name: x, direction: up, percentile: 95, threshold: 5}\n  - {name: x}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_aggregator_config(f)
+    text = "\n".join(info.value.problems)
+    for needle in (
+        "quantum: 'fast' is not a duration",
+        "listen: expected host:port",
+        "percentiles: expected a list of percentiles",
+        "sla[0].direction: expected one of read, write, trim, all",
+        "sla[0].threshold: expected a latency with units",
+        "sla[0].percentile: 95 is not among the computed percentiles",
+        "sla[1].direction: required",
+        "sla[1].name: duplicate rule name 'x'",
+    ):
+        assert needle in text, needle
