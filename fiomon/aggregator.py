@@ -212,7 +212,16 @@ class AggregatorCore:
             end = int(batch.end_ms[keep].max())
             if journal and self.journal is not None:
                 self.journal.append(payload, end)
-            self.watermark.observe(msg.agent, msg.stream, end, now)
+            # Progress per part (job label, direction): their stamps differ by a few ms.
+            part = batch.stream_idx[keep].astype(np.int64) * 3 + batch.direction[keep]
+            ends = batch.end_ms[keep]
+            order = np.lexsort((ends, part))
+            last = np.r_[part[order][1:] != part[order][:-1], True]
+            parts: dict[object, int] = {
+                (batch.streams[k // 3].stream, k % 3): e
+                for k, e in zip(part[order][last].tolist(), ends[order][last].tolist(), strict=True)
+            }
+            self.watermark.observe(msg.agent, msg.stream, end, now, parts)
             self._queue.append(batch if keep.all() else batch.select(keep))
             if self._queued_since is None:
                 self._queued_since = now

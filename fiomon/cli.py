@@ -176,14 +176,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm = sub.add_parser(
         "demo",
-        help="simulated cluster through the real engine (no setup needed)",
+        help="the live system on a simulated cluster (no setup needed)",
         description="Simulate a cluster of fio clients (normal head + power-law tail "
-        "latencies, a storage-node failure window) and report its percentiles over time.",
+        "latencies) logging live; real agent code follows each host's logs and sends "
+        "wire-format messages through an in-process transport to the real aggregator, "
+        "which prints cluster percentiles per quantum, serves /metrics and evaluates an "
+        "SLA rule. A storage-node failure slows some hosts tenfold so the alert fires "
+        "and resolves.",
     )
     dm.add_argument("--hosts", type=int, default=8, help="simulated hosts (default 8)")
     dm.add_argument("--jobs", type=int, default=4, help="fio jobs per host (default 4)")
     dm.add_argument(
-        "--duration", type=int, default=30, metavar="S", help="simulated seconds (default 30)"
+        "--duration",
+        type=int,
+        default=None,
+        metavar="S",
+        help="run S seconds and exit 0 (default: until Ctrl-C, a failure every minute)",
+    )
+    dm.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where /metrics is served (default: a free port on localhost)",
     )
     dm.add_argument(
         "--keep",
@@ -386,12 +400,18 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "report":
         return _report(args)
     if args.command == "demo":
-        if args.hosts < 1 or args.jobs < 1 or args.duration < 3:
+        if args.hosts < 1 or args.jobs < 1 or (args.duration is not None and args.duration < 3):
             print("fiomon demo: --hosts and --jobs must be >= 1, --duration >= 3", file=sys.stderr)
             return 2
         from fiomon.demo import run_demo  # noqa: PLC0415 - report runs need not import it
 
-        return run_demo(hosts=args.hosts, jobs=args.jobs, seconds=args.duration, keep=args.keep)
+        return run_demo(
+            hosts=args.hosts,
+            jobs=args.jobs,
+            seconds=args.duration,
+            keep=args.keep,
+            listen=args.listen,
+        )
     if args.command == "agent":
         return _agent(args)
     if args.command == "aggregator":

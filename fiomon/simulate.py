@@ -12,7 +12,7 @@ keep them as ground truth.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +76,7 @@ def records(
     rng: np.random.Generator,
     slow: tuple[int, int, float] | None = None,
     keep_truth: bool = False,
+    factor_at: Callable[[int], float] | None = None,
 ) -> Iterator[tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.int64] | None]]:
     """Per record: ``(end_ms, direction, fine-bin counts, exact latencies or None)``.
 
@@ -88,6 +89,7 @@ def records(
         rng: random source.
         slow: ``(from_ms, to_ms, factor)``: records ending in that window are slower.
         keep_truth: also return the exact latencies.
+        factor_at: latency factor of a record ending at a given ms (overrides ``slow``).
     """
     layout = BinLayout()
     n_rec = seconds * 1000 // interval_ms
@@ -95,7 +97,10 @@ def records(
         end = start_ms + spec.phase_ms + k * interval_ms
         for d in spec.directions:
             n = int(rng.poisson(spec.iops * interval_ms / 1000))
-            factor = slow[2] if slow and slow[0] <= end < slow[1] else 1.0
+            if factor_at is not None:
+                factor = factor_at(end)
+            else:
+                factor = slow[2] if slow and slow[0] <= end < slow[1] else 1.0
             lat = model.sample(rng, n, factor)
             counts = np.bincount(plat_val_to_idx(lat, layout.group_nr), minlength=layout.nbins)
             yield end + (7 if d else 0), d, counts, (lat if keep_truth else None)

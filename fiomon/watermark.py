@@ -23,17 +23,23 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class _Progress:
     agent: str
-    end_ms: int  # latest record end seen
+    end_ms: int  # how far every part of the stream has reported (min over its parts)
     seen_ms: int  # wall clock when it last reported
+    parts: dict[object, tuple[int, int]]  # part -> (latest end, seen)
 
 
 class Watermark:
     """Tracks stream progress and says up to which time quanta may close.
 
+    A stream (one followed file) has *parts*, one per fio job and direction: a hist log's
+    read and write records carry stamps a few ms apart, and the next record of a part
+    starts where its previous one ended. So a stream has reported up to the smallest
+    latest end over its parts that reported within ``idle_ms``.
+
     Args:
         lateness_ms: the latest a quantum closes, after its end.
-        idle_ms: a stream silent this long stops holding quanta open (and is forgotten
-            after ten times as long, which bounds memory); default the lateness.
+        idle_ms: a stream or part silent this long stops holding quanta open (a stream is
+            forgotten after ten times as long, which bounds memory); default the lateness.
         warmup_ms: no early closing this long after the first record; default the
             lateness.
     """
@@ -49,16 +55,38 @@ class Watermark:
         self._mark: int | None = None
         self._first_ms: int | None = None
 
-    def observe(self, agent: str, stream: str, end_ms: int, now_ms: int) -> None:
-        """A stream's records reached ``end_ms`` (received at ``now_ms``)."""
+    def observe(
+        self,
+        agent: str,
+        stream: str,
+        end_ms: int,
+        now_ms: int,
+        parts: dict[object, int] | None = None,
+    ) -> None:
+        """A stream's records reached ``end_ms`` (received at ``now_ms``).
+
+        Args:
+            agent: the agent.
+            stream: its stream id.
+            end_ms: the latest record end in what arrived.
+            now_ms: the wall clock.
+            parts: the latest end per part (job, direction) in what arrived; without it
+                the stream is one part.
+        """
         if self._first_ms is None:
             self._first_ms = now_ms
         p = self._streams.get((agent, stream))
         if p is None:
-            self._streams[(agent, stream)] = _Progress(agent, end_ms, now_ms)
-        else:
-            p.end_ms = max(p.end_ms, end_ms)
-            p.seen_ms = now_ms
+            p = self._streams[(agent, stream)] = _Progress(agent, end_ms, now_ms, {})
+        for part, end in (parts or {None: end_ms}).items():
+            prev = p.parts.get(part)
+            p.parts[part] = (end if prev is None else max(prev[0], end), now_ms)
+        fresh = [e for e, seen in p.parts.values() if now_ms - seen <= self.idle_ms]
+        stale = [k for k, (_, seen) in p.parts.items() if now_ms - seen > 10 * self.idle_ms]
+        for k in stale:
+            del p.parts[k]
+        p.end_ms = min(fresh) if fresh else end_ms
+        p.seen_ms = now_ms
         self._offline.discard(agent)
 
     def set_online(self, agent: str, online: bool) -> None:

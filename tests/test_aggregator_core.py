@@ -327,3 +327,14 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
     assert c.id_conflicts["h1"] == 1
+
+
+def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:
+    # A hist log's write records are stamped ~7 ms after its reads; the next write record
+    # starts where the last one ended, so the stream has reported up to that, not further.
+    w = Watermark(lateness_ms=5000, warmup_ms=0)
+    w.observe("h", "s", T0 + 1007, T0, {("j", 0): T0 + 1000, ("j", 1): T0 + 1007})
+    w.observe("h", "s", T0 + 2000, T0 + 100, {("j", 0): T0 + 2000})  # the read came first
+    assert w.close_through(T0 + 100) == T0 + 1007
+    w.observe("h", "s", T0 + 2007, T0 + 200, {("j", 1): T0 + 2007})
+    assert w.close_through(T0 + 200) == T0 + 2000
