@@ -34,6 +34,7 @@ from fiomon import __version__
 from fiomon.config import AgentConfig
 from fiomon.follow import Follower, Outgoing
 from fiomon.mqtt import Backoff, Topics, make_client
+from fiomon.runtime import keep_alive, sd_notify
 from fiomon.spool import Spool, load_positions, save_positions
 
 log = logging.getLogger("fiomon.agent")
@@ -108,6 +109,8 @@ class Agent:
                 reader = tg.create_task(self._read_loop(stop), name=f"{name}.read")
                 publisher = tg.create_task(self._publish_loop(stop), name=f"{name}.publish")
                 tg.create_task(self._checkpoint_loop(stop), name=f"{name}.save")
+                tg.create_task(keep_alive(stop, self._status_line), name=f"{name}.systemd")
+                sd_notify("READY=1", f"STATUS={self._status_line()}")
                 await stop.wait()
                 await reader
                 # The publisher ends by itself once the spool is empty; a broker that is
@@ -148,6 +151,13 @@ class Agent:
         finally:
             self._reading_done.set()
             self._wake.set()
+
+    def _status_line(self) -> str:
+        f = self.follower.stats
+        return (
+            f"following {f.files_followed} files; {self.counters.records_sent} records sent, "
+            f"{len(self.spool)} messages spooled"
+        )
 
     def _poll_files(self, discover: bool) -> list[Outgoing]:
         return list(self.follower.poll(discover=discover))

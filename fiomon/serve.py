@@ -28,6 +28,7 @@ from fiomon.alerts import AlertBook, Phase, Transition
 from fiomon.config import AggregatorConfig
 from fiomon.exporter import FiomonCollector, serve_metrics
 from fiomon.mqtt import Backoff, Topics, make_client
+from fiomon.runtime import keep_alive, sd_notify
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -130,10 +131,19 @@ async def run_aggregator(
     outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(maxsize=1000)
     if ready is not None:
         ready(core)
+
+    def status() -> str:
+        return (
+            f"{core.records['received']} records, {core.quanta_closed} quanta closed, "
+            f"{sum(core.online.values())} hosts up"
+        )
+
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_mqtt_loop(cfg, core, topics, outbox, stop), name="fiomon.mqtt")
             tg.create_task(_close_loop(cfg, core, sinks, outbox, stop), name="fiomon.close")
+            tg.create_task(keep_alive(stop, status), name="fiomon.systemd")
+            sd_notify("READY=1", f"STATUS=serving /metrics on {cfg.listen}")
     finally:
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):

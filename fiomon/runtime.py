@@ -1,0 +1,65 @@
+"""Service plumbing shared by agent and aggregator: systemd notification and watchdog.
+
+``Type=notify`` units learn from fiomon itself when it is ready (``READY=1``), what it is
+doing (``STATUS=...``) and that its event loop still turns (``WATCHDOG=1`` at half of
+``WatchdogSec``). The protocol is one datagram per message on the ``AF_UNIX`` socket named
+in ``NOTIFY_SOCKET`` (``sd_notify(3)``); without that variable (not under systemd)
+everything here does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+log = logging.getLogger("fiomon")
+
+
+def sd_notify(*states: str) -> bool:
+    """Send ``states`` (``READY=1``, ``STATUS=...``) to systemd; False when not under it."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):  # an abstract socket
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall("\n".join(states).encode())
+    except OSError as exc:
+        log.warning("cannot notify systemd at %s: %s", os.environ.get("NOTIFY_SOCKET"), exc)
+        return False
+    return True
+
+
+def watchdog_period_s() -> float | None:
+    """Half of ``WatchdogSec`` when systemd asks for keep-alives (for this process)."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.5, int(usec) / 2e6)
+    return None
+
+
+async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: float = 10.0) -> None:
+    """Until ``stop``: ``WATCHDOG=1`` (if asked for) and a fresh ``STATUS=`` line.
+
+    The watchdog ping comes from the event loop itself, so a loop that hangs gets the
+    unit restarted.
+    """
+    period = min(every_s, watchdog_period_s() or every_s)
+    watchdog = watchdog_period_s() is not None
+    while not stop.is_set():
+        states = [f"STATUS={status()}"]
+        if watchdog:
+            states.append("WATCHDOG=1")
+        sd_notify(*states)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+    sd_notify("STOPPING=1", "STATUS=stopping")
