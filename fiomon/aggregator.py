@@ -415,11 +415,17 @@ class AggregatorCore:
         cluster = dict(prev.cluster)
         hosts: dict[tuple[str, str, str], float] = dict(prev.hosts) if not rows else {}
         saturated: dict[tuple[str, ...], float] = {}
+        rates: dict[tuple[str, ...], float] = dict(prev.gauges.get(_IOPS_KEY, {}))
+        throughput: dict[tuple[str, ...], float] = dict(prev.gauges.get(_BPS_KEY, {}))
         if rows and last_end is not None:
             cluster = {}
+            rates, throughput = {}, {}
             for r in rows:
                 if r.end_ms != last_end:
                     continue
+                if r.scope == "cluster":
+                    rates[(r.direction,)] = r.iops or 0.0
+                    throughput[(r.direction,)] = r.bytes_per_second or 0.0
                 for q in self.cfg.percentiles:
                     key = pct_key(q)
                     v = r.stats.percentiles_ns.get(key)
@@ -469,6 +475,8 @@ class AggregatorCore:
                 "1 if the percentile fell in fio's last bin (the value is a lower bound).",
                 ("direction", "quantile"),
             ): saturated or dict(prev.gauges.get(_SAT_KEY, {})),
+            _IOPS_KEY: rates,
+            _BPS_KEY: throughput,
         }
         if engine is not None:
             late = Counter({self._host_label(h): n for h, n in engine.late_records.items()})
@@ -520,6 +528,18 @@ _SAT_KEY = (
     "fiomon_cluster_latency_saturated",
     "1 if the percentile fell in fio's last bin (the value is a lower bound).",
     ("direction", "quantile"),
+)
+
+
+_IOPS_KEY = (
+    "fiomon_cluster_iops",
+    "I/Os per second of the last closed quantum, cluster-wide.",
+    ("direction",),
+)
+_BPS_KEY = (
+    "fiomon_cluster_throughput_bytes_per_second",
+    "Bytes per second of the last closed quantum, cluster-wide.",
+    ("direction",),
 )
 
 

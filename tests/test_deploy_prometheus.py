@@ -1,0 +1,100 @@
+"""Prometheus config and rules checked by promtool; the Grafana dashboard's structure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: run .ci/run or apt-get install prometheus")
+    return path
+
+
+def _run(*cmd: str, cwd: Path) -> str:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout + r.stderr
+
+
+def test_rules_check_and_unit_tests_pass(promtool: str) -> None:
+    out = _run(promtool, "check", "rules", "fiomon.rules.yml", cwd=DEPLOY / "prometheus")
+    assert "SUCCESS: 9 rules found" in out
+    out = _run(promtool, "test", "rules", "fiomon.rules_test.yml", cwd=DEPLOY / "prometheus")
+    assert "SUCCESS" in out
+
+
+def test_scrape_config_checks(promtool: str, tmp_path: Path) -> None:
+    for name in ("prometheus.yml", "fiomon.rules.yml"):
+        shutil.copy(DEPLOY / "prometheus" / name, tmp_path / name)
+    out = _run(promtool, "check", "config", "prometheus.yml", cwd=tmp_path)
+    assert "SUCCESS" in out
+
+
+def dashboard_exprs() -> list[str]:
+    """Every PromQL expression of the dashboard (panels and annotations)."""
+    dash = json.loads((DEPLOY / "grafana" / "fiomon-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [a["expr"] for a in dash["annotations"]["list"]]
+    return exprs
+
+
+def rule_exprs() -> list[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "fiomon.rules.yml").read_text())
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+def test_dashboard_structure() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "fiomon-dashboard.json").read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["DS"]["type"] == "datasource"
+    assert variables["DS"]["query"] == "prometheus"
+    for p in dash["panels"]:
+        assert p["datasource"]["uid"] == "${DS}", p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${DS}", p["title"]
+    titles = " | ".join(p["title"] for p in dash["panels"]).lower()
+    for needed in ("percentiles", "heatmap", "top 10 hosts", "iops", "throughput", "health"):
+        assert needed in titles, needed
+    assert any(p["type"] == "heatmap" for p in dash["panels"])
+    assert dash["annotations"]["list"][0]["expr"]
+    for f in (DEPLOY / "grafana" / "provisioning").rglob("*.yml"):
+        doc = yaml.safe_load(f.read_text())
+        assert doc["apiVersion"] == 1, f
+
+
+def test_every_expression_parses(promtool: str, tmp_path: Path) -> None:
+    # promtool parses expressions inside rule files: wrap every dashboard query in one.
+    exprs = [_grafana_to_promql(e) for e in dashboard_exprs()]
+    groups = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"x:dash:{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
+    f = tmp_path / "dashboard.rules.yml"
+    f.write_text(yaml.safe_dump(groups))
+    _run(promtool, "check", "rules", str(f), cwd=tmp_path)
+
+
+def _grafana_to_promql(expr: str, rate_interval: str = "1m") -> str:
+    """A dashboard query with Grafana's variables filled in."""
+    return (
+        expr.replace("$__rate_interval", rate_interval)
+        .replace('=~"$direction"', '=~"read|write"')
+        .replace("$direction", "read")
+    )
