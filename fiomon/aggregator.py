@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -443,21 +443,23 @@ class AggregatorCore:
                 "fiomon_records",
                 "Records by result (received, duplicate, refused, invalid-*).",
                 ("result",),
-            ): {(k,): float(v) for k, v in self.records.items()},
-            ("fiomon_invalid_messages", "Payloads refused, by reason.", ("reason",)): {
-                (k,): float(v) for k, v in self.invalid.items()
-            },
+            ): _with_zeros(self.records, RESULTS),
+            ("fiomon_invalid_messages", "Payloads refused, by reason.", ("reason",)): _with_zeros(
+                self.invalid, INVALID_REASONS
+            ),
             (
                 "fiomon_lost_records",
                 "Records never received (sequence gaps), by host.",
                 ("host",),
-            ): {(k,): float(v) for k, v in self.lost.items()},
-            ("fiomon_recovered_records", "Records received after being counted lost.", ("host",)): {
-                (k,): float(v) for k, v in self.recovered.items()
-            },
-            ("fiomon_duplicate_records", "Records received again and dropped.", ("host",)): {
-                (k,): float(v) for k, v in self.duplicates.items()
-            },
+            ): _with_zeros(self.lost, self._host_labels),
+            (
+                "fiomon_recovered_records",
+                "Records received after being counted lost.",
+                ("host",),
+            ): _with_zeros(self.recovered, self._host_labels),
+            ("fiomon_duplicate_records", "Records received again and dropped.", ("host",)): (
+                _with_zeros(self.duplicates, self._host_labels)
+            ),
             ("fiomon_quanta_closed", "Quanta closed.", ()): {(): float(self.quanta_closed)},
             ("fiomon_agent_id_conflicts", "Two agents seen with one id.", ("host",)): {
                 (k,): float(v) for k, v in self.id_conflicts.items()
@@ -482,7 +484,7 @@ class AggregatorCore:
             late = Counter({self._host_label(h): n for h, n in engine.late_records.items()})
             counters[
                 ("fiomon_late_records", "Records that reached a closed quantum.", ("host",))
-            ] = {(k,): float(v) for k, v in late.items()}
+            ] = _with_zeros(late, self._host_labels)
             counters[("fiomon_hosts_over_cap", "Hosts beyond max_hosts (cluster only).", ())] = {
                 (): float(engine.hosts_over_cap)
             }
@@ -541,6 +543,25 @@ _BPS_KEY = (
     "Bytes per second of the last closed quantum, cluster-wide.",
     ("direction",),
 )
+
+
+# Every counter series exists from the start (at 0), so rate() and alerts see it.
+RESULTS = ("received", "duplicate", "refused", "invalid-future", "invalid-span")
+INVALID_REASONS = (
+    *(reason for _, reason in _REASONS),
+    "invalid",
+    "agent-mismatch",
+    "streams-over-cap",
+    "future",
+    "span",
+    "status",
+)
+
+
+def _with_zeros(counts: Counter[str], keys: Iterable[str]) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {(k,): 0.0 for k in keys}
+    out.update({(k,): float(v) for k, v in counts.items()})
+    return out
 
 
 def _quantile_label(q: float) -> str:
