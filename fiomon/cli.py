@@ -194,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run S seconds and exit 0 (default: until Ctrl-C, a failure every minute)",
     )
     dm.add_argument(
+        "--real-fio",
+        action="store_true",
+        help="run real fio jobs (json+ status every second) on temporary files instead of "
+        "the simulator; one host reads 8 MiB blocks for the middle third",
+    )
+    dm.add_argument(
         "--listen",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -411,6 +417,7 @@ def _main(argv: Sequence[str] | None) -> int:
             seconds=args.duration,
             keep=args.keep,
             listen=args.listen,
+            real_fio=args.real_fio,
         )
     if args.command == "agent":
         return _agent(args)

@@ -16,6 +16,8 @@ failure repeats every minute until Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,8 +69,53 @@ class _Job:
                 fh.write("".join(lines))
 
 
+def _start_fio(
+    fio: str, folder: Path, names: list[str], *, jobs: int, seconds: int, slow_hosts: int
+) -> list[subprocess.Popen[bytes]]:
+    """One real fio process per host, json+ status every second into its folder.
+
+    The first ``slow_hosts`` hosts switch to 8 MiB reads (tens of ms each) for the middle
+    third of the run: the "failing storage node".
+    """
+    third = max(2, seconds // 3)
+    procs = []
+    for h, name in enumerate(names):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        data = folder / f"{name}.dat"
+        with data.open("wb") as fh:  # laid out up front, so every host starts together
+            fh.write(np.random.default_rng(h).bytes(32 * 1024 * 1024))
+        common = [
+            "--ioengine=psync",
+            f"--filename={data}",
+            "--size=32M",
+            "--time_based",
+            "--status-interval=1",
+            "--output-format=json+",
+            f"--output={folder / name / 'run.json'}",
+            "--eta=never",
+            f"--numjobs={jobs}",
+        ]
+        fast = ["--rw=randread", "--bs=4k", "--rate_iops=200"]
+        if h < slow_hosts:
+            phases = [
+                *("--name=before", *fast, f"--runtime={third}"),
+                *("--name=failing", "--stonewall", "--rw=read", "--bs=8M", "--rate_iops=20"),
+                f"--runtime={third}",
+                *("--name=after", "--stonewall", *fast, f"--runtime={seconds - 2 * third}"),
+            ]
+        else:
+            phases = ["--name=steady", *fast, f"--runtime={seconds}"]
+        procs.append(
+            subprocess.Popen(
+                [fio, *common, *phases], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+    return procs
+
+
 def _fmt_ms(ns: float | None) -> str:
-    return "    -" if ns is None else f"{ns / 1e6:5.2f}"
+    """Milliseconds with 3 significant digits (page-cache reads take microseconds)."""
+    return "    -" if ns is None else f"{ns / 1e6:5.3g}"
 
 
 class _View:
@@ -119,6 +166,7 @@ def run_demo(
     seconds: int | None = 30,
     keep: Path | None = None,
     listen: str = "127.0.0.1:0",
+    real_fio: bool = False,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -130,12 +178,17 @@ def run_demo(
         seconds: run this long (None: until Ctrl-C).
         keep: write the simulated logs here (kept) instead of a temporary folder.
         listen: ``host:port`` of ``/metrics`` (port 0: any free port).
+        real_fio: run real fio jobs (json+ status every second) instead of the simulator.
         out: the live view.
         err: narration.
     """
     with tempfile.TemporaryDirectory(prefix="fiomon-demo-") as tmp:
         folder = keep or Path(tmp)
-        return _run(hosts, jobs, seconds, folder, listen=listen, out=out, err=err)
+        fio = shutil.which("fio") if real_fio else None
+        if real_fio and fio is None:
+            err.write("fiomon demo: --real-fio needs fio (apt-get install fio)\n")
+            return 2
+        return _run(hosts, jobs, seconds, folder, listen=listen, fio=fio, out=out, err=err)
 
 
 def _run(
@@ -145,6 +198,7 @@ def _run(
     folder: Path,
     *,
     listen: str,
+    fio: str | None,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -156,7 +210,12 @@ def _run(
     model = LatencyModel()
     names = [f"client-{h + 1:02d}" for h in range(hosts)]
     sim: list[_Job] = []
-    for h, name in enumerate(names):
+    procs = (
+        _start_fio(fio, folder, names, jobs=jobs, seconds=seconds or 60, slow_hosts=slow_hosts)
+        if fio is not None
+        else []
+    )
+    for h, name in enumerate(names if fio is None else []):
         (folder / name).mkdir(parents=True, exist_ok=True)
         host_phase = int(rng.integers(0, 1000))
         slow = h < slow_hosts
@@ -182,7 +241,7 @@ def _run(
     core = AggregatorCore(cfg)
     followers = {
         name: Follower(
-            (str(folder / name / "*.log"),),
+            (str(folder / name / "*.log"), str(folder / name / "*.json")),
             agent=name,
             max_message_bytes=256 * 1024,
             log_hist_msec=1000,
@@ -192,15 +251,17 @@ def _run(
     addr, port = cfg.listen_addr
     server, _thread, _reg = serve_metrics(addr, port, FiomonCollector(lambda: core.snapshot))
     url = f"http://{addr}:{server.server_port}/metrics"
-    window = (
-        f"from {seconds // 3} s for {max(4, seconds // 4)} s"
-        if seconds is not None
-        else "for 15 s of every minute"
-    )
+    if fio is not None:
+        window = "for the middle third of the run (its host reads 8 MiB blocks)"
+    elif seconds is not None:
+        window = f"from {seconds // 3} s for {max(4, seconds // 4)} s"
+    else:
+        window = "for 15 s of every minute"
     err.write(
-        f"fiomon demo: {hosts} simulated hosts x {jobs} fio jobs, agents -> in-process "
+        f"fiomon demo: {hosts} {'real fio' if fio else 'simulated'} hosts x {jobs} fio jobs, "
+        "agents -> in-process "
         f"transport -> aggregator; Prometheus metrics on {url}\n"
-        f"fiomon demo: a storage node fails {window}, slowing {slow_hosts} host(s) tenfold; "
+        f"fiomon demo: a storage node fails {window}, slowing {slow_hosts} host(s); "
         f"watch p99 rise and the SLA fire and resolve{'' if seconds else ' (Ctrl-C stops)'}\n"
     )
     view = _View(out, hosts)
@@ -234,6 +295,10 @@ def _run(
         server.server_close()
         for f in followers.values():
             f.close()
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
     err.write(
         f"fiomon demo: {core.records['received']} records from {hosts} agents, "
         f"{core.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "

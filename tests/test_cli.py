@@ -144,10 +144,12 @@ def test_progress_line_on_request() -> None:
 def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
     assert capsys.readouterr().out.startswith("fiomon ")
-    r = fiomon("demo", "--duration", "6", "--hosts", "2", "--jobs", "1")
+    r = fiomon("demo", "--duration", "14", "--hosts", "4", "--jobs", "1")
     assert r.returncode == 0, r.stderr
     assert "p99" in r.stdout
     assert "storage node fails" in r.stderr
+    assert "FIRING" in r.stdout
+    assert "SLA fired 1x, resolved 1x" in r.stderr  # the alert comes and goes
 
 
 def test_every_module_imports_cleanly() -> None:
@@ -158,3 +160,13 @@ def test_every_module_imports_cleanly() -> None:
         [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, check=False
     )
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.fio
+def test_demo_with_real_fio_fires_and_resolves_the_sla(fio_bin: str) -> None:
+    r = fiomon("demo", "--real-fio", "--duration", "15", "--hosts", "3", "--jobs", "1")
+    assert r.returncode == 0, r.stderr
+    assert "real fio hosts" in r.stderr
+    assert "FIRING" in r.stdout
+    assert "SLA fired 1x, resolved 1x" in r.stderr
+    del fio_bin
