@@ -217,4 +217,5 @@ def max_phase_offset_ms(tmp: Path, quantum_end_ms: int) -> int:
         for t in stamps[:-1]:
             d = (t - quantum_end_ms) % 1000
             offsets.append(min(d, 1000 - d))
-    return max(offsets) + 1
+    # + 10 ms: fio takes its statistics snapshot and its timestamp_ms a few ms apart.
+    return max(offsets) + 10
