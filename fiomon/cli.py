@@ -212,6 +212,46 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write the simulated logs to DIR and keep them",
     )
+    sm = sub.add_parser(
+        "summary",
+        help="per-operation I/O statistics of a run, with a latency histogram",
+        description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
+        "percentiles, IOPS and throughput per operation (read, write, trim, all), and a "
+        "text histogram on bins you choose, from fio hist logs and json+ status files.",
+        epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
+        "seconds, or seconds since the job start for relative-time logs",
+    )
+    sm.add_argument("logs", nargs="+", type=Path, metavar="LOG")
+    sm.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
+    sm.add_argument(
+        "--job", action="append", default=[], help="only streams whose name contains this"
+    )
+    sm.add_argument(
+        "--direction",
+        type=_directions,
+        default=ALL_DIRECTIONS,
+        metavar="D[,D]",
+        help="operations to report (default read,write,trim,all)",
+    )
+    sm.add_argument("--from", dest="from_", type=_when_ms, metavar="TIME", help="start")
+    sm.add_argument("--to", type=_when_ms, metavar="TIME", help="end")
+    sm.add_argument(
+        "--percentiles", type=_percentiles, default=(50.0, 90.0, 95.0, 99.0, 99.9, 99.99)
+    )
+    sm.add_argument("--hist-min", help="histogram start, e.g. 10us (default: around the data)")
+    sm.add_argument("--hist-max", help="histogram end, e.g. 100ms (default: around the data)")
+    sm.add_argument("--hist-bins", type=int, default=12, help="histogram bins (default 12)")
+    sm.add_argument("--hist-scale", choices=["log", "linear"], default="log")
+    sm.add_argument(
+        "--hist-config",
+        type=Path,
+        metavar="YAML",
+        help="histogram bins from a file: {min: 10us, max: 100ms, bins: 12, scale: log}",
+    )
+    sm.add_argument("--format", choices=["text", "json"], default="text")
+    sm.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
+    sm.add_argument("--group-nr", type=int, default=None, metavar="N")
+    sm.add_argument("--strict", action="store_true", help="a bad line is fatal")
     ag = sub.add_parser(
         "agent",
         help="follow fio's output on this host and publish it over MQTT",
@@ -252,6 +292,76 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("file", type=Path, metavar="FILE")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _when_ms(text: str) -> int:
+    """ISO 8601 time, epoch seconds, or seconds since the job start, to ms."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError:
+            msg = f"{text!r} is no time (ISO 8601, epoch seconds, or seconds since start)"
+            raise argparse.ArgumentTypeError(msg) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return round(dt.timestamp() * 1000)
+    return round(value * 1000)
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from fiomon.config import parse_latency_ns  # noqa: PLC0415
+    from fiomon.summary import Filters, HistBins, bins_from_yaml, main_summary  # noqa: PLC0415
+
+    try:
+        bins: HistBins | None = None
+        if args.hist_config is not None:
+            bins = bins_from_yaml(args.hist_config)
+        elif args.hist_min is not None or args.hist_max is not None:
+            if args.hist_min is None or args.hist_max is None:
+                print("fiomon summary: give both --hist-min and --hist-max", file=sys.stderr)
+                return 2
+            bins = HistBins(
+                parse_latency_ns(args.hist_min, what="--hist-min"),
+                parse_latency_ns(args.hist_max, what="--hist-max"),
+                args.hist_bins,
+                args.hist_scale,
+            )
+        elif args.hist_bins != 12 or args.hist_scale != "log":
+            print(
+                "fiomon summary: --hist-bins/--hist-scale need --hist-min and --hist-max",
+                file=sys.stderr,
+            )
+            return 2
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(f"fiomon summary: {p}", file=sys.stderr)
+        return 2
+    filters = Filters(
+        hosts=tuple(args.host),
+        jobs=tuple(args.job),
+        directions=args.direction,
+        from_ms=args.from_,
+        to_ms=args.to,
+    )
+    source = SourceOptions(
+        interval_ms=args.log_hist_msec, group_nr=args.group_nr, strict=args.strict
+    )
+    try:
+        return main_summary(
+            args.logs,
+            filters=filters,
+            source=source,
+            percentiles=args.percentiles,
+            bins=bins,
+            fmt=args.format,
+        )
+    except ParseError as exc:
+        print(f"fiomon summary: {exc} (--strict)", file=sys.stderr)
+        return 1
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -419,6 +529,8 @@ def _main(argv: Sequence[str] | None) -> int:
             listen=args.listen,
             real_fio=args.real_fio,
         )
+    if args.command == "summary":
+        return _summary(args)
     if args.command == "agent":
         return _agent(args)
     if args.command == "aggregator":

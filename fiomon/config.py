@@ -539,6 +539,15 @@ def _threshold_ns(value: object, where: str) -> float:
     raise ConfigError([msg])
 
 
+def parse_latency_ns(value: object, *, what: str) -> float:
+    """A latency with units (``5ms``, ``500us``, ``2s``) in ns.
+
+    Raises:
+        ConfigError: no number with a unit.
+    """
+    return _threshold_ns(value, what)
+
+
 def _choice(*options: str) -> Callable[[object, str], str]:
     def conv(value: object, where: str) -> str:
         if value not in options:
