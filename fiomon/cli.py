@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--real-fio",
         action="store_true",
         help="run real fio jobs (json+ status every second) on temporary files instead of "
-        "the simulator; one host reads 8 MiB blocks for the middle third",
+        "the simulator; one host reads 8 MiB blocks for a quarter of the run",
     )
     dm.add_argument(
         "--listen",
@@ -252,6 +252,34 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
     sm.add_argument("--group-nr", type=int, default=None, metavar="N")
     sm.add_argument("--strict", action="store_true", help="a bad line is fatal")
+    ft = sub.add_parser(
+        "fit",
+        help="fit the latencies as a normal head plus a power-law tail",
+        description="Fit each operation's latency histogram as a normal head plus a "
+        "power-law tail (pivot by the smallest Kolmogorov-Smirnov distance, maximum "
+        "likelihood on fio's bins), compare the tail with lognormal, exponential and "
+        "Weibull fits, and report the tail share, the power-law exponent, every model's "
+        "KS distance and the winner.",
+    )
+    ft.add_argument("logs", nargs="+", type=Path, metavar="LOG")
+    ft.add_argument(
+        "--direction",
+        type=_directions,
+        default=("read", "write", "trim", "all"),
+        metavar="D[,D]",
+        help="operations to fit (default read,write,trim,all)",
+    )
+    ft.add_argument(
+        "--per-quantum",
+        nargs="?",
+        const="1s",
+        default=None,
+        metavar="Q",
+        help="fit every quantum (default 1s) instead of the whole run",
+    )
+    ft.add_argument("--format", choices=["text", "json"], default="text")
+    ft.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
+    ft.add_argument("--group-nr", type=int, default=None, metavar="N")
     ag = sub.add_parser(
         "agent",
         help="follow fio's output on this host and publish it over MQTT",
@@ -362,6 +390,28 @@ def _summary(args: argparse.Namespace) -> int:
     except ParseError as exc:
         print(f"fiomon summary: {exc} (--strict)", file=sys.stderr)
         return 1
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from fiomon.fitcmd import run_fit  # noqa: PLC0415
+
+    quantum = None
+    if args.per_quantum is not None:
+        try:
+            quantum = parse_duration_ms(args.per_quantum, what="--per-quantum")
+        except ConfigError as exc:
+            print(f"fiomon fit: {exc}", file=sys.stderr)
+            return 2
+        if quantum <= 0:
+            print("fiomon fit: --per-quantum must be positive", file=sys.stderr)
+            return 2
+    return run_fit(
+        args.logs,
+        directions=args.direction,
+        source=SourceOptions(interval_ms=args.log_hist_msec, group_nr=args.group_nr),
+        per_quantum_ms=quantum,
+        fmt=args.format,
+    )
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -531,6 +581,8 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     if args.command == "summary":
         return _summary(args)
+    if args.command == "fit":
+        return _fit(args)
     if args.command == "agent":
         return _agent(args)
     if args.command == "aggregator":

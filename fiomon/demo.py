@@ -74,10 +74,12 @@ def _start_fio(
 ) -> list[subprocess.Popen[bytes]]:
     """One real fio process per host, json+ status every second into its folder.
 
-    The first ``slow_hosts`` hosts switch to 8 MiB reads (tens of ms each) for the middle
-    third of the run: the "failing storage node".
+    The first ``slow_hosts`` hosts switch to 8 MiB reads (tens of ms each) after a quarter
+    of the run, for a quarter of it (at least 4 s): the "failing storage node".
     """
-    third = max(2, seconds // 3)
+    before = max(2, seconds // 4)
+    failing = max(4, seconds // 4)
+    after = max(4, seconds - before - failing)  # long enough for the alert to resolve
     procs = []
     for h, name in enumerate(names):
         (folder / name).mkdir(parents=True, exist_ok=True)
@@ -98,13 +100,13 @@ def _start_fio(
         fast = ["--rw=randread", "--bs=4k", "--rate_iops=200"]
         if h < slow_hosts:
             phases = [
-                *("--name=before", *fast, f"--runtime={third}"),
+                *("--name=before", *fast, f"--runtime={before}"),
                 *("--name=failing", "--stonewall", "--rw=read", "--bs=8M", "--rate_iops=20"),
-                f"--runtime={third}",
-                *("--name=after", "--stonewall", *fast, f"--runtime={seconds - 2 * third}"),
+                f"--runtime={failing}",
+                *("--name=after", "--stonewall", *fast, f"--runtime={after}"),
             ]
         else:
-            phases = ["--name=steady", *fast, f"--runtime={seconds}"]
+            phases = ["--name=steady", *fast, f"--runtime={before + failing + after}"]
         procs.append(
             subprocess.Popen(
                 [fio, *common, *phases], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -252,7 +254,7 @@ def _run(
     server, _thread, _reg = serve_metrics(addr, port, FiomonCollector(lambda: core.snapshot))
     url = f"http://{addr}:{server.server_port}/metrics"
     if fio is not None:
-        window = "for the middle third of the run (its host reads 8 MiB blocks)"
+        window = "a quarter into the run, for a quarter of it (its host reads 8 MiB blocks)"
     elif seconds is not None:
         window = f"from {seconds // 3} s for {max(4, seconds // 4)} s"
     else:
@@ -269,7 +271,14 @@ def _run(
     fired = resolved = 0
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while deadline is None or time.monotonic() < deadline:
+
+        def running() -> bool:
+            in_time = deadline is None or time.monotonic() < deadline
+            if procs:  # real fio: until every fio has finished (and the deadline passed)
+                return any(p.poll() is None for p in procs) or (deadline is not None and in_time)
+            return in_time
+
+        while running():
             now = time.time_ns() // 1_000_000
             for job in sim:
                 job.write_due(now)
@@ -287,6 +296,13 @@ def _run(
     except KeyboardInterrupt:
         err.write("\nfiomon demo: interrupted\n")
     finally:
+        for p in procs:  # fio writes its final dump at exit
+            if p.poll() is None:
+                p.terminate()
+            p.wait(10)
+        for name, f in followers.items():
+            for msg in f.poll():
+                core.on_records(name, msg.payload)
         rows = core.flush()
         with contextlib.suppress(BrokenPipeError):
             if rows:
@@ -295,10 +311,6 @@ def _run(
         server.server_close()
         for f in followers.values():
             f.close()
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
     err.write(
         f"fiomon demo: {core.records['received']} records from {hosts} agents, "
         f"{core.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "
