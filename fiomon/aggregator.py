@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from fiomon.alerts import AlertBook, Transition
 from fiomon.align import auto_phase, phase_for
@@ -31,6 +32,7 @@ from fiomon.config import AggregatorConfig
 from fiomon.dedup import SeqTracker
 from fiomon.errors import LayoutError, WireFormatError
 from fiomon.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.fit import Fit, FitError, fit_histogram
 from fiomon.histogram import pct_key
 from fiomon.journal import GridState, Journal, last_quanta_end
 from fiomon.model import RecordBatch
@@ -415,6 +417,8 @@ class AggregatorCore:
         cluster = dict(prev.cluster)
         hosts: dict[tuple[str, str, str], float] = dict(prev.hosts) if not rows else {}
         saturated: dict[tuple[str, ...], float] = {}
+        tail_share: dict[tuple[str, ...], float] = dict(prev.gauges.get(_TAIL_SHARE_KEY, {}))
+        tail_alpha: dict[tuple[str, ...], float] = dict(prev.gauges.get(_TAIL_ALPHA_KEY, {}))
         rates: dict[tuple[str, ...], float] = dict(prev.gauges.get(_IOPS_KEY, {}))
         throughput: dict[tuple[str, ...], float] = dict(prev.gauges.get(_BPS_KEY, {}))
         if rows and last_end is not None:
@@ -426,6 +430,11 @@ class AggregatorCore:
                 if r.scope == "cluster":
                     rates[(r.direction,)] = r.iops or 0.0
                     throughput[(r.direction,)] = r.bytes_per_second or 0.0
+                    if self.cfg.fit_tail and r.hist is not None and self.engine is not None:
+                        fitted = self._fit(r.hist)
+                        if fitted is not None:
+                            tail_share[(r.direction,)] = fitted.tail_share
+                            tail_alpha[(r.direction,)] = fitted.alpha
                 for q in self.cfg.percentiles:
                     key = pct_key(q)
                     v = r.stats.percentiles_ns.get(key)
@@ -480,6 +489,9 @@ class AggregatorCore:
             _IOPS_KEY: rates,
             _BPS_KEY: throughput,
         }
+        if self.cfg.fit_tail:
+            gauges[_TAIL_SHARE_KEY] = tail_share
+            gauges[_TAIL_ALPHA_KEY] = tail_alpha
         if engine is not None:
             late = Counter({self._host_label(h): n for h, n in engine.late_records.items()})
             counters[
@@ -521,6 +533,18 @@ class AggregatorCore:
             gauges=gauges,
         )
 
+    def _fit(self, hist: npt.NDArray[np.float64]) -> Fit | None:
+        """The head + tail fit of one closed quantum (None when it cannot be fitted)."""
+        assert self.engine is not None  # noqa: S101 -- only called with closed rows
+        try:
+            return fit_histogram(hist, self.engine.layout)
+        except FitError as exc:
+            log.debug("tail fit skipped: %s", exc)
+            self.fit_skipped += 1
+            return None
+
+    fit_skipped = 0
+
     def refresh_snapshot(self) -> None:
         """Rebuild the snapshot's counters between closes (scrapes see fresh counts)."""
         self.snapshot = self._build_snapshot(None)
@@ -533,6 +557,16 @@ _SAT_KEY = (
 )
 
 
+_TAIL_SHARE_KEY = (
+    "fiomon_cluster_tail_share",
+    "Share of the last closed quantum's I/Os in the power-law tail (fit_tail).",
+    ("direction",),
+)
+_TAIL_ALPHA_KEY = (
+    "fiomon_cluster_tail_exponent",
+    "Density exponent alpha of the power-law tail, p(x) ~ x**-alpha (fit_tail).",
+    ("direction",),
+)
 _IOPS_KEY = (
     "fiomon_cluster_iops",
     "I/Os per second of the last closed quantum, cluster-wide.",

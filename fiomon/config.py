@@ -459,6 +459,8 @@ class AggregatorConfig:
         alert_topic: retained MQTT topic with the alert states (default
             ``<prefix>/v1/_aggregator/alerts``).
         webhook: Alertmanager to notify, or None.
+        fit_tail: fit each closed quantum's cluster histogram (normal head + power-law
+            tail) and export the tail share and exponent (costs ~0.1 s per direction).
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -484,6 +486,7 @@ class AggregatorConfig:
     sla: tuple[SlaRule, ...] = ()
     alert_topic: str = ""
     webhook: WebhookConfig | None = None
+    fit_tail: bool = False
 
     def __post_init__(self) -> None:
         if not self.alert_topic:
@@ -670,6 +673,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         sla=_sla_rules(r, top.get("sla"), percentiles),
         alert_topic=r.get(top, "", "alert_topic", _topic_prefix, f"{prefix}/v1/_aggregator/alerts"),
         webhook=webhook,
+        fit_tail=r.get(top, "", "fit_tail", _bool, False),
     )
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")

@@ -84,3 +84,38 @@ def test_cli_per_quantum_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["fit", str(empty)]) == 1
     err = capsys.readouterr().err
     assert "no histogram records" in err and "Traceback" not in err
+
+
+def test_aggregator_exports_the_tail_fit_only_when_asked() -> None:
+    from fiomon.aggregator import AggregatorCore  # noqa: PLC0415
+    from fiomon.config import AggregatorConfig  # noqa: PLC0415
+    from fiomon.model import RecordBatch, StreamInfo  # noqa: PLC0415
+    from fiomon.wire import encode  # noqa: PLC0415
+
+    t0 = 1_795_000_000_000
+    hist = histogram(LatencyModel(tail_share=0.05, tail_alpha=2.0), 100_000, 3).astype(np.int64)
+    nz = np.flatnonzero(hist)
+    batch = RecordBatch(
+        layout=LAY,
+        streams=(StreamInfo("h", "job"),),
+        stream_idx=np.zeros(1, np.int32),
+        direction=np.zeros(1, np.int8),
+        start_ms=np.array([t0], np.int64),
+        end_ms=np.array([t0 + 1000], np.int64),
+        nbytes=np.array([4096 * int(hist.sum())], np.int64),
+        indptr=np.array([0, len(nz)], np.int64),
+        bins=nz.astype(np.int32),
+        counts=hist[nz],
+    )
+    for fit_tail in (False, True):
+        core = AggregatorCore(
+            AggregatorConfig(align="epoch", fit_tail=fit_tail), now_ms=lambda: t0 + 60_000
+        )
+        core.on_records("h", encode("h", "s@1", 0, batch))
+        assert core.tick()
+        gauges = {k[0]: v for k, v in core.snapshot.gauges.items()}
+        if not fit_tail:
+            assert "fiomon_cluster_tail_share" not in gauges
+            continue
+        assert gauges["fiomon_cluster_tail_share"][("read",)] == pytest.approx(0.05, abs=0.02)
+        assert gauges["fiomon_cluster_tail_exponent"][("read",)] == pytest.approx(3.0, rel=0.1)
