@@ -414,50 +414,33 @@ def _fit(args: argparse.Namespace) -> int:
     )
 
 
-def _agent(args: argparse.Namespace) -> int:
+def _service(args: argparse.Namespace, name: str) -> int:
+    """Run the agent or the aggregator in the foreground until SIGTERM/SIGINT."""
     import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
     import logging  # noqa: PLC0415
 
-    from fiomon.agent import run_agent  # noqa: PLC0415
-    from fiomon.config import load_agent_config  # noqa: PLC0415
+    from fiomon import config  # noqa: PLC0415
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_agent_config(args.config)
+        if name == "agent":
+            from fiomon.agent import run_agent  # noqa: PLC0415
+
+            main_coro = run_agent(config.load_agent_config(args.config))
+        else:
+            from fiomon.serve import run_aggregator  # noqa: PLC0415
+
+            main_coro = run_aggregator(config.load_aggregator_config(args.config))
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"fiomon agent: {problem}", file=sys.stderr)
+            print(f"fiomon {name}: {problem}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(run_agent(cfg))
+        asyncio.run(main_coro)
     except KeyboardInterrupt:
         return 130
-    except (ConfigError, OSError) as exc:
-        print(f"fiomon agent: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _aggregator(args: argparse.Namespace) -> int:
-    import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
-    import logging  # noqa: PLC0415
-
-    from fiomon.config import load_aggregator_config  # noqa: PLC0415
-    from fiomon.serve import run_aggregator  # noqa: PLC0415
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_aggregator_config(args.config)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"fiomon aggregator: {problem}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(run_aggregator(cfg))
-    except KeyboardInterrupt:
-        return 130
-    except OSError as exc:  # e.g. the metrics port is taken
-        print(f"fiomon aggregator: {exc}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:  # e.g. an unreadable password file, a taken port
+        print(f"fiomon {name}: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -584,9 +567,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "fit":
         return _fit(args)
     if args.command == "agent":
-        return _agent(args)
+        return _service(args, "agent")
     if args.command == "aggregator":
-        return _aggregator(args)
+        return _service(args, "aggregator")
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "version":
