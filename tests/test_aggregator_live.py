@@ -238,7 +238,7 @@ def _fio_args(fio: str, tmp: Path, host: str, slow_phase: bool) -> list[str]:
     ]
     if not slow_phase:
         return [fio, *common, "--name=steady", *FAST, "--runtime=13"]
-    # 4 s fast, 5 s of 8 MiB reads (tens of ms each: the "failing storage node"), 4 s fast.
+    # 4 s fast, 5 s of 8 MiB reads (milliseconds each: the "failing storage node"), 4 s fast.
     return [
         fio,
         *common,
@@ -282,7 +282,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
         align="auto",
         listen=f"127.0.0.1:{port}",
         quanta_file=tmp_path / "quanta.jsonl",
-        sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=2, min_samples=100),),
+        sla=(SlaRule("p99-read", "read", 99.0, 2e6, for_quanta=2, min_samples=100),),
     )
     stop = asyncio.Event()
     aggregator = asyncio.create_task(run_aggregator(cfg, stop=stop))
@@ -333,8 +333,8 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
         f"{max(p99) * 1e3:.2f} ms; quanta file: {len(read)} read quanta, p99 "
         f"{best / 1e6:.2f}..{worst / 1e6:.2f} ms; breach gauge seen {sorted(set(breach))}"
     )
-    assert max(p99) > 0.005 > min(x for x in p99 if x > 0), "live p99 crossed the SLA"
-    assert worst > 5e6 > best
+    assert max(p99) > 0.002 > min(x for x in p99 if x > 0), "live p99 crossed the SLA"
+    assert worst > 2e6 > best
     assert 1.0 in breach, "the SLA rule fired"
     assert breach[-1] == 0.0, "and resolved"
     assert final[("fiomon_sla_breaches_total", (("rule", "p99-read"),))] == 1.0

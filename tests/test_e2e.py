@@ -49,7 +49,7 @@ def fio_command(fio: str, tmp: Path, host: str) -> list[str]:
     ]
     if host != "client-01":
         return [fio, *common, "--name=steady", *FAST, "--runtime=16"]
-    # A storage node "fails" for 6 s: this host's reads become 8 MiB, tens of ms each.
+    # A storage node "fails" for 6 s: this host reads 8 MiB blocks (ms each; SLA: 2 ms).
     return [
         fio,
         *common,
@@ -101,7 +101,7 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
         f"broker: {{port: {mosquitto.port}}}\ntopic_prefix: fiomon\n"
         f"quantum: 1s\nlateness: 3s\nalign: auto\nlisten: 127.0.0.1:{metrics_port}\n"
         f"quanta_file: {tmp_path / 'quanta.jsonl'}\nstate_dir: {tmp_path / 'agg-state'}\n"
-        "sla:\n  - {name: p99-read, direction: read, percentile: 99, threshold: 5ms, for: 2,"
+        "sla:\n  - {name: p99-read, direction: read, percentile: 99, threshold: 2ms, for: 2,"
         " min_samples: 100}\n"
     )
     shutil.copy(DEPLOY / "prometheus" / "fiomon.rules.yml", tmp_path / "fiomon.rules.yml")
@@ -169,12 +169,14 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
             if p.returncode is None:
                 p.terminate()
                 await p.wait()
-    assert fired and float(fired[0]["value"][1]) == 1.0  # type: ignore[index]
-    assert float(now[0]["value"][1]) == 0.0  # type: ignore[index]
-    assert float(total[0]["value"][1]) == 1.0  # type: ignore[index]
-    # (a) cluster p99 per quantum against fio's per-I/O truth over the same windows.
     rows = [json.loads(x) for x in (tmp_path / "quanta.jsonl").read_text().splitlines()]
     cluster = [r for r in rows if r["scope"] == "cluster" and r["direction"] == "read"]
+    p99_ms = [round(r["percentiles_ns"]["99"] / 1e6, 2) for r in cluster]
+    print(f"e2e: cluster read p99 per quantum (ms): {p99_ms}")
+    assert float(total[0]["value"][1]) == 1.0, p99_ms  # type: ignore[index]
+    assert float(now[0]["value"][1]) == 0.0  # type: ignore[index]
+    assert fired and float(fired[0]["value"][1]) == 1.0, "Prometheus saw the alert fire"  # type: ignore[index]
+    # (a) cluster p99 per quantum against fio's per-I/O truth over the same windows.
     truth = Truth.load(sorted((tmp_path / "truth").glob("*/lat_clat.*.log")))
     cmp = relative_errors(
         ((r["start_ms"], r["end_ms"], "read", r["percentiles_ns"], r["samples"]) for r in cluster),
