@@ -280,6 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--format", choices=["text", "json"], default="text")
     ft.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
     ft.add_argument("--group-nr", type=int, default=None, metavar="N")
+    fi = sub.add_parser(
+        "fio",
+        help="run fio with the output fiomon needs, starting on a quantum boundary",
+        description="Run fio with a json+ status stream every second (the agent's live "
+        "source), hist logs and epoch timestamps, starting at the next whole quantum of the "
+        "wall clock so every host shares one phase. Put fio's own arguments after --.",
+        epilog="example: fiomon fio --output-dir /var/lib/fio/results -- job.fio",
+    )
+    fi.add_argument("--output-dir", type=Path, default=Path(), metavar="DIR")
+    fi.add_argument("--quantum", default="1s", help="start on a multiple of this (default 1s)")
+    fi.add_argument("fio_args", nargs=argparse.REMAINDER, metavar="-- FIO ARGS")
     ag = sub.add_parser(
         "agent",
         help="follow fio's output on this host and publish it over MQTT",
@@ -566,6 +577,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return _summary(args)
     if args.command == "fit":
         return _fit(args)
+    if args.command == "fio":
+        from fiomon.runfio import run_fio  # noqa: PLC0415
+
+        fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
+        try:
+            quantum = parse_duration_ms(args.quantum, what="--quantum")
+        except ConfigError as exc:
+            print(f"fiomon fio: {exc}", file=sys.stderr)
+            return 2
+        return run_fio(fio_args, output_dir=args.output_dir, quantum_ms=max(1, quantum))
     if args.command == "agent":
         return _service(args, "agent")
     if args.command == "aggregator":

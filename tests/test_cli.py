@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,4 +170,34 @@ def test_demo_with_real_fio_fires_and_resolves_the_sla(fio_bin: str) -> None:
     assert "real fio hosts" in r.stderr
     assert "FIRING" in r.stdout
     assert "SLA fired 1x, resolved 1x" in r.stderr
+    del fio_bin
+
+
+@pytest.mark.fio
+def test_fiomon_fio_writes_what_the_agent_and_report_need(tmp_path: Path, fio_bin: str) -> None:
+    out = tmp_path / "results"
+    r = fiomon(
+        "fio",
+        "--output-dir",
+        str(out),
+        "--",
+        "--name=t",
+        f"--filename={tmp_path / 'data.bin'}",
+        "--size=4M",
+        "--rw=randread",
+        "--bs=4k",
+        "--rate_iops=200",
+        "--runtime=3",
+        "--time_based",
+        "--ioengine=psync",
+    )
+    assert r.returncode == 0, r.stderr
+    status = list(out.glob("*.json"))
+    hist = list(out.glob("*_clat_hist.*.log"))
+    assert len(status) == 1 and len(hist) == 1
+    stamps = [int(x) for x in re.findall(r'"timestamp_ms" : (\d+)', status[0].read_text())]
+    assert len(stamps) >= 3
+    assert len({t % 1000 for t in stamps[:-1]}) <= 3  # one phase (the exit dump is off-grid)
+    rep = fiomon("report", "--format", "jsonl", str(status[0]), str(hist[0]))
+    assert rep.returncode == 0, rep.stderr
     del fio_bin

@@ -1,0 +1,70 @@
+"""``fiomon fio -- JOB...``: run fio with what fiomon needs, starting on a quantum boundary.
+
+Adds to the user's fio arguments: the json+ status stream every second into
+``<output dir>/<host>.json`` (the agent's live source), per-job hist logs
+(``write_hist_log``, ``log_hist_msec=1000``) for the offline report, and epoch timestamps.
+It then waits for the next quantum boundary of the wall clock and replaces itself with
+fio, so every host started this way reports on (nearly) the same phase, which is what
+keeps the quanta exact (DESIGN.md "Quanta").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def fio_command(
+    fio: str, user_args: Sequence[str], *, output_dir: Path, host: str, status_s: int = 1
+) -> list[str]:
+    """The full fio command line (the user's arguments come last, so they can override)."""
+    prefix = output_dir / host
+    return [
+        fio,
+        f"--status-interval={status_s}",
+        "--output-format=json+",
+        f"--output={prefix}.json",
+        "--eta=never",
+        f"--write_hist_log={prefix}",
+        "--log_hist_msec=1000",
+        "--log_unix_epoch=1",
+        *user_args,
+    ]
+
+
+def wait_for_boundary(quantum_ms: int, *, now_ns: int | None = None) -> float:
+    """Sleep until the next multiple of ``quantum_ms`` of the wall clock; returns the wait (s)."""
+    now = time.time_ns() if now_ns is None else now_ns
+    q = quantum_ms * 1_000_000
+    wait_s = (q - now % q) / 1e9
+    time.sleep(wait_s)
+    return wait_s
+
+
+def run_fio(user_args: Sequence[str], *, output_dir: Path, quantum_ms: int = 1000) -> int:
+    """Exec fio with fiomon's options at the next quantum boundary (returns only on error).
+
+    Raises:
+        OSError: fio could not be executed.
+    """
+    fio = shutil.which("fio")
+    if fio is None:
+        print("fiomon fio: fio is not installed (apt-get install fio)", file=sys.stderr)
+        return 2
+    if not user_args:
+        print(
+            "fiomon fio: give fio's arguments after --, e.g. fiomon fio -- job.fio", file=sys.stderr
+        )
+        return 2
+    output_dir.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname().split(".", 1)[0] or "localhost"
+    cmd = fio_command(fio, user_args, output_dir=output_dir, host=host)
+    print(f"fiomon fio: {' '.join(cmd)}", file=sys.stderr)
+    wait_for_boundary(quantum_ms)
+    # fio replaces us: signals and the exit code are its own.
+    os.execv(fio, cmd)  # noqa: S606
