@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,19 @@ def test_fiomon_fio_writes_what_the_agent_and_report_need(tmp_path: Path, fio_bi
     rep = fiomon("report", "--format", "jsonl", str(status[0]), str(hist[0]))
     assert rep.returncode == 0, rep.stderr
     del fio_bin
+
+
+def test_demo_stops_cleanly_on_ctrl_c() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fiomon", "demo", "--hosts", "2", "--jobs", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "interrupted" in err and "quanta closed" in err
+    assert "Traceback" not in err
+    assert "p99" in out
