@@ -18,7 +18,7 @@ from fiomon.aggregator import AggregatorCore
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.report import ReportOptions, run_report
+from fiomon.report import ReportOptions, ReportSummary, run_report
 from fiomon.serve import run_aggregator
 from fiomon.simulate import write_cluster
 from fiomon.sources import SourceOptions
@@ -58,6 +58,24 @@ def assert_rows_equal(online: list[dict[str, object]], offline: list[dict[str, o
     print(f"online == offline: {len(a)} rows, worst relative difference {worst:.2e}")
 
 
+def offline_report(files: list[Path]) -> tuple[list[dict[str, object]], ReportSummary]:
+    """``fiomon report --format jsonl --align epoch --per-host`` rows of ``files``."""
+    out = io.StringIO()
+    summary = run_report(
+        files,
+        ReportOptions(
+            fmt="jsonl",
+            align="epoch",
+            per_host=True,
+            source=SourceOptions(interval_ms=1000),
+            progress=False,
+        ),
+        out,
+        io.StringIO(),
+    )
+    return [json.loads(line) for line in out.getvalue().splitlines()], summary
+
+
 async def _agent(tmp: Path, host: str, port: int) -> asyncio.subprocess.Process:
     cfg = tmp / f"agent-{host}.yaml"
     cfg.write_text(
@@ -86,19 +104,7 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     stream = tmp_path / "data" / "client-01" / "run.json"
     write_json_stream(stream, jobs=2, start_ms=start, seconds=12, phase_ms=137)
     files = [p.resolve() for p in [*paths, stream]]
-    offline = io.StringIO()
-    summary = run_report(
-        files,
-        ReportOptions(
-            fmt="jsonl",
-            align="epoch",
-            per_host=True,
-            source=SourceOptions(interval_ms=1000),
-            progress=False,
-        ),
-        offline,
-        io.StringIO(),
-    )
+    offline, summary = offline_report(files)
     cfg = AggregatorConfig(
         broker=BrokerConfig(port=mosquitto.port),
         topic_prefix=PREFIX,
@@ -126,7 +132,7 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     stop.set()
     await asyncio.wait_for(aggregator, 15)
     online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
-    assert_rows_equal(online, [json.loads(line) for line in offline.getvalue().splitlines()])
+    assert_rows_equal(online, offline)
     core = cores[0]
     assert core.records["duplicate"] == 0
     assert sum(core.lost.values()) == 0
@@ -203,21 +209,9 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     agg.terminate()  # SIGTERM: closes what is open
     assert await asyncio.wait_for(agg.wait(), 20) == 0
     files = sorted(p.resolve() for p in data.glob("*/*.log"))
-    offline = io.StringIO()
-    run_report(
-        files,
-        ReportOptions(
-            fmt="jsonl",
-            align="epoch",
-            per_host=True,
-            source=SourceOptions(interval_ms=1000),
-            progress=False,
-        ),
-        offline,
-        io.StringIO(),
-    )
+    offline, _ = offline_report(files)
     online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
-    assert_rows_equal(online, [json.loads(line) for line in offline.getvalue().splitlines()])
+    assert_rows_equal(online, offline)
 
 
 FAST = ["--rw=randread", "--bs=4k", "--rate_iops=300"]
