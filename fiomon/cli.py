@@ -291,35 +291,21 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--output-dir", type=Path, default=Path(), metavar="DIR")
     fi.add_argument("--quantum", default="1s", help="start on a multiple of this (default 1s)")
     fi.add_argument("fio_args", nargs=argparse.REMAINDER, metavar="-- FIO ARGS")
-    ag = sub.add_parser(
+    _service_parser(
+        sub,
         "agent",
         help="follow fio's output on this host and publish it over MQTT",
         description="Follow fio json+ status files and hist logs matching the configured "
         "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
         "positions and the spool live in state_dir; SIGTERM stops cleanly.",
-        epilog="example configuration: config/agent.example.yaml",
     )
-    ag.add_argument("--config", type=Path, required=True, metavar="FILE", help="agent YAML")
-    ag.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity on stderr (default info)",
-    )
-    agg = sub.add_parser(
+    _service_parser(
+        sub,
         "aggregator",
         help="merge every agent's records into live cluster percentiles, metrics and alerts",
         description="Subscribe to the agents' records (persistent MQTT session), close quanta "
         "on time, export Prometheus metrics on `listen`, append closed quanta to the quanta "
         "file and evaluate the SLA rules. SIGTERM stops cleanly.",
-        epilog="example configuration: config/aggregator.example.yaml",
-    )
-    agg.add_argument("--config", type=Path, required=True, metavar="FILE", help="aggregator YAML")
-    agg.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity on stderr (default info)",
     )
     cc = sub.add_parser(
         "check-config",
@@ -422,6 +408,29 @@ def _fit(args: argparse.Namespace) -> int:
         source=SourceOptions(interval_ms=args.log_hist_msec, group_nr=args.group_nr),
         per_quantum_ms=quantum,
         fmt=args.format,
+    )
+
+
+def _service_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+) -> None:
+    """The subcommand of a service: ``--config FILE`` and ``--log-level``."""
+    p = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=f"example configuration: config/{name}.example.yaml",
+    )
+    p.add_argument("--config", type=Path, required=True, metavar="FILE", help=f"{name} YAML")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity on stderr (default info)",
     )
 
 

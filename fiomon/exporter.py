@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import numpy as np
@@ -195,22 +196,22 @@ class FiomonCollector:
         for rule, v in sorted(s.sla_breaches.items()):
             breaches.add_metric([rule], v)
         yield breaches
-        for (name, text, labels), values in sorted(s.counters.items()):
-            c = CounterMetricFamily(name, text, labels=list(labels))
-            for lv, v in sorted(values.items()):
-                c.add_metric(list(lv), v)
-            yield c
+        families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
+            (CounterMetricFamily, s.counters),
+            (GaugeMetricFamily, s.gauges),
+        )
+        for kind, table in families:
+            for (name, text, labels), values in sorted(table.items()):
+                metric = kind(name, text, labels=list(labels))
+                for lv, v in sorted(values.items()):
+                    metric.add_metric(list(lv), v)
+                yield metric
         for (name, text), (edges, counts, n, total) in sorted(s.histograms.items()):
             fam = HistogramMetricFamily(name, text)
             b = [(_le(e), c) for e, c in zip(edges, counts, strict=True)]
             b.append(("+Inf", n))
             fam.add_metric([], b, sum_value=total)
             yield fam
-        for (name, text, labels), values in sorted(s.gauges.items()):
-            gg = GaugeMetricFamily(name, text, labels=list(labels))
-            for lv, v in sorted(values.items()):
-                gg.add_metric(list(lv), v)
-            yield gg
 
 
 def _le(edge_s: float) -> str:

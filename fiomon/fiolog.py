@@ -31,7 +31,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout, Unit, candidate_layouts, detect_layout
 from fiomon.errors import LayoutError
 from fiomon.linescan import scan
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import RecordBatch, StreamInfo, row_sums
 from fiomon.problems import ProblemLog
 
 EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
@@ -159,9 +159,7 @@ class HistLogParser:
         keep, starts, ends, streams, stream_idx = self._assign(
             times, dirs, res.line_index + first_line
         )
-        cum = np.zeros(len(res.counts) + 1, dtype=np.int64)
-        np.cumsum(res.counts, out=cum[1:])
-        samples = cum[res.indptr[1:]] - cum[res.indptr[:-1]]
+        samples = row_sums(res.indptr, res.counts)
         batch = RecordBatch(
             layout=self.layout,
             streams=tuple(streams),

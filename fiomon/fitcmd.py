@@ -44,10 +44,10 @@ def run_fit(
         else:
             results = _per_quantum(paths, directions, source, problems, per_quantum_ms)
     except FiomonError as exc:
-        _problems(problems, err)
+        problems.write_to(err)
         err.write(f"fiomon fit: {exc}\n")
         return 1
-    _problems(problems, err)
+    problems.write_to(err)
     fitted = 0
     for label, end_ms, hist_fit in results:
         if isinstance(hist_fit, FitError):
@@ -60,11 +60,6 @@ def run_fit(
         else:
             out.write(describe(label if end_ms is None else f"{label} @ {end_ms}", hist_fit))
     return 0 if fitted else 1
-
-
-def _problems(problems: ProblemLog, err: TextIO) -> None:
-    for line in problems.summary_lines():
-        err.write(line + "\n")
 
 
 def _whole(
@@ -95,10 +90,7 @@ def _per_quantum(
     for path in paths:
         src = FileSource(path, "", source)
         try:
-            while not src.done:
-                b = src.next_batch()
-                if b is not None and len(b):
-                    batches.append(b)
+            batches.extend(src.batches())
         finally:
             src.close()
             problems.merge(src.problems)

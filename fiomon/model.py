@@ -120,9 +120,7 @@ class RecordBatch:
 
     def samples(self) -> npt.NDArray[np.int64]:
         """Per record, the number of I/Os it counts."""
-        cs = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=cs[1:])
-        return cs[self.indptr[1:]] - cs[self.indptr[:-1]]
+        return row_sums(self.indptr, self.counts)
 
     def dense(self) -> npt.NDArray[np.int64]:
         """Counts as a dense ``(records, nbins)`` array (for tests and small batches)."""
@@ -220,6 +218,14 @@ class RecordBatch:
             bins=np.concatenate([b.bins for b in batches]),
             counts=np.concatenate([b.counts for b in batches]),
         )
+
+
+def row_sums(indptr: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Sum of each CSR row of ``values`` (rows delimited by ``indptr``)."""
+    cs = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=cs[1:])
+    out: npt.NDArray[np.int64] = cs[indptr[1:]] - cs[indptr[:-1]]
+    return out
 
 
 def expand_ranges(

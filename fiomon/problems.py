@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from fiomon.errors import ParseError
 
@@ -82,6 +83,11 @@ class ProblemLog:
         """Number of problems that dropped data (warnings excluded)."""
         warn_kinds = {p.kind for p in self.kept if p.warning}
         return sum(n for k, n in self.counts.items() if k not in warn_kinds)
+
+    def write_to(self, err: TextIO) -> None:
+        """Write :meth:`summary_lines` to ``err``, one per line."""
+        for line in self.summary_lines():
+            err.write(line + "\n")
 
     def summary_lines(self) -> list[str]:
         """Kept messages, then one line per kind whose messages were cut."""

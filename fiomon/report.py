@@ -172,8 +172,7 @@ def run_report(
         for s in sources:
             log.merge(s.problems)
         summary.problems = log
-        for line in log.summary_lines():
-            err.write(line + "\n")
+        log.write_to(err)
         if summary.late_records:
             err.write(
                 f"fiomon: warning: {summary.late_records} records reached quanta that had "
@@ -296,8 +295,4 @@ def _step(source: FileSource, engine: QuantumEngine) -> _Step:
 
 def _first_batch(source: FileSource) -> RecordBatch | None:
     """Read chunks until the file yields records or ends."""
-    while not source.done:
-        batch = source.next_batch()
-        if batch is not None and len(batch):
-            return batch
-    return None
+    return next(source.batches(), None)

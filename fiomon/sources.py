@@ -8,6 +8,7 @@ close quanta behind the slowest one, keeping memory bounded for runs of any leng
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +117,13 @@ class FileSource:
             end = int(batch.end_ms.max())
             self.max_end_ms = end if self.max_end_ms is None else max(self.max_end_ms, end)
         return batch
+
+    def batches(self) -> Iterator[RecordBatch]:
+        """The non-empty batches still to come, read on demand."""
+        while not self.done:
+            batch = self.next_batch()
+            if batch is not None and len(batch):
+                yield batch
 
     def close(self) -> None:
         """Release the file handle."""

@@ -176,10 +176,7 @@ def collect(
             continue
         src = FileSource(path, host, source)
         try:
-            while not src.done:
-                batch = src.next_batch()
-                if batch is None or not len(batch):
-                    continue
+            for batch in src.batches():
                 if layout is None:
                     layout = batch.layout
                 if batch.layout.group_nr != layout.group_nr or batch.layout.unit != layout.unit:
@@ -229,8 +226,6 @@ def _add(acc: dict[int, _Acc], batch: RecordBatch, layout: BinLayout) -> None:
         a = acc.get(d)
         if a is None:
             a = acc[d] = _Acc(np.zeros(layout.nbins))
-        if len(a.hist) != layout.nbins:
-            a.hist = _coarsen_dense(a.hist, layout)
         np.add.at(a.hist, sel.bins, sel.counts.astype(np.float64))
         a.nbytes += float(sel.nbytes.sum())
         a.records += len(sel)
@@ -411,12 +406,10 @@ def main_summary(
             problems=problems,
         )
     except FiomonError as exc:
-        for line in problems.summary_lines():
-            err.write(line + "\n")
+        problems.write_to(err)
         err.write(f"fiomon summary: {exc}\n")
         return 1
-    for line in problems.summary_lines():
-        err.write(line + "\n")
+    problems.write_to(err)
     if fmt == "json":
         out.write(json.dumps([s.to_json() for s in stats], indent=1) + "\n")
     else:
