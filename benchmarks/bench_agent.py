@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _support import cpu_seconds, peak_rss_mb, start_broker
 
 from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.simulate import format_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "tests" / "fixtures" / "fio333_randrw_status.json"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def template_job() -> dict[str, object]:
@@ -66,41 +63,6 @@ def document(job: dict[str, object], jobs: int, tick: int, now_ms: int) -> str:
         "jobs": entries,
     }
     return json.dumps(doc, indent=2) + "\n"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    port = free_port()
-    conf = folder / "mosquitto.conf"
-    conf.write_text(f"user root\nlistener {port} 127.0.0.1\nallow_anonymous true\n")
-    proc = subprocess.Popen(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    for _ in range(200):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit("mosquitto did not start")
 
 
 def bench_agent(seconds: int, jobs: int, interval: float) -> None:

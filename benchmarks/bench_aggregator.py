@@ -22,9 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,41 +31,14 @@ from pathlib import Path
 
 import aiomqtt
 import numpy as np
+from _support import cpu_seconds, free_port, peak_rss_mb, start_broker
 from prometheus_client.parser import text_string_to_metric_families
 
 from fiomon.bins import BinLayout
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.wire import encode
 
-TICKS = os.sysconf("SC_CLK_TCK")
 PREFIX = "fiomonbench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    port = free_port()
-    conf = folder / "mosquitto.conf"
-    # Queue limits sized so QoS 1 telemetry is not dropped (REFERENCE.md §5).
-    conf.write_text(
-        f"user root\nlistener {port} 127.0.0.1\nallow_anonymous true\n"
-        "max_queued_messages 1000000\nmax_queued_bytes 1073741824\nmax_inflight_messages 1000\n"
-    )
-    proc = subprocess.Popen(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    for _ in range(200):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit("mosquitto did not start")
 
 
 def host_batch(host: int, jobs: int, end_ms: int, rng: np.random.Generator) -> RecordBatch:
@@ -165,18 +135,6 @@ def quantile_from_buckets(buckets: dict[tuple[tuple[str, str], ...], float], q: 
     return float("inf")
 
 
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / TICKS
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=1000)
@@ -185,7 +143,12 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        broker, mport = start_broker(folder)
+        broker, mport = start_broker(
+            folder,
+            # Queue limits sized so QoS 1 telemetry is not dropped (REFERENCE.md §5).
+            "max_queued_messages 1000000\nmax_queued_bytes 1073741824\n"
+            "max_inflight_messages 1000\n",
+        )
         hport = free_port()
         cfg = folder / "aggregator.yaml"
         cfg.write_text(
@@ -207,10 +170,10 @@ def main() -> int:
         )
         try:
             time.sleep(2.0)
-            c0, t0 = cpu_s(agg.pid), time.time()
+            c0, t0 = cpu_seconds(agg.pid), time.time()
             sent, spent = asyncio.run(generate(mport, args.hosts, args.jobs, args.seconds))
             time.sleep(7.0)  # lateness + a tick: every quantum closed
-            c1, t1 = cpu_s(agg.pid), time.time()
+            c1, t1 = cpu_seconds(agg.pid), time.time()
             m = scrape(hport)
             rss = peak_rss_mb(agg.pid)
         finally:
