@@ -136,7 +136,6 @@ class AggregatorCore:
                     closed = last
             if closed is not None and self.engine is not None:
                 self.engine.close_through(closed)
-                self._closed_ms = closed
         elif grid is not None:
             log.warning("quantum changed since the last run: its journal starts a new grid")
         ends: dict[int, int] = {}
@@ -391,7 +390,6 @@ class AggregatorCore:
 
     def _save_grid(self, closed_ms: int) -> None:
         """After the quanta file: remember the grid and how far it was published."""
-        self._closed_ms = closed_ms
         if self.state_path is None or self.engine is None or self.journal is None:
             return
         lay = self.engine.layout
@@ -406,8 +404,6 @@ class AggregatorCore:
         except OSError as exc:
             log.error("cannot save %s: %s", self.state_path, exc)
         self.journal.release(closed_ms)
-
-    _closed_ms: int | None = None
 
     # -- exporter snapshot ----------------------------------------------------------------
 
@@ -481,11 +477,7 @@ class AggregatorCore:
                 (),
             ): {(): float(sum(self.online.values()))},
             ("fiomon_streams", "Streams tracked for dedup.", ()): {(): float(len(self.tracker))},
-            (
-                "fiomon_cluster_latency_saturated",
-                "1 if the percentile fell in fio's last bin (the value is a lower bound).",
-                ("direction", "quantile"),
-            ): saturated or dict(prev.gauges.get(_SAT_KEY, {})),
+            _SAT_KEY: saturated or dict(prev.gauges.get(_SAT_KEY, {})),
             _IOPS_KEY: rates,
             _BPS_KEY: throughput,
         }

@@ -15,7 +15,7 @@ from fiomon.align import auto_phase
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
 from fiomon.fit import Fit, FitError, describe, fit_histogram
-from fiomon.model import RecordBatch
+from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.problems import ProblemLog
 from fiomon.sources import FileSource, SourceOptions
 from fiomon.summary import Filters, collect
@@ -66,7 +66,7 @@ def _whole(
     paths: Sequence[Path], directions: Sequence[str], source: SourceOptions, problems: ProblemLog
 ) -> list[tuple[str, int | None, Fit | FitError]]:
     layout, acc = collect(paths, Filters(), source, problems)
-    hists = {("read", "write", "trim")[d]: a.hist for d, a in acc.items()}
+    hists = {DIRECTION_LABELS[d]: a.hist for d, a in acc.items()}
     if acc:
         hists["all"] = np.sum([a.hist for a in acc.values()], axis=0)
     out: list[tuple[str, int | None, Fit | FitError]] = []
