@@ -94,6 +94,13 @@ class JsonSplitter:
                 break
             try:
                 doc, end = self._decoder.raw_decode(buf, start)
+            except RecursionError:
+                # Nesting deeper than the interpreter's stack: hostile or broken, not fio.
+                self.problems.report(
+                    self.source, self._line, "json", "invalid JSON document: nested too deeply"
+                )
+                pos = self._skip_document(buf, start)
+                continue
             except json.JSONDecodeError as exc:
                 incomplete = exc.pos >= len(buf) - 1 or (
                     exc.msg.startswith("Unterminated string") and '"' not in buf[exc.pos + 1 :]
@@ -117,10 +124,13 @@ class JsonSplitter:
                     else f"invalid JSON document: {exc.msg}"
                 )
                 self.problems.report(self.source, self._line, "json", reason)
-                nxt = buf.find("\n{", start + 1)
-                cut = len(buf) if nxt < 0 else nxt + 1
-                self._line += buf.count("\n", start, cut)
-                pos = cut
+                pos = self._skip_document(buf, start)
+                continue
+            except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                self.problems.report(
+                    self.source, self._line, "json", f"invalid JSON document: {exc}"[:200]
+                )
+                pos = self._skip_document(buf, start)
                 continue
             self._line += buf.count("\n", start, end)
             pos = end
@@ -130,6 +140,13 @@ class JsonSplitter:
             else:
                 self.problems.report(self.source, self._line, "json", "JSON value is not an object")
         self._buf = buf[pos:]
+
+    def _skip_document(self, buf: str, start: int) -> int:
+        """Where to go on after a broken document at ``start``: the next line opening one."""
+        nxt = buf.find("\n{", start + 1)
+        cut = len(buf) if nxt < 0 else nxt + 1
+        self._line += buf.count("\n", start, cut)
+        return cut
 
 
 @dataclass(slots=True)
@@ -168,6 +185,26 @@ class JsonStatusParser:
         self._jobs: dict[tuple[int, str], _JobState] = {}
         self._index_cache: dict[str, int] = {}
         self.records = 0
+        self.hist_prefixes: set[str] = set()
+
+    def _note_hist_prefixes(self, doc: dict[str, Any]) -> None:
+        """Remember the ``write_hist_log`` prefixes the document's jobs write to.
+
+        fio lists command-line and ``[global]`` options under ``global options`` and a
+        job's own under its ``job options``; the hist logs of those jobs describe the same
+        I/Os as this stream (see :mod:`fiomon.overlap`).
+        """
+        sections = [doc.get("global options")]
+        jobs = doc.get("jobs")
+        if isinstance(jobs, list):
+            sections.extend(j.get("job options") for j in jobs if isinstance(j, dict))
+        for opts in sections:
+            if not isinstance(opts, dict):
+                continue
+            prefix = opts.get("write_hist_log")
+            fits = len(self.hist_prefixes) < _MAX_PREFIXES
+            if isinstance(prefix, str) and 0 < len(prefix) <= 4096 and fits:
+                self.hist_prefixes.add(prefix)
 
     def feed(self, data: bytes) -> RecordBatch | None:
         """Records of every document completed by ``data`` (``None`` if there are none)."""
@@ -183,7 +220,17 @@ class JsonStatusParser:
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
         rows: list[_Row] = []
         for doc in docs:
-            rows.extend(self._document(doc))
+            self._note_hist_prefixes(doc)
+            try:
+                rows.extend(self._document(doc))
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+                # Values fio never writes (huge numbers, odd types): skip the document.
+                self.problems.report(
+                    self.source,
+                    self.splitter._line,
+                    "json-shape",
+                    f"document has values fio does not write ({type(exc).__name__})",
+                )
         if not rows:
             return None
         streams: dict[StreamInfo, int] = {}
@@ -209,7 +256,7 @@ class JsonStatusParser:
         line = self.splitter._line
         ts = doc.get("timestamp_ms")
         jobs = doc.get("jobs")
-        if not isinstance(ts, int) or not isinstance(jobs, list):
+        if not _is_int(ts, _MAX_MS) or not isinstance(jobs, list):
             self.problems.report(
                 self.source,
                 line,
@@ -256,7 +303,7 @@ class JsonStatusParser:
             )
         if state.last_ts is None:
             runtime = job.get("job_runtime")
-            span = runtime if isinstance(runtime, int) and runtime > 0 else 0
+            span = runtime if _is_int(runtime, _MAX_MS) else 0
             start = ts - span
         else:
             start = state.last_ts
@@ -335,10 +382,15 @@ class JsonStatusParser:
                 self.source, line, "negative", f"{label}.clat_ns.bins has negative values"
             )
             return None
+        if len(vals) and int(vals.max()) > _MAX_COUNT:
+            self.problems.report(
+                self.source, line, "overflow", f"{label}.clat_ns.bins has counts above 2**53"
+            )
+            return None
         dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)
         np.add.at(dense, idx, vals)
         io_bytes = section.get("io_bytes", 0)
-        return dense, io_bytes if isinstance(io_bytes, int) else 0
+        return dense, io_bytes if _is_int(io_bytes, _MAX_COUNT) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +405,14 @@ class _Row:
 
 
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
+_MAX_PREFIXES = 4096  # distinct write_hist_log prefixes remembered per stream
+_MAX_MS = 10**14  # epoch ms in the year 5138: anything larger is not a fio time
+_MAX_COUNT = 2**53  # sums of counts and bytes stay exact in int64 and float64
+
+
+def _is_int(value: object, upper: int) -> bool:
+    """A real int (not a bool) in ``[0, upper]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= upper
 
 
 def _decreased(old: npt.NDArray[np.int64], new: npt.NDArray[np.int64]) -> bool:

@@ -36,6 +36,7 @@ from fiomon.problems import ProblemLog
 
 EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
 DEFAULT_INTERVAL_MS = 1000
+MAX_LINE_BYTES = 1 << 20  # a 1859-column line is at most ~40 kB; 1 MiB leaves room for any GROUP_NR
 READ_CHUNK = 4 << 20
 
 TimeKind = Literal["epoch", "relative"]
@@ -51,12 +52,15 @@ class HistLogOptions:
         group_nr: force fio's GROUP_NR (``--group-nr``); ``None`` detects it.
         unit: force the bin unit (``"us"`` for fio 2 logs); ``None`` detects it.
         time_offset_ms: added to relative stamps to place them on a common clock.
+        max_line_bytes: a longer line is skipped to its newline and reported
+            (``line-too-long``); memory never holds more of it than this.
     """
 
     interval_ms: int | None = None
     group_nr: int | None = None
     unit: Unit | None = None
     time_offset_ms: int = 0
+    max_line_bytes: int = MAX_LINE_BYTES
 
 
 class HistLogParser:
@@ -88,6 +92,7 @@ class HistLogParser:
         self.records = 0
         self._ncols: int | None = None
         self._tail = b""
+        self._skipping = False  # inside a line over max_line_bytes: drop bytes to its newline
         self._last_end: dict[int, int] = {}
         self._segment = 0
         self._segment_max = -1
@@ -101,19 +106,42 @@ class HistLogParser:
     def feed(self, data: bytes) -> RecordBatch | None:
         """Parse the complete lines of ``self._tail + data``.
 
+        An incomplete last line is kept for the next call, up to ``max_line_bytes``;
+        beyond that it is reported once and its bytes are dropped up to its newline, so
+        a line that never ends costs no memory.
+
         Returns:
             The records, or ``None`` when no complete line was new or the layout is
             unknown (a :class:`LayoutError` problem has been reported then).
         """
-        buf = self._tail + data
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return None
+            self._skipping = False
+            self.lines_seen += 1  # the over-long line, reported when it began
+            data = data[end + 1 :]
+        buf = self._tail + data if self._tail else data
         cut = buf.rfind(b"\n") + 1
         self._tail = buf[cut:]
-        if cut == 0:
-            return None
-        return self._parse(buf[:cut])
+        batch = self._parse(buf[:cut]) if cut else None
+        if len(self._tail) > self.options.max_line_bytes:
+            self._tail = b""
+            self._skipping = True
+            self._report_long(self.lines_seen + 1)
+        return batch
+
+    def _report_long(self, line_no: int) -> None:
+        limit = self.options.max_line_bytes
+        self.problems.report(
+            self.source, line_no, "line-too-long", f"line longer than {limit} bytes: skipped"
+        )
 
     def finish(self) -> RecordBatch | None:
         """End of input: an incomplete last line is reported as truncated."""
+        if self._skipping:  # already reported as too long
+            self._skipping = False
+            self.lines_seen += 1
         if self._tail:
             line_no = self.lines_seen + 1
             self._tail = b""
@@ -129,7 +157,7 @@ class HistLogParser:
 
     def _parse(self, buf: bytes) -> RecordBatch | None:
         first_line = self.lines_seen + 1
-        res = scan(buf, self._ncols, prefer=self._fits_layout)
+        res = scan(buf, self._ncols, prefer=self._fits_layout, max_line=self.options.max_line_bytes)
         self.lines_seen += res.lines
         for bad in res.bad:
             self.problems.report(self.source, first_line + bad.index, bad.kind, bad.reason)

@@ -100,6 +100,9 @@ def _slow_line(line: bytes, ncols: int | None) -> tuple[bytes | None, str, str]:
         if not f:
             return None, "empty-field", f"field {i} is empty"
         if _INT_RE.fullmatch(f):
+            if len(f) > _MAX_DIGITS:
+                # fio's counts and stamps are int64; more digits cannot be a fio value.
+                return None, "overflow", f"field {i} has {len(f)} digits (more than 18)"
             continue
         text = f.decode("ascii", "replace")[:20]
         if _NEG_RE.fullmatch(f):
@@ -203,14 +206,27 @@ def _choose(counts: I64, prefer: Callable[[int], bool] | None) -> int:
     return ranked[0]
 
 
-def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | None = None) -> Scan:
+def scan(
+    buf: bytes,
+    ncols: int | None = None,
+    prefer: Callable[[int], bool] | None = None,
+    max_line: int | None = None,
+) -> Scan:
     """Scan complete lines (``buf`` ends with a newline, or is empty).
+
+    Never raises on content: every line is either accepted or listed in ``bad`` with a
+    reason (fields of more than 18 digits included).
 
     Args:
         buf: the bytes of whole lines.
         ncols: expected fields per line; ``None`` takes the most common count among
             well-formed lines, preferring counts that ``prefer`` accepts.
         prefer: predicate on a field count (e.g. "fits a fio bin layout").
+        max_line: lines longer than this many bytes are rejected (``line-too-long``)
+            without being parsed.
+
+    Raises:
+        ValueError: ``buf`` does not end with a newline (a caller's mistake).
     """
     if not buf:
         return _empty_scan(ncols or 0)
@@ -219,17 +235,27 @@ def scan(buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | N
         raise ValueError(msg)
     if b"\r" in buf:
         buf = buf.replace(b"\r\n", b"\n")
-    if len(buf) <= _SMALL_BYTES:
+    if len(buf) <= _SMALL_BYTES and (max_line is None or len(buf) <= max_line):
         small = _scan_small(buf, ncols, prefer)
         if small is not None:
             return small
-    return scan_vectorised(buf, ncols, prefer)
+    return scan_vectorised(buf, ncols, prefer, max_line=max_line)
 
 
 def scan_vectorised(
-    buf: bytes, ncols: int | None = None, prefer: Callable[[int], bool] | None = None
+    buf: bytes,
+    ncols: int | None = None,
+    prefer: Callable[[int], bool] | None = None,
+    *,
+    max_line: int | None = None,
+    _checked: bool = False,
 ) -> Scan:
-    """:func:`scan` without the small-input shortcut (for tests and large inputs)."""
+    """:func:`scan` without the small-input shortcut (for tests and large inputs).
+
+    ``_checked`` marks a buffer that :func:`_rescan` already re-wrote line by line: any
+    line that still fails the fast path is rejected here rather than re-scanned again, so
+    no input can make the two call each other without end.
+    """
     if not buf:
         return _empty_scan(ncols or 0)
     a = np.frombuffer(buf, dtype=np.uint8)
@@ -237,6 +263,18 @@ def scan_vectorised(
     nl = np.flatnonzero(isnl)
     if len(nl) == 0:
         return _empty_scan(ncols or 0)
+    if max_line is not None and len(buf) > max_line:
+        too_long = np.diff(nl, prepend=-1) - 1 > max_line
+        if too_long.any():
+            line_ok = ~too_long & _line_ok_slow(a, comma, nl, _violations(a, isd, comma, sep))
+            if ncols is None:
+                ncols = _mode_fields(a, comma, nl, line_ok, prefer)
+            res = _rescan(buf, nl, line_ok, ncols, too_long=too_long, max_line=max_line)
+            return replace(res, lines=len(nl))
+    if _checked and (width == 0 or not canonical):
+        # Cannot happen for a buffer _rescan re-wrote; reject rather than loop.
+        bad = [BadLine(i, "malformed", "not a line of integers") for i in range(len(nl))]
+        return replace(_with_bad(_empty_scan(ncols or 0), bad), lines=len(nl))
     if width == 0 or not canonical:
         # Per-line checks find the offending lines; the rest is re-written canonically.
         line_ok = _line_ok_slow(a, comma, nl, _violations(a, isd, comma, sep))
@@ -245,8 +283,13 @@ def scan_vectorised(
         return replace(_rescan(buf, nl, line_ok, ncols), lines=len(nl))
     toks = _Tokens(a, isd, sep, nl, width)
     if ncols is None:
-        ncols = _choose(toks.fields, prefer)
-    line_ok = toks.fields == ncols
+        ncols = _choose(toks.fields[~toks.has_long], prefer)
+    line_ok = (toks.fields == ncols) & ~toks.has_long
+    if _checked and not line_ok.all():
+        # A re-written buffer still holds canonical lines with another field count or a
+        # digit run too long for int64: name them, and fast-scan the others alone (each
+        # is well-formed on its own, so the second pass accepts all of them).
+        return replace(_split_checked(buf, nl, toks, ncols), lines=len(nl))
     if not line_ok.all():
         return replace(_rescan(buf, nl, line_ok, ncols), lines=len(nl))
     return replace(toks.result(a, isd, ncols, np.arange(len(nl), dtype=np.int64)), lines=len(nl))
@@ -397,9 +440,17 @@ class _Tokens:
         x_total = xc[first[1:]] - xc[first[:-1]]
         line_len = nl - self.starts
         self.fields = (line_len - x_total + width) // (1 + width)
+        # A digit run longer than int64 can hold is decoded only in part, so its line's
+        # field arithmetic is off: such lines never take the fast path.
+        self.has_long = np.zeros(len(nl), dtype=np.bool_)
+        self.has_long[self.row[self.ndig > _MAX_DIGITS]] = True
 
     def result(
-        self, a: npt.NDArray[np.uint8], isd: npt.NDArray[np.bool_], ncols: int, line_index: I64
+        self,
+        a: npt.NDArray[np.uint8],
+        isd: npt.NDArray[np.bool_],
+        ncols: int,
+        line_index: I64,
     ) -> Scan:
         """The scan of these lines (all of which have ``ncols`` fields)."""
         nlines = len(self.nl)
@@ -436,12 +487,51 @@ class _Tokens:
         return Scan(ncols, line_index, header, indptr, col.astype(np.int32), vals, bad)
 
 
+def _split_checked(buf: bytes, nl: I64, toks: _Tokens, ncols: int) -> Scan:
+    """:func:`scan_vectorised` of a re-written buffer whose lines are not all ``ncols`` wide."""
+    starts = np.concatenate(([0], nl[:-1] + 1))
+    bad: list[BadLine] = []
+    keep: list[int] = []
+    for i in range(len(nl)):
+        if toks.has_long[i]:
+            bad.append(BadLine(i, "overflow", "a value has more than 18 digits"))
+        elif toks.fields[i] != ncols:
+            bad.append(BadLine(i, "columns", f"has {int(toks.fields[i])} fields, expected {ncols}"))
+        else:
+            keep.append(i)
+    if not keep:
+        return _with_bad(_empty_scan(ncols), bad)
+    clean = b"".join(buf[int(starts[i]) : int(nl[i]) + 1] for i in keep)
+    a = np.frombuffer(clean, dtype=np.uint8)
+    isd, _, sep, isnl, canonical, width = _masks(a)
+    inner_nl = np.flatnonzero(isnl)
+    inner = _Tokens(a, isd, sep, inner_nl, width)
+    if not canonical or width == 0 or not ((inner.fields == ncols) & ~inner.has_long).all():
+        # Cannot happen (each kept line passed alone); reject rather than loop.
+        bad.extend(BadLine(i, "malformed", "not a line of integers") for i in keep)
+        return _with_bad(_empty_scan(ncols), sorted(bad, key=lambda b: b.index))
+    idx = np.asarray(keep, dtype=np.int64)
+    res = inner.result(a, isd, ncols, idx)
+    return _with_bad(res, sorted(bad + res.bad, key=lambda b: b.index))
+
+
 def _with_bad(s: Scan, bad: list[BadLine]) -> Scan:
     return Scan(s.ncols, s.line_index, s.header, s.indptr, s.bins, s.counts, bad)
 
 
-def _rescan(buf: bytes, nl: I64, line_ok: npt.NDArray[np.bool_], ncols: int) -> Scan:
-    """Slow-path the offending lines, then fast-scan the rest in one canonical buffer."""
+def _rescan(
+    buf: bytes,
+    nl: I64,
+    line_ok: npt.NDArray[np.bool_],
+    ncols: int,
+    *,
+    too_long: npt.NDArray[np.bool_] | None = None,
+    max_line: int | None = None,
+) -> Scan:
+    """Slow-path the offending lines, then fast-scan the rest in one canonical buffer.
+
+    Lines marked ``too_long`` are rejected unread.
+    """
     starts = np.concatenate(([0], nl[:-1] + 1))
     pieces: list[bytes] = []
     index: list[int] = []
@@ -455,6 +545,9 @@ def _rescan(buf: bytes, nl: I64, line_ok: npt.NDArray[np.bool_], ncols: int) -> 
             index.extend(range(lo, hi))
             continue
         for i in range(lo, hi):
+            if too_long is not None and too_long[i]:
+                bad.append(BadLine(i, "line-too-long", f"line longer than {max_line} bytes"))
+                continue
             fixed, kind, reason = _slow_line(buf[int(starts[i]) : int(nl[i])], ncols)
             if fixed is None:
                 bad.append(BadLine(i, kind, reason))
@@ -464,7 +557,7 @@ def _rescan(buf: bytes, nl: I64, line_ok: npt.NDArray[np.bool_], ncols: int) -> 
     clean = b"".join(pieces)
     res = _empty_scan(ncols)
     if clean:
-        inner = scan(clean, ncols)
+        inner = scan_vectorised(clean, ncols, _checked=True)
         # Every line of ``clean`` is canonical with ``ncols`` fields, so inner.bad holds
         # only overflow lines; map its indices back to ours.
         idx = np.asarray(index, dtype=np.int64)
