@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -410,7 +410,7 @@ _MAX_MS = 10**14  # epoch ms in the year 5138: anything larger is not a fio time
 _MAX_COUNT = 2**53  # sums of counts and bytes stay exact in int64 and float64
 
 
-def _is_int(value: object, upper: int) -> bool:
+def _is_int(value: object, upper: int) -> TypeGuard[int]:
     """A real int (not a bool) in ``[0, upper]``."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= upper
 
