@@ -4,12 +4,20 @@ Three tasks in one TaskGroup:
 
 * **read**: every ``flush_interval`` the :class:`~fiomon.follow.Follower` reads what is new
   (in a worker thread; every ``poll_interval`` it also looks for new files) and appends the
-  encoded messages to the on-disk :class:`~fiomon.spool.Spool`;
+  encoded messages to the on-disk :class:`~fiomon.spool.Spool` (reading pauses while the
+  spool is full because its disk refuses writes);
 * **publish**: one connection loop (capped, jittered backoff) that publishes the spool
   oldest first at QoS 1, and pops a message only after its PUBACK; it also keeps the
   retained status topic (``online`` with counters, as a heartbeat; the Will says
   ``offline``);
-* **checkpoint**: saves the acknowledged positions atomically.
+* **checkpoint**: saves the acknowledged positions atomically, at most every
+  ``CHECKPOINT_S`` and only when they changed. When the state directory refuses the
+  write (full, read-only, I/O error) the agent keeps running on the last positions that
+  were durable, logs the episode once, counts it and flags it in the status topic.
+
+After ``kill -9`` the next start re-sends what had not been acknowledged plus what was
+acknowledged since the last checkpoint (at most ``CHECKPOINT_S`` of publishing); the
+aggregator drops those as duplicates.
 
 Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
 ``grace_s``, a retained ``offline`` status is published, and the positions are saved.
@@ -23,6 +31,7 @@ import contextlib
 import json
 import logging
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,13 +40,16 @@ from dataclasses import asdict, dataclass, field
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.config import AgentConfig
-from fiomon.follow import Follower, Outgoing
+from fiomon.config import AgentConfig, watch_warnings
+from fiomon.follow import Follower
 from fiomon.mqtt import Backoff, Topics, make_client
+from fiomon.positions import load_positions, save_positions
 from fiomon.runtime import keep_alive, sd_notify
-from fiomon.spool import Spool, load_positions, save_positions
+from fiomon.spool import Outgoing, Spool
 
 log = logging.getLogger("fiomon.agent")
+
+CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
 
 
 @dataclass(slots=True)
@@ -48,6 +60,8 @@ class AgentCounters:
     records_sent: int = 0
     publish_failures: int = 0
     connects: int = 0
+    state_write_errors: int = 0
+    read_pauses: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
 
 
@@ -73,15 +87,19 @@ class Agent:
         self.topics = Topics(cfg.topic_prefix)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.positions_path = cfg.state_dir / "positions.json"
-        resume, problems = load_positions(self.positions_path)
+        state, problems = load_positions(self.positions_path)
         for p in problems:
             log.warning("%s", p)
         self.follower = Follower(
             cfg.watch,
             agent=cfg.host,
             max_message_bytes=cfg.max_message_bytes,
-            resume=resume,
+            state=state,
             log_hist_msec=cfg.log_hist_msec,
+            max_open_files=cfg.max_open_files,
+            max_line_bytes=cfg.max_line_bytes,
+            max_document_bytes=cfg.max_document_bytes,
+            rename_grace_s=cfg.rename_grace_ms / 1000,
         )
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}
@@ -89,7 +107,15 @@ class Agent:
         self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
-        self._saved: dict[str, dict[str, object]] | None = None
+        self._saved: dict[str, object] | None = None
+        # Streams the positions file on disk knows: a stream's first record goes out only
+        # once it is listed there, so a crash right after can never give its file a new
+        # stream id at the next start (which would count its records twice).
+        self._durable = set(state.streams)
+        self.state_error: str | None = None  # the state directory refuses writes
+        # Reading and checkpointing run in worker threads; the follower is not thread-safe.
+        self._follow_lock = threading.Lock()
+        self._paused = False
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -103,6 +129,8 @@ class Agent:
             self.cfg.broker.host,
             self.cfg.broker.port,
         )
+        for warning in watch_warnings(self.cfg):
+            log.warning("%s", warning)
         name = f"fiomon[{self.cfg.host}]"
         try:
             async with asyncio.TaskGroup() as tg:
@@ -139,18 +167,37 @@ class Agent:
             while not stop.is_set():
                 now = loop.time()
                 look = now >= next_look
-                if look or now >= next_read:
+                if (look or now >= next_read) and not self._pause_for_spool():
                     messages = await asyncio.to_thread(self._poll_files, look)
                     self._enqueue(messages)
                     next_read = now + flush
                     if look:
                         next_look = now + poll
+                elif self._paused:
+                    next_read = now + flush
                 wait = max(0.0, min(next_read, next_look) - loop.time())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
         finally:
             self._reading_done.set()
             self._wake.set()
+
+    def _pause_for_spool(self) -> bool:
+        """Whether reading waits: the spool's disk fails and its memory fallback is full."""
+        full = self.spool.full
+        if full and not self._paused:
+            self.counters.read_pauses += 1
+            log.warning(
+                "reading paused: the spool cannot write to disk (%s) and holds %d bytes in "
+                "memory; it resumes as messages are published (nothing is lost: positions "
+                "advance only on acknowledgement)",
+                self.spool.disk_error,
+                self.spool.memory_bytes,
+            )
+        elif not full and self._paused:
+            log.info("reading resumed")
+        self._paused = full
+        return full
 
     def _status_line(self) -> str:
         f = self.follower.stats
@@ -160,7 +207,8 @@ class Agent:
         )
 
     def _poll_files(self, discover: bool) -> list[Outgoing]:
-        return list(self.follower.poll(discover=discover))
+        with self._follow_lock:
+            return list(self.follower.poll(discover=discover))
 
     def _enqueue(self, messages: list[Outgoing]) -> None:
         for m in messages:
@@ -218,6 +266,11 @@ class Agent:
         topic = self.topics.records(self.cfg.host)
         while True:
             msg = self.spool.peek()
+            if msg is not None and msg.stream not in self._durable:
+                await asyncio.to_thread(self._save_positions)
+                if msg.stream not in self._durable and self.state_error is None:
+                    log.error("stream %s missing from the saved positions", msg.stream)
+                self._durable.add(msg.stream)  # saved, or the state dir fails (flagged)
             if msg is not None:
                 await client.publish(topic, msg.payload, qos=1)
                 self.spool.pop()
@@ -253,6 +306,14 @@ class Agent:
             bad_input=dict(f.problems),
             spooled_messages=len(self.spool),
             spooled_bytes=self.spool.bytes,
+            spool_disk_errors=self.spool.disk_errors,
+            files_closed=f.files_closed,
+            files_covered=f.files_covered,
+            files_waiting=f.files_waiting,
+            renames=f.renames,
+            rewrites=f.rewrites,
+            open_errors=f.open_errors,
+            patterns_idle=f.patterns_idle,
         )
         return {
             "state": state,
@@ -260,26 +321,52 @@ class Agent:
             "instance": self.instance,
             "version": __version__,
             "time_ms": self._now_ms(),
+            "faults": {
+                "state_dir": self.state_error,
+                "spool_disk": self.spool.disk_error,
+                "reading_paused": self._paused,
+            },
             "counters": counters,
         }
 
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
-        interval = max(1.0, self.cfg.flush_interval_ms / 1000)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
             await asyncio.to_thread(self._save_positions)
 
     def _save_positions(self) -> None:
-        positions = self.follower.positions(self.acked)
-        doc = {p: r.to_json() for p, r in positions.items()}
+        """Save the positions if they changed; a refusing state directory is a state."""
+        with self._follow_lock:
+            known = self.follower.streams()
+            for stream in [s for s in self.acked if s not in known]:
+                del self.acked[stream]  # forgotten by the follower: keep this bounded too
+            state = self.follower.state(dict(self.acked))
+        doc = state.to_json()
         if doc == self._saved:
             return
         try:
-            save_positions(self.positions_path, positions)
+            save_positions(self.positions_path, state)
+            self._durable = set(state.streams)
         except OSError as exc:
-            log.error("cannot save positions to %s: %s", self.positions_path, exc)
+            self.counters.state_write_errors += 1
+            reason = exc.strerror or str(exc)
+            if self.state_error is None:
+                log.error(
+                    "cannot save positions to %s (%s): running on, a restart would re-send "
+                    "from the last saved positions; retrying",
+                    self.positions_path,
+                    reason,
+                )
+            self.state_error = reason
             return
+        if self.state_error is not None:
+            log.warning(
+                "positions saved again to %s after %d failed writes",
+                self.positions_path,
+                self.counters.state_write_errors,
+            )
+            self.state_error = None
         self._saved = doc
 
 

@@ -470,19 +470,27 @@ def _check_config(args: argparse.Namespace) -> int:
         agent_config_from,
         aggregator_config_from,
         read_yaml,
+        readable_files,
+        watch_warnings,
     )
 
     try:
         data = read_yaml(args.file)
         if isinstance(data, dict) and "watch" in data:
             agent = agent_config_from(data, source=str(args.file))
+            problems = readable_files(agent.broker)
+            for warning in watch_warnings(agent):
+                print(f"{args.file}: warning: {warning}", file=sys.stderr)
             text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
         else:
             agg = aggregator_config_from(data, source=str(args.file))
+            problems = readable_files(agg.broker)
             text = (
                 f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
                 f"/metrics on {agg.listen})"
             )
+        if problems:
+            raise ConfigError([f"{args.file}: {p}" for p in problems])
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

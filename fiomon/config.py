@@ -126,6 +126,12 @@ class AgentConfig:
         max_message_bytes: cap on one MQTT message (many records each).
         heartbeat_interval_ms: how often the counters are published on the status topic.
         log_hist_msec: ``log_hist_msec`` of the hist logs (None: inferred from spacing).
+        max_open_files: files held open at most; quiet ones are closed (and reopened when
+            they change) to stay under it, and under the process's descriptor limit.
+        max_line_bytes: a longer hist-log line is skipped and counted.
+        max_document_bytes: a larger json+ document is skipped and counted.
+        rename_grace_ms: a file renamed to a name ``watch`` does not match is still
+            followed until it has been quiet this long.
     """
 
     watch: tuple[str, ...]
@@ -139,6 +145,10 @@ class AgentConfig:
     max_message_bytes: int = 256 * 1024
     heartbeat_interval_ms: int = 10_000
     log_hist_msec: int | None = None
+    max_open_files: int = 256
+    max_line_bytes: int = 1024**2
+    max_document_bytes: int = 64 * 1024**2
+    rename_grace_ms: int = 60_000
 
 
 class _Reader:
@@ -284,24 +294,111 @@ _topic_prefix = _matching(_TOPIC_RE, "topic levels of letters, digits, '_', '.',
 _host = _matching(_HOST_RE, "1-128 letters, digits, '_', '.', '-' (a topic level)")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain ``safe_load`` keeps the last value silently: ``port: 1883`` followed further
+    down by ``port: 8883`` would run with a setting the reader never noticed.
+    """
+
+    duplicates: list[str]
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: PyYAML reports it itself
+                continue
+            if dup:
+                line = key_node.start_mark.line + 1
+                self.duplicates.append(f"line {line}: key {key!r} given twice")
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few kB; anything this large is a mistake
+
+
 def read_yaml(path: Path) -> object:
     """The YAML document in ``path``.
 
     Raises:
-        ConfigError: unreadable or not YAML (with the line of the syntax error).
+        ConfigError: unreadable, not text, too large, not YAML (with the line of the
+            syntax error), or a key given twice in one mapping.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         msg = f"{path}: cannot read ({exc.strerror or exc})"
         raise ConfigError([msg]) from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        msg = f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a fiomon configuration"
+        raise ConfigError([msg])
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"{path}: not a text file (byte {exc.start} is not UTF-8)"
+        raise ConfigError([msg]) from exc
+    if "\x00" in text:
+        msg = f"{path}: not a text file (it holds NUL bytes)"
+        raise ConfigError([msg])
+    loader = _StrictLoader(text)
+    loader.duplicates = []
+    try:
+        data = loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         msg = f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})"
         raise ConfigError([msg]) from exc
+    except RecursionError as exc:
+        msg = f"{path}: not a fiomon configuration (nested too deeply)"
+        raise ConfigError([msg]) from exc
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise ConfigError([f"{path}: {d}" for d in loader.duplicates])
+    return data
+
+
+def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
+    """Problems with the files the broker settings name (password, TLS), each with its key.
+
+    Checked at start by the services and by ``fiomon check-config``, so a missing or
+    unreadable file is a clear error there rather than a traceback at the first connect.
+    """
+    named: list[tuple[str, Path | None]] = [("password_file", broker.password_file)]
+    if broker.tls is not None:
+        named += [
+            ("tls.ca_file", broker.tls.ca_file),
+            ("tls.cert_file", broker.tls.cert_file),
+            ("tls.key_file", broker.tls.key_file),
+        ]
+    problems = []
+    for key, path in named:
+        if path is None:
+            continue
+        try:
+            with path.open("rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            problems.append(f"{section}.{key}: cannot read {path} ({exc.strerror or exc})")
+    return problems
+
+
+def watch_warnings(cfg: AgentConfig) -> list[str]:
+    """Watch patterns whose folder does not exist (not errors: fio may create them later)."""
+    out = []
+    for i, pattern in enumerate(cfg.watch):
+        folder = Path(pattern).parent
+        if not any(c in str(folder) for c in "*?[") and not folder.is_dir():
+            out.append(
+                f"watch[{i}]: folder {folder} does not exist (yet): {pattern!r} matches nothing"
+            )
+    return out
 
 
 def _broker(r: _Reader, data: object) -> BrokerConfig:
@@ -351,6 +448,10 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
         "max_message_size",
         "heartbeat_interval",
         "log_hist_msec",
+        "max_open_files",
+        "max_line_size",
+        "max_document_size",
+        "rename_grace",
     }
     top = r.section(data, "", known)
     r.require(top, "", "watch")
@@ -368,6 +469,10 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
         max_message_bytes=r.get(top, "", "max_message_size", _size(16 * 1024), 256 * 1024),
         heartbeat_interval_ms=r.get(top, "", "heartbeat_interval", _duration_ms(100), 10_000),
         log_hist_msec=r.get(top, "", "log_hist_msec", _opt_int_in(1, 3_600_000), None),
+        max_open_files=r.get(top, "", "max_open_files", _int_in(4, 1_000_000), 256),
+        max_line_bytes=r.get(top, "", "max_line_size", _size(64 * 1024), 1024**2),
+        max_document_bytes=r.get(top, "", "max_document_size", _size(1024**2), 64 * 1024**2),
+        rename_grace_ms=r.get(top, "", "rename_grace", _duration_ms(0), 60_000),
     )
     if cfg.max_message_bytes > cfg.spool_bytes:
         r.problems.append("max_message_size: must not exceed spool_size")
@@ -692,18 +797,28 @@ _AGG_RENAMED = {
 
 
 def load_aggregator_config(path: Path) -> AggregatorConfig:
-    """Read and validate the aggregator's YAML file.
+    """Read and validate the aggregator's YAML file, and the files it names.
 
     Raises:
-        ConfigError: unreadable, not YAML, or any key invalid (all listed at once).
+        ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
+            unreadable (all listed at once).
     """
-    return aggregator_config_from(read_yaml(path), source=str(path))
+    cfg = aggregator_config_from(read_yaml(path), source=str(path))
+    problems = readable_files(cfg.broker)
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return cfg
 
 
 def load_agent_config(path: Path) -> AgentConfig:
-    """Read and validate the agent's YAML file.
+    """Read and validate the agent's YAML file, and the files it names.
 
     Raises:
-        ConfigError: unreadable, not YAML, or any key invalid (all listed at once).
+        ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
+            unreadable (all listed at once).
     """
-    return agent_config_from(read_yaml(path), source=str(path))
+    cfg = agent_config_from(read_yaml(path), source=str(path))
+    problems = readable_files(cfg.broker)
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return cfg

@@ -1,154 +1,115 @@
-"""Following fio's output files while they grow: generations, identity, sequence numbers.
+"""Following fio's output files while they grow: streams, identity, sequence numbers.
 
-A :class:`Follower` watches glob patterns. Each matching path is followed through an open
-file descriptor, one *generation* at a time. A generation ends, and the next starts from
-byte 0 with a new stream id ``<path>@<generation>``, when the path
+A :class:`Follower` watches glob patterns and turns what fio appends into messages. The
+unit of identity is a **stream**: one content lineage of one file, with the id
+``<path where first seen>@<generation>`` and consecutive sequence numbers from 0.
 
-* names another file (device and inode differ, or ours was unlinked: inode numbers are
-  reused, so the inode alone never decides),
-* shrank below what was read (truncated), or
-* no longer holds the bytes already read (rewritten to the same or a larger size: the
-  first and the last 64 bytes read are compared on every poll).
+Identity rules (``agents/README.md`` states them for users):
 
-A file that disappears, or is replaced, is read to its end first through the descriptor
-still open (a deleted file still open is drained). Only complete lines and complete JSON
-documents become records (the parsers keep partial ones).
-
-Records get consecutive sequence numbers per stream. Parsing is deterministic, so after a
-restart a generation whose file is unchanged is read again from byte 0 and records below
-the acknowledged sequence number are skipped, not resent: no parser state needs saving.
+* **Appends** continue the stream. Only complete lines and complete JSON documents
+  become records; the parsers keep a partial one for later.
+* **Content decides.** A stream lasts exactly while the bytes already read are still the
+  start of the file (:class:`~fiomon.fileprint.Fingerprint`). Truncation, a rewrite in
+  place (same inode, any size, same first bytes or not) or a copy over the file end the
+  stream; the file's content is read from byte 0 as a new stream. The old content is
+  gone, so nothing is drained from it.
+* **Renames keep the stream.** A file held open is known by device and inode (which
+  cannot be reused while it is open): renamed to a name the patterns match, it is the
+  same stream under its new name; renamed to a name they do not match, it is followed
+  for ``rename_grace_s`` more and closed once quiet. A file that then appears under the
+  old name is a new stream.
+* **Deleted** files are drained to their end through the descriptor still open.
+* **Restarts and closed files.** A file not held open (after a restart, or closed to stay
+  under ``max_open_files``) is the same stream again only if its first ``length`` bytes
+  still hash to the saved SHA-1; it is then re-read from byte 0 (parsing is
+  deterministic, so no parser state is saved) and records below the acknowledged
+  sequence number are skipped, not resent.
+* **One truth per I/O** (:mod:`fiomon.overlap`): a hist log whose jobs a followed json+
+  stream declares (``write_hist_log``) is followed but not published; json+ streams are
+  read first in every poll so that their declarations are known.
 
 A relative-time hist log (``log_unix_epoch=0``) is placed on the wall clock by one
-estimate per generation, logged once: fio writes hist logs when the job exits, so the
-file's modification time is taken as the wall-clock time of its last record.
+estimate per stream, logged once: fio writes hist logs when the job exits, so the file's
+modification time is taken as the wall-clock time of its last record.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
-import io
 import logging
 import os
+import resource
+import stat
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.fiojson import JsonStatusParser, looks_like_json
-from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, HistLogParser
+from fiomon.fileprint import Fingerprint
+from fiomon.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser, looks_like_json
+from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
 from fiomon.model import RecordBatch
+from fiomon.overlap import covering
+from fiomon.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.problems import Problem, ProblemLog
+from fiomon.spool import Outgoing
 from fiomon.wire import encode
 
 log = logging.getLogger("fiomon.agent")
 
-CHECK_BYTES = 64
 READ_BYTES = 4 * 1024 * 1024  # per file per poll: one busy file cannot starve the others
+FULL_VERIFY_BYTES = 4 << 20  # prefixes this small are checked in full on every change
+FULL_VERIFY_MAX = 256 << 20  # ... and larger ones in full only after a quiet spell, up to this
+QUIET_S = 5.0  # a change after this much quiet is checked in full (rewrite, not append)
+IDLE_CLOSE_S = 10.0  # a stream this quiet may be closed to free a descriptor
+FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
+RESERVED_FDS = 64  # descriptors left for MQTT, the spool and the positions file
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One encoded message ready to publish.
-
-    Args:
-        stream: stream id (``<path>@<generation>``).
-        first_seq: sequence number of its first record.
-        records: number of records (seqs ``first_seq`` .. ``first_seq + records - 1``).
-        payload: the wire-format message.
-    """
+@dataclass(slots=True)
+class _Stream:
+    """A stream whose file is held open."""
 
     stream: str
-    first_seq: int
-    records: int
-    payload: bytes
-
-
-@dataclass(slots=True)
-class Resume:
-    """What the positions file says about one path (see :class:`Follower`).
-
-    Args:
-        generation: the generation being followed.
-        dev: device of its file.
-        ino: inode of its file.
-        head: digest of its first bytes (up to 64).
-        acked_seq: records below this sequence number were acknowledged by the broker.
-        time_offset_ms: wall-clock offset of a relative-time log, or None.
-    """
-
-    generation: int
-    dev: int
-    ino: int
-    head: str
-    acked_seq: int = 0
-    time_offset_ms: int | None = None
-
-    def to_json(self) -> dict[str, object]:
-        """A JSON-able dict (the positions file's entry)."""
-        return {
-            "generation": self.generation,
-            "dev": self.dev,
-            "ino": self.ino,
-            "head": self.head,
-            "acked_seq": self.acked_seq,
-            "time_offset_ms": self.time_offset_ms,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> Resume:
-        """Inverse of :meth:`to_json`.
-
-        Raises:
-            ValueError: a field is missing or has the wrong type.
-        """
-
-        def num(key: str) -> int:
-            v = data.get(key)
-            if not isinstance(v, int) or isinstance(v, bool):
-                msg = f"positions entry: {key} is not an integer"
-                raise ValueError(msg)
-            return v
-
-        head = data.get("head")
-        off = data.get("time_offset_ms")
-        if not isinstance(head, str) or not (off is None or isinstance(off, int)):
-            msg = "positions entry: head or time_offset_ms has the wrong type"
-            raise ValueError(msg)
-        return cls(num("generation"), num("dev"), num("ino"), head, num("acked_seq"), off)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-@dataclass(slots=True)
-class _Generation:
     path: str
-    generation: int
-    fh: io.BufferedReader
+    fd: int
     dev: int
     ino: int
-    offset: int = 0
-    head: bytes = b""
-    last: bytes = b""
+    print: Fingerprint = field(default_factory=Fingerprint)
+    size: int = 0  # fstat when last examined
+    mtime_ns: int = 0
+    changed_at: float = 0.0  # monotonic s of the last change seen
     next_seq: int = 0
-    skip_below: int = 0
+    skip_below: int = 0  # records already sent (or acknowledged, after a restart)
+    acked_floor: int = 0  # acknowledged before this run (saved positions)
     time_offset_ms: int | None = None
     parser: HistLogParser | JsonStatusParser | None = None
-    problems: ProblemLog = field(default_factory=ProblemLog)
+    kind: str | None = None  # "json" or "hist", from the first bytes
+    started: bool = False  # the first bytes were read and a parser chosen
+    covered_by: str | None = None
+    orphan_since: float | None = None  # renamed to a name the patterns do not match
+    problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
-    @property
-    def stream(self) -> str:
-        return f"{self.path}@{self.generation}"
+    def hist_prefixes(self) -> tuple[str, ...]:
+        if isinstance(self.parser, JsonStatusParser):
+            return tuple(sorted(self.parser.hist_prefixes))
+        return ()
 
-    def resume(self, acked_seq: int) -> Resume:
-        return Resume(
-            self.generation, self.dev, self.ino, _digest(self.head), acked_seq, self.time_offset_ms
-        )
+
+@dataclass(slots=True)
+class _Closed:
+    """A stream whose file is not held open (see :class:`~fiomon.positions.Resume`)."""
+
+    resume: Resume
+    skip_below: int  # records already sent or acknowledged
+    replay: bool  # loaded from disk: unacknowledged records may be waiting in the file
+    seen_at: float  # monotonic s when last found at a watched path
 
 
 @dataclass(slots=True)
@@ -156,11 +117,25 @@ class FollowStats:
     """Counters of a :class:`Follower` (published in the agent's heartbeat)."""
 
     files_followed: int = 0
+    files_closed: int = 0
     generations: int = 0
     bytes_read: int = 0
     records_read: int = 0
     records_skipped_replay: int = 0
+    files_covered: int = 0
+    renames: int = 0
+    rewrites: int = 0
+    open_errors: int = 0
+    files_waiting: int = 0
+    patterns_idle: int = 0
     problems: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pattern:
+    pattern: str
+    matched_at: float
+    warned: bool = False
 
 
 class Follower:
@@ -170,8 +145,15 @@ class Follower:
         patterns: glob patterns (json+ status files and hist logs, told apart by content).
         agent: agent id written into every message.
         max_message_bytes: cap on one encoded message.
-        resume: positions read at start (path -> :class:`Resume`).
+        state: what the positions file held at start (see :mod:`fiomon.positions`).
         log_hist_msec: hist logs' interval, or None to infer it.
+        max_open_files: descriptors held at most (also kept below the process limit).
+        max_line_bytes: longer hist-log lines are skipped and counted.
+        max_document_bytes: larger json+ documents are skipped and counted.
+        rename_grace_s: how long a file renamed out of the patterns is still followed.
+        pattern_idle_s: a pattern that matched nothing for this long is reported once.
+        clock: monotonic seconds (injected for tests).
+        wall_s: wall-clock epoch seconds, the floor of new generation numbers.
     """
 
     def __init__(
@@ -180,162 +162,377 @@ class Follower:
         *,
         agent: str,
         max_message_bytes: int,
-        resume: dict[str, Resume] | None = None,
+        state: FollowState | None = None,
         log_hist_msec: int | None = None,
+        max_open_files: int = 256,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_document_bytes: int = MAX_DOCUMENT_BYTES,
+        rename_grace_s: float = 60.0,
+        pattern_idle_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_s: Callable[[], float] = time.time,
     ) -> None:
         self.patterns = patterns
         self.agent = agent
         self.max_message_bytes = max_message_bytes
         self.log_hist_msec = log_hist_msec
-        self._resume = dict(resume or {})
-        self._gens: dict[str, _Generation] = {}
-        self._last_gen: dict[str, int] = {p: r.generation for p, r in self._resume.items()}
+        self.max_line_bytes = max_line_bytes
+        self.max_document_bytes = max_document_bytes
+        self.rename_grace_s = rename_grace_s
+        self.pattern_idle_s = pattern_idle_s
+        self._clock = clock
+        self._wall_s = wall_s
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = soft - RESERVED_FDS if soft != resource.RLIM_INFINITY else max_open_files
+        self.max_open_files = max(1, min(max_open_files, limit))
+        state = state or FollowState()
+        self._next_gen = state.next_generation
+        now = clock()
+        self._open: dict[str, _Stream] = {}
+        self._closed: dict[str, _Closed] = {
+            s: _Closed(r, r.acked_seq, replay=True, seen_at=now) for s, r in state.streams.items()
+        }
+        self._patterns = [_Pattern(p, now) for p in patterns]
+        self._waiting_logged = False
+        self._open_failed: set[str] = set()
         self.stats = FollowStats()
 
-    # -- discovery and identity ----------------------------------------------------------
-
-    def paths(self) -> list[str]:
-        """Paths currently matching the patterns (regular files only), sorted."""
-        found: set[str] = set()
-        for pattern in self.patterns:
-            found.update(p for p in glob.glob(pattern) if os.path.isfile(p))
-        return sorted(found)
+    # -- polling -------------------------------------------------------------------------
 
     def poll(self, *, discover: bool = True, final: bool = False) -> Iterator[Outgoing]:
         """Read what is new in every followed file.
 
         Args:
-            discover: also expand the patterns and start following new files.
+            discover: also expand the patterns: start following new files, notice renames
+                and deletions, and reopen closed streams whose files changed.
             final: also finish the parsers (at shutdown nothing more will come).
         """
-        known = {p for p in self._gens if os.path.isfile(p)}
-        current = set(self.paths()) if discover else known
-        for path in sorted(current | set(self._gens)):
-            yield from self._poll_path(path, present=path in current)
+        now = self._clock()
+        if discover:
+            yield from self._discover(now)
+        # json+ streams first: their write_hist_log declarations decide which hist logs
+        # they cover before those are read.
+        for s in self._open.values():
+            if s.kind is None:
+                s.kind = _sniff(s.fd)
+        for s in sorted(self._open.values(), key=lambda s: (s.kind != "json", s.path)):
+            yield from self._advance(s, now)
         if final:
-            for gen in list(self._gens.values()):
-                yield from self._finish(gen)
+            for s in list(self._open.values()):
+                yield from self._finish(s)
+        self._update_counts()
 
-    def _poll_path(self, path: str, *, present: bool) -> Iterator[Outgoing]:
-        gen = self._gens.get(path)
-        try:
-            st = os.stat(path) if present else None
-        except OSError:
-            st = None
-        if gen is not None:
-            reason = self._changed(gen, st)
-            if reason is None:
-                yield from self._read(gen)
-                return
-            # Drain what the old file still holds through our descriptor, then move on.
-            yield from self._read(gen, limit=None)
-            yield from self._finish(gen)
-            log.info("%s: %s; following it as a new stream", path, reason)
-        if st is not None:
-            try:
-                gen = self._open(path)
-            except OSError as exc:
-                log.warning("%s: cannot open (%s); will retry", path, exc.strerror or exc)
-                return
-            yield from self._read(gen)
-
-    def _changed(self, gen: _Generation, st: os.stat_result | None) -> str | None:
-        """Why ``gen`` no longer matches its path, or None if it still does."""
-        if st is None:
-            return "file removed"
-        fst = os.fstat(gen.fh.fileno())
-        if (st.st_dev, st.st_ino) != (gen.dev, gen.ino) or fst.st_nlink == 0:
-            return "file replaced"
-        if st.st_size < gen.offset:
-            return "file truncated"
-        if gen.offset and not self._intact(gen):
-            return "file rewritten"
-        return None
-
-    def _intact(self, gen: _Generation) -> bool:
-        fd = gen.fh.fileno()
-        head = os.pread(fd, len(gen.head), 0)
-        last = os.pread(fd, len(gen.last), gen.offset - len(gen.last))
-        return head == gen.head and last == gen.last
-
-    def _open(self, path: str) -> _Generation:
-        fh = open(path, "rb")  # noqa: SIM115 -- kept open across polls to drain deletions
-        try:
-            st = os.fstat(fh.fileno())
-            head = os.pread(fh.fileno(), CHECK_BYTES, 0)
-            prior = self._resume.pop(path, None)
-            same = (
-                prior is not None
-                and (prior.dev, prior.ino) == (st.st_dev, st.st_ino)
-                and prior.head == _digest(head)
+    def _discover(self, now: float) -> Iterator[Outgoing]:
+        matched = self._glob(now)
+        by_inode = {(s.dev, s.ino): s for s in self._open.values()}
+        claimed: set[str] = set()
+        fresh: list[tuple[str, os.stat_result]] = []
+        for path in sorted(matched):
+            st = matched[path]
+            s = by_inode.get((st.st_dev, st.st_ino))
+            if s is None:
+                fresh.append((path, st))
+                continue
+            if s.stream in claimed:
+                continue  # a second name (hard link) of a file already followed
+            claimed.add(s.stream)
+            old = matched.get(s.path)
+            if s.path != path and (old is None or (old.st_dev, old.st_ino) != (s.dev, s.ino)):
+                log.info("%s: renamed to %s; still stream %s", s.path, path, s.stream)
+                self.stats.renames += 1
+                s.path = path
+            if s.orphan_since is not None:
+                log.info("%s: matches the watch patterns again (stream %s)", path, s.stream)
+                s.orphan_since = None
+        for s in [s for s in self._open.values() if s.stream not in claimed]:
+            yield from self._unclaimed(s, now)
+        waiting = 0
+        for path, st in fresh:
+            if not self._place(path, st, now):
+                waiting += 1
+        self.stats.files_waiting = waiting
+        if waiting and not self._waiting_logged:
+            log.warning(
+                "%d files wait for a descriptor: %d are held open (max_open_files); they are "
+                "read as soon as followed files go quiet",
+                waiting,
+                len(self._open),
             )
-            if same and prior is not None:
-                number, skip, offset = prior.generation, prior.acked_seq, prior.time_offset_ms
-            else:
-                number, skip, offset = self._last_gen.get(path, 0) + 1, 0, None
-        except BaseException:
-            fh.close()
-            raise
-        self._last_gen[path] = number
-        gen = _Generation(path, number, fh, st.st_dev, st.st_ino, skip_below=skip)
-        gen.time_offset_ms = offset
-        gen.problems = ProblemLog(keep_per_kind=5)
-        self._gens[path] = gen
-        self.stats.files_followed = len(self._gens)
+        self._waiting_logged = waiting > 0
+        for stream, c in list(self._closed.items()):
+            if now - c.seen_at > FORGET_S:
+                del self._closed[stream]
+
+    def _glob(self, now: float) -> dict[str, os.stat_result]:
+        """Regular files matching the patterns, with their stat; idle patterns reported."""
+        found: dict[str, os.stat_result] = {}
+        for pat in self._patterns:
+            n = 0
+            for path in glob.glob(pat.pattern):
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if not _is_regular(st):
+                    continue
+                found[path] = st
+                n += 1
+            if n:
+                if pat.warned:
+                    log.info("watch pattern %r matches %d files again", pat.pattern, n)
+                pat.matched_at, pat.warned = now, False
+            elif not pat.warned and now - pat.matched_at >= self.pattern_idle_s:
+                pat.warned = True
+                folder = os.path.dirname(pat.pattern) or "."
+                exists = any(c in folder for c in "*?[") or os.path.isdir(folder)
+                why = "" if exists else f" (folder {folder} does not exist)"
+                log.warning(
+                    "watch pattern %r has matched no file for %.0f s%s",
+                    pat.pattern,
+                    now - pat.matched_at,
+                    why,
+                )
+        self.stats.patterns_idle = sum(p.warned for p in self._patterns)
+        return found
+
+    def _unclaimed(self, s: _Stream, now: float) -> Iterator[Outgoing]:
+        """An open stream whose file no watched path names any more."""
+        try:
+            nlink = os.fstat(s.fd).st_nlink
+        except OSError:
+            nlink = 0
+        if nlink == 0:
+            log.info("%s: removed; stream %s drained to its end", s.path, s.stream)
+            yield from self._advance(s, now, limit=None)
+            if s.stream in self._open:
+                yield from self._finish(s, deleted=True)
+        elif s.orphan_since is None:
+            s.orphan_since = now
+            self.stats.renames += 1
+            log.info(
+                "%s: renamed to a name the watch patterns do not match; stream %s is followed "
+                "until it has been quiet for %.0f s",
+                s.path,
+                s.stream,
+                self.rename_grace_s,
+            )
+
+    def _place(self, path: str, st: os.stat_result, now: float) -> bool:
+        """A path no open stream holds: a closed stream's file, or a new stream.
+
+        Returns False when no descriptor is free (the path waits for the next discovery).
+        """
+        key = (st.st_dev, st.st_ino)
+        closed = [c for c in self._closed.values() if (c.resume.dev, c.resume.ino) == key]
+        for c in closed:
+            r = c.resume
+            c.seen_at = now
+            unchanged = (st.st_size, st.st_mtime_ns) == (r.size, r.mtime_ns)
+            if unchanged and c.skip_below >= r.records and not r.sha1.startswith(LEGACY_PREFIX):
+                if r.path != path:
+                    log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
+                    r.path = path
+                return True  # nothing new in it: stays closed
+        if not self._free_slot(now):
+            return False
+        fd = self._open_fd(path)
+        if fd is None:
+            return True
+        try:
+            fst = os.fstat(fd)
+            key = (fst.st_dev, fst.st_ino)  # the path may have changed since the glob
+            if key in {(s.dev, s.ino) for s in self._open.values()}:
+                os.close(fd)  # renamed into place between glob and open: already ours
+                return True
+            same = [c for c in self._closed.values() if (c.resume.dev, c.resume.ino) == key]
+            for c in same:
+                if self._same_content(fd, c.resume):
+                    self._reopen(c, path, fd, fst, now)
+                    return True
+            for c in same:  # its bytes changed while it was not followed
+                log.info(
+                    "%s: changed while not followed (stream %s ends); new stream",
+                    path,
+                    c.resume.stream,
+                )
+                self.stats.rewrites += 1
+                self._closed.pop(c.resume.stream, None)
+            self._new_stream(path, fd, fst, now)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("%s: cannot read (%s); will retry", path, exc.strerror or exc)
+        return True
+
+    def _open_fd(self, path: str) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            self.stats.open_errors += 1
+            if path not in self._open_failed:
+                self._open_failed.add(path)
+                hint = (
+                    " (the process is out of file descriptors)"
+                    if exc.errno in (errno.EMFILE, errno.ENFILE)
+                    else ""
+                )
+                log.warning("%s: cannot open (%s)%s; will retry", path, exc.strerror, hint)
+            return None
+        self._open_failed.discard(path)
+        return fd
+
+    def _free_slot(self, now: float) -> bool:
+        """Whether a descriptor may be opened, closing the quietest idle stream if needed."""
+        if len(self._open) < self.max_open_files:
+            return True
+        idle = [
+            s
+            for s in self._open.values()
+            if s.orphan_since is None and now - s.changed_at >= IDLE_CLOSE_S
+        ]
+        if not idle:
+            return False
+        self._close_quietly(min(idle, key=lambda s: s.changed_at), now)
+        return True
+
+    def _same_content(self, fd: int, r: Resume) -> bool:
+        """Whether the open file still starts with the bytes ``r`` says were read."""
+        if r.sha1.startswith(LEGACY_PREFIX):  # version-1 positions: a 64-byte head digest
+            head = os.pread(fd, 64, 0)
+            digest = hashlib.blake2b(head, digest_size=16).hexdigest()
+            return digest == r.sha1[len(LEGACY_PREFIX) :]
+        fp = Fingerprint.of_file(fd, r.length)
+        return fp is not None and fp.hexdigest() == r.sha1
+
+    def _reopen(self, c: _Closed, path: str, fd: int, st: os.stat_result, now: float) -> None:
+        r = c.resume
+        if r.path != path:
+            log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
+            self.stats.renames += 1
+        self._closed.pop(r.stream, None)
+        s = _Stream(r.stream, path, fd, st.st_dev, st.st_ino, changed_at=now)
+        s.skip_below = c.skip_below
+        s.acked_floor = r.acked_seq
+        s.time_offset_ms = r.time_offset_ms
+        s.covered_by = r.covered_by
+        if c.replay and c.skip_below:
+            log.info("%s: resuming stream %s after seq %d", path, r.stream, c.skip_below - 1)
+        self._open[s.stream] = s
+
+    def _new_stream(self, path: str, fd: int, st: os.stat_result, now: float) -> _Stream:
+        gen = max(self._next_gen, int(self._wall_s()))
+        self._next_gen = gen + 1
+        s = _Stream(f"{path}@{gen}", path, fd, st.st_dev, st.st_ino, changed_at=now)
+        self._open[s.stream] = s
         self.stats.generations += 1
-        if same:
-            log.info("%s: resuming stream %s after seq %d", path, gen.stream, skip - 1)
-        return gen
+        return s
 
     # -- reading and parsing ---------------------------------------------------------------
 
-    def _read(self, gen: _Generation, limit: int | None = READ_BYTES) -> Iterator[Outgoing]:
+    def _advance(
+        self, s: _Stream, now: float, limit: int | None = READ_BYTES
+    ) -> Iterator[Outgoing]:
+        """Check ``s``'s file is still what was read, then read what is new."""
+        try:
+            st = os.fstat(s.fd)
+            reason = self._changed(s, st, now)
+        except OSError as exc:
+            log.warning("%s: cannot read (%s); will retry", s.path, exc.strerror or exc)
+            return
+        if reason is not None:
+            self.stats.rewrites += 1
+            log.info(
+                "%s: %s; stream %s ends after %d bytes and the file is read again as a new stream",
+                s.path,
+                reason,
+                s.stream,
+                s.print.length,
+            )
+            self._open.pop(s.stream, None)  # its content is gone: nothing to drain
+            s = self._new_stream(s.path, s.fd, st, now)
+        yield from self._read(s, limit)
+        if s.orphan_since is not None and now - max(s.changed_at, s.orphan_since) >= (
+            self.rename_grace_s
+        ):
+            log.info("%s: quiet for %.0f s after a rename; closed", s.path, self.rename_grace_s)
+            yield from self._finish(s)
+
+    def _changed(self, s: _Stream, st: os.stat_result, now: float) -> str | None:
+        """Why ``s``'s file no longer starts with what was read, or None."""
+        if (st.st_size, st.st_mtime_ns) == (s.size, s.mtime_ns):
+            return None
+        quiet = now - s.changed_at
+        s.size, s.mtime_ns, s.changed_at = st.st_size, st.st_mtime_ns, now
+        n = s.print.length
+        if st.st_size < n:
+            return "truncated"
+        full = n <= FULL_VERIFY_BYTES or (quiet >= QUIET_S and n <= FULL_VERIFY_MAX)
+        if n and not s.print.holds(s.fd, full=full):
+            return "rewritten in place"
+        return None
+
+    def _read(self, s: _Stream, limit: int | None) -> Iterator[Outgoing]:
         while True:
             want = READ_BYTES if limit is None else min(READ_BYTES, limit)
-            chunk = os.pread(gen.fh.fileno(), want, gen.offset)
+            chunk = os.pread(s.fd, want, s.print.length)
             if not chunk:
                 return
-            if gen.offset < CHECK_BYTES:
-                gen.head = (gen.head + chunk)[:CHECK_BYTES]
-            gen.offset += len(chunk)
-            gen.last = (gen.last + chunk)[-CHECK_BYTES:]
+            s.print.update(chunk)
             self.stats.bytes_read += len(chunk)
-            if gen.parser is None:
-                gen.parser = self._parser(gen, chunk)
-            yield from self._emit(gen, gen.parser.feed(chunk))
-            self._collect_problems(gen)
+            if not s.started:
+                self._start_parsing(s, chunk)
+            if s.covered_by is None and s.parser is not None:
+                yield from self._emit(s, s.parser.feed(chunk))
+                self._collect_problems(s)
             if limit is not None:
                 limit -= len(chunk)
                 if limit <= 0:
                     return
 
-    def _finish(self, gen: _Generation) -> Iterator[Outgoing]:
-        if gen.parser is not None:
-            yield from self._emit(gen, gen.parser.finish())
-            self._collect_problems(gen)
-        gen.fh.close()
-        self._gens.pop(gen.path, None)
-        self.stats.files_followed = len(self._gens)
-
-    def _parser(self, gen: _Generation, first: bytes) -> HistLogParser | JsonStatusParser:
+    def _start_parsing(self, s: _Stream, first: bytes) -> None:
+        s.started = True
         if looks_like_json(first):
-            return JsonStatusParser(gen.path, host=self.agent, problems=gen.problems)
-        if gen.time_offset_ms is None:
-            gen.time_offset_ms = self._relative_offset(gen)
-        return HistLogParser(
-            gen.path,
+            s.kind = "json"
+            s.parser = JsonStatusParser(s.path, host=self.agent, problems=s.problems)
+            s.parser.splitter.max_document_bytes = self.max_document_bytes
+            return
+        s.kind = "hist"
+        if s.covered_by is None and s.skip_below == 0 and s.next_seq == 0:
+            s.covered_by = covering(s.path, self._declarations())
+            if s.covered_by is not None:
+                self.stats.files_covered += 1
+                log.info(
+                    "%s: not published: the json+ stream %s holds the same I/Os (it declares "
+                    "this hist log's write_hist_log prefix)",
+                    s.path,
+                    s.covered_by,
+                )
+                return
+        if s.time_offset_ms is None:
+            s.time_offset_ms = self._relative_offset(s)
+        s.parser = HistLogParser(
+            s.path,
             host=self.agent,
             options=HistLogOptions(
-                interval_ms=self.log_hist_msec, time_offset_ms=gen.time_offset_ms or 0
+                interval_ms=self.log_hist_msec,
+                time_offset_ms=s.time_offset_ms or 0,
+                max_line_bytes=self.max_line_bytes,
             ),
-            problems=gen.problems,
+            problems=s.problems,
         )
 
-    def _relative_offset(self, gen: _Generation) -> int:
+    def _declarations(self) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """(stream, write_hist_log prefixes) of every json+ stream known."""
+        for s in self._open.values():
+            if s.kind == "json":
+                yield s.stream, s.hist_prefixes()
+        for c in self._closed.values():
+            if c.resume.hist_prefixes:
+                yield c.resume.stream, c.resume.hist_prefixes
+
+    def _relative_offset(self, s: _Stream) -> int:
         """Wall-clock offset for a relative-time log (0 for an epoch-stamped one)."""
-        fd = gen.fh.fileno()
-        st = os.fstat(fd)
-        tail = os.pread(fd, 65536, max(0, st.st_size - 65536))
+        st = os.fstat(s.fd)
+        tail = os.pread(s.fd, 65536, max(0, st.st_size - 65536))
         lines = [ln for ln in tail.split(b"\n") if ln.strip()]
         try:
             stamp = int(lines[-1].split(b",", 1)[0]) if lines else EPOCH_MS_MIN
@@ -348,37 +545,61 @@ class Follower:
             "%s: relative timestamps (log_unix_epoch=0); placed on the wall clock by taking the "
             "file's modification time as the time of its last record (offset %d ms); hosts "
             "cannot be aligned exactly",
-            gen.path,
+            s.path,
             offset,
         )
         return offset
 
-    def _collect_problems(self, gen: _Generation) -> None:
-        for p in gen.problems.kept:
+    def _finish(self, s: _Stream, *, deleted: bool = False) -> Iterator[Outgoing]:
+        """Flush ``s``'s parser and close it (deleted, quiet after a rename, or final).
+
+        A file that still exists is remembered as a closed stream, so finding it again
+        (renamed back, or after a restart) neither resends nor re-counts it.
+        """
+        if s.parser is not None and s.covered_by is None:
+            yield from self._emit(s, s.parser.finish())
+            self._collect_problems(s)
+        self._open.pop(s.stream, None)
+        if not deleted:
+            self._closed[s.stream] = _Closed(
+                self._resume(s, s.acked_floor), s.next_seq, replay=False, seen_at=self._clock()
+            )
+        os.close(s.fd)
+
+    def _close_quietly(self, s: _Stream, now: float) -> None:
+        """Close a quiet stream's descriptor; it is reopened (and re-read) if it changes."""
+        self._open.pop(s.stream, None)
+        self._closed[s.stream] = _Closed(
+            self._resume(s, s.acked_floor), max(s.skip_below, s.next_seq), False, now
+        )
+        os.close(s.fd)
+
+    def _collect_problems(self, s: _Stream) -> None:
+        for p in s.problems.kept:
             _log_problem(p)
-        gen.problems.kept.clear()  # counts stay: past keep_per_kind a kind is only counted
-        for kind, n in gen.problems.counts.items():
-            new = n - gen.counted[kind]
+        s.problems.kept.clear()  # counts stay: past keep_per_kind a kind is only counted
+        for kind, n in s.problems.counts.items():
+            new = n - s.counted[kind]
             if new:
                 self.stats.problems[kind] = self.stats.problems.get(kind, 0) + new
-                gen.counted[kind] = n
+                s.counted[kind] = n
 
-    def _emit(self, gen: _Generation, batch: RecordBatch | None) -> Iterator[Outgoing]:
+    def _emit(self, s: _Stream, batch: RecordBatch | None) -> Iterator[Outgoing]:
         if batch is None or not len(batch):
             return
         n = len(batch)
-        first = gen.next_seq
-        gen.next_seq += n
+        first = s.next_seq
+        s.next_seq += n
         self.stats.records_read += n
-        if gen.next_seq <= gen.skip_below:
+        if s.next_seq <= s.skip_below:
             self.stats.records_skipped_replay += n
             return
-        if first < gen.skip_below:
-            keep = np.arange(first, first + n) >= gen.skip_below
+        if first < s.skip_below:
+            keep = np.arange(first, first + n) >= s.skip_below
             self.stats.records_skipped_replay += int((~keep).sum())
             batch = batch.select(keep)
-            first = gen.skip_below
-        yield from self._messages(gen.stream, first, batch)
+            first = s.skip_below
+        yield from self._messages(s.stream, first, batch)
 
     def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
         """Split ``batch`` into messages under the size cap (by record, in order)."""
@@ -397,19 +618,45 @@ class Follower:
             )
             start = end
 
-    # -- positions -------------------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------
 
-    def positions(self, acked: dict[str, int]) -> dict[str, Resume]:
-        """The positions to save, given the acknowledged sequence number of each stream.
+    def _resume(self, s: _Stream, acked: int) -> Resume:
+        return Resume(
+            stream=s.stream,
+            path=s.path,
+            dev=s.dev,
+            ino=s.ino,
+            length=s.print.length,
+            sha1=s.print.hexdigest(),
+            records=s.next_seq,
+            acked_seq=acked,
+            time_offset_ms=s.time_offset_ms,
+            covered_by=s.covered_by,
+            hist_prefixes=s.hist_prefixes(),
+            size=s.size,
+            mtime_ns=s.mtime_ns,
+        )
 
-        Paths not opened yet in this run keep what was loaded for them.
-        """
-        out = dict(self._resume)
-        for path, gen in self._gens.items():
-            if gen.parser is None and gen.offset == 0:
-                continue
-            out[path] = gen.resume(max(acked.get(gen.stream, 0), gen.skip_below))
+    def state(self, acked: dict[str, int]) -> FollowState:
+        """What to save, given the acknowledged sequence number of each stream."""
+        out = FollowState(next_generation=self._next_gen)
+        for stream, c in self._closed.items():
+            r = c.resume
+            r.acked_seq = max(r.acked_seq, acked.get(stream, 0))
+            out.streams[stream] = r
+        for stream, s in self._open.items():
+            if s.kind is None and s.print.length == 0:
+                continue  # nothing read yet
+            out.streams[stream] = self._resume(s, max(s.acked_floor, acked.get(stream, 0)))
         return out
+
+    def streams(self) -> set[str]:
+        """Ids of every stream still known (open or closed)."""
+        return set(self._open) | set(self._closed)
+
+    def _update_counts(self) -> None:
+        self.stats.files_followed = len(self._open)
+        self.stats.files_closed = len(self._closed)
 
     def __enter__(self) -> Follower:
         return self
@@ -418,10 +665,25 @@ class Follower:
         self.close()
 
     def close(self) -> None:
-        """Close every file descriptor."""
-        for gen in self._gens.values():
-            gen.fh.close()
-        self._gens.clear()
+        """Close every descriptor."""
+        for s in self._open.values():
+            os.close(s.fd)
+        self._open.clear()
+
+
+def _sniff(fd: int) -> str | None:
+    """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
+    try:
+        head = os.pread(fd, 64, 0)
+    except OSError:
+        return None
+    if not head.strip():
+        return None
+    return "json" if looks_like_json(head) else "hist"
+
+
+def _is_regular(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode)
 
 
 def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:

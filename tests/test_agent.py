@@ -46,6 +46,7 @@ class Subscriber:
         self.arrivals: list[tuple[int, int]] = []  # (wall ms when received, record end_ms)
         self.status: list[dict[str, object]] = []
         self.changed = asyncio.Event()
+        self.ready = asyncio.Event()
 
     async def run(self) -> None:
         client = aiomqtt.Client("127.0.0.1", self.port, identifier=self.ident, clean_session=False)
@@ -54,6 +55,7 @@ class Subscriber:
                 async with client:
                     await client.subscribe(f"{PREFIX}/v1/+/records", qos=1)
                     await client.subscribe(f"{PREFIX}/v1/+/status", qos=1)
+                    self.ready.set()
                     async for m in client.messages:
                         self._on_message(m)
             except aiomqtt.MqttError:
@@ -79,6 +81,11 @@ class Subscriber:
     def seqs(self, stream: str) -> list[int]:
         return sorted(s for st, s in self.seen if st == stream)
 
+    def streams_of(self, path: Path) -> list[str]:
+        """Stream ids of ``path`` (``<path>@<generation>``), oldest generation first."""
+        found = {st for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
+        return sorted(found, key=lambda st: int(st.rsplit("@", 1)[1]))
+
     async def wait_for(self, predicate: object, within: float = 20.0) -> None:
         async with asyncio.timeout(within):
             while not predicate():  # type: ignore[operator]
@@ -90,7 +97,8 @@ class Subscriber:
 async def subscribed(broker: Mosquitto, ident: str = "test-sub") -> AsyncIterator[Subscriber]:
     sub = Subscriber(broker.port, ident)
     task = asyncio.create_task(sub.run())
-    await asyncio.sleep(0.3)  # subscribed before anything is published
+    async with asyncio.timeout(20):  # subscribed before anything is published
+        await sub.ready.wait()
     try:
         yield sub
     finally:
@@ -130,12 +138,13 @@ async def test_records_and_status_reach_a_subscriber(mosquitto: Mosquitto, tmp_p
         task = asyncio.create_task(agent.run(stop))
         await sub.wait_for(lambda: len(sub.seen) == 3)
         log.write_text(hist_line(9))  # fio re-run: truncated and rewritten
-        await sub.wait_for(lambda: (f"{log}@2", 0) in sub.seen)
+        await sub.wait_for(lambda: len(sub.streams_of(log)) == 2)
         stop.set()
         await asyncio.wait_for(task, 10)
         await sub.wait_for(lambda: sub.status and sub.status[-1]["state"] == "offline")
-    assert sub.seqs(f"{log}@1") == [0, 1, 2]
-    assert sub.seqs(f"{log}@2") == [0]
+    first, second = sub.streams_of(log)
+    assert sub.seqs(first) == [0, 1, 2]
+    assert sub.seqs(second) == [0]
     online = [s for s in sub.status if s["state"] == "online"]
     assert online, "a retained online status (heartbeat) was published"
     counters = sub.status[-1]["counters"]
@@ -143,8 +152,8 @@ async def test_records_and_status_reach_a_subscriber(mosquitto: Mosquitto, tmp_p
     assert counters["records_sent"] == 4
     assert sum(counters["bad_input"].values()) == 2  # the junk lines, counted
     saved = json.loads((tmp_path / "state" / "positions.json").read_text())
-    assert saved["files"][str(log)]["generation"] == 2
-    assert saved["files"][str(log)]["acked_seq"] == 1
+    assert saved["streams"][second]["path"] == str(log)
+    assert saved["streams"][second]["acked_seq"] == 1
 
 
 async def _writer(path: Path, start: int, count: int, pause: float) -> None:
@@ -204,7 +213,8 @@ async def test_kill_9_and_restart_lose_nothing(mosquitto: Mosquitto, tmp_path: P
         await sub.wait_for(lambda: len(sub.seen) >= total)
         agent.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(agent.wait(), 15) == 0
-    assert sub.seqs(f"{log}@1") == list(range(total))
+    (stream,) = sub.streams_of(log)
+    assert sub.seqs(stream) == list(range(total))
     # Redeliveries are possible after kill -9 (acknowledged but not yet checkpointed);
     # never more than one checkpoint interval's worth.
     print(f"kill -9: {total} records, {sub.duplicates} redelivered and dropped by dedup")
@@ -226,7 +236,8 @@ async def test_broker_outage_of_10_s_loses_nothing(mosquitto: Mosquitto, tmp_pat
         await sub.wait_for(lambda: len(sub.seen) >= 40, within=40)
         agent.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(agent.wait(), 15) == 0
-    assert sub.seqs(f"{log}@1") == list(range(40))
+    (stream,) = sub.streams_of(log)
+    assert sub.seqs(stream) == list(range(40))
     log_text = (mosquitto.folder / "mosquitto.log").read_text()
     assert "fiomon-agent-client-07" in log_text
 
@@ -297,5 +308,6 @@ async def test_partial_line_completed_after_a_restart_arrives_once(
             if text:
                 with log.open("a") as fh:
                     fh.write(text)  # the line is completed while no agent runs
-    assert sub.seqs(f"{log}@1") == [0, 1, 2]
+    (stream,) = sub.streams_of(log)
+    assert sub.seqs(stream) == [0, 1, 2]
     assert sub.duplicates == 0
