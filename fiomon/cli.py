@@ -14,11 +14,11 @@ from pathlib import Path
 
 from fiomon import __version__
 from fiomon.align import parse_align, parse_duration_ms
-from fiomon.errors import ConfigError, FiomonError, ParseError
+from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.output import FORMATS
 from fiomon.report import ReportOptions, run_report
-from fiomon.sources import SourceOptions
+from fiomon.sources import SOURCE_HELP, SourceOptions, choose_sources
 from fiomon.windows import ALL_DIRECTIONS
 
 REPORT_EPILOG = """\
@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
+    _source_option(r)
     r.add_argument(
         "--quantum",
         type=_duration("--quantum"),
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "seconds, or seconds since the job start for relative-time logs",
     )
     sm.add_argument("logs", nargs="+", type=Path, metavar="LOG")
+    _source_option(sm)
     sm.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
     sm.add_argument(
         "--job", action="append", default=[], help="only streams whose name contains this"
@@ -262,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         "KS distance and the winner.",
     )
     ft.add_argument("logs", nargs="+", type=Path, metavar="LOG")
+    _source_option(ft)
     ft.add_argument(
         "--direction",
         type=_directions,
@@ -317,6 +320,30 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("file", type=Path, metavar="FILE")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _source_option(p: argparse.ArgumentParser) -> None:
+    choices = "; ".join(f"{k}: {v}" for k, v in SOURCE_HELP.items())
+    p.add_argument(
+        "--source",
+        choices=list(SOURCE_HELP),
+        default=None,
+        help="when a json+ status stream and the hist logs of the same jobs are both given "
+        f"(fio wrote both views), which to count: {choices}. Without it such inputs are "
+        "an error, since each I/O would be counted twice",
+    )
+
+
+def _inputs(args: argparse.Namespace, name: str) -> list[Path] | None:
+    """The inputs to read after ``--source``; None (message printed) when they overlap."""
+    try:
+        paths, notes = choose_sources(args.logs, args.source)
+    except OverlapError as exc:
+        print(f"fiomon {name}: {exc}", file=sys.stderr)
+        return None
+    for note in notes:
+        print(f"fiomon {name}: {note}", file=sys.stderr)
+    return paths
 
 
 def _when_ms(text: str) -> int:
@@ -375,9 +402,12 @@ def _summary(args: argparse.Namespace) -> int:
     source = SourceOptions(
         interval_ms=args.log_hist_msec, group_nr=args.group_nr, strict=args.strict
     )
+    logs = _inputs(args, "summary")
+    if logs is None:
+        return 2
     try:
         return main_summary(
-            args.logs,
+            logs,
             filters=filters,
             source=source,
             percentiles=args.percentiles,
@@ -402,8 +432,11 @@ def _fit(args: argparse.Namespace) -> int:
         if quantum <= 0:
             print("fiomon fit: --per-quantum must be positive", file=sys.stderr)
             return 2
+    logs = _inputs(args, "fit")
+    if logs is None:
+        return 2
     return run_fit(
-        args.logs,
+        logs,
         directions=args.direction,
         source=SourceOptions(interval_ms=args.log_hist_msec, group_nr=args.group_nr),
         per_quantum_ms=quantum,
@@ -543,8 +576,11 @@ def _report(args: argparse.Namespace) -> int:
         workers=args.jobs,
         progress=args.progress,
     )
+    logs = _inputs(args, "report")
+    if logs is None:
+        return 2
     try:
-        summary = run_report(args.logs, opts, sys.stdout)
+        summary = run_report(logs, opts, sys.stdout)
     except ParseError as exc:
         print(f"fiomon report: {exc} (--strict)", file=sys.stderr)
         return 1

@@ -44,6 +44,14 @@ class ParseError(FiomonError, ValueError):
         super().__init__(f"{where}: {reason}")
 
 
+class OverlapError(FiomonError, ValueError):
+    """Raised when inputs include a json+ stream and the hist logs of the same jobs.
+
+    Counting both would count every I/O twice; the message names the files and the
+    ``--source`` choices.
+    """
+
+
 class WireFormatError(FiomonError, ValueError):
     """Raised when an MQTT payload is not a valid fiomon wire-format message.
 

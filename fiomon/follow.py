@@ -66,9 +66,9 @@ READ_BYTES = 4 * 1024 * 1024  # per file per poll: one busy file cannot starve t
 FULL_VERIFY_BYTES = 4 << 20  # prefixes this small are checked in full on every change
 FULL_VERIFY_MAX = 256 << 20  # ... and larger ones in full only after a quiet spell, up to this
 QUIET_S = 5.0  # a change after this much quiet is checked in full (rewrite, not append)
-IDLE_CLOSE_S = 10.0  # a stream this quiet may be closed to free a descriptor
+IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed for another
 FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
-RESERVED_FDS = 64  # descriptors left for MQTT, the spool and the positions file
+RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
 @dataclass(slots=True)
@@ -183,7 +183,11 @@ class Follower:
         self._clock = clock
         self._wall_s = wall_s
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        limit = soft - RESERVED_FDS if soft != resource.RLIM_INFINITY else max_open_files
+        limit = (
+            soft - min(RESERVED_FDS, soft // 2)
+            if soft != resource.RLIM_INFINITY
+            else max_open_files
+        )
         self.max_open_files = max(1, min(max_open_files, limit))
         state = state or FollowState()
         self._next_gen = state.next_generation

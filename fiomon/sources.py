@@ -8,14 +8,17 @@ close quanta behind the slowest one, keeping memory bounded for runs of any leng
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.fiojson import JsonStatusParser, looks_like_json
+from fiomon.errors import OverlapError
+from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
 from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
+from fiomon.overlap import covering
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -137,3 +140,89 @@ def host_labels(paths: list[Path]) -> list[str]:
     if len(parents) > 1:
         return [p.resolve().parent.name for p in paths]
     return [p.name for p in paths]
+
+
+SourceChoice = Literal["json", "hist", "both"]
+SOURCE_HELP = {
+    "json": "the json+ status streams (what the agent publishes live; they hold each "
+    "job's last partial interval)",
+    "hist": "the hist logs (a record every log_hist_msec; fio never writes a job's last "
+    "partial interval to them)",
+    "both": "count both anyway (every I/O of those jobs twice)",
+}
+_DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
+
+
+def declared_prefixes(path: Path) -> tuple[str, ...]:
+    """The ``write_hist_log`` prefixes a json+ file's first document declares."""
+    parser = JsonStatusParser(str(path), problems=ProblemLog())
+    splitter = JsonSplitter(str(path), parser.problems, max_document_bytes=_DECLARATION_BYTES)
+    with path.open("rb") as fh:
+        read = 0
+        while read < _DECLARATION_BYTES and (chunk := fh.read(CHUNK_BYTES)):
+            read += len(chunk)
+            for doc in splitter.feed(chunk):
+                parser._note_hist_prefixes(doc)
+                return tuple(sorted(parser.hist_prefixes))
+    return ()
+
+
+def choose_sources(
+    paths: Sequence[Path], choice: SourceChoice | None
+) -> tuple[list[Path], list[str]]:
+    """The inputs to read, so that no I/O is counted twice (:mod:`fiomon.overlap`).
+
+    Args:
+        paths: the files given, in order.
+        choice: which view to keep where a json+ stream and hist logs describe the same
+            jobs; None when the user did not say.
+
+    Returns:
+        The paths to read (in the given order) and notes for the user.
+
+    Raises:
+        OverlapError: both views of the same jobs were given and ``choice`` is None.
+    """
+    json_files: list[tuple[str, tuple[str, ...]]] = []
+    for p in paths:
+        try:
+            with p.open("rb") as fh:
+                is_json = looks_like_json(fh.read(64))
+        except OSError:
+            continue  # reported as unreadable by the command itself
+        if is_json:
+            json_files.append((str(p), declared_prefixes(p)))
+    covered: dict[str, list[Path]] = {}
+    for p in paths:
+        by = covering(str(p), json_files)
+        if by is not None:
+            covered.setdefault(by, []).append(p)
+    if not covered or choice == "both":
+        notes = []
+        if covered:
+            n = sum(len(v) for v in covered.values())
+            notes.append(
+                f"warning: --source both: {n} hist logs and the json+ streams that cover "
+                "them are both counted (every I/O of those jobs twice)"
+            )
+        return list(paths), notes
+    if choice is None:
+        lines = []
+        for by, hist in covered.items():
+            names = ", ".join(str(h) for h in hist[:4]) + (" ..." if len(hist) > 4 else "")
+            lines.append(f"  {by} and {len(hist)} hist log(s): {names}")
+        options = "\n".join(f"  --source {k:<5} {v}" for k, v in SOURCE_HELP.items())
+        msg = (
+            "these inputs describe the same I/Os twice: a json+ status stream declares the "
+            "hist logs of its jobs (write_hist_log):\n"
+            + "\n".join(lines)
+            + f"\nChoose one view:\n{options}"
+        )
+        raise OverlapError(msg)
+    if choice == "json":
+        drop = {str(h) for hist in covered.values() for h in hist}
+        note = f"--source json: not reading {len(drop)} hist log(s) the json+ streams cover"
+    else:
+        drop = set(covered)
+        note = f"--source hist: not reading {len(drop)} json+ stream(s): {', '.join(sorted(drop))}"
+    return [p for p in paths if str(p) not in drop], [note]
