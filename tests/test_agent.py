@@ -7,104 +7,27 @@ files hold arrived (no gap) and that duplicates, if any, are only redeliveries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiomqtt
 import numpy as np
 import pytest
 
 from fiomon.agent import Agent
 from fiomon.config import AgentConfig, BrokerConfig
 from fiomon.simulate import format_line
-from fiomon.wire import decode
+from tests.agentkit import PREFIX, subscribed
 from tests.conftest import Mosquitto
 
 T0 = 1_795_000_000_000
-PREFIX = "fiomontest"
 
 
 def hist_line(i: int, direction: int = 0) -> str:
     counts = np.zeros(1856, dtype=np.int64)
     counts[600 + i % 100] = 3 + i % 7
     return format_line(T0 + 1000 * (i + 1), direction, 4096, counts)
-
-
-class Subscriber:
-    """Collects records (after dedup) and retained status from the broker."""
-
-    def __init__(self, port: int, ident: str) -> None:
-        self.port = port
-        self.ident = ident
-        self.seen: set[tuple[str, int]] = set()
-        self.duplicates = 0
-        self.arrivals: list[tuple[int, int]] = []  # (wall ms when received, record end_ms)
-        self.status: list[dict[str, object]] = []
-        self.changed = asyncio.Event()
-        self.ready = asyncio.Event()
-
-    async def run(self) -> None:
-        client = aiomqtt.Client("127.0.0.1", self.port, identifier=self.ident, clean_session=False)
-        while True:
-            try:
-                async with client:
-                    await client.subscribe(f"{PREFIX}/v1/+/records", qos=1)
-                    await client.subscribe(f"{PREFIX}/v1/+/status", qos=1)
-                    self.ready.set()
-                    async for m in client.messages:
-                        self._on_message(m)
-            except aiomqtt.MqttError:
-                await asyncio.sleep(0.2)
-
-    def _on_message(self, m: aiomqtt.Message) -> None:
-        assert isinstance(m.payload, bytes)
-        payload = m.payload
-        if m.topic.value.endswith("/status"):
-            self.status.append(json.loads(payload))
-        else:
-            msg = decode(payload)
-            now = time.time_ns() // 1_000_000
-            for seq, end in zip(msg.seqs.tolist(), msg.batch.end_ms.tolist(), strict=True):
-                key = (msg.stream, seq)
-                if key in self.seen:
-                    self.duplicates += 1
-                else:
-                    self.seen.add(key)
-                    self.arrivals.append((now, end))
-        self.changed.set()
-
-    def seqs(self, stream: str) -> list[int]:
-        return sorted(s for st, s in self.seen if st == stream)
-
-    def streams_of(self, path: Path) -> list[str]:
-        """Stream ids of ``path`` (``<path>@<generation>``), oldest generation first."""
-        found = {st for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
-        return sorted(found, key=lambda st: int(st.rsplit("@", 1)[1]))
-
-    async def wait_for(self, predicate: object, within: float = 20.0) -> None:
-        async with asyncio.timeout(within):
-            while not predicate():  # type: ignore[operator]
-                self.changed.clear()
-                await self.changed.wait()
-
-
-@contextlib.asynccontextmanager
-async def subscribed(broker: Mosquitto, ident: str = "test-sub") -> AsyncIterator[Subscriber]:
-    sub = Subscriber(broker.port, ident)
-    task = asyncio.create_task(sub.run())
-    async with asyncio.timeout(20):  # subscribed before anything is published
-        await sub.ready.wait()
-    try:
-        yield sub
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def agent_config(broker: Mosquitto, tmp_path: Path, **kw: object) -> AgentConfig:

@@ -89,6 +89,9 @@ BAD = {
     "binary": bytes(range(256)) * 20,
     "truncated": HIST.read_bytes()[:-100],
     "non-numeric": HIST.read_bytes().replace(b", 0, 0,", b", x, 0,", 1),
+    # Fields too long for int64 used to crash the scanner (RecursionError, IndexError).
+    "digits22": HIST.read_bytes().replace(b", 0, 0,", b", " + b"7" * 22 + b", 0,", 1),
+    "digits30": HIST.read_bytes().replace(b", 0\n", b", " + b"9" * 30 + b"\n", 1),
 }
 
 
@@ -200,8 +203,16 @@ def test_fiomon_fio_writes_what_the_agent_and_report_need(tmp_path: Path, fio_bi
     stamps = [int(x) for x in re.findall(r'"timestamp_ms" : (\d+)', status[0].read_text())]
     assert len(stamps) >= 3
     assert len({t % 1000 for t in stamps[:-1]}) <= 3  # one phase (the exit dump is off-grid)
-    rep = fiomon("report", "--format", "jsonl", str(status[0]), str(hist[0]))
-    assert rep.returncode == 0, rep.stderr
+    # Both views of the same I/Os: refused with the choice spelled out, then one counted.
+    both = fiomon("report", "--format", "jsonl", str(status[0]), str(hist[0]))
+    assert both.returncode == 2
+    assert str(hist[0]) in both.stderr
+    assert "--source json" in both.stderr
+    for choice in ("json", "hist"):
+        rep = fiomon(
+            "report", "--format", "jsonl", "--source", choice, str(status[0]), str(hist[0])
+        )
+        assert rep.returncode == 0, rep.stderr
     del fio_bin
 
 
@@ -219,3 +230,25 @@ def test_demo_stops_cleanly_on_ctrl_c() -> None:
     assert "interrupted" in err and "quanta closed" in err
     assert "Traceback" not in err
     assert "p99" in out
+
+
+def test_check_config_catches_what_the_agent_would_die_on(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        f"watch: ['{tmp_path}/missing/*.json']\nstate_dir: {tmp_path}/state\n"
+        f"broker: {{password_file: {tmp_path}/no-such-file}}\n"
+    )
+    r = fiomon("check-config", str(cfg))
+    assert r.returncode == 2
+    assert "broker.password_file: cannot read" in r.stderr
+    assert f"folder {tmp_path}/missing does not exist" in r.stderr
+    agent = fiomon("agent", "--config", str(cfg))
+    assert agent.returncode == 2
+    assert "Traceback" not in agent.stderr
+    assert "password_file" in agent.stderr
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\x00\xff\xfe" * 100)
+    r = fiomon("check-config", str(binary))
+    assert r.returncode == 2
+    assert "not a text file" in r.stderr
+    assert "Traceback" not in r.stderr

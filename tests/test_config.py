@@ -114,3 +114,31 @@ def test_aggregator_problems_are_all_listed(tmp_path: Path) -> None:
         "sla[1].name: duplicate rule name 'x'",
     ):
         assert needle in text, needle
+
+
+def test_duplicate_keys_binary_files_and_deep_nesting_are_clear_errors(tmp_path: Path) -> None:
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("watch: [/x/*.json]\nstate_dir: /tmp/s\nbroker: {port: 1883}\nwatch: [/y]\n")
+    with pytest.raises(ConfigError, match="line 4: key 'watch' given twice"):
+        load_agent_config(dup)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="not a text file"):
+        load_agent_config(binary)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(ConfigError):
+        load_agent_config(deep)
+
+
+def test_missing_password_and_tls_files_fail_at_load(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        "watch: [/x/*.json]\nstate_dir: /tmp/s\n"
+        f"broker: {{password_file: {tmp_path}/nope, tls: {{ca_file: {tmp_path}/ca.pem}}}}\n"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_agent_config(cfg)
+    text = "\n".join(exc.value.problems)
+    assert "broker.password_file: cannot read" in text
+    assert "broker.tls.ca_file: cannot read" in text
