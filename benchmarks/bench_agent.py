@@ -6,12 +6,20 @@
    ``fiomon agent`` process follows it into a real Mosquitto started here. Printed: the
    agent's CPU in per cent of one core over the steady part (from /proc utime+stime), its
    peak RSS (VmHWM), and the bytes and records it handled.
+   A subscriber counts every ``(stream, seq)`` that arrives: the records expected (jobs x
+   directions x dumps) must all arrive, none twice and none invalid.
 2. Parsing one 1859-column hist-log line with :class:`~fiomon.fiolog.HistLogParser`
    (median over ``--lines`` single-line feeds, as the agent sees a log growing).
+3. ``--kill9``: the cost of a ``kill -9``: the agent follows ``--files`` hist logs growing
+   by ``--rate`` lines per second in all, is killed mid-run and restarted; printed are the
+   records it sent again (the subscriber's duplicates) next to the bound (records
+   acknowledged within one checkpoint interval plus those not yet acknowledged), and that
+   every record arrived.
 
-Targets (issue 3): CPU <= 2 % of one core, RSS <= 80 MB, <= 50 us per line. Usage::
+Targets (issues 3 and 10): CPU <= 2 % of one core, RSS <= 80 MB, <= 50 us per line. Usage::
 
     python benchmarks/bench_agent.py [--seconds 30] [--jobs 64]
+    python benchmarks/bench_agent.py --kill9 [--files 16] [--rate 400]
 """
 
 from __future__ import annotations
@@ -27,9 +35,52 @@ from pathlib import Path
 
 import numpy as np
 from _support import cpu_seconds, peak_rss_mb, start_broker
+from paho.mqtt.client import Client, MQTTMessage
+from paho.mqtt.enums import CallbackAPIVersion
 
+from fiomon.agent import CHECKPOINT_S
+from fiomon.errors import WireFormatError
 from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.simulate import format_line
+from fiomon.wire import decode
+
+
+class Counter:
+    """A subscriber on ``bench/v1/+/records`` counting every ``(stream, seq)``."""
+
+    def __init__(self, port: int) -> None:
+        self.seen: set[tuple[str, int]] = set()
+        self.duplicates = 0
+        self.invalid = 0
+        self.client = Client(CallbackAPIVersion.VERSION2, client_id="bench-counter")
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.subscribe("bench/v1/+/records", qos=1)
+        self.client.loop_start()
+        time.sleep(0.5)
+
+    def _on_message(self, _c: Client, _u: object, m: MQTTMessage) -> None:
+        try:
+            msg = decode(bytes(m.payload))
+        except WireFormatError:
+            self.invalid += 1
+            return
+        for seq in msg.seqs.tolist():
+            key = (msg.stream, seq)
+            if key in self.seen:
+                self.duplicates += 1
+            else:
+                self.seen.add(key)
+
+    def wait_for(self, n: int, within: float = 60.0) -> None:
+        end = time.monotonic() + within
+        while len(self.seen) < n and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "tests" / "fixtures" / "fio333_randrw_status.json"
@@ -74,8 +125,9 @@ def bench_agent(seconds: int, jobs: int, interval: float) -> None:
         cfg = folder / "agent.yaml"
         cfg.write_text(
             f"broker: {{port: {port}}}\nhost: bench\nwatch: ['{stream}']\n"
-            f"state_dir: {folder / 'state'}\n"
+            f"state_dir: {folder / 'state'}\ntopic_prefix: bench\n"
         )
+        counter = Counter(port)
         agent = subprocess.Popen(
             [sys.executable, "-m", "fiomon", "agent", "--config", str(cfg), "--log-level", "error"]
         )
@@ -97,9 +149,12 @@ def bench_agent(seconds: int, jobs: int, interval: float) -> None:
             c1 = cpu_seconds(agent.pid)
             wall = time.monotonic() - t_start
             rss = peak_rss_mb(agent.pid)
+            expected = seconds * jobs * 2
+            counter.wait_for(expected)
         finally:
             agent.terminate()
             agent.wait(20)
+            counter.close()
             broker.terminate()
             broker.wait(10)
     cpu = 100 * (c1 - c0) / wall
@@ -110,6 +165,77 @@ def bench_agent(seconds: int, jobs: int, interval: float) -> None:
     )
     print(f"  CPU  {cpu:5.2f} % of one core (target <= 2 %)")
     print(f"  RSS  {rss:5.1f} MB peak (target <= 80 MB)")
+    print(
+        f"  records expected {expected}, received {len(counter.seen)}, "
+        f"duplicates {counter.duplicates}, invalid {counter.invalid}"
+        + ("" if len(counter.seen) == expected and not counter.invalid else "  <-- WRONG")
+    )
+
+
+def bench_kill9(files: int, rate: int, seconds: float) -> None:
+    """Records re-sent after ``kill -9`` with ``files`` hist logs growing at ``rate`` lines/s."""
+    counts = np.zeros(1856, dtype=np.int64)
+    counts[600:700] = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        broker, port = start_broker(folder)
+        cfg = folder / "agent.yaml"
+        cfg.write_text(
+            f"broker: {{port: {port}}}\nhost: bench\nwatch: ['{folder}/*_clat_hist.*.log']\n"
+            f"state_dir: {folder / 'state'}\ntopic_prefix: bench\nflush_interval: 100ms\n"
+            "poll_interval: 100ms\nlog_hist_msec: 1000\n"
+        )
+        logs = [folder / f"j{k}_clat_hist.1.log" for k in range(files)]
+        counter = Counter(port)
+        cmd = [
+            sys.executable,
+            "-m",
+            "fiomon",
+            "agent",
+            "--config",
+            str(cfg),
+            "--log-level",
+            "error",
+        ]
+        agent = subprocess.Popen(cmd)
+        written = 0
+        t0 = time.monotonic()
+        killed = False
+        at_kill = 0
+        try:
+            while time.monotonic() - t0 < 2 * seconds:
+                if not killed and time.monotonic() - t0 >= seconds:
+                    agent.kill()  # kill -9: no goodbye, no final checkpoint
+                    agent.wait()
+                    at_kill = len(counter.seen)
+                    killed = True
+                    agent = subprocess.Popen(cmd)
+                for _ in range(max(1, rate // 20)):
+                    log = logs[written % files]
+                    stamp = 1_795_000_000_000 + 1000 * (written // files + 1)
+                    with log.open("a") as fh:
+                        fh.write(format_line(stamp, 0, 4096, counts))
+                    written += 1
+                time.sleep(0.05)
+            counter.wait_for(written)
+        finally:
+            agent.terminate()
+            agent.wait(20)
+            counter.close()
+            broker.terminate()
+            broker.wait(10)
+    bound = rate * CHECKPOINT_S
+    print(
+        f"kill -9 with {files} hist logs growing by {rate} lines/s in all: {written} records "
+        f"written, {len(counter.seen)} received, {counter.invalid} invalid"
+        + ("" if len(counter.seen) == written else "  <-- LOST RECORDS")
+    )
+    print(
+        f"  re-sent after the restart: {counter.duplicates} records "
+        f"({counter.duplicates / rate:.2f} s of writing; {at_kill} had arrived before the kill); "
+        f"bound: acknowledged within one checkpoint ({CHECKPOINT_S:g} s = {bound:.0f}) "
+        "plus those not yet acknowledged"
+    )
 
 
 def bench_line(lines: int) -> None:
@@ -146,7 +272,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=64, help="fio jobs per dump (default 64)")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between dumps")
     ap.add_argument("--lines", type=int, default=500, help="hist lines to time")
+    ap.add_argument("--kill9", action="store_true", help="measure what a kill -9 re-sends")
+    ap.add_argument("--files", type=int, default=16, help="hist logs for --kill9")
+    ap.add_argument("--rate", type=int, default=400, help="lines per second for --kill9")
     args = ap.parse_args()
+    if args.kill9:
+        bench_kill9(args.files, args.rate, args.seconds / 2)
+        return 0
     bench_line(args.lines)
     bench_agent(args.seconds, args.jobs, args.interval)
     return 0

@@ -63,7 +63,8 @@ from fiomon.wire import encode
 log = logging.getLogger("fiomon.agent")
 
 READ_BYTES = 4 * 1024 * 1024  # per file per poll: one busy file cannot starve the others
-FULL_VERIFY_BYTES = 4 << 20  # prefixes this small are checked in full on every change
+FULL_VERIFY_BYTES = 1 << 20  # prefixes this small are checked in full on every change
+ROTATE_BYTES = 256 << 10  # larger ones: this much more per change, in rotation
 FULL_VERIFY_MAX = 256 << 20  # ... and larger ones in full only after a quiet spell, up to this
 QUIET_S = 5.0  # a change after this much quiet is checked in full (rewrite, not append)
 IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed for another
@@ -470,7 +471,7 @@ class Follower:
         if st.st_size < n:
             return "truncated"
         full = n <= FULL_VERIFY_BYTES or (quiet >= QUIET_S and n <= FULL_VERIFY_MAX)
-        if n and not s.print.holds(s.fd, full=full):
+        if n and not s.print.holds(s.fd, full=full, budget=ROTATE_BYTES):
             return "rewritten in place"
         return None
 
