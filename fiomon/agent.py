@@ -313,6 +313,7 @@ class Agent:
             renames=f.renames,
             rewrites=f.rewrites,
             open_errors=f.open_errors,
+            read_errors=f.read_errors,
             patterns_idle=f.patterns_idle,
         )
         return {

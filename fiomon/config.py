@@ -147,7 +147,7 @@ class AgentConfig:
     log_hist_msec: int | None = None
     max_open_files: int = 256
     max_line_bytes: int = 1024**2
-    max_document_bytes: int = 64 * 1024**2
+    max_document_bytes: int = 32 * 1024**2
     rename_grace_ms: int = 60_000
 
 
@@ -471,7 +471,7 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
         log_hist_msec=r.get(top, "", "log_hist_msec", _opt_int_in(1, 3_600_000), None),
         max_open_files=r.get(top, "", "max_open_files", _int_in(4, 1_000_000), 256),
         max_line_bytes=r.get(top, "", "max_line_size", _size(64 * 1024), 1024**2),
-        max_document_bytes=r.get(top, "", "max_document_size", _size(1024**2), 64 * 1024**2),
+        max_document_bytes=r.get(top, "", "max_document_size", _size(1024**2), 32 * 1024**2),
         rename_grace_ms=r.get(top, "", "rename_grace", _duration_ms(0), 60_000),
     )
     if cfg.max_message_bytes > cfg.spool_bytes:

@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.fileprint import Fingerprint
-from fiomon.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser, looks_like_json
+from fiomon.fiojson import JsonStatusParser, looks_like_json
 from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
 from fiomon.model import RecordBatch
 from fiomon.overlap import covering
@@ -127,6 +127,7 @@ class FollowStats:
     renames: int = 0
     rewrites: int = 0
     open_errors: int = 0
+    read_errors: int = 0
     files_waiting: int = 0
     patterns_idle: int = 0
     problems: dict[str, int] = field(default_factory=dict)
@@ -167,7 +168,7 @@ class Follower:
         log_hist_msec: int | None = None,
         max_open_files: int = 256,
         max_line_bytes: int = MAX_LINE_BYTES,
-        max_document_bytes: int = MAX_DOCUMENT_BYTES,
+        max_document_bytes: int = 32 << 20,
         rename_grace_s: float = 60.0,
         pattern_idle_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -200,6 +201,7 @@ class Follower:
         self._patterns = [_Pattern(p, now) for p in patterns]
         self._waiting_logged = False
         self._open_failed: set[str] = set()
+        self._read_failed: set[str] = set()
         self.stats = FollowStats()
 
     # -- polling -------------------------------------------------------------------------
@@ -454,7 +456,15 @@ class Follower:
             )
             self._open.pop(s.stream, None)  # its content is gone: nothing to drain
             s = self._new_stream(s.path, s.fd, st, now)
-        yield from self._read(s, limit)
+        try:
+            yield from self._read(s, limit)
+        except OSError as exc:  # EIO and the like: the file is the truth, try again later
+            self.stats.read_errors += 1
+            if s.stream not in self._read_failed:
+                self._read_failed.add(s.stream)
+                log.warning("%s: read failed (%s); will retry", s.path, exc.strerror or exc)
+            return
+        self._read_failed.discard(s.stream)
         if s.orphan_since is not None and now - max(s.changed_at, s.orphan_since) >= (
             self.rename_grace_s
         ):
