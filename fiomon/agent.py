@@ -107,7 +107,8 @@ class Agent:
         self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
-        self._saved: dict[str, object] | None = None
+        self._saved: tuple[int, int] | None = None  # (follower changes, acks) last saved
+        self._acks = 0  # bumped with every acknowledgement
         # Streams the positions file on disk knows: a stream's first record goes out only
         # once it is listed there, so a crash right after can never give its file a new
         # stream id at the next start (which would count its records twice).
@@ -115,6 +116,7 @@ class Agent:
         self.state_error: str | None = None  # the state directory refuses writes
         # Reading and checkpointing run in worker threads; the follower is not thread-safe.
         self._follow_lock = threading.Lock()
+        self._save_lock = threading.Lock()
         self._paused = False
 
     # -- tasks -----------------------------------------------------------------------------
@@ -277,6 +279,7 @@ class Agent:
                 self.acked[msg.stream] = max(
                     self.acked.get(msg.stream, 0), msg.first_seq + msg.records
                 )
+                self._acks += 1
                 self.counters.messages_sent += 1
                 self.counters.records_sent += msg.records
             elif self._reading_done.is_set():
@@ -337,15 +340,25 @@ class Agent:
             await asyncio.to_thread(self._save_positions)
 
     def _save_positions(self) -> None:
-        """Save the positions if they changed; a refusing state directory is a state."""
+        """Save the positions if they changed; a refusing state directory is a state.
+
+        Runs in worker threads (the checkpoint loop, and before a new stream's first
+        record goes out); one save at a time.
+        """
+        with self._save_lock:
+            self._save_positions_locked()
+
+    def _save_positions_locked(self) -> None:
         with self._follow_lock:
+            version = (self.follower.changes, self._acks)
+            if version == self._saved:
+                return  # nothing read, opened, closed, renamed or acknowledged since
+            acked = dict(self.acked)  # one atomic copy: the event loop keeps adding to it
             known = self.follower.streams()
-            for stream in [s for s in self.acked if s not in known]:
-                del self.acked[stream]  # forgotten by the follower: keep this bounded too
-            state = self.follower.state(dict(self.acked))
-        doc = state.to_json()
-        if doc == self._saved:
-            return
+            for stream in [s for s in acked if s not in known]:
+                del acked[stream]
+                self.acked.pop(stream, None)  # forgotten by the follower: keep it bounded
+            state = self.follower.state(acked)
         try:
             save_positions(self.positions_path, state)
             self._durable = set(state.streams)
@@ -368,7 +381,7 @@ class Agent:
                 self.counters.state_write_errors,
             )
             self.state_error = None
-        self._saved = doc
+        self._saved = version
 
 
 async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:

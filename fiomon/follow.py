@@ -200,6 +200,7 @@ class Follower:
         }
         self._patterns = [_Pattern(p, now) for p in patterns]
         self._waiting_logged = False
+        self.changes = 0  # bumped whenever what :meth:`state` returns may have changed
         self._open_failed: set[str] = set()
         self._read_failed: set[str] = set()
         self.stats = FollowStats()
@@ -248,14 +249,18 @@ class Follower:
                 log.info("%s: renamed to %s; still stream %s", s.path, path, s.stream)
                 self.stats.renames += 1
                 s.path = path
+                self.changes += 1
             if s.orphan_since is not None:
                 log.info("%s: matches the watch patterns again (stream %s)", path, s.stream)
                 s.orphan_since = None
         for s in [s for s in self._open.values() if s.stream not in claimed]:
             yield from self._unclaimed(s, now)
         waiting = 0
+        closed_at: dict[tuple[int, int], list[_Closed]] = {}
+        for c in self._closed.values():
+            closed_at.setdefault((c.resume.dev, c.resume.ino), []).append(c)
         for path, st in fresh:
-            if not self._place(path, st, now):
+            if not self._place(path, st, closed_at.get((st.st_dev, st.st_ino), []), now):
                 waiting += 1
         self.stats.files_waiting = waiting
         if waiting and not self._waiting_logged:
@@ -269,6 +274,7 @@ class Follower:
         for stream, c in list(self._closed.items()):
             if now - c.seen_at > FORGET_S:
                 del self._closed[stream]
+                self.changes += 1
 
     def _glob(self, now: float) -> dict[str, os.stat_result]:
         """Regular files matching the patterns, with their stat; idle patterns reported."""
@@ -324,13 +330,17 @@ class Follower:
                 self.rename_grace_s,
             )
 
-    def _place(self, path: str, st: os.stat_result, now: float) -> bool:
+    def _place(self, path: str, st: os.stat_result, closed: list[_Closed], now: float) -> bool:
         """A path no open stream holds: a closed stream's file, or a new stream.
+
+        Args:
+            path: the path.
+            st: its stat.
+            closed: closed streams last seen on the same device and inode.
+            now: monotonic seconds.
 
         Returns False when no descriptor is free (the path waits for the next discovery).
         """
-        key = (st.st_dev, st.st_ino)
-        closed = [c for c in self._closed.values() if (c.resume.dev, c.resume.ino) == key]
         for c in closed:
             r = c.resume
             c.seen_at = now
@@ -339,6 +349,7 @@ class Follower:
                 if r.path != path:
                     log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
                     r.path = path
+                    self.changes += 1
                 return True  # nothing new in it: stays closed
         if not self._free_slot(now):
             return False
@@ -416,6 +427,7 @@ class Follower:
             log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
             self.stats.renames += 1
         self._closed.pop(r.stream, None)
+        self.changes += 1
         s = _Stream(r.stream, path, fd, st.st_dev, st.st_ino, changed_at=now)
         s.skip_below = c.skip_below
         s.acked_floor = r.acked_seq
@@ -430,6 +442,7 @@ class Follower:
         self._next_gen = gen + 1
         s = _Stream(f"{path}@{gen}", path, fd, st.st_dev, st.st_ino, changed_at=now)
         self._open[s.stream] = s
+        self.changes += 1
         self.stats.generations += 1
         return s
 
@@ -492,6 +505,7 @@ class Follower:
             if not chunk:
                 return
             s.print.update(chunk)
+            self.changes += 1
             self.stats.bytes_read += len(chunk)
             if not s.started:
                 self._start_parsing(s, chunk)
@@ -575,6 +589,7 @@ class Follower:
             yield from self._emit(s, s.parser.finish())
             self._collect_problems(s)
         self._open.pop(s.stream, None)
+        self.changes += 1
         if not deleted:
             self._closed[s.stream] = _Closed(
                 self._resume(s, s.acked_floor), s.next_seq, replay=False, seen_at=self._clock()
@@ -584,6 +599,7 @@ class Follower:
     def _close_quietly(self, s: _Stream, now: float) -> None:
         """Close a quiet stream's descriptor; it is reopened (and re-read) if it changes."""
         self._open.pop(s.stream, None)
+        self.changes += 1
         self._closed[s.stream] = _Closed(
             self._resume(s, s.acked_floor), max(s.skip_below, s.next_seq), False, now
         )
