@@ -268,11 +268,19 @@ class Agent:
         topic = self.topics.records(self.cfg.host)
         while True:
             msg = self.spool.peek()
-            if msg is not None and msg.stream not in self._durable:
-                await asyncio.to_thread(self._save_positions)
-                if msg.stream not in self._durable and self.state_error is None:
-                    log.error("stream %s missing from the saved positions", msg.stream)
-                self._durable.add(msg.stream)  # saved, or the state dir fails (flagged)
+            if msg is not None and not await self._durable_stream(msg.stream):
+                # The state directory cannot record this new stream yet. Publishing it
+                # anyway could, after a crash, send its records again under another
+                # stream id (counted twice); so new streams wait, the rest of the agent
+                # runs on, and the fault is flagged until a save succeeds.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                self._wake.clear()
+                msg = None
+                if loop.time() >= next_beat:
+                    await self._send_status(client, "online")
+                    next_beat = loop.time() + heartbeat
+                continue
             if msg is not None:
                 await client.publish(topic, msg.payload, qos=1)
                 self.spool.pop()
@@ -291,6 +299,21 @@ class Agent:
             if loop.time() >= next_beat:
                 await self._send_status(client, "online")
                 next_beat = loop.time() + heartbeat
+
+    async def _durable_stream(self, stream: str) -> bool:
+        """Whether ``stream`` is in the positions on disk (saving them if need be)."""
+        if stream in self._durable:
+            return True
+        await asyncio.to_thread(self._save_positions)
+        if stream in self._durable:
+            return True
+        with self._follow_lock:
+            known = stream in self.follower.streams()
+        if not known:
+            return True  # finished and forgotten: a restart cannot find its file again
+        if self.state_error is None:  # saved, yet not listed: it had read nothing then
+            await asyncio.to_thread(self._save_positions, force=True)
+        return stream in self._durable
 
     async def _send_status(self, client: aiomqtt.Client, state: str) -> None:
         payload = json.dumps(self.status(state)).encode()
@@ -312,6 +335,7 @@ class Agent:
             spool_disk_errors=self.spool.disk_errors,
             files_closed=f.files_closed,
             files_covered=f.files_covered,
+            files_copies=f.files_copies,
             files_waiting=f.files_waiting,
             renames=f.renames,
             rewrites=f.rewrites,
@@ -339,19 +363,19 @@ class Agent:
                 await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
             await asyncio.to_thread(self._save_positions)
 
-    def _save_positions(self) -> None:
+    def _save_positions(self, *, force: bool = False) -> None:
         """Save the positions if they changed; a refusing state directory is a state.
 
         Runs in worker threads (the checkpoint loop, and before a new stream's first
         record goes out); one save at a time.
         """
         with self._save_lock:
-            self._save_positions_locked()
+            self._save_positions_locked(force=force)
 
-    def _save_positions_locked(self) -> None:
+    def _save_positions_locked(self, *, force: bool) -> None:
         with self._follow_lock:
             version = (self.follower.changes, self._acks)
-            if version == self._saved:
+            if version == self._saved and not force:
                 return  # nothing read, opened, closed, renamed or acknowledged since
             acked = dict(self.acked)  # one atomic copy: the event loop keeps adding to it
             known = self.follower.streams()

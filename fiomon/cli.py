@@ -7,6 +7,7 @@ or configuration error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -334,16 +335,21 @@ def _source_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _inputs(args: argparse.Namespace, name: str) -> list[Path] | None:
-    """The inputs to read after ``--source``; None (message printed) when they overlap."""
+def _inputs(
+    args: argparse.Namespace, name: str
+) -> tuple[list[Path], dict[str, frozenset[int]]] | None:
+    """The inputs to read after ``--source``, and the json+ jobs to skip.
+
+    None (a message printed) when the inputs overlap and ``--source`` was not given.
+    """
     try:
-        paths, notes = choose_sources(args.logs, args.source)
+        paths, notes, skips = choose_sources(args.logs, args.source)
     except OverlapError as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
         return None
     for note in notes:
         print(f"fiomon {name}: {note}", file=sys.stderr)
-    return paths
+    return paths, skips
 
 
 def _when_ms(text: str) -> int:
@@ -399,12 +405,13 @@ def _summary(args: argparse.Namespace) -> int:
         from_ms=args.from_,
         to_ms=args.to,
     )
-    source = SourceOptions(
-        interval_ms=args.log_hist_msec, group_nr=args.group_nr, strict=args.strict
-    )
-    logs = _inputs(args, "summary")
-    if logs is None:
+    picked = _inputs(args, "summary")
+    if picked is None:
         return 2
+    logs, skips = picked
+    source = SourceOptions(
+        interval_ms=args.log_hist_msec, group_nr=args.group_nr, strict=args.strict, skip_jobs=skips
+    )
     try:
         return main_summary(
             logs,
@@ -432,13 +439,16 @@ def _fit(args: argparse.Namespace) -> int:
         if quantum <= 0:
             print("fiomon fit: --per-quantum must be positive", file=sys.stderr)
             return 2
-    logs = _inputs(args, "fit")
-    if logs is None:
+    picked = _inputs(args, "fit")
+    if picked is None:
         return 2
+    logs, skips = picked
     return run_fit(
         logs,
         directions=args.direction,
-        source=SourceOptions(interval_ms=args.log_hist_msec, group_nr=args.group_nr),
+        source=SourceOptions(
+            interval_ms=args.log_hist_msec, group_nr=args.group_nr, skip_jobs=skips
+        ),
         per_quantum_ms=quantum,
         fmt=args.format,
     )
@@ -576,9 +586,11 @@ def _report(args: argparse.Namespace) -> int:
         workers=args.jobs,
         progress=args.progress,
     )
-    logs = _inputs(args, "report")
-    if logs is None:
+    picked = _inputs(args, "report")
+    if picked is None:
         return 2
+    logs, skips = picked
+    opts = dataclasses.replace(opts, source=dataclasses.replace(opts.source, skip_jobs=skips))
     try:
         summary = run_report(logs, opts, sys.stdout)
     except ParseError as exc:

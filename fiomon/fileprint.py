@@ -23,6 +23,7 @@ from array import array
 
 BLOCK = 64 * 1024
 READ = 1 << 20
+HEAD = 4096  # bytes of the head key (copies of a file are found by it, then verified)
 
 
 class Fingerprint:
@@ -34,9 +35,17 @@ class Fingerprint:
         self._crcs = array("I")  # one per complete block
         self._crc = 0  # of the block in progress
         self._cursor = 1  # next block of the rotating check (0 and the last are always checked)
+        self._head = 0  # CRC-32 of the first min(length, HEAD) bytes
+
+    @property
+    def head(self) -> str:
+        """``<n>:<crc>`` of the first ``n = min(length, 4096)`` bytes: a key to find copies."""
+        return f"{min(self.length, HEAD)}:{self._head:08x}"
 
     def update(self, data: bytes) -> None:
         """Append ``data`` (the next bytes read from the file)."""
+        if self.length < HEAD:
+            self._head = zlib.crc32(data[: HEAD - self.length], self._head)
         self._sha.update(data)
         view = memoryview(data)
         pos = 0

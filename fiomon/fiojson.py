@@ -19,6 +19,7 @@ Jobs are identified by position in ``jobs`` and name, since ``numjobs`` repeats 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -28,6 +29,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo
+from fiomon.overlap import MIN_SLACK_MS, Declaration, prefix_name
 from fiomon.problems import ProblemLog
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
@@ -105,7 +107,7 @@ class JsonSplitter:
                 incomplete = exc.pos >= len(buf) - 1 or (
                     exc.msg.startswith("Unterminated string") and '"' not in buf[exc.pos + 1 :]
                 )
-                if incomplete and not final and len(buf) - start <= self.max_document_bytes:
+                if incomplete and not final and _held_bytes(buf, start) <= self.max_document_bytes:
                     pos = start  # wait for the rest of this document
                     break
                 if incomplete and final:
@@ -176,35 +178,65 @@ class JsonStatusParser:
         host: str = "",
         layout: BinLayout | None = None,
         problems: ProblemLog | None = None,
+        skip_jobs: frozenset[int] = frozenset(),
     ) -> None:
         self.source = source
         self.host = host
         self.layout = layout or BinLayout()
         self.problems = problems if problems is not None else ProblemLog()
         self.splitter = JsonSplitter(source, self.problems)
+        self.skip_jobs = skip_jobs
         self._jobs: dict[tuple[int, str], _JobState] = {}
         self._index_cache: dict[str, int] = {}
         self.records = 0
-        self.hist_prefixes: set[str] = set()
+        self.hist_names: set[str] = set()  # hist-log name prefixes its jobs write
+        self.job_prefixes: dict[int, str] = {}  # job position -> its hist-log name prefix
+        self.first_ms: int | None = None  # earliest time its I/Os cover
+        self.last_ms: int | None = None  # its last dump
+        self._interval_ms = 0  # largest spacing of dumps seen
 
-    def _note_hist_prefixes(self, doc: dict[str, Any]) -> None:
-        """Remember the ``write_hist_log`` prefixes the document's jobs write to.
+    def declaration(self, stream: str) -> Declaration:
+        """What this stream says about the hist logs of its jobs (:mod:`fiomon.overlap`)."""
+        return Declaration(
+            stream,
+            frozenset(self.hist_names),
+            self.first_ms,
+            self.last_ms,
+            max(MIN_SLACK_MS, 3 * self._interval_ms),
+        )
+
+    def _note_declarations(self, doc: dict[str, Any]) -> None:
+        """Remember the hist logs the document's jobs write, and the time it covers.
 
         fio lists command-line and ``[global]`` options under ``global options`` and a
-        job's own under its ``job options``; the hist logs of those jobs describe the same
-        I/Os as this stream (see :mod:`fiomon.overlap`).
+        job's own under its ``job options``; a bare ``write_hist_log`` names the logs after
+        the job. The hist logs of those jobs describe the same I/Os as this stream.
         """
-        sections = [doc.get("global options")]
+        glob_opts = doc.get("global options")
+        default = glob_opts.get("write_hist_log") if isinstance(glob_opts, dict) else None
         jobs = doc.get("jobs")
-        if isinstance(jobs, list):
-            sections.extend(j.get("job options") for j in jobs if isinstance(j, dict))
-        for opts in sections:
-            if not isinstance(opts, dict):
+        ts = doc.get("timestamp_ms")
+        for pos, job in enumerate(jobs if isinstance(jobs, list) else []):
+            if not isinstance(job, dict) or len(self.hist_names) >= _MAX_PREFIXES:
                 continue
-            prefix = opts.get("write_hist_log")
-            fits = len(self.hist_prefixes) < _MAX_PREFIXES
-            if isinstance(prefix, str) and 0 < len(prefix) <= 4096 and fits:
-                self.hist_prefixes.add(prefix)
+            own = job.get("job options")
+            prefix = own.get("write_hist_log") if isinstance(own, dict) else None
+            prefix = prefix if isinstance(prefix, str) else default
+            name = job.get("jobname")
+            if isinstance(prefix, str) and 0 < len(prefix) <= 4096:
+                self.job_prefixes[pos] = prefix_name(prefix)
+            elif isinstance(name, str) and 0 < len(name) <= 4096:
+                self.job_prefixes[pos] = name  # fio's default hist log name
+            if pos in self.job_prefixes:
+                self.hist_names.add(self.job_prefixes[pos])
+            runtime = job.get("job_runtime")
+            if _is_int(ts, _MAX_MS) and _is_int(runtime, _MAX_MS):
+                start = ts - runtime
+                self.first_ms = start if self.first_ms is None else min(self.first_ms, start)
+        if _is_int(ts, _MAX_MS):
+            if self.last_ms is not None and ts > self.last_ms:
+                self._interval_ms = max(self._interval_ms, min(ts - self.last_ms, 600_000))
+            self.last_ms = ts if self.last_ms is None else max(self.last_ms, ts)
 
     def feed(self, data: bytes) -> RecordBatch | None:
         """Records of every document completed by ``data`` (``None`` if there are none)."""
@@ -220,7 +252,7 @@ class JsonStatusParser:
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
         rows: list[_Row] = []
         for doc in docs:
-            self._note_hist_prefixes(doc)
+            self._note_declarations(doc)
             try:
                 rows.extend(self._document(doc))
             except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -266,12 +298,19 @@ class JsonStatusParser:
             return []
         rows: list[_Row] = []
         for pos, job in enumerate(jobs):
-            if not isinstance(job, dict):
+            if not isinstance(job, dict) or pos in self.skip_jobs:
                 continue
             name = str(job.get("jobname", f"job{pos}"))
             key = (pos, name)
             state = self._jobs.get(key)
             if state is None:
+                if len(self._jobs) >= _MAX_JOBS:
+                    # fio lists the same jobs in every dump; only hostile input grows this.
+                    oldest = min(self._jobs, key=lambda k: self._jobs[k].last_ts or 0)
+                    del self._jobs[oldest]
+                    self.problems.report(
+                        self.source, line, "jobs", f"more than {_MAX_JOBS} jobs: forgot one"
+                    )
                 state = _JobState(StreamInfo(self.host, f"{self.source}:{pos}:{name}"))
                 self._jobs[key] = state
             rows.extend(self._job(state, job, ts, line))
@@ -405,9 +444,16 @@ class _Row:
 
 
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
-_MAX_PREFIXES = 4096  # distinct write_hist_log prefixes remembered per stream
+_MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
+_MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
 _MAX_MS = 10**14  # epoch ms in the year 5138: anything larger is not a fio time
 _MAX_COUNT = 2**53  # sums of counts and bytes stay exact in int64 and float64
+
+
+def _held_bytes(buf: str, start: int) -> int:
+    """Memory the text from ``start`` takes (1, 2 or 4 bytes a character in CPython)."""
+    width = max(1, (sys.getsizeof(buf) - sys.getsizeof("")) // max(1, len(buf)))
+    return (len(buf) - start) * width
 
 
 def _is_int(value: object, upper: int) -> TypeGuard[int]:

@@ -68,10 +68,18 @@ class Resume:
         records: records those bytes gave (sequence numbers ``0 .. records - 1``).
         acked_seq: records below this were acknowledged by the broker.
         time_offset_ms: wall-clock offset of a relative-time hist log, or None.
-        covered_by: for a hist log: the json+ stream that publishes the same I/Os.
-        hist_prefixes: for a json+ stream: the ``write_hist_log`` prefixes it declares.
+        covered_by: the stream that publishes this file's I/Os instead (a json+ stream
+            for a hist log of its jobs, or the original of a copy), or None.
+        declares: for a json+ stream: the hist-log names its jobs write.
+        span_ms: for a json+ stream: the time its I/Os cover, ``[first, last]`` epoch ms.
+        slack_ms: for a json+ stream: how far a covered hist log may reach outside it.
+        head: the head key of the bytes read (:attr:`Fingerprint.head`), to find copies.
         size: the file's size when last read (a change while closed reopens it).
         mtime_ns: its modification time then.
+        orphan_until_ms: renamed out of the watch patterns: followed (by ``path``) until
+            this wall-clock time.
+        gone: the file was deleted (kept to recognise a copy of it, e.g. ``mv`` across
+            file systems).
     """
 
     stream: str
@@ -84,9 +92,14 @@ class Resume:
     acked_seq: int = 0
     time_offset_ms: int | None = None
     covered_by: str | None = None
-    hist_prefixes: tuple[str, ...] = ()
+    declares: tuple[str, ...] = ()
+    span_ms: tuple[int, int] | None = None
+    slack_ms: int = 0
+    head: str = ""
     size: int = 0
     mtime_ns: int = 0
+    orphan_until_ms: int | None = None
+    gone: bool = False
 
     def to_json(self) -> dict[str, object]:
         """A JSON-able dict (the positions file's entry)."""
@@ -100,9 +113,14 @@ class Resume:
             "acked_seq": self.acked_seq,
             "time_offset_ms": self.time_offset_ms,
             "covered_by": self.covered_by,
-            "hist_prefixes": list(self.hist_prefixes),
+            "declares": list(self.declares),
+            "span_ms": list(self.span_ms) if self.span_ms is not None else None,
+            "slack_ms": self.slack_ms,
+            "head": self.head,
             "size": self.size,
             "mtime_ns": self.mtime_ns,
+            "orphan_until_ms": self.orphan_until_ms,
+            "gone": self.gone,
         }
 
     @classmethod
@@ -129,13 +147,24 @@ class Resume:
                 raise ValueError(msg)
             return v
 
-        off = data.get("time_offset_ms")
-        if not (off is None or (isinstance(off, int) and not isinstance(off, bool))):
-            msg = "time_offset_ms is not an integer"
+        def opt_int(key: str) -> int | None:
+            v = data.get(key)
+            if v is None:
+                return None
+            if not isinstance(v, int) or isinstance(v, bool):
+                msg = f"{key} is not an integer"
+                raise ValueError(msg)
+            return v
+
+        declares = data.get("declares", [])
+        if not isinstance(declares, list) or not all(isinstance(p, str) for p in declares):
+            msg = "declares is not a list of strings"
             raise ValueError(msg)
-        prefixes = data.get("hist_prefixes", [])
-        if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
-            msg = "hist_prefixes is not a list of strings"
+        span = data.get("span_ms")
+        if span is not None and not (
+            isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
+        ):
+            msg = "span_ms is not a pair of integers"
             raise ValueError(msg)
         return cls(
             stream=stream,
@@ -146,11 +175,16 @@ class Resume:
             sha1=str(text("sha1")),
             records=num("records"),
             acked_seq=num("acked_seq"),
-            time_offset_ms=off,
+            time_offset_ms=opt_int("time_offset_ms"),
             covered_by=text("covered_by", optional=True),
-            hist_prefixes=tuple(prefixes),
+            declares=tuple(declares),
+            span_ms=(span[0], span[1]) if span is not None else None,
+            slack_ms=opt_int("slack_ms") or 0,
+            head=str(text("head", optional=True) or ""),
             size=num("size"),
             mtime_ns=num("mtime_ns"),
+            orphan_until_ms=opt_int("orphan_until_ms"),
+            gone=data.get("gone") is True,
         )
 
 

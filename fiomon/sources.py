@@ -8,17 +8,19 @@ close quanta behind the slowest one, keeping memory bounded for runs of any leng
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
 from fiomon.errors import OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
-from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
+from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
-from fiomon.overlap import covering
+from fiomon.overlap import Declaration, covering, hist_log_name
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -34,6 +36,7 @@ class SourceOptions:
         unit: force the bin unit of hist logs.
         strict: make the first bad line fatal.
         chunk_bytes: read size.
+        skip_jobs: per json+ file, positions of jobs not to read (``--source hist``).
     """
 
     interval_ms: int | None = None
@@ -41,6 +44,7 @@ class SourceOptions:
     unit: Unit | None = None
     strict: bool = False
     chunk_bytes: int = CHUNK_BYTES
+    skip_jobs: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
 class FileSource:
@@ -72,6 +76,7 @@ class FileSource:
                 host=host,
                 problems=self.problems,
                 layout=BinLayout(options.group_nr) if options.group_nr else None,
+                skip_jobs=options.skip_jobs.get(self.name, frozenset()),
             )
         else:
             self.parser = HistLogParser(
@@ -151,25 +156,70 @@ SOURCE_HELP = {
     "both": "count both anyway (every I/O of those jobs twice)",
 }
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
+_TAIL_BYTES = 4 << 20  # how much of a file's end is read for its last time stamp
+_TS_RE = re.compile(rb'"timestamp_ms"\s*:\s*(\d{1,16})')
+_THREAD_RE = re.compile(r"_clat_hist\.(\d+)\.log")
 
 
-def declared_prefixes(path: Path) -> tuple[str, ...]:
-    """The ``write_hist_log`` prefixes a json+ file's first document declares."""
+@dataclass(frozen=True, slots=True)
+class _JsonInput:
+    """What a json+ file says about the hist logs of its jobs."""
+
+    path: Path
+    declaration: Declaration
+    job_names: dict[int, str]  # job position -> the hist-log name prefix it writes
+
+
+def _json_input(path: Path) -> _JsonInput:
+    """Declarations from a json+ file's first document, and its last dump's time."""
     parser = JsonStatusParser(str(path), problems=ProblemLog())
     splitter = JsonSplitter(str(path), parser.problems, max_document_bytes=_DECLARATION_BYTES)
     with path.open("rb") as fh:
         read = 0
-        while read < _DECLARATION_BYTES and (chunk := fh.read(CHUNK_BYTES)):
+        found = False
+        while not found and read < _DECLARATION_BYTES and (chunk := fh.read(CHUNK_BYTES)):
             read += len(chunk)
             for doc in splitter.feed(chunk):
-                parser._note_hist_prefixes(doc)
-                return tuple(sorted(parser.hist_prefixes))
-    return ()
+                parser._note_declarations(doc)
+                found = True
+                break
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - _TAIL_BYTES))
+        stamps = _TS_RE.findall(fh.read())
+    d = parser.declaration(str(path))
+    if stamps and d.first_ms is not None:
+        d = Declaration(d.stream, d.names, d.first_ms, max(int(stamps[-1]), d.last_ms or 0))
+    return _JsonInput(path, d, dict(parser.job_prefixes))
+
+
+def _hist_span(path: Path) -> tuple[int, int] | None:
+    """Epoch ms of a hist log's first and last stamps (None: relative or unreadable)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(65536)
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 65536))
+            tail = fh.read()
+    except OSError:
+        return None
+    stamps = []
+    for text in (head, tail):
+        lines = [ln for ln in text.split(b"\n") if ln.strip()]
+        if len(lines) > 1 and text is tail:
+            lines = lines[1:]  # the tail's first line may be cut
+        for ln in lines[:1] if text is head else lines[-1:]:
+            try:
+                stamps.append(int(ln.split(b",", 1)[0]))
+            except ValueError:
+                return None
+    if len(stamps) != 2 or min(stamps) < EPOCH_MS_MIN:
+        return None
+    return stamps[0] - 60_000, stamps[1]  # the first record may span a long interval
 
 
 def choose_sources(
     paths: Sequence[Path], choice: SourceChoice | None
-) -> tuple[list[Path], list[str]]:
+) -> tuple[list[Path], list[str], dict[str, frozenset[int]]]:
     """The inputs to read, so that no I/O is counted twice (:mod:`fiomon.overlap`).
 
     Args:
@@ -178,34 +228,52 @@ def choose_sources(
             jobs; None when the user did not say.
 
     Returns:
-        The paths to read (in the given order) and notes for the user.
+        The paths to read (in the given order, each file once), notes for the user, and
+        per json+ file the positions of jobs not to read (``--source hist``: the jobs
+        whose hist logs are given; the stream's other jobs still count).
 
     Raises:
         OverlapError: both views of the same jobs were given and ``choice`` is None.
     """
-    json_files: list[tuple[str, tuple[str, ...]]] = []
+    unique: list[Path] = []
+    seen: dict[tuple[int, int], Path] = {}
+    notes: list[str] = []
     for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            unique.append(p)  # reported as unreadable by the command itself
+            continue
+        first = seen.setdefault((st.st_dev, st.st_ino), p)
+        if first is p:
+            unique.append(p)
+        else:
+            notes.append(f"warning: {p} is {first} again: read once")
+    json_inputs: list[_JsonInput] = []
+    for p in unique:
         try:
             with p.open("rb") as fh:
                 is_json = looks_like_json(fh.read(64))
         except OSError:
-            continue  # reported as unreadable by the command itself
+            continue
         if is_json:
-            json_files.append((str(p), declared_prefixes(p)))
+            json_inputs.append(_json_input(p))
+    decls = [j.declaration for j in json_inputs]
     covered: dict[str, list[Path]] = {}
-    for p in paths:
-        by = covering(str(p), json_files)
+    for p in unique:
+        if any(j.path == p for j in json_inputs):
+            continue
+        by = covering(str(p), _hist_span(p), decls)
         if by is not None:
             covered.setdefault(by, []).append(p)
     if not covered or choice == "both":
-        notes = []
         if covered:
             n = sum(len(v) for v in covered.values())
             notes.append(
                 f"warning: --source both: {n} hist logs and the json+ streams that cover "
                 "them are both counted (every I/O of those jobs twice)"
             )
-        return list(paths), notes
+        return unique, notes, {}
     if choice is None:
         lines = []
         for by, hist in covered.items():
@@ -214,15 +282,43 @@ def choose_sources(
         options = "\n".join(f"  --source {k:<5} {v}" for k, v in SOURCE_HELP.items())
         msg = (
             "these inputs describe the same I/Os twice: a json+ status stream declares the "
-            "hist logs of its jobs (write_hist_log):\n"
+            "hist logs of its jobs (write_hist_log) and covers their time:\n"
             + "\n".join(lines)
             + f"\nChoose one view:\n{options}"
         )
         raise OverlapError(msg)
     if choice == "json":
         drop = {str(h) for hist in covered.values() for h in hist}
-        note = f"--source json: not reading {len(drop)} hist log(s) the json+ streams cover"
-    else:
-        drop = set(covered)
-        note = f"--source hist: not reading {len(drop)} json+ stream(s): {', '.join(sorted(drop))}"
-    return [p for p in paths if str(p) not in drop], [note]
+        notes.append(f"--source json: not reading {len(drop)} hist log(s) the json+ streams cover")
+        return [p for p in unique if str(p) not in drop], notes, {}
+    skips: dict[str, frozenset[int]] = {}
+    dropped: list[str] = []
+    for j in json_inputs:
+        hist = covered.get(str(j.path), [])
+        if not hist:
+            continue
+        skip = frozenset(pos for pos, name in j.job_names.items() if _writes(pos, name, hist))
+        if skip >= set(j.job_names):
+            dropped.append(str(j.path))
+        else:
+            skips[str(j.path)] = skip
+            notes.append(
+                f"--source hist: {j.path}: not reading {len(skip)} of its "
+                f"{len(j.job_names)} jobs (their hist logs are given)"
+            )
+    if dropped:
+        notes.append(
+            f"--source hist: not reading {len(dropped)} json+ stream(s): {', '.join(dropped)}"
+        )
+    return [p for p in unique if str(p) not in set(dropped)], notes, skips
+
+
+def _writes(pos: int, name: str, hist: list[Path]) -> bool:
+    """Whether job ``pos`` (writing hist logs named ``name``) wrote one of ``hist``."""
+    for h in hist:
+        if hist_log_name(str(h)) != name:
+            continue
+        m = _THREAD_RE.search(h.name)
+        if m is None or int(m.group(1)) == pos + 1:  # fio numbers threads from 1
+            return True
+    return False

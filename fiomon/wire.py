@@ -19,6 +19,7 @@ reason, and nothing else escapes it.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -77,6 +78,22 @@ class Message:
         return self.first_seq + np.arange(len(self.batch), dtype=np.int64)
 
 
+def wire_id(text: str, limit: int = MAX_ID_BYTES) -> str:
+    r"""``text`` made into an id the wire format accepts (never raises).
+
+    File names need not be UTF-8 (Python holds their odd bytes as surrogates): those bytes
+    are written as ``\\xNN``. An id over ``limit`` bytes keeps its end (the file name
+    says most) behind a hash of the whole, so distinct long ids stay distinct.
+    """
+    safe = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") or "?"
+    raw = safe.encode("utf-8")
+    if len(raw) <= limit:
+        return safe
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
+    tail = raw[-(limit - len(digest) - 2) :].decode("utf-8", "ignore")
+    return f"{digest}~{tail}"
+
+
 def _put_str(out: list[bytes], text: str, what: str) -> None:
     raw = text.encode("utf-8")
     if not raw or len(raw) > MAX_ID_BYTES:
@@ -130,7 +147,7 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
     _put_str(parts, stream, "stream id")
     parts.append(struct.pack("<H", len(batch.streams)))
     for s in batch.streams:
-        _put_str(parts, s.stream, "job label")
+        _put_str(parts, wire_id(s.stream), "job label")  # job names come from the files
     rows = np.zeros(n, dtype=_RECORD)
     rows["label"] = batch.stream_idx
     rows["direction"] = batch.direction

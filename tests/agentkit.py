@@ -220,16 +220,20 @@ class AgentProcess:
 
 
 def python_child(pid: int) -> int:
-    """The pid of the python process under a wrapper (itself, or its first descendant)."""
-    for _ in range(50):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"fiomon" in cmd and b"python" in cmd.split(b"\0")[0]:
-            return pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if not children:
-            break
-        pid = int(children[0])
-    return pid
+    """The pid of the fiomon process under a wrapper: itself, or a descendant."""
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        if b"fiomon" in cmd and b"python" in cmd[0]:
+            return p
+        todo += [int(c) for c in children]
+    msg = f"no fiomon process under {pid}"
+    raise AssertionError(msg)
 
 
 def report_samples(paths: list[Path], *extra: str) -> float:

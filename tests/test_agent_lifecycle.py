@@ -335,9 +335,12 @@ async def test_hostile_lines_neither_crash_nor_grow_the_agent(
 UNSHARE_FILL = r"""
 set -u
 mount -t tmpfs -o size=2m tmpfs "$STATE" || { echo "cannot mount a tmpfs on $STATE" >&2; exit 97; }
-head -c 2097152 /dev/zero > "$STATE/filler" 2>/dev/null
-( while [ ! -e "$RELEASE" ]; do sleep 0.1; done; rm -f "$STATE/filler" ) &
-while [ ! -e "$DONE" ]; do "$@"; done
+fill() { head -c 2097152 /dev/zero > "$STATE/filler" 2>/dev/null; }
+wait_for() { while [ ! -e "$1" ]; do sleep 0.1; done; }
+fill
+( wait_for "$FLAG.free1"; rm -f "$STATE/filler"; wait_for "$FLAG.fill2"; fill;
+  touch "$FLAG.filled2"; wait_for "$FLAG.free2"; rm -f "$STATE/filler" ) &
+while [ ! -e "$FLAG.done" ]; do "$@"; done
 """
 
 
@@ -347,7 +350,12 @@ async def test_full_state_directory_is_a_state_not_an_exit(
     agent_proc: list[AgentProcess],
     real_lines: list[str],
 ) -> None:
-    """positions.json and the spool on a full 2 MB tmpfs, then freed, then kill -9."""
+    """positions.json and the spool on a full 2 MB tmpfs; freed; full again with kill -9.
+
+    A new stream goes out only once the positions on disk list it: while they cannot be
+    written, new files wait (flagged), so a crash in that state never sends them again
+    under another stream id.
+    """
     logs = tmp_path / "logs"
     logs.mkdir()
     state = tmp_path / "state"
@@ -357,42 +365,62 @@ async def test_full_state_directory_is_a_state_not_an_exit(
     unshare = shutil.which("unshare")
     assert unshare is not None, "util-linux's unshare is needed for the tmpfs scenario"
     ns = ["-m"] if os.geteuid() == 0 else ["-r", "-m"]
-    release, done = tmp_path / "release", tmp_path / "done"
-    env = dict(os.environ, STATE=str(state), RELEASE=str(release), DONE=str(done))
+    flag = tmp_path / "flag"
+    env = dict(os.environ, STATE=str(state), FLAG=str(flag))
     wrapper = [unshare, *ns, "sh", "-c", UNSHARE_FILL, "sh"]
-    log = logs / "h_clat_hist.1.log"
-    log.write_text("".join(real_lines[:10]))
+    a = logs / "a_clat_hist.1.log"
+    b = logs / "b_clat_hist.1.log"
+    a.write_text("".join(real_lines[:10]))
     try:
         async with subscribed(mosquitto) as sub:
             agent = AgentProcess(cfg, tmp_path / "agent.log", wrapper=wrapper, env=env)
             agent_proc.append(agent)
             agent.start()
-            await sub.wait_for(lambda: len(sub.seen) == 10)
             await sub.wait_for(lambda: sub.fault("state_dir") is not None)
-            assert sub.fault("spool_disk") is not None
-            with log.open("a") as fh:
-                fh.write("".join(real_lines[10:20]))
-            await sub.wait_for(lambda: len(sub.seen) == 20)
-            release.touch()  # space again: positions are saved, the flag clears
-            await sub.wait_for(
-                lambda: sub.fault("state_dir") is None and sub.counter("state_write_errors") > 0
-            )
+            assert sub.seen == {}, "a stream the positions do not list went out"
+            await touch(f"{flag}.free1")  # space again: positions saved, the flag clears
+            await sub.wait_for(lambda: len(sub.seen) == 10 and sub.fault("state_dir") is None)
+            assert sub.counter("state_write_errors") > 0
+            await touch(f"{flag}.fill2")
+            await appears(Path(f"{flag}.filled2"))
+            b.write_text("".join(bump(x) for x in real_lines[10:15]))
+            await sub.wait_for(lambda: sub.fault("state_dir") is not None)
             healthy(agent)
-            os.kill(python_child(agent.pid), signal.SIGKILL)  # the wrapper restarts it at once
-            with log.open("a") as fh:
-                fh.write("".join(real_lines[20:25]))
-            await sub.wait_for(lambda: len(sub.seen) == 25)
-            done.touch()
+            os.kill(python_child(agent.pid), signal.SIGKILL)  # the wrapper restarts it
+            await asyncio.sleep(1.0)  # the new agent finds b again; still no room
+            assert not sub.streams_of(b)
+            await touch(f"{flag}.free2")
+            await sub.wait_for(lambda: len(sub.seen) == 15)
+            await touch(f"{flag}.done")
             os.kill(python_child(agent.pid), signal.SIGTERM)
             assert await agent.wait() == 0
     finally:
-        done.touch()
+        await touch(f"{flag}.done")
     assert sub.gapless()
     assert sub.invalid == 0, "a torn message was published"
-    assert len(sub.streams_of(log)) == 1
-    ref = tmp_path / "ref.log"
-    ref.write_text("".join(real_lines[:25]))
-    assert sub.samples() == round(report_samples([ref], "--log-hist-msec", "100"))
+    assert len(sub.streams_of(a)) == len(sub.streams_of(b)) == 1
+    truth = sum(line_ios(x) for x in real_lines[:10]) + sum(
+        line_ios(bump(x)) for x in real_lines[10:15]
+    )
+    assert sub.samples() == truth
+
+
+async def touch(path: str) -> None:
+    await asyncio.to_thread(Path(path).touch)
+
+
+async def appears(path: Path, within: float = 30.0) -> None:
+    """Wait until a file exists (a flag another process writes; nothing to subscribe to)."""
+    async with asyncio.timeout(within):
+        while not await asyncio.to_thread(path.exists):  # noqa: ASYNC110 -- a file, not ours
+            await asyncio.sleep(0.05)
+
+
+def variant(line: str, k: int) -> str:
+    """The same record with ``k`` more I/Os in its first non-empty bin (distinct files)."""
+    for _ in range(k):
+        line = bump(line)
+    return line
 
 
 async def test_many_files_under_a_low_descriptor_limit(
@@ -408,8 +436,8 @@ async def test_many_files_under_a_low_descriptor_limit(
         agent_yaml(mosquitto, [f"{logs}/*_clat_hist.*.log"], tmp_path / "state", max_open_files="8")
     )
     files = [logs / f"j{k:03d}_clat_hist.1.log" for k in range(60)]
-    for k, f in enumerate(files):
-        f.write_text("".join(real_lines[k % 20 : k % 20 + 3]))
+    for k, f in enumerate(files):  # distinct contents: identical files would be copies
+        f.write_text("".join(variant(x, k) for x in real_lines[k % 20 : k % 20 + 3]))
     prlimit = shutil.which("prlimit")
     assert prlimit is not None, "util-linux's prlimit is needed"
     async with subscribed(mosquitto) as sub:
@@ -419,7 +447,10 @@ async def test_many_files_under_a_low_descriptor_limit(
         await sub.wait_for(lambda: len(sub.seen) == 180, within=120)
         with files[0].open("a") as fh:  # a file closed to free a descriptor grows again
             fh.write(real_lines[25])
+        # a copy into the watched folder is followed, not published
+        shutil.copy(files[1], logs / "copy_clat_hist.1.log")
         await sub.wait_for(lambda: len(sub.seen) == 181, within=60)
+        await sub.wait_for(lambda: sub.counter("files_copies") == 1)
         healthy(agent)
         assert await agent.stop() == 0
     assert sub.gapless()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fiomon.follow import Follower
+from fiomon.follow import RESCAN_S, Follower
 from fiomon.positions import FollowState, load_positions, save_positions
 from fiomon.simulate import format_line
 from fiomon.spool import Outgoing
@@ -170,7 +170,8 @@ def test_deleted_file_is_drained_then_recreated_file_is_a_new_stream(tmp_path: P
     with p.open("a") as fh:
         fh.write(line(1))
     p.unlink()
-    p.write_text(line(0) + line(1) + line(2))  # may well get the same inode number back
+    # A re-run: other content (it may well get the same inode number back).
+    p.write_text(line(0, value=50) + line(1, value=50) + line(2, value=50))
     got = records(list(f.poll()))
     old = [r for r in got if r[0] == first[0][0]]
     new = [r for r in got if r[0] != first[0][0]]
@@ -240,15 +241,18 @@ def test_restart_through_the_positions_file_and_a_rename_while_down(tmp_path: Pa
     p.write_text("".join(line(i) for i in range(3)))
     f = follower(tmp_path)
     stream = records(list(f.poll()))[0][0]
-    save_positions(tmp_path / "positions.json", f.state({stream: 3}))
+    (tmp_path / "state").mkdir()
+    save_positions(tmp_path / "state" / "positions.json", f.state({stream: 3}))
     f.close()
     p.rename(tmp_path / "a_clat_hist.1.moved.log")  # while no agent runs
-    state, problems = load_positions(tmp_path / "positions.json")
+    state, problems = load_positions(tmp_path / "state" / "positions.json")
     assert problems == []
-    g = follower(tmp_path, state=state)
+    clock = Clock()
+    g = follower(tmp_path, state=state, clock=clock)
     assert list(g.poll()) == []  # the same content: nothing new, nothing re-sent
     with (tmp_path / "a_clat_hist.1.moved.log").open("a") as fh:
         fh.write(line(3))
+    clock.t += RESCAN_S  # a closed file that grows is noticed by the next full rescan
     assert records(list(g.poll())) == [(stream, 3, T0 + 4000)]
 
 
@@ -338,7 +342,7 @@ def test_hist_logs_covered_by_a_followed_json_stream_are_not_published(tmp_path:
     covered = tmp_path / "h_clat_hist.1.log"  # sorts before run.json, same poll
     covered.write_text(line(0) + line(1))
     other = tmp_path / "other_clat_hist.1.log"  # no json+ stream declares "other"
-    other.write_text(line(0))
+    other.write_text(line(5))  # its own content (not a copy of the other log)
     got = records(list(f.poll()))
     streams = Counter(s.rsplit("@", 1)[0] for s, _, _ in got)
     assert streams == {str(run): 2, str(other): 1}
@@ -352,14 +356,47 @@ def test_hist_logs_covered_by_a_followed_json_stream_are_not_published(tmp_path:
     assert records(list(g.poll())) == []
 
 
-def test_hist_log_without_a_live_counterpart_is_published(tmp_path: Path) -> None:
+def test_hist_logs_of_other_runs_or_names_are_published(tmp_path: Path) -> None:
+    """Same name, another time (a run without its json+ stream), or another name."""
     f = follower(tmp_path)
     run = tmp_path / "run.json"
-    run.write_text(_json_doc(T0 + 1000, "/elsewhere/h", 10))
+    run.write_text(_json_doc(T0 + 3_600_000, "/elsewhere/h", 10))  # an hour later
     h = tmp_path / "h_clat_hist.1.log"
     h.write_text(line(0))
+    other = tmp_path / "x_clat_hist.1.log"
+    other.write_text(line(3))
     got = records(list(f.poll()))
-    assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {str(run): 1, str(h): 1}
+    assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {
+        str(run): 1,
+        str(h): 1,
+        str(other): 1,
+    }
+
+
+def test_a_hist_log_is_covered_whatever_folder_fio_wrote_it_from(tmp_path: Path) -> None:
+    """fio's prefix names another folder (a bind mount, a symlink, fio's working dir)."""
+    f = follower(tmp_path)
+    run = tmp_path / "run.json"
+    run.write_text(_json_doc(T0 + 1000, "/mnt/other/view/h", 10))
+    (tmp_path / "h_clat_hist.1.log").write_text(line(0))
+    got = records(list(f.poll()))
+    assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {str(run): 1}
+    assert f.stats.files_covered == 1
+
+
+def test_a_hist_log_written_before_the_first_status_dump_waits_for_it(tmp_path: Path) -> None:
+    """A short job ends (its hist log appears) before fio writes its first json+ document."""
+    clock = Clock()
+    f = follower(tmp_path, clock=clock)
+    run = tmp_path / "run.json"
+    run.write_text("")  # fio opened its output; no document yet
+    (tmp_path / "h_clat_hist.1.log").write_text(line(0))
+    assert list(f.poll()) == []  # held: the stream may still declare it
+    clock.t += 1
+    run.write_text(_json_doc(T0 + 1000, "h", 10))
+    got = records(list(f.poll()))
+    assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {str(run): 1}
+    assert f.stats.files_covered == 1
 
 
 def test_a_line_that_never_ends_is_skipped_and_bounded(tmp_path: Path) -> None:
@@ -453,3 +490,35 @@ def test_new_generation_numbers_never_repeat_across_lost_state(tmp_path: Path) -
     g = follower(tmp_path, wall_s=lambda: wall[0])  # positions lost: starts afresh
     b = records(list(g.poll()))[0][0]
     assert a != b
+
+
+def test_a_copy_is_not_published_and_a_move_across_file_systems_continues(
+    tmp_path: Path,
+) -> None:
+    f = follower(tmp_path)
+    p = tmp_path / "run_clat_hist.1.log"
+    p.write_text("".join(line(i) for i in range(5)))
+    first = records(list(f.poll()))
+    assert len(first) == 5
+    shutil.copy(p, tmp_path / "archive_clat_hist.1.log")  # cp into the watched folder
+    assert records(list(f.poll())) == []
+    assert f.stats.files_copies == 1
+    # mv to another file system is a copy plus a delete: the stream carries on in the copy.
+    moved = tmp_path / "moved_clat_hist.1.log"
+    shutil.copy(p, moved)
+    p.unlink()
+    with moved.open("a") as fh:
+        fh.write(line(5))
+    got = records(list(f.poll()))
+    assert got == [(first[0][0], 5, T0 + 6000)]
+
+
+def test_only_whitespace_so_far_does_not_decide_the_kind(tmp_path: Path) -> None:
+    f = follower(tmp_path)
+    p = tmp_path / "out.json"
+    p.write_text("\n\n")  # fio client mode starts its output with a newline
+    assert list(f.poll()) == []
+    with p.open("a") as fh:
+        fh.write(_json_doc(T0 + 1000, "h", 5))
+    got = records(list(f.poll()))
+    assert len(got) == 1
