@@ -8,9 +8,10 @@ Record semantics (REFERENCE.md §1, DESIGN.md):
   job file, or the median spacing of the file's stamps);
 * a line with the same stamp as the previous one of its direction is a catch-up line
   written after a stall: a zero-length record at that stamp whose counts are *added*;
-* a stamp that goes backwards is bad input (counted, skipped); a relative log whose
-  stamps restart near zero is a second run appended to the file (``per_job_logs=0``) and
-  starts a new stream;
+* a stamp that goes backwards by less than an interval is bad input (counted, skipped);
+  a relative log whose stamps restart near zero, or an epoch log whose stamps go back by
+  an interval or more, holds another run's or job's records appended to the file
+  (``per_job_logs=0``) and starts a new stream;
 * stamps >= 10**12 are epoch ms (``log_unix_epoch=1``); smaller ones are relative to the
   job start, are shifted by ``time_offset_ms`` and flagged with a warning.
 
@@ -250,7 +251,10 @@ class HistLogParser:
             t = stamp + (self.options.time_offset_ms if kind == "relative" else 0)
             prev = self._last_end.get(d)
             if prev is not None and t < prev:
-                restart = kind == "relative" and stamp <= 2 * interval and prev - t >= interval
+                # A relative log restarting near zero is another run appended to the file; an
+                # epoch log going back by an interval or more is another job's block (with
+                # per_job_logs=0 every job appends its records to one file at its exit).
+                restart = prev - t >= interval and (kind == "epoch" or stamp <= 2 * interval)
                 if not restart:
                     keep[i] = False
                     self.problems.report(
@@ -267,7 +271,8 @@ class HistLogParser:
                     self.source,
                     line_no,
                     "restart",
-                    "timestamps restart: a second run appended to this file",
+                    "timestamps go back: another job's or run's records appended to this file "
+                    "(per_job_logs=0); read as a stream of their own",
                 )
             starts[i] = t - interval if prev is None else prev
             ends[i] = t

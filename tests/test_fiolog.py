@@ -265,3 +265,15 @@ def test_small_input_path_agrees_with_the_vectorised_scan(
     for name in ("line_index", "header", "indptr", "bins", "counts"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert a.lines == b.lines == len(rows)
+
+
+def test_per_job_logs_0_blocks_of_epoch_stamps_are_each_read() -> None:
+    """per_job_logs=0: every job appends its block at exit; stamps go back between blocks."""
+    job1 = [line(T0 + 1000 * k, 0, {300: 2}) for k in range(1, 4)]
+    job2 = [line(T0 + 1000 * k + 7, 0, {310: 3}) for k in range(1, 4)]
+    batch, p = parse("".join(job1 + job2), interval_ms=1000)
+    assert batch is not None
+    assert int(batch.samples().sum()) == 3 * 2 + 3 * 3
+    assert len(batch.streams) == 2
+    assert p.problems.counts["restart"] == 1
+    assert "decreasing" not in p.problems.counts
