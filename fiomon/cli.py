@@ -514,6 +514,7 @@ def _check_config(args: argparse.Namespace) -> int:
         aggregator_config_from,
         read_yaml,
         readable_files,
+        state_dir_problems,
         watch_warnings,
     )
 
@@ -522,6 +523,7 @@ def _check_config(args: argparse.Namespace) -> int:
         if isinstance(data, dict) and "watch" in data:
             agent = agent_config_from(data, source=str(args.file))
             problems = readable_files(agent.broker)
+            problems += state_dir_problems(agent.state_dir, strict=False)
             for warning in watch_warnings(agent):
                 print(f"{args.file}: warning: {warning}", file=sys.stderr)
             text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"

@@ -9,6 +9,7 @@ Nothing is read from the environment.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Callable
@@ -303,6 +304,16 @@ class _StrictLoader(yaml.SafeLoader):
 
     duplicates: list[str]
 
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        # Aliases (``*name``) can expand a few hundred bytes into gigabytes ("billion
+        # laughs"); a fiomon configuration never needs them.
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            mark = event.start_mark
+            msg = "aliases (*name) are not allowed in a fiomon configuration"
+            raise yaml.composer.ComposerError(None, None, msg, mark)
+        return super().compose_node(parent, index)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[object] = set()
         for key_node, _ in node.value:
@@ -361,6 +372,9 @@ def read_yaml(path: Path) -> object:
         loader.dispose()
     if loader.duplicates:
         raise ConfigError([f"{path}: {d}" for d in loader.duplicates])
+    if data is None:
+        msg = f"{path}: empty (no settings at all): is this the right file?"
+        raise ConfigError([msg])
     return data
 
 
@@ -368,7 +382,8 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
     """Problems with the files the broker settings name (password, TLS), each with its key.
 
     Checked at start by the services and by ``fiomon check-config``, so a missing or
-    unreadable file is a clear error there rather than a traceback at the first connect.
+    unreadable file, or one that holds no certificate or key, is a clear error there
+    rather than a traceback (or endless reconnecting) at the first connect.
     """
     named: list[tuple[str, Path | None]] = [("password_file", broker.password_file)]
     if broker.tls is not None:
@@ -386,13 +401,106 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
                 fh.read(1)
         except OSError as exc:
             problems.append(f"{section}.{key}: cannot read {path} ({exc.strerror or exc})")
+    if broker.tls is not None and not problems:
+        problems += _tls_problems(broker.tls, section)
     return problems
 
 
+def _tls_problems(tls: TlsConfig, section: str) -> list[str]:
+    """Whether the CA bundle and the client certificate and key load as TLS expects."""
+    import ssl  # noqa: PLC0415 -- only TLS configurations need it
+
+    ctx = ssl.create_default_context()
+    problems = []
+    if tls.ca_file is not None:
+        try:
+            ctx.load_verify_locations(cafile=str(tls.ca_file))
+        except (ssl.SSLError, ValueError) as exc:
+            problems.append(f"{section}.tls.ca_file: {tls.ca_file} holds no CA certificate ({exc})")
+    if tls.cert_file is not None and tls.key_file is not None:
+        try:
+            ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+        except (ssl.SSLError, ValueError) as exc:
+            problems.append(
+                f"{section}.tls.cert_file/key_file: not a certificate and its key ({exc})"
+            )
+    return problems
+
+
+def state_dir_problems(path: Path, key: str = "state_dir", *, strict: bool = True) -> list[str]:
+    """Why the service could not use ``path`` as its state directory (empty if it can).
+
+    It must be a directory, or a path one can be created at, on a writable file system
+    that holds files. With ``strict``, this user must also be able to write it (false
+    for ``check-config``, which is often run by another user than the service's).
+    """
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe == path and not path.is_dir():
+        return [f"{key}: {path} exists and is not a directory"]
+    if not probe.is_dir():
+        return [f"{key}: {probe} is not a directory, so {path} cannot be created"]
+    writable = os.access(probe, os.W_OK | os.X_OK)
+    try:
+        readonly = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    kernel = _kernel_fs(probe)
+    if (strict and not writable) or readonly or kernel:
+        what = (
+            f"is on a {kernel} file system (not for files)"
+            if kernel
+            else "is read-only"
+            if readonly
+            else "is not writable by this user"
+        )
+        where = path if probe == path else f"{probe} (to create {path})"
+        return [f"{key}: {where} {what}"]
+    return []
+
+
+_KERNEL_FS = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs"}
+
+
+def _kernel_fs(path: Path) -> str | None:
+    """The type of the kernel file system ``path`` is on (proc, sysfs, ...), or None."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    target = str(path.resolve())
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind if kind in _KERNEL_FS else None
+
+
 def watch_warnings(cfg: AgentConfig) -> list[str]:
-    """Watch patterns whose folder does not exist (not errors: fio may create them later)."""
-    out = []
+    """Watch patterns that match nothing as written (not errors: fio may create them later).
+
+    Also a state directory this user cannot write (the service's user may differ).
+    """
+    out = [
+        f"{p} (fine if the service runs as a user who can)"
+        for p in state_dir_problems(cfg.state_dir, strict=True)
+        if not state_dir_problems(cfg.state_dir, strict=False)
+    ]
     for i, pattern in enumerate(cfg.watch):
+        if Path(pattern).is_dir():
+            out.append(
+                f"watch[{i}]: {pattern!r} is a folder; patterns name files, e.g. "
+                f"'{pattern.rstrip('/')}/*.json'"
+            )
+            continue
         folder = Path(pattern).parent
         if not any(c in str(folder) for c in "*?[") and not folder.is_dir():
             out.append(
@@ -814,11 +922,11 @@ def load_agent_config(path: Path) -> AgentConfig:
     """Read and validate the agent's YAML file, and the files it names.
 
     Raises:
-        ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
-            unreadable (all listed at once).
+        ConfigError: unreadable, not YAML, any key invalid, a password or TLS file
+            unreadable, or a state directory that cannot be one (all listed at once).
     """
     cfg = agent_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker)
+    problems = readable_files(cfg.broker) + state_dir_problems(cfg.state_dir, strict=False)
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg

@@ -252,3 +252,35 @@ def test_check_config_catches_what_the_agent_would_die_on(tmp_path: Path) -> Non
     assert r.returncode == 2
     assert "not a text file" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_check_config_refuses_alias_bombs_empty_files_and_unusable_places(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefg", "bcdefgh", strict=True):
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb.write_text("\n".join(levels) + "\nwatch: [*h]\nstate_dir: /tmp/x\n")
+    r = fiomon("check-config", str(bomb))
+    assert r.returncode == 2
+    assert "aliases" in r.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    r = fiomon("check-config", str(empty))
+    assert r.returncode == 2
+    assert "empty" in r.stderr
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(f"watch: ['{tmp_path}']\nstate_dir: /proc/fiomon-state\n")
+    r = fiomon("check-config", str(odd))
+    assert r.returncode == 2
+    assert "proc file system" in r.stderr
+    assert "is a folder" in r.stderr
+    tls = tmp_path / "tls.yaml"
+    not_a_cert = tmp_path / "ca.pem"
+    not_a_cert.write_text("hello\n")
+    tls.write_text(
+        f"watch: ['{tmp_path}/*.json']\nstate_dir: {tmp_path}/s\n"
+        f"broker: {{tls: {{ca_file: {not_a_cert}}}}}\n"
+    )
+    r = fiomon("check-config", str(tls))
+    assert r.returncode == 2
+    assert "holds no CA certificate" in r.stderr
