@@ -16,8 +16,9 @@ Three tasks in one TaskGroup:
   were durable, logs the episode once, counts it and flags it in the status topic.
 
 After ``kill -9`` the next start re-sends what had not been acknowledged plus what was
-acknowledged since the last checkpoint (at most ``CHECKPOINT_S`` of publishing); the
-aggregator drops those as duplicates.
+acknowledged since the last checkpoint (at most ``CHECKPOINT_S`` of publishing, or
+``LARGE_CHECKPOINT_S`` when the positions file is large); the aggregator drops those as
+duplicates.
 
 Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
 ``grace_s``, a retained ``offline`` status is published, and the positions are saved.
@@ -50,6 +51,8 @@ from fiomon.spool import Outgoing, Spool
 log = logging.getLogger("fiomon.agent")
 
 CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
+LARGE_POSITIONS = 256 * 1024  # a positions file this large (thousands of files) ...
+LARGE_CHECKPOINT_S = 2.0  # ... is saved this often at most
 
 
 @dataclass(slots=True)
@@ -100,6 +103,7 @@ class Agent:
             max_line_bytes=cfg.max_line_bytes,
             max_document_bytes=cfg.max_document_bytes,
             rename_grace_s=cfg.rename_grace_ms / 1000,
+            exclude=(str(cfg.state_dir),),
         )
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}
@@ -108,6 +112,7 @@ class Agent:
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
         self._saved: tuple[int, int] | None = None  # (follower changes, acks) last saved
+        self._next_save = 0.0  # monotonic s: no routine save before
         self._acks = 0  # bumped with every acknowledgement
         # Streams the positions file on disk knows: a stream's first record goes out only
         # once it is listed there, so a crash right after can never give its file a new
@@ -373,6 +378,9 @@ class Agent:
             self._save_positions_locked(force=force)
 
     def _save_positions_locked(self, *, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_save:
+            return  # a large positions file (thousands of files) is written less often
         with self._follow_lock:
             version = (self.follower.changes, self._acks)
             if version == self._saved and not force:
@@ -384,8 +392,9 @@ class Agent:
                 self.acked.pop(stream, None)  # forgotten by the follower: keep it bounded
             state = self.follower.state(acked)
         try:
-            save_positions(self.positions_path, state)
+            size = save_positions(self.positions_path, state)
             self._durable = set(state.streams)
+            self._next_save = now + (LARGE_CHECKPOINT_S if size > LARGE_POSITIONS else 0.0)
         except OSError as exc:
             self.counters.state_write_errors += 1
             reason = exc.strerror or str(exc)

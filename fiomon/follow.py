@@ -176,6 +176,8 @@ class Follower:
         pattern_idle_s: a pattern that matched nothing for this long is reported once.
         clock: monotonic seconds (injected for tests).
         wall_s: wall-clock epoch seconds (generation numbers, rename grace across restarts).
+        exclude: folders whose files are never followed (the agent's own state directory,
+            should a pattern reach into it).
     """
 
     def __init__(
@@ -193,8 +195,10 @@ class Follower:
         pattern_idle_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_s: Callable[[], float] = time.time,
+        exclude: tuple[str, ...] = (),
     ) -> None:
         self.patterns = patterns
+        self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
         self.agent = agent
         self.max_message_bytes = max_message_bytes
         self.log_hist_msec = log_hist_msec
@@ -353,6 +357,8 @@ class Follower:
         for pat in self._patterns:
             n = 0
             for path in glob.glob(pat.pattern):
+                if self._exclude and os.path.realpath(path).startswith(self._exclude):
+                    continue
                 try:
                     st = os.stat(path)
                 except OSError:

@@ -210,13 +210,15 @@ class FollowState:
         }
 
 
-def save_positions(path: Path, state: FollowState) -> None:
-    """Write the positions file atomically.
+def save_positions(path: Path, state: FollowState) -> int:
+    """Write the positions file atomically; returns its size in bytes.
 
     Raises:
         OSError: it could not be written (the previous file stays as it was).
     """
-    write_atomic(path, json.dumps(state.to_json(), indent=1).encode())
+    data = json.dumps(state.to_json(), separators=(",", ":")).encode()
+    write_atomic(path, data)
+    return len(data)
 
 
 def load_positions(path: Path) -> tuple[FollowState, list[str]]:
