@@ -257,8 +257,8 @@ class _Writer:
         max_prefixes: cache size bound.
     """
 
-    def __init__(self, prefixes: dict[tuple[str, tuple[str, ...]], str], max_prefixes: int) -> None:
-        if len(prefixes) > max_prefixes:
+    def __init__(self, prefixes: dict[str, dict[tuple[str, ...], str]], max_prefixes: int) -> None:
+        if sum(map(len, prefixes.values())) > max_prefixes:
             prefixes.clear()
         self.prefixes = prefixes
         self.out: list[str] = []
@@ -271,13 +271,14 @@ class _Writer:
         self, name: str, labels: Sequence[str], rows: Iterable[tuple[tuple[str, ...], float]]
     ) -> None:
         """One line per row: labels sorted by name, as ``generate_latest`` writes them."""
+        cache = self.prefixes.get(name)
+        if cache is None:
+            cache = self.prefixes[name] = {}
         order = sorted(range(len(labels)), key=lambda i: labels[i])
         names = [labels[i] for i in order]
-        cache = self.prefixes
         out = self.out
         for values, v in rows:
-            key = (name, values)
-            prefix = cache.get(key)
+            prefix = cache.get(values)
             if prefix is None:
                 if values:
                     inner = ",".join(
@@ -286,8 +287,10 @@ class _Writer:
                     prefix = f"{name}{{{inner}}} "
                 else:
                     prefix = f"{name} "
-                cache[key] = prefix
-            out.append(f"{prefix}{_value(v)}\n")
+                cache[values] = prefix
+            f = float(v)
+            # repr is Go's float format here; the rest (>= 1e6, inf, nan) is not
+            out.append(f"{prefix}{repr(f) if -1e300 < f < 1e6 else _value(f)}\n")
 
     def histogram(
         self,
@@ -310,7 +313,7 @@ class _Writer:
         self.samples(f"{name}_sum", labels, [(values, sum_value)])
 
 
-def render(s: Snapshot, prefixes: dict[tuple[str, tuple[str, ...]], str] | None = None) -> bytes:
+def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None = None) -> bytes:
     """The text exposition (format 0.0.4) of ``s``: what ``generate_latest`` gives for it.
 
     Args:
@@ -388,7 +391,7 @@ class Exposition:
         self._rendered: Snapshot | None = None
         self._body = b""
         self._gzipped: bytes | None = None
-        self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self.renders = 0
         self.scrapes = 0
 
