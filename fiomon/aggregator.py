@@ -216,7 +216,7 @@ class AggregatorCore:
             )
         else:
             self.published_ms = tail.end_ms
-        if lost_state and (tail is not None or (self.journal and self.journal.segments)):
+        if lost_state and tail is not None:
             self.problem(
                 "state-lost",
                 f"{self.state_path} is missing or unreadable: quanta through "
@@ -545,6 +545,9 @@ class AggregatorCore:
         if self.published_ms is not None:
             # Records for published quanta are late: they are never published twice.
             self.engine.close_through(self.published_ms)
+        if self.writer is not None and self.state_path is not None:
+            # The grid is on disk as soon as it exists (a restart keeps its phase).
+            self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
         self.buckets = BucketHistogram(
             layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])
         )
@@ -579,7 +582,7 @@ class AggregatorCore:
             log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
         self.snapshot = self._build(now)
 
-    def _grid(self, closed_ms: int) -> GridState | None:
+    def _grid(self, closed_ms: int | None) -> GridState | None:
         """The grid state to save after the quanta file (None without a state directory)."""
         if self.state_path is None or self.engine is None:
             return None
@@ -707,8 +710,9 @@ class AggregatorCore:
         where this one stopped.
         """
         if self.writer is not None:
-            if self.published_ms is not None and self.engine is not None:
-                self.writer.submit((), self.published_ms, self._grid(self.published_ms))
+            if self.engine is not None:
+                through = self.published_ms if self.published_ms is not None else -_FAR
+                self.writer.submit((), through, self._grid(self.published_ms))
             if not self.writer.close(timeout_s):
                 self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
         if self.journal is not None:

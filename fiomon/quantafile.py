@@ -287,7 +287,8 @@ class QuantaWriter:
                 job.grid.save(self.state_path)
             except OSError as exc:
                 self.problems("state-write", f"cannot save {self.state_path}: {exc}")
-        self.confirmed_ms = job.closed_ms
+        if self.confirmed_ms is None or job.closed_ms > self.confirmed_ms:
+            self.confirmed_ms = job.closed_ms
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Write what is queued and stop; False if the disk did not finish in time."""

@@ -86,6 +86,8 @@ class _Service:
         self.presence_topic = f"{base}/instance"
         self.conflict_topic = f"{base}/conflict"
         self.announced = False
+        self.own_seen = False  # our announcement came back to us
+        self.presence_seen = asyncio.Event()
         self.rival: object = None
         self.records_prefix = f"{cfg.topic_prefix}/v1/"
         self.forced = False
@@ -322,6 +324,7 @@ async def _mqtt_loop(svc: _Service) -> None:
                     await client.subscribe(t, qos=1)
                 await client.subscribe(svc.conflict_topic, qos=1)
                 log.info("subscribed on %s:%d", cfg.broker.host, cfg.broker.port)
+                svc.presence_seen.clear()
                 publisher = asyncio.create_task(_publish_outbox(client, svc))
                 announce = asyncio.create_task(_announce(svc))
                 try:
@@ -420,11 +423,15 @@ def _doc(payload: bytes) -> dict[str, object] | None:
 
 
 def _presence(svc: _Service, payload: bytes) -> None:
+    svc.presence_seen.set()
     doc = _doc(payload)
-    if doc is None or doc.get("instance") == svc.instance:
+    if doc is None:
+        return
+    if doc.get("instance") == svc.instance:
+        svc.own_seen = True  # the broker's order: anything after this is newer than us
         return
     who = f"instance {doc.get('instance')} on {doc.get('host')} (pid {doc.get('pid')})"
-    if not svc.announced:
+    if not svc.own_seen:
         log.info("previous aggregator with this client_id: %s", who)
         return
     core = svc.core
@@ -468,8 +475,15 @@ def _identity(svc: _Service) -> dict[str, object]:
 
 
 async def _announce(svc: _Service) -> None:
-    """Announce this instance (retained), after the previous announcement has arrived."""
-    await asyncio.sleep(1.0)
+    """Announce this instance on the retained presence topic.
+
+    The first time at once. After a reconnect only once the retained announcement has
+    been read and is ours (or there is none): if it is another instance's, that one
+    connected after us and has our session (:func:`_presence` stops us).
+    """
+    if svc.announced:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(svc.presence_seen.wait(), 0.5)
     if svc.core.session_taken_over:
         return
     body = json.dumps(_identity(svc)).encode()
