@@ -331,3 +331,28 @@ def test_reload_keeps_unchanged_rules_and_refuses_uncomputed_percentiles(
 
 def _firing() -> AlertState:
     return AlertState(Phase.FIRING, 1, 0, 6e6, T0, T0)
+
+
+@pytest.mark.parametrize(
+    ("webhook", "problem"),
+    [
+        ({"url": "alertmanager:9093"}, "webhook.url: expected an http:// or https:// URL"),
+        ({"url": "ftp://am:9093"}, "webhook.url: expected an http:// or https:// URL"),
+        ({"url": "http://:9093"}, "webhook.url: expected an http:// or https:// URL"),
+        ({"url": "http://am:99999"}, "webhook.url: bad port"),
+        ({"url": "http://am", "timeout": "10m"}, "webhook.timeout: must be at most 30000 ms"),
+        ({"url": "http://am", "timeout": "50ms"}, "webhook.timeout: must be at least 100 ms"),
+        ({"url": "http://am", "timeout": "5s", "resend": "5s"}, "must be longer than"),
+    ],
+)
+def test_check_config_refuses_a_webhook_that_could_hang_or_go_nowhere(
+    webhook: dict[str, str], problem: str
+) -> None:
+    from fiomon.config import aggregator_config_from  # noqa: PLC0415
+    from fiomon.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(ConfigError) as err:
+        aggregator_config_from({"webhook": webhook})
+    assert any(problem in p for p in err.value.problems), err.value.problems
+    ok = aggregator_config_from({"webhook": {"url": "https://am.example:9093/", "timeout": "2s"}})
+    assert ok.webhook is not None and ok.webhook.timeout_ms == 2000

@@ -366,3 +366,8 @@ async def test_two_aggregators_on_one_client_id_do_not_flap(
     assert second[("fiomon_lost_records_total", (("host", "h1"),))] == 0.0
     assert "took our MQTT session" in logs[0].read_text()
     assert "we took its MQTT session" in logs[1].read_text()
+
+
+def test_the_unit_reloads_with_sighup() -> None:
+    unit = Path(__file__).resolve().parent.parent / "deploy/systemd/fiomon-aggregator.service"
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit.read_text()
