@@ -49,7 +49,7 @@ from fiomon.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.fit import FitError, fit_histogram
 from fiomon.journal import GridState, Journal, StateLock
 from fiomon.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
-from fiomon.model import RecordBatch
+from fiomon.model import RecordBatch, StreamInfo
 from fiomon.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.watermark import Watermark
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
@@ -366,7 +366,7 @@ class AggregatorCore:
         else:
             self.records["received"] += len(kept)
         if self.engine is not None:
-            self._merge(kept)
+            self._merge(kept, g.labels)
         else:
             self._pending.append(kept)
             if self._pending_since is None:
@@ -396,10 +396,12 @@ class AggregatorCore:
                 keep = keep & ~mask
         return keep
 
-    def _merge(self, batch: RecordBatch) -> None:
+    def _merge(
+        self, batch: RecordBatch, groups: Sequence[tuple[StreamInfo, ...]] | None = None
+    ) -> None:
         assert self.engine is not None  # noqa: S101 -- only called once it exists
         try:
-            self.engine.add(batch.coarsened(self.engine.layout))
+            self.engine.add(batch.coarsened(self.engine.layout), groups)
         except LayoutError as exc:  # a layout change within one agent's stream
             self._invalid("layout", str(exc))
 

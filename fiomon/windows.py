@@ -251,6 +251,9 @@ class QuantumEngine:
         self._bin_lo = layout.nbins
         self._bin_hi = -1
         self._pending_closed: list[ClosedQuantum] = []
+        self._groups_cache: dict[
+            int, tuple[tuple[StreamInfo, ...], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+        ] = {}
         # Every open slot is one row of a float64 store plus per-row metadata; freed rows
         # are zeroed and reused. ``_rows`` finds a slot's row, ``_quanta`` counts open rows
         # per quantum. (row, stream id) pairs say which streams fed a row.
@@ -314,15 +317,55 @@ class QuantumEngine:
             sid = self._stream_ids[stream] = len(self._stream_ids)
         return sid
 
-    def add(self, batch: RecordBatch) -> None:
-        """Merge every record of ``batch`` into its quanta (late parts are counted)."""
-        self.commit(self.prepare(batch))
+    def add(
+        self, batch: RecordBatch, groups: Sequence[tuple[StreamInfo, ...]] | None = None
+    ) -> None:
+        """Merge every record of ``batch`` into its quanta (late parts are counted).
 
-    def prepare(self, batch: RecordBatch) -> PreparedBatch:
+        Args:
+            batch: the records.
+            groups: optional: ``batch.streams`` is these tuples one after the other, each
+                of one host (the live aggregator's decoded messages). The engine then
+                keeps its stream and host ids per tuple object, and a batch costs no
+                Python work per stream.
+        """
+        if groups is None:
+            self.commit(self.prepare(batch))
+            return
+        sids, hids = self._group_ids(groups)
+        self.commit(self.prepare(batch, stream_hosts=hids), stream_ids=sids)
+
+    def _group_ids(
+        self, groups: Sequence[tuple[StreamInfo, ...]]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Stream ids and host ids of the streams of ``groups``, per tuple object cached."""
+        cache = self._groups_cache
+        if len(cache) > 65_536:
+            cache.clear()
+        sids, hids = [], []
+        for t in groups:
+            hit = cache.get(id(t))
+            if hit is None or hit[0] is not t:
+                hid = self._host_index(t[0].host) if t else 0
+                sid = np.fromiter((self._stream_id(si) for si in t), np.int64, count=len(t))
+                hit = cache[id(t)] = (t, sid, np.full(len(t), hid, dtype=np.int64))
+            sids.append(hit[1])
+            hids.append(hit[2])
+        empty = np.zeros(0, dtype=np.int64)
+        return (np.concatenate(sids) if sids else empty), (np.concatenate(hids) if hids else empty)
+
+    def prepare(
+        self, batch: RecordBatch, stream_hosts: npt.NDArray[np.int64] | None = None
+    ) -> PreparedBatch:
         """Cut ``batch`` into per-slot histogram entries.
 
         Pure: reads only the engine's fixed settings (layout, quantum, phase, per_host),
         so it may run on any thread while another commits.
+
+        Args:
+            batch: the records.
+            stream_hosts: the engine's host id of each stream (from :meth:`add`); then the
+                slots carry engine host ids and ``hosts`` is empty.
 
         Raises:
             LayoutError: the batch's layout cannot be coarsened to the engine's.
@@ -336,13 +379,15 @@ class QuantumEngine:
         npieces = q_last - q_first + 1
         rec = np.repeat(np.arange(n, dtype=np.int64), npieces)
         q = q_first[rec] + (np.arange(len(rec)) - np.repeat(np.cumsum(npieces) - npieces, npieces))
-        if self.per_host:
+        hosts: tuple[str, ...] = ()
+        if self.per_host and stream_hosts is not None:
+            host = stream_hosts[batch.stream_idx[rec]]
+        elif self.per_host:
             hosts = tuple(sorted({si.host for si in batch.streams}))
             where = {h: i for i, h in enumerate(hosts)}
             stream_host = np.array([where[si.host] for si in batch.streams] or [0], dtype=np.int64)
             host = stream_host[batch.stream_idx[rec]]
         else:
-            hosts = ()
             host = np.full(len(rec), FOLDED_HOST, dtype=np.int64)
         d = batch.direction[rec].astype(np.int64)
         # Pieces in slot order, so a slot's entries are contiguous.
@@ -390,17 +435,24 @@ class QuantumEngine:
             bin_hi=int(batch.bins.max()) if len(batch.bins) else -1,
         )
 
-    def commit(self, p: PreparedBatch) -> None:
-        """Merge a prepared batch (only from the thread that owns the engine)."""
+    def commit(self, p: PreparedBatch, stream_ids: npt.NDArray[np.int64] | None = None) -> None:
+        """Merge a prepared batch (only from the thread that owns the engine).
+
+        ``stream_ids``: the engine's id of each stream, from :meth:`add` (its batch was
+        prepared with engine host ids).
+        """
         if p.records == 0:
             return
         self.records += p.records
         self._bin_lo = min(self._bin_lo, p.bin_lo)
         self._bin_hi = max(self._bin_hi, p.bin_hi)
-        for si in p.streams:
-            self._host_index(si.host)  # hosts are tracked (and capped) in every mode
+        if stream_ids is None:
+            for si in p.streams:
+                self._host_index(si.host)  # hosts are tracked (and capped) in every mode
         nslots = len(p.slot_q)
-        if self.per_host:
+        if stream_ids is not None:
+            host = p.slot_host  # already engine host ids (or folded)
+        elif self.per_host:
             ids = np.array([self._host_index(h) for h in p.hosts] or [0], dtype=np.int64)
             host = ids[p.slot_host]
         else:
@@ -431,7 +483,11 @@ class QuantumEngine:
         np.minimum.at(self._row_lo, kept, p.slot_lo[keep])
         np.maximum.at(self._row_hi, kept, p.slot_hi[keep])
         np.add.at(self._row_nbytes, kept, p.slot_nbytes[keep])
-        sids = np.array([self._stream_id(si) for si in p.streams] or [0], dtype=np.int64)
+        sids = (
+            stream_ids
+            if stream_ids is not None and len(stream_ids)
+            else np.array([self._stream_id(si) for si in p.streams] or [0], dtype=np.int64)
+        )
         pair_keep = keep[p.pair_slot]
         self._pair_row.append(rows[p.pair_slot[pair_keep]])
         self._pair_sid.append(sids[p.pair_stream[pair_keep]])
@@ -454,10 +510,15 @@ class QuantumEngine:
         late = late_slot[p.piece_slot]
         self.late_samples += float(p.piece_samples[late].sum())
         _, first = np.unique(p.piece_rec[late], return_index=True)
-        for si in p.piece_stream[late][first].tolist():
+        # Per stream, then per host: a backlog of late records must cost less than merging
+        # them would (no Python per record), or an aggregator that fell behind never
+        # catches up.
+        per_stream = np.bincount(p.piece_stream[late][first], minlength=len(p.streams))
+        for si in np.flatnonzero(per_stream).tolist():
             h = p.streams[si].host
-            self.late_records[h] += 1
-            self._late_since_close[h] += 1
+            n = int(per_stream[si])
+            self.late_records[h] += n
+            self._late_since_close[h] += n
 
     def _enforce_cap(self) -> None:
         excess = len(self._quanta) - self.max_open_quanta
