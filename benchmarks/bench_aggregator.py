@@ -471,9 +471,11 @@ def run(args: argparse.Namespace) -> Result:
         time.sleep(max(0.0, start_ms / 1000 - time.time()))
         c0, t0 = cpu_seconds(agg.pid), time.monotonic()
         actions = [a for a in args.restarts.split(",") if a]
+        before: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
         for i, action in enumerate(actions):
             at = start_ms / 1000 + (i + 1) * args.seconds / (len(actions) + 1)
             time.sleep(max(0.0, at - time.time()))
+            before.append(metrics(hport))  # counters start from 0 in each process
             t_stop = time.monotonic()
             if action == "kill":
                 agg.kill()
@@ -523,12 +525,20 @@ def run(args: argparse.Namespace) -> Result:
             r.scrape_p50 = lat[len(lat) // 2]
             r.scrape_p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
         r.metrics_kb = sc["bytes"] / 1000
-        r.received = total(m, "fiomon_records_total", result="received")
-        r.late = total(m, "fiomon_late_records_total")
-        r.lost = total(m, "fiomon_lost_records_total")
-        r.duplicates = total(m, "fiomon_records_total", result="duplicate")
-        r.invalid = total(m, "fiomon_invalid_messages_total")
-        r.quanta_closed = total(m, "fiomon_quanta_closed_total")
+        # Summed over the processes (a restart's counters start from 0; records it
+        # re-formed from the journal count as "replayed", not again as "received").
+        every = [*before, m]
+        r.received = sum(total(x, "fiomon_records_total", result="received") for x in every)
+        r.late = sum(total(x, "fiomon_late_records_total") for x in every)
+        r.lost = sum(total(x, "fiomon_lost_records_total") for x in every)
+        r.duplicates = sum(total(x, "fiomon_records_total", result="duplicate") for x in every)
+        r.invalid = sum(total(x, "fiomon_invalid_messages_total") for x in every)
+        r.quanta_closed = sum(total(x, "fiomon_quanta_closed_total") for x in every)
+        if before:
+            r.notes.append(
+                "counters summed over the processes; the scrape just before each stop misses "
+                "what that process received after it (so received can fall short of sent)"
+            )
         r.quanta_expected = args.seconds
         delays = m.get("fiomon_quantum_close_delay_seconds_bucket", {})
         r.delay_p50, r.delay_p99 = bucket_quantile(delays, 0.5), bucket_quantile(delays, 0.99)

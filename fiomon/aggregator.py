@@ -718,7 +718,8 @@ class AggregatorCore:
             if not self.writer.close(timeout_s):
                 self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
         if self.journal is not None:
-            self._release()
+            # No release here: messages received since the last tick are journaled but
+            # not yet judged (their ends are not noted), so no segment is known done.
             self.journal.close()
         if self.lock is not None:
             self.lock.release()
