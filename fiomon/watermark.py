@@ -15,15 +15,23 @@ Parts live in flat numpy arrays (latest end, last seen, agent), so a message upd
 parts with one ``np.maximum.at`` and the close decision is one masked minimum: the cost
 is per record received, not per host per tick.
 
-Early closing starts ``warmup_ms`` after the first record: until then the set of
-streams is not known (agents start, and reconnect after an aggregator restart, at
-different times), and closing on the first few would make every other host's records
-late. Agents publish every second, so a couple of seconds suffice.
+Early closing starts ``warmup_ms`` after the first record, on the clock and in the
+records' own time: until then the set of streams is not known (agents start, and
+reconnect after an aggregator restart, at different times; a lagging intake meets them
+later), and closing on the first few would make every other host's records late.
+Agents publish every second, so a couple of seconds suffice.
 
 The wall clock only speaks for input we could have received: while the aggregator is
 disconnected from the broker, and for ``lateness`` after it (re)connects, the clock bound
 holds where it was (:meth:`Watermark.hold`), so a restart or a broker outage does not
 close quanta whose records are still queued in the broker.
+
+The same holds while the aggregator's own intake is behind (a CPU-starved process, the
+backlog after a restart or an outage): the wall clock counts from the newest record
+received, not from now, as long as records keep coming. Otherwise, once intake falls
+behind by more than the lateness, every record would reach an already closed quantum
+and count as late; held this way, quanta wait for their records (``max_open_quanta``
+bounds the memory) and close delays show the lag instead.
 
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
@@ -48,12 +56,23 @@ class Watermark:
             ten times as long, which bounds memory); default the lateness.
         warmup_ms: no early closing this long after the first record; default the
             lateness.
+        slack_ms: records arrive after their end (agents publish about once a second):
+            the clock bound is at most this much ahead of the newest record end
+            received, plus the lateness ago.
     """
 
     def __init__(
-        self, lateness_ms: int, idle_ms: int | None = None, warmup_ms: int | None = None
+        self,
+        lateness_ms: int,
+        idle_ms: int | None = None,
+        warmup_ms: int | None = None,
+        slack_ms: int = 2000,
     ) -> None:
         self.lateness_ms = lateness_ms
+        self.slack_ms = slack_ms
+        self._newest_end: int | None = None  # the newest record end received
+        self._first_end: int | None = None  # the first record end received
+        self._newest_at = -_FAR  # wall clock when records last arrived
         self.idle_ms = lateness_ms if idle_ms is None else idle_ms
         self.warmup_ms = lateness_ms if warmup_ms is None else warmup_ms
         self._keys: dict[tuple[str, str, Hashable], int] = {}  # -> first of 3 slots
@@ -119,6 +138,12 @@ class Watermark:
             self._first_ms = now_ms
         if not len(parts):
             return
+        top = int(ends.max())
+        if self._newest_end is None or top > self._newest_end:
+            self._newest_end = top
+        if self._first_end is None:
+            self._first_end = int(ends.min())
+        self._newest_at = now_ms
         np.maximum.at(self._end, parts, ends)
         self._seen[parts] = now_ms
         if self._offline.any():
@@ -185,12 +210,24 @@ class Watermark:
     def close_through(self, now_ms: int) -> int:
         """Quanta ending at or before the returned time (ms) may close now."""
         target = now_ms - self.lateness_ms
+        if self._newest_end is not None and now_ms - self._newest_at < self.lateness_ms:
+            # Records keep coming: the clock counts from the newest of them (intake lag).
+            target = min(target, self._newest_end + self.slack_ms - self.lateness_ms)
         if self._hold_at is not None:
             if self._hold_until is not None and now_ms >= self._hold_until:
                 self._hold_at = self._hold_until = None
             else:
                 target = min(target, self._hold_at)
-        warm = self._first_ms is not None and now_ms - self._first_ms >= self.warmup_ms
+        # Warm once warmup_ms passed on the clock *and* the records received span a
+        # publishing round (agents publish every second, in order): an intake that lags
+        # has not met every stream yet when the clock says so.
+        warm = (
+            self._first_ms is not None
+            and now_ms - self._first_ms >= self.warmup_ms
+            and self._newest_end is not None
+            and self._first_end is not None
+            and self._newest_end - self._first_end >= min(self.warmup_ms, 1000)
+        )
         if warm and self._used:
             live = self._live(now_ms)
             if live.any():

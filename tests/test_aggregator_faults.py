@@ -303,7 +303,8 @@ def test_late_records_of_hosts_over_the_cap_add_up_under_other() -> None:
     for h in range(5):
         name = f"x{h}"
         core.on_records(name, encode(name, "s@1", 0, records(0, 50)))
-    core.tick()  # closes the quantum ending at T0 + 50 s
+    clock.t += 5001  # no more records: the wall clock closes the quantum ending at T0 + 50 s
+    core.tick()
     for h in range(5):  # one late record pair from each host
         name = f"x{h}"
         core.on_records(name, encode(name, "s@1", 2, records(0, 50)))
@@ -378,3 +379,21 @@ def test_a_graceful_stop_right_after_receiving_keeps_what_it_received(
     again = second_run(tmp_path, clock)
     assert again.records["replayed"] >= 2 * len(HOSTS)
     assert_exact(tmp_path, reference)
+
+
+def test_when_intake_lags_quanta_wait_for_their_records_instead_of_all_turning_late() -> None:
+    # A CPU-starved aggregator (or a backlog after an outage) receives records 8 s after
+    # their end, steadily: with the lateness of 5 s counted on the wall clock every record
+    # would be late. Counted from the newest record received, quanta wait and are whole.
+    clock = Clock(T0)
+    core = AggregatorCore(AggregatorConfig(align="epoch", lateness_ms=5000), now_ms=clock)
+    for s in range(1, 30):
+        clock.t = T0 + 1000 * s + 8000
+        core.on_records(*message(0, s))
+        core.tick()
+    assert core.engine is not None
+    assert sum(core.engine.late_records.values()) == 0
+    assert core.counts.quanta_closed >= 20
+    clock.t += 5001  # the records stop: after the lateness the wall clock closes the rest
+    core.tick()
+    assert core.counts.quanta_closed == 29
