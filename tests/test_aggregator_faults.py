@@ -397,3 +397,22 @@ def test_when_intake_lags_quanta_wait_for_their_records_instead_of_all_turning_l
     clock.t += 5001  # the records stop: after the lateness the wall clock closes the rest
     core.tick()
     assert core.counts.quanta_closed == 29
+
+
+def test_the_clock_bound_holds_while_disconnected_and_for_lateness_after() -> None:
+    # time (s)   0 ... 10        20   23    25   26
+    # broker     connected | down  ...  | up again
+    # clock bound: now - 5 s, frozen at 5 s while down and until 5 s after the reconnect
+    from fiomon.watermark import Watermark  # noqa: PLC0415
+
+    w = Watermark(lateness_ms=5000)
+    assert w.close_through(T0 + 10_000) == T0 + 5000
+    w.disconnected(T0 + 10_000)
+    assert w.close_through(T0 + 20_000) == T0 + 5000  # records may wait in the broker
+    w.connected(T0 + 20_000)
+    assert w.close_through(T0 + 23_000) == T0 + 5000  # they are being delivered now
+    assert w.close_through(T0 + 25_000) == T0 + 20_000  # lateness after the reconnect
+    w.hold(T0 + 19_000)  # a start holds at what the previous run published
+    assert w.close_through(T0 + 30_000) == T0 + 20_000  # never back
+    w.connected(T0 + 30_000)
+    assert w.close_through(T0 + 35_000) == T0 + 30_000
