@@ -61,6 +61,7 @@ MAX_FUTURE_MS = 10 * 60_000  # records ending further ahead of our clock are ref
 MAX_SPAN_MS = 3_600_000  # a record spanning more than this is refused
 MAX_STATUS_BYTES = 64 * 1024  # an agent's status is a few hundred bytes
 SNAPSHOT_EVERY_MS = 1000  # counters on /metrics are at most this old between closes
+OPEN_BYTES = 1 << 30  # open quanta's histograms at most (more close the oldest early)
 _FAR = 2**62
 _PREFIX = MAGIC + bytes([VERSION])
 
@@ -537,6 +538,9 @@ class AggregatorCore:
             per_host=self.cfg.per_host,
             max_hosts=self.cfg.max_hosts,
             max_open_quanta=self.cfg.max_open_quanta,
+            # Memory: open quanta (a float64 row of bins per host and direction) are
+            # bounded by bytes, not only by count: a lagging intake holds quanta open.
+            max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
             # Room for every host's rows over the lateness, without copies as it fills.
             capacity_rows=min(

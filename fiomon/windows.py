@@ -200,6 +200,9 @@ class QuantumEngine:
         max_hosts: hosts tracked for host scope; more are counted in ``hosts_over_cap``
             and only enter cluster scope.
         max_open_quanta: open quanta kept; more force the oldest to close.
+        max_open_rows: open (quantum, host, direction) rows kept, each a float64 row of
+            the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
+            close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
             cost memory only once used; reserving avoids copying the store as it grows.
@@ -216,6 +219,7 @@ class QuantumEngine:
         per_host: bool = False,
         max_hosts: int = 1000,
         max_open_quanta: int = 100_000,
+        max_open_rows: int | None = None,
         keep_hists: bool = False,
         capacity_rows: int = 64,
     ) -> None:
@@ -234,6 +238,7 @@ class QuantumEngine:
         self.per_host = per_host
         self.max_hosts = max_hosts
         self.max_open_quanta = max_open_quanta
+        self.max_open_rows = max_open_rows
         self.keep_hists = keep_hists
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
@@ -522,6 +527,15 @@ class QuantumEngine:
 
     def _enforce_cap(self) -> None:
         excess = len(self._quanta) - self.max_open_quanta
+        if self.max_open_rows is not None and len(self._rows) > self.max_open_rows:
+            # Memory: close the oldest quanta until the open rows fit (at least one).
+            rows, n = len(self._rows), 0
+            for q in sorted(self._quanta):
+                if rows <= self.max_open_rows or n == len(self._quanta) - 1:
+                    break
+                rows -= self._quanta[q]
+                n += 1
+            excess = max(excess, n)
         if excess > 0:
             oldest = sorted(self._quanta)[excess - 1]
             self.forced_closes += excess

@@ -416,3 +416,26 @@ def test_the_clock_bound_holds_while_disconnected_and_for_lateness_after() -> No
     assert w.close_through(T0 + 30_000) == T0 + 20_000  # never back
     w.connected(T0 + 30_000)
     assert w.close_through(T0 + 35_000) == T0 + 30_000
+
+
+def test_open_quanta_are_bounded_by_memory_and_the_forced_closes_counted() -> None:
+    from fiomon.windows import QuantumEngine  # noqa: PLC0415
+
+    engine = QuantumEngine(
+        layout=BinLayout(), quantum_ms=1000, per_host=True, max_hosts=100, max_open_rows=20
+    )
+    for s in range(1, 13):  # 3 hosts x 2 directions = 6 rows per quantum
+        for h in range(3):
+            b = records(h, s)
+            engine.add(
+                RecordBatch(
+                    **{
+                        **{f: getattr(b, f) for f in b.__dataclass_fields__},
+                        "streams": (StreamInfo(f"x{h}", "job"),),
+                    }
+                )
+            )
+    assert len(engine._rows) <= 20  # noqa: SLF001 -- the bound itself
+    assert engine.forced_closes == 12 - 3
+    rows = engine.close_through(T0 + 100_000)
+    assert {r.end_ms for r in rows} == {T0 + 1000 * s for s in range(1, 13)}, "none lost"
