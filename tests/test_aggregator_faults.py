@@ -435,7 +435,7 @@ def test_open_quanta_are_bounded_by_memory_and_the_forced_closes_counted() -> No
                     }
                 )
             )
-    assert len(engine._rows) <= 20  # noqa: SLF001 -- the bound itself
+    assert len(engine._rows) <= 20  # the bound itself
     assert engine.forced_closes == 12 - 3
     rows = engine.close_through(T0 + 100_000)
     assert {r.end_ms for r in rows} == {T0 + 1000 * s for s in range(1, 13)}, "none lost"
