@@ -1,124 +1,323 @@
-"""Benchmark: aggregator throughput through a real Mosquitto, with zero loss required.
+"""Benchmark: the aggregator under a site's load and faults, checked against ground truth.
 
-A load generator plays ``--hosts`` agents of ``--jobs`` fio jobs each: every second each
-host publishes one message (QoS 1, the wire format) holding a read and a write record per
-job, as an agent following a json+ stream does. A real ``fiomon aggregator`` process
-(lateness 5 s, host scope on) consumes them. After ``--seconds`` the script reads the
-aggregator's ``/metrics`` and prints:
+A synthetic publisher (its own process, raw MQTT 3.1.1 QoS 1, the wire format) plays
+``--hosts`` agents with ``--jobs`` fio jobs each: every second each host publishes one
+message with a read and a write record per job (1 s records, about 40 non-zero bins each),
+spread over the first 300 ms of the second as agents' flushes are. The counts change from
+second to second (x1, x2, x3), so a record merged into the wrong quantum shows. A real
+Mosquitto with the queue limits of ``deploy/mosquitto/fiomon.conf`` carries them to a real
+``fiomon aggregator`` process (lateness 5 s, host scope, quanta file, journal), while a
+scraper process pulls ``/metrics`` once per second as Prometheus does (gzip), or
+``--scrapers N`` threads pull it back to back.
 
-* records per second sent and received, and every record accounted for (received =
-  sent; no duplicates, gaps or refusals);
-* the quantum close delay, median and p99 (from ``fiomon_quantum_close_delay_seconds``);
-* the aggregator's CPU (per cent of one core) and peak RSS.
+It prints the correctness counters next to the speed figures: records sent, received,
+late, lost, duplicate and invalid; quanta closed against expected; the close delay
+(from ``fiomon_quantum_close_delay_seconds``); scrape latency and failures; the
+aggregator's CPU (per cent of one core, over the load) and peak RSS; and the quanta file
+compared row by row with the rows the same engine gives offline for the records sent
+(missing, differing, extra, written twice). "NO LOSS" means received = sent, late = 0,
+lost = 0 and every quantum closed; "EXACT" means the quanta file equals the ground truth.
 
-Targets (issue 4): >= 50,000 records/s, close delay p99 <= lateness + 0.5 s, RSS <= 300 MB
-with 1000 hosts x 16 jobs. Usage::
+Modes:
+  --scrapers 200           200 concurrent scrapers, back to back, during the load
+  --webhook hang           an Alertmanager that accepts and never answers (a rule fires
+                           every quantum, re-sent every 11 s, timeout 10 s)
+  --restarts term,kill,wipe,...   during the load: SIGTERM / kill -9 / SIGTERM and delete
+                           the state directory, each followed by a restart
+  --repeat 3               run 3 times and print the medians
 
-    python benchmarks/bench_aggregator.py [--hosts 1000] [--jobs 25] [--seconds 30]
+Usage::
+
+    python benchmarks/bench_aggregator.py --hosts 1000 --jobs 25 --seconds 60 --repeat 3
+    python benchmarks/bench_aggregator.py --hosts 5000 --jobs 10 --seconds 60
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
+import json
+import shutil
+import signal
+import socket
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import aiomqtt
 import numpy as np
-from _support import cpu_seconds, free_port, peak_rss_mb, start_broker
+import numpy.typing as npt
+from _support import RawPublisher, cpu_seconds, free_port, peak_rss_mb, scrape, start_broker
 from prometheus_client.parser import text_string_to_metric_families
 
 from fiomon.bins import BinLayout
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.windows import ALL_DIRECTIONS, QuantumEngine
 from fiomon.wire import encode
 
 PREFIX = "fiomonbench"
+STREAM = "/var/lib/fio/run.json@1"
+LATENESS_S = 5
+SPREAD_MS = 300  # hosts publish over the first 300 ms after their records end
+TEMPLATES = 16  # distinct histogram shapes, shared by hosts
+FACTORS = 3  # counts are x1, x2, x3 in successive seconds
+# deploy/mosquitto/fiomon.conf's limits (no TLS, no ACL, no persistence: a throwaway broker)
+BROKER = (
+    "max_packet_size 1048576\nmax_queued_messages 1000000\nmax_queued_bytes 1073741824\n"
+    "max_inflight_messages 100\n"
+)
+_RECORD = np.dtype(
+    [
+        ("label", "<u2"),
+        ("direction", "u1"),
+        ("pad", "u1"),
+        ("start_ms", "<i8"),
+        ("end_ms", "<i8"),
+        ("nbytes", "<u8"),
+        ("nnz", "<u4"),
+    ]
+)
 
 
-def host_batch(host: int, jobs: int, end_ms: int, rng: np.random.Generator) -> RecordBatch:
+# -- the synthetic cluster ------------------------------------------------------------------
+
+
+def template(jobs: int, rng: np.random.Generator) -> RecordBatch:
     """One second of ``jobs`` jobs (a read and a write record each), ~40 non-zero bins."""
     n = 2 * jobs
-    nnz = 40
-    bins = np.sort(rng.choice(np.arange(600, 1100), size=(n, nnz), replace=True), axis=1)
-    flat_bins: list[int] = []
-    indptr = [0]
-    for row in bins:
-        u = np.unique(row)
-        flat_bins.extend(u.tolist())
-        indptr.append(indptr[-1] + len(u))
-    counts = rng.integers(1, 20, len(flat_bins))
-    labels = tuple(StreamInfo(f"h{host}", f"/var/lib/fio/run.json:{j}:job{j}") for j in range(jobs))
+    rows = [np.unique(rng.choice(np.arange(600, 1100), size=40)) for _ in range(n)]
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum([len(r) for r in rows], out=indptr[1:])
+    bins = np.concatenate(rows).astype(np.int32)
     return RecordBatch(
         layout=BinLayout(),
-        streams=labels,
+        streams=tuple(StreamInfo("", f"/var/lib/fio/run.json:{j}:job{j}") for j in range(jobs)),
         stream_idx=np.repeat(np.arange(jobs, dtype=np.int32), 2),
         direction=np.tile(np.array([0, 1], np.int8), jobs),
-        start_ms=np.full(n, end_ms - 1000, np.int64),
-        end_ms=np.full(n, end_ms, np.int64),
+        start_ms=np.zeros(n, np.int64),
+        end_ms=np.full(n, 1000, np.int64),
         nbytes=np.full(n, 4096 * 100, np.int64),
-        indptr=np.asarray(indptr, np.int64),
-        bins=np.asarray(flat_bins, np.int32),
-        counts=counts.astype(np.int64),
+        indptr=indptr,
+        bins=bins,
+        counts=rng.integers(1, 20, len(bins)).astype(np.int64),
     )
 
 
-async def generate(port: int, hosts: int, jobs: int, seconds: int) -> tuple[int, float]:
-    """Publish for ``seconds``; returns (records sent, seconds spent)."""
-    rng = np.random.default_rng(1)
-    # Pre-build each host's batch shape once; only times and seqs change per second.
-    templates = [host_batch(h, jobs, 0, rng) for h in range(hosts)]
-    quiet = logging.getLogger("bench-load")
-    quiet.setLevel(logging.ERROR)  # aiomqtt warns about every pending publish past 10
-    client = aiomqtt.Client(
-        "127.0.0.1",
-        port,
-        identifier="bench-load",
-        max_inflight_messages=1000,
-        timeout=60,
-        logger=quiet,
+def templates(jobs: int, seed: int) -> list[RecordBatch]:
+    rng = np.random.default_rng(seed)
+    return [template(jobs, rng) for _ in range(TEMPLATES)]
+
+
+def second(tpl: RecordBatch, end_ms: int, factor: int, host: str = "") -> RecordBatch:
+    """The template's records ending at ``end_ms``, counts times ``factor``."""
+    return RecordBatch(
+        layout=tpl.layout,
+        streams=tuple(StreamInfo(host, s.stream) for s in tpl.streams),
+        stream_idx=tpl.stream_idx,
+        direction=tpl.direction,
+        start_ms=tpl.start_ms + end_ms - 1000,
+        end_ms=tpl.end_ms + end_ms - 1000,
+        nbytes=tpl.nbytes,
+        indptr=tpl.indptr,
+        bins=tpl.bins,
+        counts=tpl.counts * factor,
     )
-    sent = 0
-    async with client:
-        sem = asyncio.Semaphore(800)
-
-        async def pub(topic: str, payload: bytes) -> None:
-            async with sem:
-                await client.publish(topic, payload, qos=1)
-
-        t0 = time.time()
-        base = int(t0 * 1000) // 1000 * 1000
-        for s in range(seconds):
-            end = base + 1000 * (s + 1)
-            await asyncio.sleep(max(0.0, end / 1000 - time.time()))
-            tasks = []
-            for h, tpl in enumerate(templates):
-                batch = RecordBatch(
-                    layout=tpl.layout,
-                    streams=tpl.streams,
-                    stream_idx=tpl.stream_idx,
-                    direction=tpl.direction,
-                    start_ms=tpl.start_ms + end,
-                    end_ms=tpl.end_ms + end,
-                    nbytes=tpl.nbytes,
-                    indptr=tpl.indptr,
-                    bins=tpl.bins,
-                    counts=tpl.counts,
-                )
-                payload = encode(f"h{h}", "/var/lib/fio/run.json@1", s * len(batch), batch)
-                tasks.append(asyncio.create_task(pub(f"{PREFIX}/v1/h{h}/records", payload)))
-                sent += len(batch)
-            await asyncio.gather(*tasks)
-        return sent, time.time() - t0
 
 
-def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+@dataclass
+class HostPayload:
+    """One host's message, patched in place each second (seq, times, counts)."""
+
+    buf: bytearray
+    rows: npt.NDArray[np.void]
+    counts: npt.NDArray[np.uint32]
+    base_counts: npt.NDArray[np.uint32]
+    records: int
+    topic: bytes
+
+    @classmethod
+    def make(cls, host: int, tpl: RecordBatch) -> HostPayload:
+        agent = f"h{host}"
+        buf = bytearray(encode(agent, STREAM, 0, second(tpl, 1000, 1)))
+        n, nnz = len(tpl), len(tpl.counts)
+        table_at = len(buf) - nnz * 6 - n * _RECORD.itemsize
+        rows = np.frombuffer(buf, dtype=_RECORD, count=n, offset=table_at)
+        counts = np.frombuffer(buf, dtype="<u4", count=nnz, offset=len(buf) - 4 * nnz)
+        return cls(buf, rows, counts, counts.copy(), n, f"{PREFIX}/v1/{agent}/records".encode())
+
+    def at(self, s: int, end_ms: int) -> bytes:
+        struct.pack_into("<Q", self.buf, 18, s * self.records)
+        self.rows["start_ms"] = end_ms - 1000
+        self.rows["end_ms"] = end_ms
+        self.counts[:] = self.base_counts * (1 + s % FACTORS)
+        return bytes(self.buf)
+
+
+def publish(argv: list[str]) -> None:
+    """The publisher process (port, hosts, jobs, seconds, start_ms, seed): a JSON summary."""
+    port, hosts, jobs, seconds, start_ms, seed = (int(a) for a in argv)
+    tpls = templates(jobs, seed)
+    payloads = [HostPayload.make(h, tpls[h % TEMPLATES]) for h in range(hosts)]
+    due = [h * SPREAD_MS // hosts for h in range(hosts)]
+    pub = RawPublisher(port, "bench-load")
+    records = messages = 0
+    worst_lag = 0.0
+    for s in range(seconds):
+        end = start_ms + 1000 * (s + 1)
+        i = 0
+        while i < hosts:
+            now = time.time() * 1000
+            if now < end + due[i]:
+                time.sleep(min(0.01, (end + due[i] - now) / 1000))
+                continue
+            j = i
+            while j < hosts and end + due[j] <= now:
+                j += 1
+            worst_lag = max(worst_lag, now - end - due[i])
+            pub.send([pub.packet(payloads[h].topic, payloads[h].at(s, end)) for h in range(i, j)])
+            records += sum(payloads[h].records for h in range(i, j))
+            messages += j - i
+            i = j
+    acked = pub.wait_acked(120)
+    pub.close()
+    print(
+        json.dumps({"records": records, "messages": messages, "acked": acked, "lag_ms": worst_lag})
+    )
+
+
+def expected_rows(
+    hosts: int, jobs: int, seed: int, start_ms: int, max_hosts: int
+) -> list[list[dict[str, Any]]]:
+    """Ground truth: the rows the engine gives offline for second 0, 1, 2 (then repeating)."""
+    tpls = templates(jobs, seed)
+    out = []
+    for s in range(FACTORS):
+        end = start_ms + 1000 * (s + 1)
+        batch = RecordBatch.concat(
+            [second(tpls[h % TEMPLATES], end, 1 + s, f"h{h}") for h in range(hosts)]
+        )
+        engine = QuantumEngine(
+            layout=BinLayout(),
+            quantum_ms=1000,
+            percentiles=(50, 90, 99, 99.9),
+            directions=ALL_DIRECTIONS,
+            per_host=True,
+            max_hosts=max_hosts,
+        )
+        engine.add(batch)
+        out.append([r.to_json() for r in engine.flush()])
+    return out
+
+
+# -- scraping and the fake Alertmanager ------------------------------------------------------
+
+
+def scrapers(port: int, threads: int, seconds: float) -> None:
+    """The scraper process: ``threads`` == 0: once a second; else back to back."""
+    lat: list[float] = []
+    fails: list[str] = []
+    size = [0]
+    lock = threading.Lock()
+    done = threading.Event()  # SIGTERM: the run is over
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop = time.monotonic() + seconds
+
+    def loop(period: float) -> None:
+        while time.monotonic() < stop and not done.is_set():
+            t0 = time.monotonic()
+            try:
+                dt, n = scrape(port)
+                with lock:
+                    lat.append(dt)
+                    size[0] = max(size[0], n)
+            except OSError as exc:
+                with lock:
+                    fails.append(str(exc))
+            if period:
+                time.sleep(max(0.0, period - (time.monotonic() - t0)))
+
+    workers = [
+        threading.Thread(target=loop, args=(0.0 if threads else 1.0,)) for _ in range(threads or 1)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    lat.sort()
+    summary = {
+        "scrapes": len(lat),
+        "p50": lat[len(lat) // 2] if lat else float("nan"),
+        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
+        "failures": len(fails),
+        "first_failure": fails[:1],
+        "bytes": size[0],
+    }
+    # One short line: 200 back-to-back scrapers make ~10^5 latencies, too many to ship.
+    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.flush()
+
+
+def hanging_webhook() -> tuple[int, list[socket.socket]]:
+    """A TCP server that accepts connections and never answers."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(128)
+    held: list[socket.socket] = [srv]
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(srv.getsockname()[1]), held
+
+
+# -- one run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    offered: float = 0.0
+    sent: int = 0
+    received: float = 0.0
+    late: float = 0.0
+    lost: float = 0.0
+    duplicates: float = 0.0
+    invalid: float = 0.0
+    quanta_expected: int = 0
+    quanta_closed: float = 0.0
+    delay_p50: float = float("nan")
+    delay_p99: float = float("nan")
+    cpu: float = float("nan")
+    rss: float = float("nan")
+    scrape_p50: float = float("nan")
+    scrape_p99: float = float("nan")
+    scrapes: int = 0
+    scrape_failures: int = 0
+    metrics_kb: float = 0.0
+    rows_expected: int = 0
+    rows_equal: int = 0
+    rows_missing: int = 0
+    rows_differing: int = 0
+    rows_extra: int = 0
+    rows_twice: int = 0
+    publisher_lag_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def metrics(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    import urllib.request  # noqa: PLC0415
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for fam in text_string_to_metric_families(text):
         for smp in fam.samples:
@@ -126,81 +325,328 @@ def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     return out
 
 
-def quantile_from_buckets(buckets: dict[tuple[tuple[str, str], ...], float], q: float) -> float:
+def total(
+    m: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, **labels: str
+) -> float:
+    return sum(
+        v for k, v in m.get(name, {}).items() if all(dict(k).get(a) == b for a, b in labels.items())
+    )
+
+
+def bucket_quantile(buckets: dict[tuple[tuple[str, str], ...], float], q: float) -> float:
     pairs = sorted((float(dict(k)["le"]), v) for k, v in buckets.items())
-    total = pairs[-1][1]
+    if not pairs or pairs[-1][1] == 0:
+        return float("nan")
     for le, c in pairs:
-        if c >= q * total:
+        if c >= q * pairs[-1][1]:
             return le
     return float("inf")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, default=1000)
-    ap.add_argument("--jobs", type=int, default=25, help="fio jobs per host (2 records/s each)")
-    ap.add_argument("--seconds", type=int, default=30)
-    args = ap.parse_args()
+def compare(
+    quanta: Path, truth: list[list[dict[str, Any]]], start_ms: int, seconds: int, r: Result
+) -> None:
+    """The quanta file against the ground truth, row by row."""
+
+    def key(d: dict[str, Any]) -> tuple[Any, ...]:
+        return (d["end_ms"], d["scope"], d["host"] or "", d["direction"])
+
+    want: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for s in range(seconds):
+        shift = 1000 * (s - s % FACTORS)
+        for row in truth[s % FACTORS]:
+            d = dict(row, start_ms=row["start_ms"] + shift, end_ms=row["end_ms"] + shift)
+            want[key(d)] = d
+    r.rows_expected = len(want)
+    seen: set[tuple[Any, ...]] = set()
+    bad_ends: set[int] = set()
+    for line in quanta.read_text().splitlines() if quanta.exists() else []:
+        d = json.loads(line)
+        k = key(d)
+        if k in seen:
+            r.rows_twice += 1
+            bad_ends.add(d["end_ms"])
+            continue
+        seen.add(k)
+        w = want.get(k)
+        if w is None:
+            r.rows_extra += 1
+            bad_ends.add(d["end_ms"])
+        elif _close(d, w):
+            r.rows_equal += 1
+        else:
+            r.rows_differing += 1
+            bad_ends.add(d["end_ms"])
+    missing = [k for k in want if k not in seen]
+    r.rows_missing = len(missing)
+    bad_ends |= {k[0] for k in missing}
+    if bad_ends:
+        ends = sorted(bad_ends)
+        r.notes.append(
+            f"quanta not equal to the truth: {len(ends)} (seconds "
+            f"{', '.join(str((e - start_ms) // 1000 - 1) for e in ends[:12])}"
+            f"{' ...' if len(ends) > 12 else ''})"
+        )
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
+    return a == b
+
+
+def run(args: argparse.Namespace) -> Result:
+    r = Result()
+    here = Path(__file__).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        broker, mport = start_broker(
-            folder,
-            # Queue limits sized so QoS 1 telemetry is not dropped (REFERENCE.md §5).
-            "max_queued_messages 1000000\nmax_queued_bytes 1073741824\n"
-            "max_inflight_messages 1000\n",
-        )
+        broker, mport = start_broker(folder, BROKER)
         hport = free_port()
+        state = folder / "state"
+        quanta = folder / "quanta.jsonl"
+        held: list[socket.socket] = []
+        extra = ""
+        if args.webhook == "hang":
+            wport, held = hanging_webhook()
+            extra = (
+                f"webhook: {{url: 'http://127.0.0.1:{wport}', timeout: 10s, resend: 11s}}\n"
+                "sla: [{name: always, direction: read, percentile: 50, threshold: 1us, "
+                "for: 1, min_samples: 1}]\n"
+            )
         cfg = folder / "aggregator.yaml"
         cfg.write_text(
             f"broker: {{port: {mport}}}\ntopic_prefix: {PREFIX}\nclient_id: bench-aggregator\n"
-            f"quantum: 1s\nlateness: 5s\nalign: epoch\nlisten: 127.0.0.1:{hport}\n"
-            f"max_hosts: {max(1000, args.hosts)}\nquanta_file: {folder / 'quanta.jsonl'}\n"
+            f"quantum: 1s\nlateness: {LATENESS_S}s\nalign: epoch\nlisten: 127.0.0.1:{hport}\n"
+            f"max_hosts: {args.max_hosts}\nquanta_file: {quanta}\nstate_dir: {state}\n{extra}"
         )
-        agg = subprocess.Popen(
+        log = (folder / "aggregator.log").open("ab")
+
+        def start() -> subprocess.Popen[bytes]:
+            p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fiomon",
+                    "aggregator",
+                    "--config",
+                    str(cfg),
+                    "--log-level",
+                    args.log_level,
+                ],
+                stderr=log,
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    scrape(hport, timeout_s=2)
+                    return p
+                except OSError:
+                    time.sleep(0.1)
+            sys.exit("the aggregator did not serve /metrics")
+
+        agg = start()
+        start_ms = (int(time.time()) + 3) * 1000
+        scr = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "fiomon",
-                "aggregator",
-                "--config",
-                str(cfg),
-                "--log-level",
-                "warning",
-            ]
+                str(here),
+                "_scrape",
+                str(hport),
+                str(args.scrapers),
+                str(args.seconds + LATENESS_S + 60),
+            ],
+            stdout=subprocess.PIPE,
         )
-        try:
-            time.sleep(2.0)
-            c0, t0 = cpu_seconds(agg.pid), time.time()
-            sent, spent = asyncio.run(generate(mport, args.hosts, args.jobs, args.seconds))
-            time.sleep(7.0)  # lateness + a tick: every quantum closed
-            c1, t1 = cpu_seconds(agg.pid), time.time()
-            m = scrape(hport)
-            rss = peak_rss_mb(agg.pid)
-        finally:
-            agg.terminate()
-            agg.wait(30)
-            broker.terminate()
-            broker.wait(10)
-    rec = {dict(k).get("result", ""): v for k, v in m.get("fiomon_records_total", {}).items()}
-    lost = sum(m.get("fiomon_lost_records_total", {}).values())
-    invalid = sum(m.get("fiomon_invalid_messages_total", {}).values())
-    delays = {k: v for k, v in m.get("fiomon_quantum_close_delay_seconds_bucket", {}).items()}
-    print(
-        f"load: {args.hosts} hosts x {args.jobs} jobs x 2 records/s for {args.seconds} s "
-        f"= {sent} records ({sent / spent:,.0f} records/s offered)"
-    )
-    received = rec.get("received", 0.0)
-    print(
-        f"received {received:,.0f} ({received / spent:,.0f} records/s); duplicates "
-        f"{rec.get('duplicate', 0):.0f}, lost {lost:.0f}, invalid messages {invalid:.0f}, "
-        f"{'ZERO LOSS' if received == sent and lost == 0 else 'LOSS'}"
-    )
-    if delays:
+        pub = subprocess.Popen(
+            [
+                sys.executable,
+                str(here),
+                "_publish",
+                str(mport),
+                str(args.hosts),
+                str(args.jobs),
+                str(args.seconds),
+                str(start_ms),
+                str(args.seed),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        time.sleep(max(0.0, start_ms / 1000 - time.time()))
+        c0, t0 = cpu_seconds(agg.pid), time.monotonic()
+        actions = [a for a in args.restarts.split(",") if a]
+        before: list[dict[str, dict[tuple[tuple[str, str], ...], float]]] = []
+        for i, action in enumerate(actions):
+            at = start_ms / 1000 + (i + 1) * args.seconds / (len(actions) + 1)
+            time.sleep(max(0.0, at - time.time()))
+            before.append(metrics(hport))  # counters start from 0 in each process
+            t_stop = time.monotonic()
+            if action == "kill":
+                agg.kill()
+            else:
+                agg.send_signal(signal.SIGTERM)
+            code = agg.wait(60)
+            if action == "wipe":
+                shutil.rmtree(state)
+            agg = start()
+            r.notes.append(
+                f"{action} at second {int(at - start_ms / 1000)}: exit {code}, back serving in "
+                f"{time.monotonic() - t_stop:.1f} s"
+            )
+        out, _ = pub.communicate(timeout=args.seconds + 300)
+        summary = json.loads(out)
+        r.sent, r.publisher_lag_ms = summary["records"], summary["lag_ms"]
+        r.offered = summary["records"] / args.seconds
+        if not summary["acked"]:
+            r.notes.append("the broker did not acknowledge every message")
+        last_end = start_ms + 1000 * args.seconds
+        deadline = time.monotonic() + LATENESS_S + 120  # a lagging intake catches up
+        m = metrics(hport)
+        while time.monotonic() < deadline:
+            m = metrics(hport)
+            end = total(m, "fiomon_quantum_end_timestamp_seconds")
+            if end * 1000 >= last_end:
+                break
+            time.sleep(0.2)
+        c1, t1 = cpu_seconds(agg.pid), time.monotonic()
+        if not actions:
+            r.cpu = 100 * (c1 - c0) / (t1 - t0)
+        r.rss = peak_rss_mb(agg.pid)
+        scr.send_signal(signal.SIGTERM)
+        sout, _ = scr.communicate(timeout=120)
+        agg.send_signal(signal.SIGTERM)
+        agg.wait(60)
+        for s in held:
+            s.close()
+        broker.terminate()
+        broker.wait(10)
+        sc = json.loads(sout.splitlines()[-1])
+        r.scrapes, r.scrape_failures = sc["scrapes"], sc["failures"]
+        if sc["first_failure"]:
+            r.notes.append(f"first scrape failure: {sc['first_failure'][0]}")
+        r.scrape_p50, r.scrape_p99 = sc["p50"], sc["p99"]
+        r.metrics_kb = sc["bytes"] / 1000
+        # Summed over the processes (a restart's counters start from 0; records it
+        # re-formed from the journal count as "replayed", not again as "received").
+        every = [*before, m]
+        r.received = sum(total(x, "fiomon_records_total", result="received") for x in every)
+        r.late = sum(total(x, "fiomon_late_records_total") for x in every)
+        r.lost = sum(total(x, "fiomon_lost_records_total") for x in every)
+        r.duplicates = sum(total(x, "fiomon_records_total", result="duplicate") for x in every)
+        r.invalid = sum(total(x, "fiomon_invalid_messages_total") for x in every)
+        r.quanta_closed = sum(total(x, "fiomon_quanta_closed_total") for x in every)
+        if before:
+            r.notes.append(
+                "counters summed over the processes; the scrape just before each stop misses "
+                "what that process received after it (so received can fall short of sent)"
+            )
+        r.quanta_expected = args.seconds
+        delays = m.get("fiomon_quantum_close_delay_seconds_bucket", {})
+        r.delay_p50, r.delay_p99 = bucket_quantile(delays, 0.5), bucket_quantile(delays, 0.99)
+        problems = {
+            dict(k)["kind"]: v for k, v in m.get("fiomon_state_errors_total", {}).items() if v
+        }
+        if problems:
+            r.notes.append(f"state errors in the last process: {problems}")
+        webhook = {
+            dict(k)["result"]: v
+            for k, v in m.get("fiomon_alert_notifications_total", {}).items()
+            if dict(k)["sink"] == "webhook" and v
+        }
+        if webhook:
+            r.notes.append(f"webhook alerts: {webhook}")
+        if args.verify:
+            truth = expected_rows(args.hosts, args.jobs, args.seed, start_ms, args.max_hosts)
+            compare(quanta, truth, start_ms, args.seconds, r)
+        if args.keep:
+            shutil.copytree(folder, args.keep, dirs_exist_ok=True)
+    return r
+
+
+def report(args: argparse.Namespace, results: list[Result]) -> None:
+    def med(name: str) -> float:
+        vals = [getattr(x, name) for x in results]
+        return float(statistics.median(vals))
+
+    n = len(results)
+    what = f"median of {n} runs" if n > 1 else "one run"
+    load = f"{args.hosts} hosts x {args.jobs} jobs x 2 records/s for {args.seconds} s"
+    mode = []
+    if args.scrapers:
+        mode.append(f"{args.scrapers} concurrent scrapers")
+    else:
+        mode.append("1 scrape/s")
+    if args.webhook:
+        mode.append(f"webhook {args.webhook}")
+    if args.restarts:
+        mode.append(f"restarts {args.restarts}")
+    print(f"load: {load} ({med('offered'):,.0f} records/s offered), {', '.join(mode)}; {what}")
+    for i, x in enumerate(results):
+        nl = (
+            x.received == x.sent
+            and x.late == 0
+            and x.lost == 0
+            and x.quanta_closed >= x.quanta_expected
+        )
+        exact = x.rows_equal == x.rows_expected and not (
+            x.rows_extra or x.rows_twice or x.rows_differing
+        )
         print(
-            f"quantum close delay: median <= {quantile_from_buckets(delays, 0.5):g} s, "
-            f"p99 <= {quantile_from_buckets(delays, 0.99):g} s (target <= 5.5 s)"
+            f"  run {i + 1}: sent {x.sent:,}, received {x.received:,.0f}, late {x.late:,.0f}, "
+            f"lost {x.lost:,.0f}, duplicates {x.duplicates:,.0f}, invalid {x.invalid:,.0f}; "
+            f"quanta closed {x.quanta_closed:.0f}/{x.quanta_expected}; "
+            f"{'NO LOSS' if nl else 'LOSS'}"
+            + (
+                f"; quanta file vs truth: {x.rows_equal}/{x.rows_expected} equal, "
+                f"{x.rows_missing} missing, {x.rows_differing} differing, {x.rows_extra} extra, "
+                f"{x.rows_twice} written twice: {'EXACT' if exact else 'NOT EXACT'}"
+                if args.verify
+                else ""
+            )
         )
-    print(f"aggregator CPU {100 * (c1 - c0) / (t1 - t0):.0f} % of one core, peak RSS {rss:.0f} MB")
+        print(
+            f"         close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s; "
+            f"CPU {x.cpu:.0f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
+            f"(failed {x.scrape_failures}), p50 {1e3 * x.scrape_p50:.0f} ms, p99 "
+            f"{1e3 * x.scrape_p99:.0f} ms, {x.metrics_kb:.0f} kB; publisher lag <= "
+            f"{x.publisher_lag_ms:.0f} ms"
+        )
+        for note in x.notes:
+            print(f"         {note}")
+    if n > 1:
+        print(
+            f"median: late {med('late'):.0f}, lost {med('lost'):.0f}, close delay p99 <= "
+            f"{med('delay_p99'):g} s, CPU {med('cpu'):.0f} %, RSS {med('rss'):.0f} MB, scrape p99 "
+            f"{1e3 * med('scrape_p99'):.0f} ms"
+        )
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_publish":
+        publish(sys.argv[2:8])
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "_scrape":
+        scrapers(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=25, help="fio jobs per host (2 records/s each)")
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--max-hosts", type=int, default=1000, help="the aggregator's max_hosts")
+    ap.add_argument("--scrapers", type=int, default=0, help="concurrent back-to-back scrapers")
+    ap.add_argument("--webhook", choices=["hang"], default=None)
+    ap.add_argument("--restarts", default="", help="comma list of term, kill, wipe")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-verify", dest="verify", action="store_false")
+    ap.add_argument("--keep", type=Path, default=None, help="copy the run's folder here")
+    ap.add_argument("--log-level", default="warning", help="the aggregator's --log-level")
+    args = ap.parse_args()
+    results = [run(args) for _ in range(args.repeat)]
+    report(args, results)
     return 0
 
 

@@ -8,17 +8,34 @@ percentile is a lower bound at fio's cap, which is above any threshold, so it br
 
 :func:`evaluate` is pure; :class:`AlertBook` keeps the states of every rule and host and
 returns the transitions, which the aggregator logs, counts, publishes and posts.
+
+:class:`AlertDispatcher` delivers to Alertmanager apart from closing: the close path only
+hands it the current alerts (never blocks), and a task of its own posts them, one request
+at a time, each bounded by the configured timeout. A receiver that hangs costs that task
+its timeout, never a quantum; what cannot be delivered is counted, and the newest state
+of each alert is what is sent next.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
+import json
+import logging
+import urllib.error
+import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
 
-from fiomon.config import SlaRule
+from fiomon.config import SlaRule, WebhookConfig
 from fiomon.histogram import pct_key
 from fiomon.windows import ClosedQuantum
+
+log = logging.getLogger("fiomon.aggregator")
 
 
 class Phase(enum.StrEnum):
@@ -178,6 +195,27 @@ class AlertBook:
                 out.append(Transition(rule, r.host, old.phase, new.phase, new, end_ms))
         return out
 
+    def replace_rules(self, rules: tuple[SlaRule, ...]) -> str:
+        """Take new rules (a reload): unchanged rules keep their states, others start over.
+
+        Returns what changed, for the log.
+        """
+        old = {r.name: r for r in self.rules}
+        new = {r.name: r for r in rules}
+        kept = [n for n in new if old.get(n) == new[n]]
+        changed = [n for n in new if n in old and old[n] != new[n]]
+        added = [n for n in new if n not in old]
+        removed = [n for n in old if n not in new]
+        self.states = {k: v for k, v in self.states.items() if k[0] in kept}
+        self.breaches = {n: self.breaches.get(n, 0) if n in kept else 0 for n in new}
+        self._hosts = Counter({n: c for n, c in self._hosts.items() if n in kept})
+        self.rules = rules
+        parts = [f"{len(kept)} kept"]
+        for what, names in (("changed", changed), ("added", added), ("removed", removed)):
+            if names:
+                parts.append(f"{what} {', '.join(names)}")
+        return "sla rules: " + "; ".join(parts)
+
     def firing(self) -> list[tuple[SlaRule, str | None, AlertState]]:
         """Alerts firing now."""
         rules = {r.name: r for r in self.rules}
@@ -199,3 +237,152 @@ class AlertBook:
             }
             for (name, host), st in sorted(self.states.items(), key=lambda kv: str(kv[0]))
         ]
+
+
+def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
+    labels = {"alertname": "FiomonSLA", "rule": rule.name, "direction": rule.direction}
+    if host:
+        labels["host"] = host
+    return labels
+
+
+def alertmanager_payload(
+    book: AlertBook, transitions: list[Transition], now_ms: int
+) -> list[dict[str, Any]]:
+    """Alertmanager v2 alerts: every firing alert, plus the ones that just resolved."""
+    now = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat()
+    out: list[dict[str, Any]] = []
+    for rule, host, state in book.firing():
+        out.append(
+            {
+                "labels": _labels(rule, host),
+                "annotations": {
+                    "summary": f"p{rule.percentile:g} {rule.direction} latency above "
+                    f"{rule.threshold_ns / 1e6:g} ms",
+                    "value_ms": f"{(state.value_ns or 0) / 1e6:.3f}",
+                },
+                "startsAt": datetime.fromtimestamp((state.fired_ms or 0) / 1000, UTC).isoformat(),
+            }
+        )
+    for t in transitions:
+        if t.new is Phase.RESOLVED:
+            out.append({"labels": _labels(t.rule, t.host), "endsAt": now})
+    return out
+
+
+def post_alerts(hook: WebhookConfig, alerts: list[dict[str, Any]]) -> None:
+    """POST ``alerts`` to Alertmanager (blocking, bounded by ``hook.timeout_ms``).
+
+    Raises:
+        OSError: the request failed (``urllib.error.URLError`` is one).
+    """
+    req = urllib.request.Request(  # noqa: S310 -- the configured http(s) URL (checked)
+        hook.url.rstrip("/") + "/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=hook.timeout_ms / 1000):  # noqa: S310
+        pass
+
+
+class AlertDispatcher:
+    """Posts alerts to Alertmanager from a task of its own, never from the close path.
+
+    :meth:`offer` (on the close path) merges the current alerts into a pending set keyed
+    by labels, the newest state of each alert winning, and returns at once. :meth:`run`
+    sends the pending set when there is one, and every ``resend`` while alerts fire
+    (Alertmanager forgets alerts that are not re-sent). One request at a time, each in a
+    worker thread bounded by the webhook's timeout; while a request that outlived its
+    timeout still holds its thread, nothing more is started (the alerts stay pending).
+    Failures and alerts dropped by the pending bound are counted in ``deliveries``.
+
+    Args:
+        webhook: the Alertmanager to notify, or None.
+        deliveries: counts by ``(sink, result)``: ``("webhook", "sent" | "failed" |
+            "dropped")`` (alerts, not requests).
+        now_ms: the wall clock.
+        post: the blocking POST (tests inject their own).
+        max_pending: alerts kept waiting at most; the oldest are dropped beyond.
+    """
+
+    def __init__(
+        self,
+        webhook: WebhookConfig | None,
+        deliveries: Counter[tuple[str, str]],
+        now_ms: Callable[[], int],
+        *,
+        post: Callable[[WebhookConfig, list[dict[str, Any]]], None] = post_alerts,
+        max_pending: int = 10_000,
+    ) -> None:
+        self.webhook = webhook
+        self.deliveries = deliveries
+        self.now_ms = now_ms
+        self.post = post
+        self.max_pending = max_pending
+        self._pending: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._last_sent_ms: int | None = None
+        self._busy: asyncio.Future[None] | None = None
+
+    def reconfigure(self, webhook: WebhookConfig | None) -> None:
+        """A reload changed the webhook (pending alerts go to the new one)."""
+        self.webhook = webhook
+        self._wake.set()
+
+    def offer(self, book: AlertBook, transitions: list[Transition]) -> None:
+        """Queue the current alerts when something changed, or when a resend is due."""
+        hook = self.webhook
+        if hook is None:
+            return
+        now = self.now_ms()
+        due = self._last_sent_ms is None or now - self._last_sent_ms >= hook.resend_ms
+        if not transitions and not (due and book.firing()):
+            return
+        for alert in alertmanager_payload(book, transitions, now):
+            key = tuple(sorted(alert["labels"].items()))
+            self._pending.pop(key, None)  # re-insert: newest last
+            self._pending[key] = alert
+        over = len(self._pending) - self.max_pending
+        if over > 0:
+            for key in list(self._pending)[:over]:
+                del self._pending[key]
+            self.deliveries[("webhook", "dropped")] += over
+        self._last_sent_ms = now
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop`` (then one last attempt, bounded by the timeout)."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            self._wake.clear()
+            await self._send()
+        await self._send()
+
+    async def _send(self) -> None:
+        hook = self.webhook
+        if hook is None or not self._pending:
+            return
+        if self._busy is not None and not self._busy.done():
+            return  # a request that outlived its timeout still holds its thread
+        alerts = list(self._pending.values())
+        self._pending.clear()
+        self._busy = asyncio.ensure_future(asyncio.to_thread(self.post, hook, alerts))
+        # A request abandoned at its timeout may still fail later: its error is read
+        # here, not left to the event loop's "never retrieved" report.
+        self._busy.add_done_callback(lambda f: f.cancelled() or f.exception())
+        done, _ = await asyncio.wait({self._busy}, timeout=hook.timeout_ms / 1000 + 0.5)
+        exc = self._busy.exception() if done else TimeoutError("no answer")
+        if exc is None:
+            self.deliveries[("webhook", "sent")] += len(alerts)
+            return
+        self.deliveries[("webhook", "failed")] += len(alerts)
+        log.warning(
+            "alertmanager %s: %s (%d alerts not delivered; the newest state is re-sent)",
+            hook.url,
+            exc,
+            len(alerts),
+        )
+        for alert in alerts:  # keep them for the next attempt, unless a newer state came
+            self._pending.setdefault(tuple(sorted(alert["labels"].items())), alert)

@@ -303,13 +303,20 @@ def build_parser() -> argparse.ArgumentParser:
         "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
         "positions and the spool live in state_dir; SIGTERM stops cleanly.",
     )
-    _service_parser(
+    agg = _service_parser(
         sub,
         "aggregator",
         help="merge every agent's records into live cluster percentiles, metrics and alerts",
         description="Subscribe to the agents' records (persistent MQTT session), close quanta "
         "on time, export Prometheus metrics on `listen`, append closed quanta to the quanta "
-        "file and evaluate the SLA rules. SIGTERM stops cleanly.",
+        "file and evaluate the SLA rules. SIGTERM stops cleanly: open quanta stay in the "
+        "journal and the next start continues them. SIGHUP reloads the SLA rules, the "
+        "webhook and the log level.",
+    )
+    agg.add_argument(
+        "--final",
+        action="store_true",
+        help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
     )
     cc = sub.add_parser(
         "check-config",
@@ -460,7 +467,7 @@ def _service_parser(
     *,
     help: str,
     description: str,
-) -> None:
+) -> argparse.ArgumentParser:
     """The subcommand of a service: ``--config FILE`` and ``--log-level``."""
     p = sub.add_parser(
         name,
@@ -471,10 +478,11 @@ def _service_parser(
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help=f"{name} YAML")
     p.add_argument(
         "--log-level",
-        default="info",
+        default=None,
         choices=["debug", "info", "warning", "error"],
-        help="log verbosity on stderr (default info)",
+        help="log verbosity on stderr (default: the configuration's log_level, else info)",
     )
+    return p
 
 
 def _service(args: argparse.Namespace, name: str) -> int:
@@ -484,7 +492,8 @@ def _service(args: argparse.Namespace, name: str) -> int:
 
     from fiomon import config  # noqa: PLC0415
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = (args.log_level or "info").upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         if name == "agent":
             from fiomon.agent import run_agent  # noqa: PLC0415
@@ -493,7 +502,12 @@ def _service(args: argparse.Namespace, name: str) -> int:
         else:
             from fiomon.serve import run_aggregator  # noqa: PLC0415
 
-            main_coro = run_aggregator(config.load_aggregator_config(args.config))
+            main_coro = run_aggregator(
+                config.load_aggregator_config(args.config),
+                final=args.final,
+                config_path=args.config,
+                log_level_fixed=args.log_level is not None,
+            )
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"fiomon {name}: {problem}", file=sys.stderr)
@@ -502,7 +516,10 @@ def _service(args: argparse.Namespace, name: str) -> int:
         asyncio.run(main_coro)
     except KeyboardInterrupt:
         return 130
-    except (ConfigError, OSError) as exc:  # e.g. an unreadable password file, a taken port
+    except asyncio.CancelledError:  # a second SIGTERM/SIGINT cut the stop short
+        return 1
+    # e.g. an unreadable password file, a taken port, a state directory in use
+    except (ConfigError, OSError, RuntimeError) as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -632,9 +633,12 @@ class WebhookConfig:
     """Alertmanager v2 endpoint (``POST <url>/api/v2/alerts``).
 
     Args:
-        url: Alertmanager base URL, e.g. ``http://127.0.0.1:9093``.
-        timeout_ms: per request.
-        resend_ms: firing alerts are re-sent this often (Alertmanager expects it).
+        url: Alertmanager base URL, ``http://`` or ``https://`` with a host, e.g.
+            ``http://127.0.0.1:9093``.
+        timeout_ms: per request, 100 ms to 30 s (a hanging receiver holds the sender no
+            longer than this; it never holds closing).
+        resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
+            than the timeout.
     """
 
     url: str
@@ -674,6 +678,11 @@ class AggregatorConfig:
         webhook: Alertmanager to notify, or None.
         fit_tail: fit each closed quantum's cluster histogram (normal head + power-law
             tail) and export the tail share and exponent (costs ~0.1 s per direction).
+        host_timeout_ms: a host counts in ``fiomon_hosts_up`` while it sent records or a
+            fresh online status within this long.
+        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
+            ``--log-level`` (default info). Reloaded on SIGHUP, with the SLA rules and the
+            webhook.
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -700,6 +709,8 @@ class AggregatorConfig:
     alert_topic: str = ""
     webhook: WebhookConfig | None = None
     fit_tail: bool = False
+    host_timeout_ms: int = 30_000
+    log_level: str | None = None
 
     def __post_init__(self) -> None:
         if not self.alert_topic:
@@ -858,10 +869,12 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         w = r.section(top["webhook"], "webhook", {"url", "timeout", "resend"})
         r.require(w, "webhook", "url")
         webhook = WebhookConfig(
-            url=r.get(w, "webhook", "url", _str, ""),
-            timeout_ms=r.get(w, "webhook", "timeout", _duration_ms(100), 5000),
+            url=r.get(w, "webhook", "url", _http_url, ""),
+            timeout_ms=r.get(w, "webhook", "timeout", _duration_between(100, 30_000), 5000),
             resend_ms=r.get(w, "webhook", "resend", _duration_ms(1000), 60_000),
         )
+        if webhook.resend_ms <= webhook.timeout_ms:
+            r.problems.append("webhook.resend: must be longer than webhook.timeout")
     cfg = AggregatorConfig(
         broker=_broker(r, top.get("broker")),
         topic_prefix=prefix,
@@ -887,6 +900,8 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         alert_topic=r.get(top, "", "alert_topic", _topic_prefix, f"{prefix}/v1/_aggregator/alerts"),
         webhook=webhook,
         fit_tail=r.get(top, "", "fit_tail", _bool, False),
+        host_timeout_ms=r.get(top, "", "host_timeout", _duration_ms(1000), 30_000),
+        log_level=r.get(top, "", "log_level", _choice(*LOG_LEVELS), None),
     )
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
@@ -895,7 +910,38 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     return cfg
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _http_url(value: object, where: str) -> str:
+    text = _str(value, where).strip()
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        msg = f"{where}: expected an http:// or https:// URL with a host, got {value!r}"
+        raise ConfigError([msg])
+    try:
+        parts.port  # noqa: B018 -- raises ValueError for a bad port
+    except ValueError:
+        msg = f"{where}: bad port in {value!r}"
+        raise ConfigError([msg]) from None
+    return text
+
+
+def _duration_between(lo: int, hi: int) -> Callable[[object, str], int]:
+    conv = _duration_ms(lo)
+
+    def between(value: object, where: str) -> int:
+        ms = conv(value, where)
+        if ms > hi:
+            msg = f"{where}: must be at most {hi} ms, got {value!r}"
+            raise ConfigError([msg])
+        return ms
+
+    return between
+
+
 _AGG_RENAMED = {
+    "host_timeout_ms": "host_timeout",
     "session_expiry_ms": "session_expiry",
     "quantum_ms": "quantum",
     "lateness_ms": "lateness",

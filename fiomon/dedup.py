@@ -64,6 +64,22 @@ class SeqTracker:
     def __len__(self) -> int:
         return len(self._streams)
 
+    def judge_new(self, agent: str, stream: str, first_seq: int, count: int) -> Verdict | None:
+        """Like :meth:`judge`, but None when every record is new and nothing was skipped.
+
+        That is almost every message (the next seqs of a known stream, or a new stream), and
+        it needs no array.
+        """
+        st = self._streams.get((agent, stream))
+        if st is None:
+            if len(self._streams) < self.max_streams:
+                self._streams[(agent, stream)] = _Stream(first_seq + count)
+                return None
+        elif first_seq == st.next:
+            st.next = first_seq + count
+            return None
+        return self.judge(agent, stream, first_seq, count)
+
     def judge(self, agent: str, stream: str, first_seq: int, count: int) -> Verdict:
         """Judge seqs ``first_seq .. first_seq + count - 1`` and remember them."""
         key = (agent, stream)

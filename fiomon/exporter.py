@@ -1,9 +1,17 @@
-"""Prometheus exposition: a custom collector over an immutable snapshot, served by a thread.
+"""Prometheus exposition: an immutable snapshot, rendered once, served to any number of scrapers.
 
-The aggregator builds a new :class:`Snapshot` whenever a quantum closes and swaps one
-reference; :class:`FiomonCollector` turns the current one into metric families on every
-scrape (``prometheus_client`` serves from HTTP threads, so nothing is shared but that
-reference). A sample of what it exports::
+The aggregator builds a new :class:`Snapshot` when a quantum closes (and at most once a
+second between closes, for its counters) and swaps one reference. :class:`Exposition`
+renders the current snapshot to the text format once (:func:`render`, a few ms for
+thousands of hosts) and serves those bytes, gzipped once too when the scraper asks for
+it, to every scrape until the next snapshot: a scrape costs no Python work over the
+series, so a scrape storm cannot starve intake of the interpreter lock.
+:func:`serve_metrics` serves it from threads with a bounded number of concurrent scrapes
+and a deep listen backlog (waiting scrapers queue in the kernel, not in Python).
+
+:class:`FiomonCollector` builds ``prometheus_client`` families from the same snapshot; the
+tests check that :func:`render` gives byte for byte what ``generate_latest`` gives for it.
+A sample of what it exports::
 
     # HELP fiomon_cluster_latency_seconds Cluster-wide latency percentile of the last ...
     # TYPE fiomon_cluster_latency_seconds gauge
@@ -20,16 +28,19 @@ interpolated, so the bucket counts are the exact histogram's values at those edg
 
 from __future__ import annotations
 
+import gzip
+import logging
+import socket
+import ssl
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -41,6 +52,8 @@ from prometheus_client.utils import floatToGoString
 from fiomon.bins import BinLayout
 
 F64 = npt.NDArray[np.float64]
+log = logging.getLogger("fiomon.exporter")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def bucket_edges_s(layout: BinLayout, thresholds_ns: Sequence[float] = ()) -> F64:
@@ -143,7 +156,7 @@ class FiomonCollector:
     """
 
     def __init__(self, current: Callable[[], Snapshot]) -> None:
-        self._current = current
+        self.current = current
 
     def describe(self) -> list[Metric]:
         """Nothing up front (the series appear with the data)."""
@@ -151,7 +164,7 @@ class FiomonCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
-        s = self._current()
+        s = self.current()
         g = GaugeMetricFamily(
             "fiomon_cluster_latency_seconds",
             "Cluster-wide latency percentile of the last closed quantum.",
@@ -220,22 +233,316 @@ def _le(edge_s: float) -> str:
     return text
 
 
+def _value(v: float) -> str:
+    """A sample value exactly as ``prometheus_client`` writes it (Go's float format)."""
+    f = float(v)
+    if -1e300 < f < 1e6:  # repr is Go's format here; the rest (>= 1e6, inf, nan) is not
+        return repr(f)
+    text: str = floatToGoString(f)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+class _Writer:
+    """Text-format lines, with each series' ``name{labels} `` prefix built once and reused.
+
+    Args:
+        prefixes: a cache of prefixes kept between renders (cleared when it grows past
+            ``max_prefixes``, which bounds it when hosts come and go).
+        max_prefixes: cache size bound.
+    """
+
+    def __init__(self, prefixes: dict[str, dict[tuple[str, ...], str]], max_prefixes: int) -> None:
+        if sum(map(len, prefixes.values())) > max_prefixes:
+            prefixes.clear()
+        self.prefixes = prefixes
+        self.out: list[str] = []
+
+    def head(self, name: str, kind: str, text: str) -> None:
+        doc = text.replace("\\", r"\\").replace("\n", r"\n")
+        self.out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+
+    def samples(
+        self, name: str, labels: Sequence[str], rows: Iterable[tuple[tuple[str, ...], float]]
+    ) -> None:
+        """One line per row: labels sorted by name, as ``generate_latest`` writes them."""
+        cache = self.prefixes.get(name)
+        if cache is None:
+            cache = self.prefixes[name] = {}
+        order = sorted(range(len(labels)), key=lambda i: labels[i])
+        names = [labels[i] for i in order]
+        out = self.out
+        for values, v in rows:
+            prefix = cache.get(values)
+            if prefix is None:
+                if values:
+                    inner = ",".join(
+                        f'{n}="{_escape(values[i])}"' for n, i in zip(names, order, strict=True)
+                    )
+                    prefix = f"{name}{{{inner}}} "
+                else:
+                    prefix = f"{name} "
+                cache[values] = prefix
+            f = float(v)
+            # repr is Go's float format here; the rest (>= 1e6, inf, nan) is not
+            out.append(f"{prefix}{repr(f) if -1e300 < f < 1e6 else _value(f)}\n")
+
+    def histogram(
+        self,
+        name: str,
+        labels: tuple[str, ...],
+        values: tuple[str, ...],
+        *,
+        edges: Sequence[float],
+        counts: Sequence[float],
+        total: float,
+        sum_value: float,
+    ) -> None:
+        les = [*(_le(e) for e in edges), "+Inf"]
+        self.samples(
+            f"{name}_bucket",
+            (*labels, "le"),
+            (((*values, le), c) for le, c in zip(les, [*counts, total], strict=True)),
+        )
+        self.samples(f"{name}_count", labels, [(values, total)])
+        self.samples(f"{name}_sum", labels, [(values, sum_value)])
+
+
+def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None = None) -> bytes:
+    """The text exposition (format 0.0.4) of ``s``: what ``generate_latest`` gives for it.
+
+    Args:
+        s: the snapshot.
+        prefixes: a cache of series prefixes to reuse between renders (optional).
+    """
+    w = _Writer({} if prefixes is None else prefixes, max_prefixes=1_000_000)
+    w.head(
+        "fiomon_cluster_latency_seconds",
+        "gauge",
+        "Cluster-wide latency percentile of the last closed quantum.",
+    )
+    w.samples(
+        "fiomon_cluster_latency_seconds", ("direction", "quantile"), sorted(s.cluster.items())
+    )
+    w.head(
+        "fiomon_host_latency_seconds",
+        "gauge",
+        "Per-host latency percentile of the last closed quantum (hosts capped).",
+    )
+    w.samples(
+        "fiomon_host_latency_seconds", ("host", "direction", "quantile"), sorted(s.hosts.items())
+    )
+    if s.quantum_end_s is not None:
+        w.head(
+            "fiomon_quantum_end_timestamp_seconds",
+            "gauge",
+            "End of the quantum the latency gauges describe (Unix time).",
+        )
+        w.samples("fiomon_quantum_end_timestamp_seconds", (), [((), s.quantum_end_s)])
+    name = "fiomon_cluster_latency_histogram_seconds"
+    w.head(
+        name,
+        "histogram",
+        "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
+    )
+    for d, (counts, total, sum_s) in sorted(s.buckets.items()):
+        w.histogram(
+            name, ("direction",), (d,), edges=s.edges_s, counts=counts, total=total, sum_value=sum_s
+        )
+    w.head("fiomon_sla_breach", "gauge", "1 while the SLA rule fires.")
+    w.samples("fiomon_sla_breach", ("rule", "host"), sorted(s.sla_breach.items()))
+    w.head("fiomon_sla_breaches_total", "counter", "Times the SLA rule started firing.")
+    w.samples(
+        "fiomon_sla_breaches_total",
+        ("rule",),
+        [((k,), v) for k, v in sorted(s.sla_breaches.items())],
+    )
+    for kind, table in (("counter", s.counters), ("gauge", s.gauges)):
+        for (base, text, labels), values in sorted(table.items()):
+            series = f"{base}_total" if kind == "counter" else base
+            w.head(series, kind, text)
+            w.samples(series, labels, sorted(values.items()))
+    for (base, text), (edges, counts, n, total) in sorted(s.histograms.items()):
+        w.head(base, "histogram", text)
+        w.histogram(base, (), (), edges=edges, counts=counts, total=n, sum_value=total)
+    return "".join(w.out).encode("utf-8")
+
+
+class Exposition:
+    """The current snapshot's text, rendered once and shared by every scrape.
+
+    The aggregator calls :meth:`publish` from the event loop (a reference swap); scrapes
+    call :meth:`body` from HTTP threads: the first scrape after a new snapshot renders it
+    (under a lock, so a hundred simultaneous scrapes render it once), the others get the
+    cached bytes.
+
+    Args:
+        current: returns the latest snapshot.
+    """
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self.current = current
+        self._lock = threading.Lock()
+        self._rendered: Snapshot | None = None
+        self._body = b""
+        self._gzipped: bytes | None = None
+        self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
+        self.renders = 0
+        self.scrapes = 0
+
+    def body(self, *, gzipped: bool = False) -> bytes:
+        """The text of the current snapshot (gzip-compressed if asked)."""
+        snap = self.current()
+        with self._lock:
+            self.scrapes += 1
+            if snap is not self._rendered:
+                self._body = render(snap, self._prefixes)
+                self._gzipped = None
+                self._rendered = snap
+                self.renders += 1
+            if not gzipped:
+                return self._body
+            if self._gzipped is None:
+                # Level 1: a tenth of the size for a few ms, once per snapshot.
+                self._gzipped = gzip.compress(self._body, compresslevel=1, mtime=0)
+            return self._gzipped
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404, "only /metrics here")
+            return
+        accept = self.headers.get("Accept-Encoding", "")
+        gz = "gzip" in accept.lower()
+        try:
+            body = self.server.exposition.body(gzipped=gz)
+        except Exception:
+            log.exception("cannot render /metrics")
+            self.send_error(500, "cannot render the metrics (see the aggregator's log)")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a scrape a second would flood the log."""
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """HTTP server for ``/metrics``: a thread per scrape, at most ``max_concurrent`` at once.
+
+    Further connections wait in the listen backlog (``backlog``), where waiting costs
+    nothing; a slow or stuck scraper holds its thread for at most ``timeout_s``.
+
+    Args:
+        addr: listen address.
+        exposition: what to serve.
+        max_concurrent: scrapes served at once.
+        backlog: listen backlog (the kernel caps it at ``net.core.somaxconn``).
+        timeout_s: socket timeout of one scrape.
+        ssl_context: serve HTTPS with this context.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        exposition: Exposition,
+        *,
+        max_concurrent: int = 16,
+        backlog: int = 1024,
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.request_queue_size = backlog
+        self.exposition = exposition
+        self.timeout_s = timeout_s
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._ssl = ssl_context
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept; with TLS the handshake happens later, in the scrape's own thread."""
+        sock, client = self.socket.accept()
+        sock.settimeout(self.timeout_s)
+        if self._ssl is not None:
+            sock = self._ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, client
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Wait for a free slot (in the accept thread), then serve in a new thread."""
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection; give its slot back whatever happens."""
+        try:
+            if isinstance(request, ssl.SSLSocket):
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError):
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that hangs up mid-response is not an error worth a traceback."""
+        log.debug("scrape from %s failed", client_address, exc_info=True)
+
+
 def serve_metrics(
     addr: str,
     port: int,
-    collector: FiomonCollector,
+    source: FiomonCollector | Exposition,
     *,
     certfile: Path | None = None,
     keyfile: Path | None = None,
-) -> tuple[WSGIServer, threading.Thread, CollectorRegistry]:
-    """Serve ``/metrics`` from a thread on a private registry; stop with ``shutdown()``."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    server, thread = start_http_server(
-        port,
-        addr=addr,
-        registry=registry,
-        certfile=str(certfile) if certfile else None,
-        keyfile=str(keyfile) if keyfile else None,
+    max_concurrent: int = 16,
+) -> tuple[MetricsServer, threading.Thread, Exposition]:
+    """Serve ``/metrics`` from a thread; stop with ``shutdown()`` and ``server_close()``.
+
+    Args:
+        addr: listen address.
+        port: listen port (0: any free port; see ``server.server_port``).
+        source: the exposition to serve, or a collector whose snapshots to serve.
+        certfile: serve HTTPS with this certificate (with ``keyfile``).
+        keyfile: its key.
+        max_concurrent: scrapes served at once.
+    """
+    exposition = source if isinstance(source, Exposition) else Exposition(source.current)
+    context = None
+    if certfile is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(certfile), str(keyfile) if keyfile else None)
+    server = MetricsServer(
+        (addr, port), exposition, max_concurrent=max_concurrent, ssl_context=context
     )
-    return server, thread, registry
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="fiomon.metrics"
+    )
+    thread.daemon = True
+    thread.start()
+    return server, thread, exposition

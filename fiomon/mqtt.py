@@ -8,6 +8,7 @@ loop; each ``async with`` connects once (REFERENCE.md §4).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,7 @@ def make_client(
     will: aiomqtt.Will | None = None,
     timeout_s: float = 10.0,
     persistent_session_s: int | None = None,
+    queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None,
 ) -> aiomqtt.Client:
     """A client for ``broker`` (call inside the running event loop).
 
@@ -85,6 +87,8 @@ def make_client(
         persistent_session_s: ask for a persistent MQTT 5 session kept this long while we
             are away (``clean_start=False`` plus a session expiry: aiomqtt's default
             clean-start option would discard the session on every reconnect).
+        queue_type: the class of aiomqtt's incoming queue (the aggregator passes one it
+            can drain in batches).
     """
     extra: dict[str, Any] = {}
     if persistent_session_s is not None:
@@ -113,6 +117,7 @@ def make_client(
         timeout=timeout_s,
         tls_params=tls,
         tls_insecure=broker.tls.insecure if broker.tls is not None else None,
+        queue_type=queue_type,
         **extra,
     )
 

@@ -7,53 +7,147 @@ its agent is not marked offline (its status topic) and it has reported within
 lateness. Records of one stream arrive in order (one MQTT client, QoS 1), so a stream
 whose records reached time ``t`` has nothing more to say about quanta ending by ``t``.
 
-Early closing starts ``warmup_ms`` after the first record: until then the set of
-streams is not known (agents start, and reconnect after an aggregator restart, at
-different times), and closing on the first few would make every other host's records
-late. Agents publish every second, so a couple of seconds suffice.
+A stream has *parts*, one per fio job and direction: a hist log's read and write records
+carry stamps a few ms apart, and the next record of a part starts where its previous one
+ended. So a stream has reported up to the smallest latest end over its parts that
+reported within ``idle_ms``, and the cluster up to the smallest over all such parts.
+Parts live in flat numpy arrays (latest end, last seen, agent), so a message updates its
+parts with one ``np.maximum.at`` and the close decision is one masked minimum: the cost
+is per record received, not per host per tick.
+
+Early closing starts ``warmup_ms`` after the first record, on the clock and in the
+records' own time: until then the set of streams is not known (agents start, and
+reconnect after an aggregator restart, at different times; a lagging intake meets them
+later), and closing on the first few would make every other host's records late.
+Agents publish every second, so a couple of seconds suffice.
+
+The wall clock only speaks for input we could have received: while the aggregator is
+disconnected from the broker, and for ``lateness`` after it (re)connects, the clock bound
+holds where it was (:meth:`Watermark.hold`), so a restart or a broker outage does not
+close quanta whose records are still queued in the broker.
+
+The same holds while the aggregator's own intake is behind (a CPU-starved process, the
+backlog after a restart or an outage): the wall clock counts from the newest record
+received, not from now, as long as records keep coming. Otherwise, once intake falls
+behind by more than the lateness, every record would reach an already closed quantum
+and count as late; held this way, quanta wait for their records (``max_open_quanta``
+bounds the memory) and close delays show the lag instead.
 
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 
+import numpy as np
+import numpy.typing as npt
 
-@dataclass(slots=True)
-class _Progress:
-    agent: str
-    end_ms: int  # how far every part of the stream has reported (min over its parts)
-    seen_ms: int  # wall clock when it last reported
-    parts: dict[object, tuple[int, int]]  # part -> (latest end, seen)
+_FAR = 2**62
+DIRECTIONS = 3  # slots per part key: one per fio direction
 
 
 class Watermark:
-    """Tracks stream progress and says up to which time quanta may close.
-
-    A stream (one followed file) has *parts*, one per fio job and direction: a hist log's
-    read and write records carry stamps a few ms apart, and the next record of a part
-    starts where its previous one ended. So a stream has reported up to the smallest
-    latest end over its parts that reported within ``idle_ms``.
+    """Tracks the progress of stream parts and says up to which time quanta may close.
 
     Args:
         lateness_ms: the latest a quantum closes, after its end.
-        idle_ms: a stream or part silent this long stops holding quanta open (a stream is
-            forgotten after ten times as long, which bounds memory); default the lateness.
+        idle_ms: a part silent this long stops holding quanta open (it is forgotten after
+            ten times as long, which bounds memory); default the lateness.
         warmup_ms: no early closing this long after the first record; default the
             lateness.
+        slack_ms: records arrive after their end (agents publish about once a second):
+            the clock bound is at most this much ahead of the newest record end
+            received, plus the lateness ago.
     """
 
     def __init__(
-        self, lateness_ms: int, idle_ms: int | None = None, warmup_ms: int | None = None
+        self,
+        lateness_ms: int,
+        idle_ms: int | None = None,
+        warmup_ms: int | None = None,
+        slack_ms: int = 2000,
     ) -> None:
         self.lateness_ms = lateness_ms
+        self.slack_ms = slack_ms
+        self._newest_end: int | None = None  # the newest record end received
+        self._first_end: int | None = None  # the first record end received
+        self._newest_at = -_FAR  # wall clock when records last arrived
         self.idle_ms = lateness_ms if idle_ms is None else idle_ms
         self.warmup_ms = lateness_ms if warmup_ms is None else warmup_ms
-        self._streams: dict[tuple[str, str], _Progress] = {}
-        self._offline: set[str] = set()
+        self._keys: dict[tuple[str, str, Hashable], int] = {}  # -> first of 3 slots
+        self._tables: dict[tuple[str, str, int], tuple[object, npt.NDArray[np.int64]]] = {}
+        self._agents: dict[str, int] = {}
+        self._offline = np.zeros(16, dtype=np.bool_)
+        self._end = np.full(0, -_FAR, dtype=np.int64)
+        self._seen = np.full(0, -_FAR, dtype=np.int64)
+        self._agent = np.zeros(0, dtype=np.int64)
+        self._used = 0
         self._mark: int | None = None
         self._first_ms: int | None = None
+        self._hold_at: int | None = None
+        self._hold_until: int | None = None
+        self._forgot_ms = -_FAR
+
+    # -- parts ---------------------------------------------------------------------------
+
+    def _agent_id(self, agent: str) -> int:
+        aid = self._agents.get(agent)
+        if aid is None:
+            aid = self._agents[agent] = len(self._agents)
+            if aid >= len(self._offline):
+                self._offline = np.concatenate([self._offline, np.zeros_like(self._offline)])
+        return aid
+
+    def _slot(self, agent: str, stream: str, key: Hashable) -> int:
+        """The first of the three slots (read, write, trim) of a part key."""
+        slot = self._keys.get((agent, stream, key))
+        if slot is None:
+            if self._used + DIRECTIONS > len(self._end):
+                grow = max(3 * 1024, len(self._end))
+                self._end = np.concatenate([self._end, np.full(grow, -_FAR, dtype=np.int64)])
+                self._seen = np.concatenate([self._seen, np.full(grow, -_FAR, dtype=np.int64)])
+                self._agent = np.concatenate([self._agent, np.zeros(grow, dtype=np.int64)])
+            slot = self._used
+            self._used += DIRECTIONS
+            self._agent[slot : slot + DIRECTIONS] = self._agent_id(agent)
+            self._keys[(agent, stream, key)] = slot
+        return slot
+
+    def slots(self, agent: str, stream: str, labels: Sequence[Hashable]) -> npt.NDArray[np.int64]:
+        """The first slot of each job label of a stream; a record's part is ``slot + direction``.
+
+        Cached per label table (the decoder hands out the same table object every time an
+        agent sends the same labels), so a known stream costs one dictionary lookup.
+        """
+        key = (agent, stream, id(labels))
+        hit = self._tables.get(key)
+        if hit is not None and hit[0] is labels:
+            return hit[1]
+        arr = np.fromiter(
+            (self._slot(agent, stream, lab) for lab in labels), dtype=np.int64, count=len(labels)
+        )
+        self._tables[key] = (labels, arr)  # keeps ``labels`` alive, so its id stays unique
+        return arr
+
+    def observe_parts(
+        self, parts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], now_ms: int
+    ) -> None:
+        """Records of ``parts`` (slots from :meth:`slots` plus direction) ended at ``ends``."""
+        if self._first_ms is None:
+            self._first_ms = now_ms
+        if not len(parts):
+            return
+        top = int(ends.max())
+        if self._newest_end is None or top > self._newest_end:
+            self._newest_end = top
+        if self._first_end is None:
+            self._first_end = int(ends.min())
+        self._newest_at = now_ms
+        np.maximum.at(self._end, parts, ends)
+        self._seen[parts] = now_ms
+        if self._offline.any():
+            self._offline[np.unique(self._agent[parts])] = False
 
     def observe(
         self,
@@ -73,50 +167,93 @@ class Watermark:
             parts: the latest end per part (job, direction) in what arrived; without it
                 the stream is one part.
         """
-        if self._first_ms is None:
-            self._first_ms = now_ms
-        p = self._streams.get((agent, stream))
-        if p is None:
-            p = self._streams[(agent, stream)] = _Progress(agent, end_ms, now_ms, {})
-        for part, end in (parts or {None: end_ms}).items():
-            prev = p.parts.get(part)
-            p.parts[part] = (end if prev is None else max(prev[0], end), now_ms)
-        fresh = [e for e, seen in p.parts.values() if now_ms - seen <= self.idle_ms]
-        stale = [k for k, (_, seen) in p.parts.items() if now_ms - seen > 10 * self.idle_ms]
-        for k in stale:
-            del p.parts[k]
-        p.end_ms = min(fresh) if fresh else end_ms
-        p.seen_ms = now_ms
-        self._offline.discard(agent)
+        items = list((parts or {None: end_ms}).items())
+        slots = np.array([self._slot(agent, stream, k) for k, _ in items], dtype=np.int64)
+        self.observe_parts(slots, np.array([e for _, e in items], dtype=np.int64), now_ms)
 
     def set_online(self, agent: str, online: bool) -> None:
         """The agent's status topic said online or offline."""
-        if online:
-            self._offline.discard(agent)
-        else:
-            self._offline.add(agent)
+        self._offline[self._agent_id(agent)] = not online
 
-    def live_streams(self, now_ms: int) -> int:
-        """Streams currently holding quanta open."""
-        return sum(1 for p in self._streams.values() if self._live(p, now_ms))
+    def live_parts(self, now_ms: int) -> int:
+        """Parts currently holding quanta open."""
+        return int(self._live(now_ms).sum())
 
-    def _live(self, p: _Progress, now_ms: int) -> bool:
-        return p.agent not in self._offline and now_ms - p.seen_ms <= self.idle_ms
+    def _live(self, now_ms: int) -> npt.NDArray[np.bool_]:
+        n = self._used
+        live: npt.NDArray[np.bool_] = self._seen[:n] >= now_ms - self.idle_ms
+        if self._offline.any():
+            live &= ~self._offline[self._agent[:n]]
+        return live
+
+    # -- the wall clock -------------------------------------------------------------------
+
+    def hold(self, at_ms: int) -> None:
+        """Hold the clock bound at ``at_ms`` (at most) until :meth:`connected` + lateness.
+
+        Called when input stops for a reason of our own (the broker connection dropped,
+        the process starts): records for quanta ending after ``at_ms`` may be queued in
+        the broker, so only the streams' own progress may close those quanta.
+        """
+        self._hold_at = at_ms if self._hold_at is None else min(self._hold_at, at_ms)
+        self._hold_until = None
+
+    def disconnected(self, now_ms: int) -> None:
+        """The broker connection dropped: the clock bound stops where it is."""
+        self.hold(now_ms - self.lateness_ms)
+
+    def connected(self, now_ms: int) -> None:
+        """Connected (again): the clock bound resumes ``lateness`` from now."""
+        if self._hold_at is not None:
+            self._hold_until = now_ms + self.lateness_ms
 
     def close_through(self, now_ms: int) -> int:
         """Quanta ending at or before the returned time (ms) may close now."""
-        ends = [p.end_ms for p in self._streams.values() if self._live(p, now_ms)]
         target = now_ms - self.lateness_ms
-        warm = self._first_ms is not None and now_ms - self._first_ms >= self.warmup_ms
-        if ends and warm:
-            target = max(target, min(ends))
+        if self._newest_end is not None and now_ms - self._newest_at < self.lateness_ms:
+            # Records keep coming: the clock counts from the newest of them (intake lag).
+            target = min(target, self._newest_end + self.slack_ms - self.lateness_ms)
+        if self._hold_at is not None:
+            if self._hold_until is not None and now_ms >= self._hold_until:
+                self._hold_at = self._hold_until = None
+            else:
+                target = min(target, self._hold_at)
+        # Warm once warmup_ms passed on the clock *and* the records received span a
+        # publishing round (agents publish every second, in order): an intake that lags
+        # has not met every stream yet when the clock says so.
+        warm = (
+            self._first_ms is not None
+            and now_ms - self._first_ms >= self.warmup_ms
+            and self._newest_end is not None
+            and self._first_end is not None
+            and self._newest_end - self._first_end >= min(self.warmup_ms, 1000)
+        )
+        if warm and self._used:
+            live = self._live(now_ms)
+            if live.any():
+                target = max(target, int(self._end[: self._used][live].min()))
         if self._mark is None or target > self._mark:
             self._mark = target
-        self._forget(now_ms)
+        if now_ms - self._forgot_ms >= max(self.idle_ms, 1000):
+            self._forget(now_ms)
         return self._mark
 
     def _forget(self, now_ms: int) -> None:
-        horizon = 10 * max(self.idle_ms, 1000)
-        stale = [k for k, p in self._streams.items() if now_ms - p.seen_ms > horizon]
-        for k in stale:
-            del self._streams[k]
+        """Drop parts silent for ten idle periods (compacting the arrays)."""
+        self._forgot_ms = now_ms
+        n = self._used
+        if not n:
+            return
+        horizon = now_ms - 10 * max(self.idle_ms, 1000)
+        keep3 = (self._seen[:n] >= horizon).reshape(-1, DIRECTIONS).any(axis=1)
+        if keep3.all():
+            return
+        old_first = np.flatnonzero(keep3) * DIRECTIONS
+        sel = (old_first[:, None] + np.arange(DIRECTIONS)).ravel()
+        self._end = self._end[sel].copy()
+        self._seen = self._seen[sel].copy()
+        self._agent = self._agent[sel].copy()
+        self._used = len(sel)
+        new_of_old = {int(o): i * DIRECTIONS for i, o in enumerate(old_first.tolist())}
+        self._keys = {k: new_of_old[s] for k, s in self._keys.items() if s in new_of_old}
+        self._tables.clear()

@@ -132,6 +132,8 @@ class PreparedBatch:
         piece_rec: record index of each piece.
         piece_stream: stream index (into ``streams``) of each piece.
         piece_samples: overlap-weighted I/O count of each piece.
+        bin_lo: the smallest bin index with a count (``nbins`` when there is none).
+        bin_hi: the largest bin index with a count (-1 when there is none).
     """
 
     records: int
@@ -152,6 +154,8 @@ class PreparedBatch:
     piece_rec: npt.NDArray[np.int64]
     piece_stream: npt.NDArray[np.int64]
     piece_samples: npt.NDArray[np.float64]
+    bin_lo: int = 0
+    bin_hi: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +200,9 @@ class QuantumEngine:
         max_hosts: hosts tracked for host scope; more are counted in ``hosts_over_cap``
             and only enter cluster scope.
         max_open_quanta: open quanta kept; more force the oldest to close.
+        max_open_rows: open (quantum, host, direction) rows kept, each a float64 row of
+            the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
+            close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
             cost memory only once used; reserving avoids copying the store as it grows.
@@ -212,6 +219,7 @@ class QuantumEngine:
         per_host: bool = False,
         max_hosts: int = 1000,
         max_open_quanta: int = 100_000,
+        max_open_rows: int | None = None,
         keep_hists: bool = False,
         capacity_rows: int = 64,
     ) -> None:
@@ -230,6 +238,7 @@ class QuantumEngine:
         self.per_host = per_host
         self.max_hosts = max_hosts
         self.max_open_quanta = max_open_quanta
+        self.max_open_rows = max_open_rows
         self.keep_hists = keep_hists
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
@@ -242,7 +251,14 @@ class QuantumEngine:
         self._over_cap_hosts: set[str] = set()
         self.forced_closes = 0
         self.records = 0
+        # Bins that ever held a count: closing reads and clears only these columns (fio's
+        # 1856 bins span 2**34 ns; one workload's latencies fill a few hundred of them).
+        self._bin_lo = layout.nbins
+        self._bin_hi = -1
         self._pending_closed: list[ClosedQuantum] = []
+        self._groups_cache: dict[
+            int, tuple[tuple[StreamInfo, ...], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+        ] = {}
         # Every open slot is one row of a float64 store plus per-row metadata; freed rows
         # are zeroed and reused. ``_rows`` finds a slot's row, ``_quanta`` counts open rows
         # per quantum. (row, stream id) pairs say which streams fed a row.
@@ -306,15 +322,55 @@ class QuantumEngine:
             sid = self._stream_ids[stream] = len(self._stream_ids)
         return sid
 
-    def add(self, batch: RecordBatch) -> None:
-        """Merge every record of ``batch`` into its quanta (late parts are counted)."""
-        self.commit(self.prepare(batch))
+    def add(
+        self, batch: RecordBatch, groups: Sequence[tuple[StreamInfo, ...]] | None = None
+    ) -> None:
+        """Merge every record of ``batch`` into its quanta (late parts are counted).
 
-    def prepare(self, batch: RecordBatch) -> PreparedBatch:
+        Args:
+            batch: the records.
+            groups: optional: ``batch.streams`` is these tuples one after the other, each
+                of one host (the live aggregator's decoded messages). The engine then
+                keeps its stream and host ids per tuple object, and a batch costs no
+                Python work per stream.
+        """
+        if groups is None:
+            self.commit(self.prepare(batch))
+            return
+        sids, hids = self._group_ids(groups)
+        self.commit(self.prepare(batch, stream_hosts=hids), stream_ids=sids)
+
+    def _group_ids(
+        self, groups: Sequence[tuple[StreamInfo, ...]]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Stream ids and host ids of the streams of ``groups``, per tuple object cached."""
+        cache = self._groups_cache
+        if len(cache) > 65_536:
+            cache.clear()
+        sids, hids = [], []
+        for t in groups:
+            hit = cache.get(id(t))
+            if hit is None or hit[0] is not t:
+                hid = self._host_index(t[0].host) if t else 0
+                sid = np.fromiter((self._stream_id(si) for si in t), np.int64, count=len(t))
+                hit = cache[id(t)] = (t, sid, np.full(len(t), hid, dtype=np.int64))
+            sids.append(hit[1])
+            hids.append(hit[2])
+        empty = np.zeros(0, dtype=np.int64)
+        return (np.concatenate(sids) if sids else empty), (np.concatenate(hids) if hids else empty)
+
+    def prepare(
+        self, batch: RecordBatch, stream_hosts: npt.NDArray[np.int64] | None = None
+    ) -> PreparedBatch:
         """Cut ``batch`` into per-slot histogram entries.
 
         Pure: reads only the engine's fixed settings (layout, quantum, phase, per_host),
         so it may run on any thread while another commits.
+
+        Args:
+            batch: the records.
+            stream_hosts: the engine's host id of each stream (from :meth:`add`); then the
+                slots carry engine host ids and ``hosts`` is empty.
 
         Raises:
             LayoutError: the batch's layout cannot be coarsened to the engine's.
@@ -328,13 +384,15 @@ class QuantumEngine:
         npieces = q_last - q_first + 1
         rec = np.repeat(np.arange(n, dtype=np.int64), npieces)
         q = q_first[rec] + (np.arange(len(rec)) - np.repeat(np.cumsum(npieces) - npieces, npieces))
-        if self.per_host:
+        hosts: tuple[str, ...] = ()
+        if self.per_host and stream_hosts is not None:
+            host = stream_hosts[batch.stream_idx[rec]]
+        elif self.per_host:
             hosts = tuple(sorted({si.host for si in batch.streams}))
             where = {h: i for i, h in enumerate(hosts)}
             stream_host = np.array([where[si.host] for si in batch.streams] or [0], dtype=np.int64)
             host = stream_host[batch.stream_idx[rec]]
         else:
-            hosts = ()
             host = np.full(len(rec), FOLDED_HOST, dtype=np.int64)
         d = batch.direction[rec].astype(np.int64)
         # Pieces in slot order, so a slot's entries are contiguous.
@@ -378,17 +436,28 @@ class QuantumEngine:
             piece_rec=rec,
             piece_stream=batch.stream_idx[rec].astype(np.int64),
             piece_samples=w * batch.samples()[rec],
+            bin_lo=int(batch.bins.min()) if len(batch.bins) else self.layout.nbins,
+            bin_hi=int(batch.bins.max()) if len(batch.bins) else -1,
         )
 
-    def commit(self, p: PreparedBatch) -> None:
-        """Merge a prepared batch (only from the thread that owns the engine)."""
+    def commit(self, p: PreparedBatch, stream_ids: npt.NDArray[np.int64] | None = None) -> None:
+        """Merge a prepared batch (only from the thread that owns the engine).
+
+        ``stream_ids``: the engine's id of each stream, from :meth:`add` (its batch was
+        prepared with engine host ids).
+        """
         if p.records == 0:
             return
         self.records += p.records
-        for si in p.streams:
-            self._host_index(si.host)  # hosts are tracked (and capped) in every mode
+        self._bin_lo = min(self._bin_lo, p.bin_lo)
+        self._bin_hi = max(self._bin_hi, p.bin_hi)
+        if stream_ids is None:
+            for si in p.streams:
+                self._host_index(si.host)  # hosts are tracked (and capped) in every mode
         nslots = len(p.slot_q)
-        if self.per_host:
+        if stream_ids is not None:
+            host = p.slot_host  # already engine host ids (or folded)
+        elif self.per_host:
             ids = np.array([self._host_index(h) for h in p.hosts] or [0], dtype=np.int64)
             host = ids[p.slot_host]
         else:
@@ -419,7 +488,11 @@ class QuantumEngine:
         np.minimum.at(self._row_lo, kept, p.slot_lo[keep])
         np.maximum.at(self._row_hi, kept, p.slot_hi[keep])
         np.add.at(self._row_nbytes, kept, p.slot_nbytes[keep])
-        sids = np.array([self._stream_id(si) for si in p.streams] or [0], dtype=np.int64)
+        sids = (
+            stream_ids
+            if stream_ids is not None and len(stream_ids)
+            else np.array([self._stream_id(si) for si in p.streams] or [0], dtype=np.int64)
+        )
         pair_keep = keep[p.pair_slot]
         self._pair_row.append(rows[p.pair_slot[pair_keep]])
         self._pair_sid.append(sids[p.pair_stream[pair_keep]])
@@ -442,13 +515,27 @@ class QuantumEngine:
         late = late_slot[p.piece_slot]
         self.late_samples += float(p.piece_samples[late].sum())
         _, first = np.unique(p.piece_rec[late], return_index=True)
-        for si in p.piece_stream[late][first].tolist():
+        # Per stream, then per host: a backlog of late records must cost less than merging
+        # them would (no Python per record), or an aggregator that fell behind never
+        # catches up.
+        per_stream = np.bincount(p.piece_stream[late][first], minlength=len(p.streams))
+        for si in np.flatnonzero(per_stream).tolist():
             h = p.streams[si].host
-            self.late_records[h] += 1
-            self._late_since_close[h] += 1
+            n = int(per_stream[si])
+            self.late_records[h] += n
+            self._late_since_close[h] += n
 
     def _enforce_cap(self) -> None:
         excess = len(self._quanta) - self.max_open_quanta
+        if self.max_open_rows is not None and len(self._rows) > self.max_open_rows:
+            # Memory: close the oldest quanta until the open rows fit (at least one).
+            rows, n = len(self._rows), 0
+            for q in sorted(self._quanta):
+                if rows <= self.max_open_rows or n == len(self._quanta) - 1:
+                    break
+                rows -= self._quanta[q]
+                n += 1
+            excess = max(excess, n)
         if excess > 0:
             oldest = sorted(self._quanta)[excess - 1]
             self.forced_closes += excess
@@ -503,8 +590,10 @@ class QuantumEngine:
         rows = np.flatnonzero(self._row_used & (self._row_q >= first_q) & (self._row_q <= last_q))
         rows = rows[np.lexsort((self._row_host[rows], self._row_dir[rows], self._row_q[rows]))]
         rq, rh, rd = self._row_q[rows], self._row_host[rows], self._row_dir[rows]
-        out = self._emit(rows, self._groups(rq, rh, rd, self._store[rows]))
-        self._store[rows] = 0.0
+        lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
+        cols = slice(lo, hi)
+        out = self._emit(rows, self._groups(rq, rh, rd, self._store[rows, cols]), lo)
+        self._store[rows, cols] = 0.0
         self._row_used[rows] = False
         self._row_lo[rows] = _FAR
         self._row_hi[rows] = -_FAR
@@ -576,8 +665,13 @@ class QuantumEngine:
             kinds.append(_Groups("host", rq[o][st], rh[o][st], ["all"] * len(st), total, gid))
         return kinds
 
-    def _emit(self, rows: npt.NDArray[np.int64], kinds: list[_Groups]) -> list[ClosedQuantum]:
-        """Closed-quantum rows of ``kinds``: per quantum, cluster then hosts, in label order."""
+    def _emit(
+        self, rows: npt.NDArray[np.int64], kinds: list[_Groups], first_bin: int
+    ) -> list[ClosedQuantum]:
+        """Closed-quantum rows of ``kinds``: per quantum, cluster then hosts, in label order.
+
+        The histograms of ``kinds`` hold the columns from ``first_bin`` on.
+        """
         pair_row = np.concatenate(self._pair_row)
         pair_sid = np.concatenate(self._pair_sid)
         pos = np.full(len(self._store), -1, dtype=np.int64)
@@ -605,7 +699,9 @@ class QuantumEngine:
             pg = k.row_gid[pair_pos]
             pm = pg >= 0
             g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
-            stats = summarize_many(k.hists[wanted], self.layout, self.percentiles)
+            stats = summarize_many(
+                k.hists[wanted], self.layout, self.percentiles, first_bin=first_bin
+            )
             for i, st in zip(wanted, stats, strict=True):
                 if st is None:
                     continue  # empty quanta produce no row
@@ -626,12 +722,22 @@ class QuantumEngine:
                     late_records=(
                         late_total if host is None else self._late_since_close.get(host, 0)
                     ),
-                    hist=k.hists[i].copy() if self.keep_hists and host is None else None,
+                    hist=(
+                        self._full(k.hists[i], first_bin)
+                        if self.keep_hists and host is None
+                        else None
+                    ),
                 )
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))
         keyed.sort(key=lambda kr: kr[0])
         return [r for _, r in keyed]
+
+    def _full(self, part: npt.NDArray[np.float64], first_bin: int) -> npt.NDArray[np.float64]:
+        """A histogram of the layout's every bin from the columns from ``first_bin`` on."""
+        out = np.zeros(self.layout.nbins)
+        out[first_bin : first_bin + len(part)] = part
+        return out
 
 
 def _labels(dirs: npt.NDArray[np.int64]) -> list[str]:

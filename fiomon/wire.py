@@ -20,7 +20,9 @@ reason, and nothing else escapes it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +44,7 @@ UNITS = ("ns", "us")
 
 # magic, version, flags, group_nr, coarseness, unit, pad, records, nnz, first_seq
 _HEAD = struct.Struct("<4sBBBBBxIIQ")
+_U16 = struct.Struct("<H")
 _RECORD = np.dtype(
     [
         ("label", "<u2"),
@@ -175,6 +178,16 @@ class _Cursor:
         self.pos += n
         return out
 
+    def skip(self, n: int, what: str) -> int:
+        """Like :meth:`take` without copying; returns the offset skipped from."""
+        if n < 0 or self.pos + n > len(self.data):
+            left = len(self.data) - self.pos
+            msg = f"truncated: {what} needs {n} bytes at offset {self.pos}, {left} left"
+            raise WireFormatError(msg)
+        at = self.pos
+        self.pos += n
+        return at
+
     def text(self, what: str) -> str:
         (length,) = struct.unpack("<H", self.take(2, f"{what} length"))
         if not 0 < length <= MAX_ID_BYTES:
@@ -188,155 +201,500 @@ class _Cursor:
             raise WireFormatError(msg) from None
 
 
+# Why a payload was refused, as a metric label: the first words of the error's text.
+_REASONS = (
+    ("oversized", "oversized"),
+    ("truncated", "truncated"),
+    ("not a fiomon message", "not-fiomon"),
+    ("unsupported wire format version", "version"),
+    ("invalid bin layout", "layout"),
+    ("inconsistent", "inconsistent"),
+)
+REASONS: tuple[str, ...] = (*(r for _, r in _REASONS), "invalid")
+
+
+def reason_of(exc: WireFormatError) -> str:
+    """The short reason of a refusal (one of :data:`REASONS`), for a metric label."""
+    text = str(exc)
+    for prefix, reason in _REASONS:
+        if text.startswith(prefix):
+            return reason
+    return "invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """What the per-message (Python) pass learns: ids, labels and where the columns are."""
+
+    index: int
+    agent: str
+    stream: str
+    first_seq: int
+    n: int
+    nnz: int
+    wide: bool
+    layout: BinLayout
+    labels: tuple[StreamInfo, ...]
+    table_at: int
+    bins_at: int
+    counts_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedGroup:
+    """Valid messages of one bin layout, decoded together into one batch.
+
+    Args:
+        batch: every record of the messages, message after message in input order; its
+            stream table is the messages' job-label tables one after the other.
+        index: per message, its position in the input.
+        agents: per message, the agent id.
+        streams: per message, the stream id.
+        first_seq: per message, the sequence number of its first record.
+        offsets: message ``k`` holds records ``offsets[k]:offsets[k+1]`` of ``batch``
+            (``len(index) + 1`` entries).
+        label_offsets: message ``k``'s job labels are ``batch.streams[lo:hi]`` with
+            ``lo, hi = label_offsets[k], label_offsets[k+1]``.
+        labels: per message, its job-label table (the decoder's cached tuple: the same
+            object whenever an agent sends the same table, so callers may cache by it).
+    """
+
+    batch: RecordBatch
+    index: npt.NDArray[np.int64]
+    agents: tuple[str, ...]
+    streams: tuple[str, ...]
+    first_seq: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    label_offsets: npt.NDArray[np.int64]
+    labels: tuple[tuple[StreamInfo, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def message(self, k: int) -> Message:
+        """Message ``k`` on its own, with its own job-label table (as :func:`decode` gives)."""
+        b = self.batch
+        if len(self.index) > 1:
+            lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
+            llo, lhi = int(self.label_offsets[k]), int(self.label_offsets[k + 1])
+            e0, e1 = int(b.indptr[lo]), int(b.indptr[hi])
+            b = RecordBatch(
+                layout=b.layout,
+                streams=b.streams[llo:lhi],
+                stream_idx=(b.stream_idx[lo:hi] - llo).astype(np.int32),
+                direction=b.direction[lo:hi],
+                start_ms=b.start_ms[lo:hi],
+                end_ms=b.end_ms[lo:hi],
+                nbytes=b.nbytes[lo:hi],
+                indptr=b.indptr[lo : hi + 1] - e0,
+                bins=b.bins[e0:e1],
+                counts=b.counts[e0:e1],
+            )
+        return Message(self.agents[k], self.streams[k], int(self.first_seq[k]), b)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """The result of :meth:`Decoder.decode_many`.
+
+    Args:
+        groups: the valid messages, one group per bin layout (almost always one).
+        errors: ``(input position, why)`` of every refused payload.
+    """
+
+    groups: tuple[DecodedGroup, ...]
+    errors: tuple[tuple[int, WireFormatError], ...]
+
+
+class Decoder:
+    """Decodes wire-format messages one by one or many at once, with one set of rules.
+
+    Decoding many at once is what the aggregator does: the per-message work is the header
+    and the ids (a few microseconds of Python); the record tables, bins and counts of all
+    messages are joined and checked with a fixed number of numpy operations, so the cost
+    is per record, not per message. A payload that fails a check is refused alone, with
+    exactly the reason :meth:`decode` would give, and the rest decode normally.
+
+    An agent sends the same job-label table every second, so the decoder remembers the
+    tables it has decoded (at most ``max_tables``; then it starts over).
+
+    Args:
+        max_bytes: larger payloads are refused (``oversized``) before anything is parsed.
+        max_tables: label tables remembered.
+    """
+
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES, max_tables: int = 8192) -> None:
+        self.max_bytes = max_bytes
+        self.max_tables = max_tables
+        self._tables: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
+        self._last: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
+        self._layouts = {
+            (g, c, u): BinLayout(g, c, name)  # type: ignore[arg-type]
+            for g in range(19, 59)
+            for c in range(7)
+            for u, name in enumerate(UNITS)
+        }
+
+    def decode(self, payload: bytes) -> Message:
+        """Decode and validate one message.
+
+        Raises:
+            WireFormatError: the payload is oversized, truncated, of another version, out
+                of range or inconsistent (the message says which); never anything else.
+        """
+        out = self.decode_many([payload])
+        if out.errors:
+            raise out.errors[0][1]
+        return out.groups[0].message(0)
+
+    def decode_many(self, payloads: Sequence[bytes]) -> Decoded:
+        """Decode ``payloads`` together; bad ones are refused one by one, never raised."""
+        errors: list[tuple[int, WireFormatError]] = []
+        by_layout: dict[BinLayout, list[_Head]] = {}
+        for i, p in enumerate(payloads):
+            try:
+                h = self._head(i, p)
+            except WireFormatError as exc:
+                errors.append((i, exc))
+                continue
+            except Exception as exc:  # any slip in validation is a refusal
+                errors.append((i, _malformed(exc)))
+                continue
+            by_layout.setdefault(h.layout, []).append(h)
+        groups = []
+        for heads in by_layout.values():
+            try:
+                group, bad = _assemble(payloads, heads)
+            except Exception as exc:  # never expected; refuse the group, not the process
+                errors.extend((h.index, _malformed(exc)) for h in heads)
+                continue
+            errors.extend(bad)
+            if group is not None:
+                groups.append(group)
+        errors.sort(key=lambda e: e[0])
+        return Decoded(tuple(groups), tuple(errors))
+
+    def _head(self, index: int, payload: bytes) -> _Head:
+        data = bytes(payload)
+        quick = self._quick_head(index, data)
+        if quick is not None:
+            return quick
+        if len(data) > self.max_bytes:
+            msg = f"oversized: {len(data)} bytes, limit {self.max_bytes}"
+            raise WireFormatError(msg)
+        cur = _Cursor(data)
+        magic, version, flags, group_nr, coarse, unit, n, nnz, first_seq = _HEAD.unpack(
+            cur.take(_HEAD.size, "header")
+        )
+        if magic != MAGIC:
+            msg = f"not a fiomon message (magic {magic!r})"
+            raise WireFormatError(msg)
+        if version != VERSION:
+            msg = f"unsupported wire format version {version} (this fiomon speaks {VERSION})"
+            raise WireFormatError(msg)
+        if flags & ~FLAG_WIDE_COUNTS:
+            msg = f"unknown flags 0x{flags:02x}"
+            raise WireFormatError(msg)
+        if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
+            msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
+            raise WireFormatError(msg)
+        layout = BinLayout(group_nr, coarse, UNITS[unit])  # type: ignore[arg-type]
+        if not 0 < n <= MAX_RECORDS:
+            msg = f"record count {n} outside 1..{MAX_RECORDS}"
+            raise WireFormatError(msg)
+        if first_seq >= 2**63 - n:
+            msg = f"sequence number out of range: {first_seq}"
+            raise WireFormatError(msg)
+        agent = cur.text("agent id")
+        stream = cur.text("stream id")
+        (nlabels,) = struct.unpack("<H", cur.take(2, "label count"))
+        if not 0 < nlabels <= MAX_LABELS:
+            msg = f"label count {nlabels} outside 1..{MAX_LABELS}"
+            raise WireFormatError(msg)
+        labels = self._labels(cur, agent, nlabels)
+        table_at = cur.skip(n * _RECORD.itemsize, "record table")
+        width = 8 if flags & FLAG_WIDE_COUNTS else 4
+        rest = len(data) - cur.pos
+        if rest != nnz * (2 + width):
+            msg = (
+                f"inconsistent: {nnz} bins need {nnz * (2 + width)} bytes after the table, "
+                f"got {rest}"
+            )
+            raise WireFormatError(msg)
+        bins_at = cur.pos
+        return _Head(
+            index,
+            agent,
+            stream,
+            int(first_seq),
+            int(n),
+            int(nnz),
+            width == 8,
+            layout,
+            labels,
+            table_at,
+            bins_at,
+            bins_at + 2 * nnz,
+        )
+
+    def _quick_head(self, index: int, data: bytes) -> _Head | None:
+        """The header of an ordinary message, or None to take the careful path.
+
+        Most messages come from an agent whose label table was seen a second ago: this
+        reads them with a handful of ``unpack_from`` calls. Anything unusual (a new table,
+        a bad field, a size that does not add up) returns None, and :meth:`_head` walks the
+        message field by field and says exactly what is wrong.
+        """
+        size = len(data)
+        if size > self.max_bytes or size < _HEAD.size + 6:
+            return None
+        magic, version, flags, group_nr, coarse, unit, n, nnz, first_seq = _HEAD.unpack_from(data)
+        if (
+            magic != MAGIC
+            or version != VERSION
+            or flags & ~FLAG_WIDE_COUNTS
+            or not 0 < n <= MAX_RECORDS
+            or first_seq >= 2**63 - n
+        ):
+            return None
+        layout = self._layouts.get((group_nr, coarse, unit))
+        if layout is None:
+            return None
+        pos = _HEAD.size
+        (la,) = _U16.unpack_from(data, pos)
+        ls_at = pos + 2 + la
+        if not 0 < la <= MAX_ID_BYTES or ls_at + 2 > size:
+            return None
+        (ls,) = _U16.unpack_from(data, ls_at)
+        nl_at = ls_at + 2 + ls
+        if not 0 < ls <= MAX_ID_BYTES or nl_at + 2 > size:
+            return None
+        try:
+            agent = data[pos + 2 : ls_at].decode("utf-8")
+            stream = data[ls_at + 2 : nl_at].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        (nlabels,) = _U16.unpack_from(data, nl_at)
+        last = self._last.get(agent)
+        table_at = nl_at + 2 + (len(last[0]) if last is not None else 0)
+        if last is None or len(last[1]) != nlabels or not data.startswith(last[0], nl_at + 2):
+            return None
+        wide = bool(flags & FLAG_WIDE_COUNTS)
+        bins_at = table_at + n * _RECORD.itemsize
+        if bins_at + nnz * (10 if wide else 6) != size:
+            return None
+        return _Head(
+            index,
+            agent,
+            stream,
+            first_seq,
+            n,
+            nnz,
+            wide,
+            layout,
+            last[1],
+            table_at,
+            bins_at,
+            bins_at + 2 * nnz,
+        )
+
+    def _labels(self, cur: _Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
+        """The job label table; an agent sends the same table every second, so it is kept."""
+        start = cur.pos
+        last = self._last.get(agent)
+        if last is not None and len(last[1]) == nlabels and cur.data.startswith(last[0], start):
+            # The lengths are inside the bytes: the same count of labels in the same bytes
+            # is the same, valid table.
+            cur.pos += len(last[0])
+            return last[1]
+        for i in range(nlabels):  # walk the lengths (bounds-checked), decode only on a miss
+            (length,) = struct.unpack("<H", cur.take(2, f"job label {i} length"))
+            if not 0 < length <= MAX_ID_BYTES:
+                msg = f"job label {i} length {length} outside 1..{MAX_ID_BYTES}"
+                raise WireFormatError(msg)
+            cur.skip(length, f"job label {i}")
+        raw = cur.data[start : cur.pos]
+        key = (agent, raw)
+        hit = self._tables.get(key)
+        if hit is not None:
+            self._last[agent] = (raw, hit)
+            return hit
+        sub = _Cursor(raw)
+        labels = tuple(StreamInfo(agent, sub.text(f"job label {i}")) for i in range(nlabels))
+        if len(set(labels)) != nlabels:
+            msg = "duplicate job labels"
+            raise WireFormatError(msg)
+        if len(self._tables) >= self.max_tables:
+            self._tables.clear()
+            self._last.clear()
+        self._tables[key] = labels
+        self._last[agent] = (raw, labels)
+        return labels
+
+
+def _malformed(exc: Exception) -> WireFormatError:
+    msg = f"malformed message ({type(exc).__name__}: {exc})"
+    err = WireFormatError(msg)
+    err.__cause__ = exc
+    return err
+
+
+_ROW_PROBLEMS = (
+    "a record's job label index is out of range",
+    "a record's direction is not 0, 1 or 2",
+    "a record's reserved byte is not zero",
+    "record times must satisfy 0 <= start_ms <= end_ms < 2**53",
+    "a record's byte count is out of range",
+)
+
+
+def _assemble(
+    payloads: Sequence[bytes], heads: list[_Head]
+) -> tuple[DecodedGroup | None, list[tuple[int, WireFormatError]]]:
+    """Join and check the columns of ``heads`` (one layout); refuse the bad ones.
+
+    Checks run in the order :func:`decode` reports them (record table, counts, bins), and
+    a message is refused with the problems of the first stage it fails, so decoding a bad
+    message with others gives the same reason as decoding it alone.
+    """
+    m = len(heads)
+    layout = heads[0].layout
+    views = [memoryview(payloads[h.index]) for h in heads]
+    n_arr = np.fromiter((h.n for h in heads), dtype=np.int64, count=m)
+    nnz_arr = np.fromiter((h.nnz for h in heads), dtype=np.int64, count=m)
+    nlab = np.fromiter((len(h.labels) for h in heads), dtype=np.int64, count=m)
+    rows = np.frombuffer(
+        b"".join(v[h.table_at : h.bins_at] for v, h in zip(views, heads, strict=True)),
+        dtype=_RECORD,
+    )
+    bins_u = np.frombuffer(
+        b"".join(v[h.bins_at : h.counts_at] for v, h in zip(views, heads, strict=True)),
+        dtype="<u2",
+    )
+    if any(h.wide for h in heads):
+        counts_u = np.concatenate(
+            [
+                np.frombuffer(v[h.counts_at :], dtype="<u8" if h.wide else "<u4").astype(np.uint64)
+                for v, h in zip(views, heads, strict=True)
+            ]
+        )
+    else:
+        counts_u = np.frombuffer(
+            b"".join(v[h.counts_at :] for v, h in zip(views, heads, strict=True)), dtype="<u4"
+        )
+    row_off = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(n_arr, out=row_off[1:])
+    entry_off = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(nnz_arr, out=entry_off[1:])
+    row_msg = np.repeat(np.arange(m, dtype=np.int64), n_arr)
+    start, end = rows["start_ms"], rows["end_ms"]
+    row_bad = (
+        rows["label"].astype(np.int64) >= nlab[row_msg],
+        rows["direction"] > 2,
+        rows["pad"] != 0,
+        (start < 0) | (end >= MAX_TIME_MS) | (end < start),
+        rows["nbytes"] >= np.uint64(2**63),
+    )
+    rnnz = rows["nnz"].astype(np.int64)
+    nnz_sum = np.add.reduceat(rnnz, row_off[:-1])
+    stage1 = [np.bincount(row_msg[b], minlength=m) > 0 for b in row_bad]
+    nnz_wrong = nnz_sum != nnz_arr
+    bad1 = np.logical_or.reduce([*stage1, nnz_wrong])
+    # Counts and bins, attributed to messages by the header's bin counts.
+    entry_msg = np.repeat(np.arange(m, dtype=np.int64), nnz_arr)
+    counts_bad = (counts_u == 0) | (counts_u >= np.uint64(2**63))
+    bad2 = (np.bincount(entry_msg[counts_bad], minlength=m) > 0) & ~bad1
+    too_big = bins_u >= layout.nbins
+    cs = np.zeros(len(rnnz) + 1, dtype=np.int64)
+    np.cumsum(rnnz, out=cs[1:])
+    rec_start = entry_off[row_msg] + cs[:-1] - cs[row_off[:-1]][row_msg]
+    is_start = np.zeros(len(bins_u) + 1, dtype=np.bool_)
+    ok_rows = ~bad1[row_msg] & (rec_start < len(bins_u))
+    is_start[rec_start[ok_rows]] = True
+    steps = np.flatnonzero((np.diff(bins_u.astype(np.int64)) <= 0) & ~is_start[1:-1]) + 1
+    not_increasing = np.bincount(entry_msg[steps], minlength=m) > 0
+    too_big_msg = np.bincount(entry_msg[too_big], minlength=m) > 0
+    bad3 = (too_big_msg | not_increasing) & ~bad1 & ~bad2
+    bad = bad1 | bad2 | bad3
+    errors: list[tuple[int, WireFormatError]] = []
+    for k in np.flatnonzero(bad).tolist():
+        if bad1[k]:
+            problems = [text for text, b in zip(_ROW_PROBLEMS, stage1, strict=True) if b[k]]
+            if nnz_wrong[k]:
+                problems.append(f"records' bin counts do not add up to the header's {heads[k].nnz}")
+            text = "; ".join(problems)
+        elif bad2[k]:
+            text = "counts must be positive (zero bins are not sent) and below 2**63"
+        elif too_big_msg[k]:
+            text = f"a bin index is >= {layout.nbins}, the layout's bin count"
+        else:
+            text = "bin indices within a record must be strictly increasing"
+        errors.append((heads[k].index, WireFormatError(text)))
+    if errors:
+        good = [h for h, b in zip(heads, bad.tolist(), strict=True) if not b]
+        if not good:
+            return None, errors
+        group, more = _assemble(payloads, good)
+        return group, errors + more
+    label_off = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(nlab, out=label_off[1:])
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rnnz, out=indptr[1:])
+    streams = tuple(itertools.chain.from_iterable(h.labels for h in heads))
+    batch = RecordBatch(
+        layout=layout,
+        streams=streams,
+        stream_idx=(rows["label"].astype(np.int64) + label_off[row_msg]).astype(np.int32),
+        direction=rows["direction"].astype(np.int8),
+        start_ms=start.astype(np.int64),
+        end_ms=end.astype(np.int64),
+        nbytes=rows["nbytes"].astype(np.int64),
+        indptr=indptr,
+        bins=bins_u.astype(np.int32),
+        counts=counts_u.astype(np.int64),
+    )
+    group = DecodedGroup(
+        batch=batch,
+        index=np.fromiter((h.index for h in heads), dtype=np.int64, count=m),
+        agents=tuple(h.agent for h in heads),
+        streams=tuple(h.stream for h in heads),
+        first_seq=np.fromiter((h.first_seq for h in heads), dtype=np.int64, count=m),
+        offsets=row_off,
+        label_offsets=label_off,
+        labels=tuple(h.labels for h in heads),
+    )
+    return group, []
+
+
+_DEFAULT = Decoder()
+
+
 def decode(payload: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
-    """Decode and validate one message.
+    """Decode and validate one message (see :meth:`Decoder.decode`).
 
     Raises:
         WireFormatError: the payload is oversized, truncated, of another version, out of
             range or inconsistent (the message says which); never any other exception.
     """
+    if len(payload) > max_bytes:
+        msg = f"oversized: {len(payload)} bytes, limit {max_bytes}"
+        raise WireFormatError(msg)
+    return _DEFAULT.decode(payload)
+
+
+def describe(payload: bytes) -> str | None:
+    """Who sent a possibly damaged message and which records it held, if that is readable.
+
+    For reports about lost data: ``"client-07 stream run.json@1, seqs 100..149 (50
+    records)"``, or None when not even the header and ids can be read.
+    """
     try:
-        return _decode(bytes(payload), max_bytes)
-    except WireFormatError:
-        raise
-    except Exception as exc:  # any slip in validation still ends as a refusal
-        msg = f"malformed message ({type(exc).__name__}: {exc})"
-        raise WireFormatError(msg) from exc
-
-
-def _decode(data: bytes, max_bytes: int) -> Message:
-    if len(data) > max_bytes:
-        msg = f"oversized: {len(data)} bytes, limit {max_bytes}"
-        raise WireFormatError(msg)
-    cur = _Cursor(data)
-    magic, version, flags, group_nr, coarse, unit, n, nnz, first_seq = _HEAD.unpack(
-        cur.take(_HEAD.size, "header")
-    )
-    if magic != MAGIC:
-        msg = f"not a fiomon message (magic {magic!r})"
-        raise WireFormatError(msg)
-    if version != VERSION:
-        msg = f"unsupported wire format version {version} (this fiomon speaks {VERSION})"
-        raise WireFormatError(msg)
-    if flags & ~FLAG_WIDE_COUNTS:
-        msg = f"unknown flags 0x{flags:02x}"
-        raise WireFormatError(msg)
-    if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
-        msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
-        raise WireFormatError(msg)
-    layout = BinLayout(group_nr, coarse, UNITS[unit])  # type: ignore[arg-type]
-    if not 0 < n <= MAX_RECORDS:
-        msg = f"record count {n} outside 1..{MAX_RECORDS}"
-        raise WireFormatError(msg)
-    if first_seq >= 2**63 - n:
-        msg = f"sequence number out of range: {first_seq}"
-        raise WireFormatError(msg)
-    agent = cur.text("agent id")
-    stream = cur.text("stream id")
-    (nlabels,) = struct.unpack("<H", cur.take(2, "label count"))
-    if not 0 < nlabels <= MAX_LABELS:
-        msg = f"label count {nlabels} outside 1..{MAX_LABELS}"
-        raise WireFormatError(msg)
-    labels = _labels(cur, agent, nlabels)
-    rows = np.frombuffer(cur.take(n * _RECORD.itemsize, "record table"), dtype=_RECORD)
-    width = 8 if flags & FLAG_WIDE_COUNTS else 4
-    rest = len(data) - cur.pos
-    if rest != nnz * (2 + width):
-        msg = f"inconsistent: {nnz} bins need {nnz * (2 + width)} bytes after the table, got {rest}"
-        raise WireFormatError(msg)
-    bins = np.frombuffer(cur.take(2 * nnz, "bins"), dtype="<u2").astype(np.int32)
-    counts_raw = np.frombuffer(
-        cur.take(width * nnz, "counts"), dtype="<u8" if width == 8 else "<u4"
-    )
-    _check_rows(rows, nlabels, nnz)
-    if (counts_raw == 0).any() or (width == 8 and (counts_raw >= 2**63).any()):
-        msg = "counts must be positive (zero bins are not sent) and below 2**63"
-        raise WireFormatError(msg)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(rows["nnz"], out=indptr[1:])
-    _check_bins(bins, indptr, layout.nbins)
-    batch = RecordBatch(
-        layout=layout,
-        streams=labels,
-        stream_idx=rows["label"].astype(np.int32),
-        direction=rows["direction"].astype(np.int8),
-        start_ms=rows["start_ms"].astype(np.int64),
-        end_ms=rows["end_ms"].astype(np.int64),
-        nbytes=rows["nbytes"].astype(np.int64),
-        indptr=indptr,
-        bins=bins,
-        counts=counts_raw.astype(np.int64),
-    )
-    return Message(agent, stream, int(first_seq), batch)
-
-
-_LABEL_CACHE: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
-_LABEL_CACHE_MAX = 4096
-_LAST_TABLE: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
-
-
-def _labels(cur: _Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
-    """The job label table; an agent sends the same table every second, so it is cached."""
-    start = cur.pos
-    last = _LAST_TABLE.get(agent)
-    if last is not None and len(last[1]) == nlabels and cur.data.startswith(last[0], start):
-        # The lengths are inside the bytes: the same count of labels in the same bytes is
-        # the same, valid table.
-        cur.pos += len(last[0])
-        return last[1]
-    for i in range(nlabels):  # walk the lengths (bounds-checked), decode only on a miss
-        (length,) = struct.unpack("<H", cur.take(2, f"job label {i} length"))
-        if not 0 < length <= MAX_ID_BYTES:
-            msg = f"job label {i} length {length} outside 1..{MAX_ID_BYTES}"
-            raise WireFormatError(msg)
-        cur.take(length, f"job label {i}")
-    raw = cur.data[start : cur.pos]
-    key = (agent, raw)
-    hit = _LABEL_CACHE.get(key)
-    if hit is not None:
-        _LAST_TABLE[agent] = (raw, hit)
-        return hit
-    sub = _Cursor(raw)
-    labels = tuple(StreamInfo(agent, sub.text(f"job label {i}")) for i in range(nlabels))
-    if len(set(labels)) != nlabels:
-        msg = "duplicate job labels"
-        raise WireFormatError(msg)
-    if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-        _LABEL_CACHE.clear()
-        _LAST_TABLE.clear()
-    _LABEL_CACHE[key] = labels
-    _LAST_TABLE[agent] = (raw, labels)
-    return labels
-
-
-def _check_rows(rows: npt.NDArray[np.void], nlabels: int, nnz: int) -> None:
-    problems = []
-    if (rows["label"] >= nlabels).any():
-        problems.append("a record's job label index is out of range")
-    if (rows["direction"] > 2).any():
-        problems.append("a record's direction is not 0, 1 or 2")
-    if (rows["pad"] != 0).any():
-        problems.append("a record's reserved byte is not zero")
-    start, end = rows["start_ms"], rows["end_ms"]
-    if (start < 0).any() or (end >= MAX_TIME_MS).any() or (end < start).any():
-        problems.append("record times must satisfy 0 <= start_ms <= end_ms < 2**53")
-    if (rows["nbytes"] >= 2**63).any():
-        problems.append("a record's byte count is out of range")
-    if int(rows["nnz"].astype(np.int64).sum()) != nnz:
-        problems.append(f"records' bin counts do not add up to the header's {nnz}")
-    if problems:
-        raise WireFormatError("; ".join(problems))
-
-
-def _check_bins(bins: npt.NDArray[np.int32], indptr: npt.NDArray[np.int64], nbins: int) -> None:
-    if len(bins) and int(bins.max()) >= nbins:
-        msg = f"a bin index is >= {nbins}, the layout's bin count"
-        raise WireFormatError(msg)
-    # Strictly increasing within each record: a step down or repeat is allowed only where
-    # a new record starts.
-    steps = np.diff(bins) <= 0
-    starts = np.zeros(len(bins), dtype=np.bool_)
-    starts[indptr[1:-1][indptr[1:-1] < len(bins)]] = True
-    if (steps & ~starts[1:]).any():
-        msg = "bin indices within a record must be strictly increasing"
-        raise WireFormatError(msg)
+        cur = _Cursor(bytes(payload))
+        magic, _, _, _, _, _, n, _, first_seq = _HEAD.unpack(cur.take(_HEAD.size, "header"))
+        if magic != MAGIC or not 0 < n <= MAX_RECORDS:
+            return None
+        agent = cur.text("agent id")
+        stream = cur.text("stream id")
+    except (WireFormatError, struct.error):
+        return None
+    return f"{agent} stream {stream}, seqs {first_seq}..{first_seq + n - 1} ({n} records)"

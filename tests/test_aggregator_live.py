@@ -117,7 +117,7 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     )
     cores: list[AggregatorCore] = []
     stop = asyncio.Event()
-    aggregator = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
+    aggregator = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append, final=True))
     await asyncio.sleep(0.5)
     agents = [await _agent(tmp_path, f"client-{h:02d}", mosquitto.port) for h in (1, 2, 3)]
     try:
@@ -177,7 +177,7 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
         f"state_dir: {tmp_path / 'aggregator-state'}\n"
     )
 
-    async def aggregator() -> asyncio.subprocess.Process:
+    async def aggregator(*final: str) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -185,6 +185,7 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
             "aggregator",
             "--config",
             str(cfg),
+            *final,
             stderr=asyncio.subprocess.DEVNULL,
         )
 
@@ -199,14 +200,14 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
         agg.kill()  # SIGKILL: open quanta, in memory, die with it
         await agg.wait()
         await asyncio.sleep(1.0)  # the broker queues records for the session meanwhile
-        agg = await aggregator()
+        agg = await aggregator("--final")
         await writer
         await asyncio.sleep(3.0)  # agents publish the last lines
     finally:
         for a in agents:
             a.terminate()
             await a.wait()
-    agg.terminate()  # SIGTERM: closes what is open
+    agg.terminate()  # SIGTERM with --final: closes what is open
     assert await asyncio.wait_for(agg.wait(), 20) == 0
     files = sorted(p.resolve() for p in data.glob("*/*.log"))
     offline, _ = offline_report(files)

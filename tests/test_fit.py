@@ -108,10 +108,13 @@ def test_aggregator_exports_the_tail_fit_only_when_asked() -> None:
         counts=hist[nz],
     )
     for fit_tail in (False, True):
+        clock = [t0 + 60_000]
         core = AggregatorCore(
-            AggregatorConfig(align="epoch", fit_tail=fit_tail), now_ms=lambda: t0 + 60_000
+            AggregatorConfig(align="epoch", fit_tail=fit_tail),
+            now_ms=lambda clock=clock: clock[0],  # type: ignore[misc]
         )
         core.on_records("h", encode("h", "s@1", 0, batch))
+        clock[0] += 5001  # no more records: the lateness on the wall clock closes it
         assert core.tick()
         gauges = {k[0]: v for k, v in core.snapshot.gauges.items()}
         if not fit_tail:

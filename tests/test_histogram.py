@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fiomon.bins import BinLayout, plat_val_to_idx
-from fiomon.histogram import pct_key, percentiles, summarize
+from fiomon.histogram import pct_key, percentiles, summarize, summarize_many
 
 LAY = BinLayout()
 
@@ -72,3 +72,35 @@ def test_bounds_mean_and_samples() -> None:
 
 def test_pct_keys() -> None:
     assert [pct_key(q) for q in (50, 99.0, 99.9, 99.99)] == ["50", "99", "99.9", "99.99"]
+
+
+def test_statistics_of_the_occupied_columns_equal_those_of_the_whole_histogram() -> None:
+    # The engine hands summarize_many only the columns that ever held a count; every
+    # statistic (saturation in fio's last bin included) must be what the full width gives.
+    rng = np.random.default_rng(7)
+    layout = BinLayout()
+    hists = np.zeros((40, layout.nbins))
+    for i, row in enumerate(hists):
+        lo = int(rng.integers(0, layout.nbins - 50))
+        span = int(rng.integers(1, 50))
+        row[lo : lo + span] = rng.random(span) * (i % 3)  # some rows stay empty
+    hists[5, -1] = 7.0  # saturated
+    nz = np.flatnonzero(hists.any(axis=0))
+    lo, hi = int(nz[0]), int(nz[-1]) + 1
+    qs = (50, 90, 99, 99.9)
+    full = summarize_many(hists, layout, qs)
+    part = summarize_many(hists[:, lo:hi], layout, qs, first_bin=lo)
+    assert [a is None for a in full] == [b is None for b in part]
+    for a, b in zip(full, part, strict=True):
+        if a is None or b is None:
+            continue
+        # Equal up to the summation order of the mean (the last bits).
+        assert (a.samples, a.min_ns, a.max_ns, a.saturated) == (
+            b.samples,
+            b.min_ns,
+            b.max_ns,
+            b.saturated,
+        )
+        assert a.percentiles_ns == b.percentiles_ns
+        assert a.mean_ns == pytest.approx(b.mean_ns, rel=1e-12)
+    assert full[5] is not None and full[5].saturated

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.wire import MAX_TIME_MS, VERSION, Message, decode, encode
+from fiomon.wire import MAX_TIME_MS, VERSION, Decoder, Message, decode, encode
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us"), BinLayout(30, 6)]
 
@@ -189,3 +189,89 @@ def test_label_tables_sharing_a_prefix_decode_apart() -> None:
     for labels in [("a",), ("a", "b"), ("a",), ("a", "c"), ("a", "b")]:
         msg = decode(encode("agent-x", "s@1", 0, one(labels)))
         assert [s.stream for s in msg.batch.streams] == list(labels)
+
+
+def _outcome(data: bytes) -> Message | str:
+    try:
+        return decode(data, max_bytes=1 << 20)
+    except WireFormatError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3),
+            st.integers(0, 3),
+            st.sampled_from(["h1", "h2", "client-07"]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_decoding_many_at_once_gives_each_message_what_decoding_it_alone_gives(
+    specs: list[tuple[list[tuple[int, int]], int, str]],
+) -> None:
+    # A mix of valid and damaged payloads, decoded together: each valid one comes back
+    # exactly as decode() gives it, and each bad one is refused with decode()'s reason,
+    # whatever its neighbours are.
+    payloads = []
+    for flips, cut, agent in specs:
+        b = decode(_valid()).batch
+        raw = bytearray(encode(agent, f"{agent}.json@1", 7, b))
+        for pos, val in flips:
+            raw[pos % len(raw)] = val
+        payloads.append(bytes(raw[: len(raw) - cut]))
+    out = Decoder(max_bytes=1 << 20).decode_many(payloads)
+    refused = {i: str(e) for i, e in out.errors}
+    accepted: dict[int, Message] = {}
+    for g in out.groups:
+        assert int(g.offsets[-1]) == len(g.batch)
+        for k in range(len(g)):
+            accepted[int(g.index[k])] = g.message(k)
+    assert sorted([*refused, *accepted]) == list(range(len(payloads)))
+    for i, p in enumerate(payloads):
+        alone = _outcome(p)
+        if isinstance(alone, str):
+            assert refused.get(i) == alone
+        else:
+            got = accepted[i]
+            assert (got.agent, got.stream, got.first_seq) == (
+                alone.agent,
+                alone.stream,
+                alone.first_seq,
+            )
+            assert_same(alone.batch, got.batch)
+            assert [s.host for s in got.batch.streams] == [alone.agent] * len(got.batch.streams)
+
+
+def test_a_group_joins_the_messages_records_and_label_tables_in_order() -> None:
+    def one(label: str, end: int) -> RecordBatch:
+        return RecordBatch(
+            layout=BinLayout(),
+            streams=(StreamInfo("", label),),
+            stream_idx=np.zeros(1, np.int32),
+            direction=np.zeros(1, np.int8),
+            start_ms=np.array([end - 1000], np.int64),
+            end_ms=np.array([end], np.int64),
+            nbytes=np.zeros(1, np.int64),
+            indptr=np.array([0, 1], np.int64),
+            bins=np.array([700], np.int32),
+            counts=np.array([3], np.int64),
+        )
+
+    payloads = [encode(f"h{i}", "s@1", i, one(f"job{i}", 10_000 + i)) for i in range(3)]
+    payloads.insert(1, b"junk")
+    out = Decoder().decode_many(payloads)
+    assert [i for i, _ in out.errors] == [1]
+    (g,) = out.groups
+    assert g.index.tolist() == [0, 2, 3]
+    assert g.agents == ("h0", "h1", "h2") and g.first_seq.tolist() == [0, 1, 2]
+    assert g.batch.end_ms.tolist() == [10_000, 10_001, 10_002]
+    assert [(s.host, s.stream) for s in g.batch.streams] == [
+        ("h0", "job0"),
+        ("h1", "job1"),
+        ("h2", "job2"),
+    ]
+    assert g.batch.stream_idx.tolist() == [0, 1, 2]
