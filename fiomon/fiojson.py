@@ -216,6 +216,9 @@ class JsonStatusParser:
         default = glob_opts.get("write_hist_log") if isinstance(glob_opts, dict) else None
         jobs = doc.get("jobs")
         ts = doc.get("timestamp_ms")
+        client = _client_view(doc)
+        if client is not None:  # fio --client: one document, entries per interval
+            ts, jobs = client.end_ms, [e for s in client.slots for e, _ in s.entries[-1:]]
         for pos, job in enumerate(jobs if isinstance(jobs, list) else []):
             if not isinstance(job, dict) or len(self.hist_names) >= _MAX_PREFIXES:
                 continue
@@ -224,11 +227,14 @@ class JsonStatusParser:
             prefix = prefix if isinstance(prefix, str) else default
             name = job.get("jobname")
             if isinstance(prefix, str) and 0 < len(prefix) <= 4096:
-                self.job_prefixes[pos] = prefix_name(prefix)
+                hist_name = prefix_name(prefix)
             elif isinstance(name, str) and 0 < len(name) <= 4096:
-                self.job_prefixes[pos] = name  # fio's default hist log name
-            if pos in self.job_prefixes:
-                self.hist_names.add(self.job_prefixes[pos])
+                hist_name = name  # fio's default hist log name
+            else:
+                continue
+            self.hist_names.add(hist_name)
+            if client is None:  # client logs are numbered per server: no job mapping
+                self.job_prefixes[pos] = hist_name
             runtime = job.get("job_runtime")
             if _is_int(ts, _MAX_MS) and _is_int(runtime, _MAX_MS):
                 start = ts - runtime
@@ -286,6 +292,9 @@ class JsonStatusParser:
 
     def _document(self, doc: dict[str, Any]) -> list[_Row]:
         line = self.splitter._line
+        client = _client_view(doc)
+        if client is not None:
+            return self._client_document(client, line)
         ts = doc.get("timestamp_ms")
         jobs = doc.get("jobs")
         if not _is_int(ts, _MAX_MS) or not isinstance(jobs, list):
@@ -317,6 +326,40 @@ class JsonStatusParser:
             state.last_ts = ts
         return rows
 
+    def _client_document(self, client: _ClientView, line: int) -> list[_Row]:
+        """Records of a ``fio --client`` document: every server's jobs, interval by interval.
+
+        The document is written once, when the run ends, and holds cumulative entries per
+        job per status interval with ``job_runtime`` (ms since the job started) but no
+        wall-clock stamp of their own. All jobs of a client run start together, so each is
+        placed at ``start = document time - longest job runtime`` and each entry ends at
+        ``start + job_runtime``. The document's time has whole seconds only (fio 3.33
+        writes ``timestamp``, not ``timestamp_ms``) and follows the end of the last job, so
+        the placement is late by up to about a second plus the time fio took to collect
+        the servers' final results; the relative times of the entries are exact.
+        """
+        if client.end_ms is None:
+            self.problems.report(
+                self.source, line, "json-shape", "fio --client document without a timestamp"
+            )
+            return []
+        for kind, n in client.skipped.items():
+            self.problems.warn(self.source, line, kind, f"{n} 'All clients' entries not counted")
+        start = client.end_ms - max((rt for s in client.slots for _, rt in s.entries), default=0)
+        rows: list[_Row] = []
+        for slot in client.slots:
+            key = (-1, f"{slot.host}\0{slot.name}")
+            state = self._jobs.get(key)
+            if state is None:
+                label = f"{self.source}:{slot.host}:{slot.name}"
+                state = self._jobs[key] = _JobState(StreamInfo(slot.host, label))
+            for entry, rt in slot.entries:
+                if state.last_ts is not None and start + rt < state.last_ts:
+                    state.last_ts = None  # runtime went back: the server ran the job again
+                rows.extend(self._job(state, entry, start + rt, line))
+                state.last_ts = start + rt
+        return rows
+
     def _job(self, state: _JobState, job: dict[str, Any], ts: int, line: int) -> list[_Row]:
         current: dict[int, tuple[npt.NDArray[np.int64], int]] = {}
         for d, label in enumerate(DIRECTION_LABELS):
@@ -329,7 +372,7 @@ class JsonStatusParser:
         if restarted:
             state.restarts += 1
             base = state.stream.stream.split("#run", 1)[0]
-            state.stream = StreamInfo(self.host, f"{base}#run{state.restarts + 1}")
+            state.stream = StreamInfo(state.stream.host, f"{base}#run{state.restarts + 1}")
             state.cum.clear()
             state.bytes_.clear()
             state.active.clear()
@@ -448,6 +491,69 @@ _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
 _MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
 _MAX_MS = 10**14  # epoch ms in the year 5138: anything larger is not a fio time
 _MAX_COUNT = 2**53  # sums of counts and bytes stay exact in int64 and float64
+
+
+@dataclass(slots=True)
+class _ClientSlot:
+    """One job of one server in a ``fio --client`` document."""
+
+    host: str
+    name: str
+    entries: list[tuple[dict[str, Any], int]]  # (entry, job_runtime ms), in order
+
+
+@dataclass(slots=True)
+class _ClientView:
+    """A ``fio --client`` json+ document, sorted into jobs."""
+
+    end_ms: int | None
+    slots: list[_ClientSlot]
+    skipped: dict[str, int]
+
+
+_SAME_INTERVAL_MS = 50  # entries of one key this close in runtime are jobs of one interval
+
+
+def _client_view(doc: dict[str, Any]) -> _ClientView | None:
+    """Sort a client document's entries into jobs (None: not a client document).
+
+    ``client_stats`` lists, for every status interval, one cumulative entry per job per
+    server (jobs of one server with the same name, ``numjobs``, come one after another
+    with the same runtime), and sometimes an ``"All clients"`` sum, which is skipped: it
+    would count every I/O twice.
+    """
+    entries = doc.get("client_stats")
+    if not isinstance(entries, list) or isinstance(doc.get("jobs"), list):
+        return None
+    ms = doc.get("timestamp_ms")
+    secs = doc.get("timestamp")
+    end_ms = ms if _is_int(ms, _MAX_MS) else secs * 1000 if _is_int(secs, _MAX_MS // 1000) else None
+    ports: dict[str, set[object]] = {}
+    for e in entries:
+        if isinstance(e, dict) and isinstance(e.get("hostname"), str):
+            ports.setdefault(e["hostname"], set()).add(e.get("port"))
+    slots: dict[tuple[str, str, int], _ClientSlot] = {}
+    groups: dict[tuple[str, str], list[int]] = {}  # key -> [interval's first runtime, count, known]
+    skipped: dict[str, int] = {}
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        name, host, rt = e.get("jobname"), e.get("hostname"), e.get("job_runtime")
+        if name == "All clients":
+            skipped["aggregate"] = skipped.get("aggregate", 0) + 1
+            continue
+        if not isinstance(name, str) or not isinstance(host, str) or not _is_int(rt, _MAX_MS):
+            skipped["json-shape"] = skipped.get("json-shape", 0) + 1
+            continue
+        label = f"{host}:{e.get('port')}" if len(ports.get(host, ())) > 1 else host
+        g = groups.setdefault((label, name), [rt, 0, 0])
+        if g[1] and (abs(rt - g[0]) > _SAME_INTERVAL_MS or (g[2] and g[1] >= g[2])):
+            g[2] = max(g[2], g[1])  # a new interval: slot numbering starts again
+            g[0], g[1] = rt, 0
+        slot = slots.setdefault((label, name, g[1]), _ClientSlot(label, f"{g[1]}:{name}", []))
+        slot.entries.append((e, rt))
+        g[1] += 1
+    return _ClientView(end_ms, list(slots.values()), skipped)
 
 
 def _held_bytes(buf: str, start: int) -> int:

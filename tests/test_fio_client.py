@@ -1,0 +1,138 @@
+"""fio's client/server mode: the one json+ document ``fio --client`` writes at the end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fiomon.fiojson import JsonStatusParser
+from fiomon.problems import ProblemLog
+from tests.conftest import FIXTURES, free_port
+
+CLIENT = FIXTURES / "fio333_client_status.json"
+
+
+def load(path: Path = CLIENT) -> dict[str, Any]:
+    text = path.read_text()
+    doc, _ = json.JSONDecoder().raw_decode(text, text.find("{"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def final_ios(doc: dict[str, Any]) -> dict[str, int]:
+    """Ground truth: the jobs' own total_ios in the last interval, per server."""
+    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in doc["client_stats"]:
+        if e["jobname"] != "All clients":
+            by_key.setdefault((e["hostname"], e["jobname"]), []).append(e)
+    out: dict[str, int] = {}
+    for (host, _), entries in by_key.items():
+        end = max(e["job_runtime"] for e in entries)
+        # numjobs: the last interval's entries of one name (runtimes within a few ms)
+        last = [e for e in entries[-8:] if e["job_runtime"] >= end - 50]
+        ios = sum(e[d]["total_ios"] for e in last for d in ("read", "write", "trim"))
+        out[host] = out.get(host, 0) + ios
+    return out
+
+
+def parse(doc: dict[str, Any]) -> tuple[dict[str, int], JsonStatusParser]:
+    p = JsonStatusParser("client.json", host="file-label", problems=ProblemLog())
+    batch = p.feed(json.dumps(doc).encode() + b"\n")
+    p.finish()
+    per_host: dict[str, int] = {}
+    if batch is not None:
+        samples = batch.samples()
+        for i, s in enumerate(batch.streams):
+            n = int(samples[batch.stream_idx == i].sum())
+            per_host[s.host] = per_host.get(s.host, 0) + n
+    return per_host, p
+
+
+def test_every_jobs_total_ios_counted_once_per_server() -> None:
+    doc = load()
+    per_host, p = parse(doc)
+    assert per_host == final_ios(doc)  # both servers, numjobs=2 on one of them
+    assert p.problems.counts["aggregate"] >= 1  # "All clients" is not counted
+    assert "restart" not in p.problems.counts
+
+
+def test_all_clients_with_bins_and_duplicated_entries_are_not_double_counted() -> None:
+    doc = load()
+    entries = doc["client_stats"]
+    total = copy.deepcopy(next(e for e in entries if e["jobname"] != "All clients"))
+    total["jobname"] = "All clients"  # other fio versions give it bins
+    doc["client_stats"] = [*entries, total]
+    per_host, _ = parse(doc)
+    assert per_host == final_ios(load())
+
+
+def test_a_server_that_ran_its_job_again_is_a_new_stream() -> None:
+    doc = load()
+    host = doc["client_stats"][0]["hostname"]
+    again = [copy.deepcopy(e) for e in doc["client_stats"] if e.get("hostname") == host]
+    for e in again:
+        e["job_runtime"] = max(1, e["job_runtime"] - 2000)  # runtime went back
+    doc["client_stats"] = doc["client_stats"] + again[:2]
+    per_host, p = parse(doc)
+    assert per_host[host] > final_ios(load())[host]  # the second run's I/Os are added
+    assert p.problems.counts["restart"] >= 1
+
+
+def test_a_truncated_client_document_is_reported(tmp_path: Path) -> None:
+    text = CLIENT.read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(text[: len(text) // 2])
+    r = subprocess.run(
+        [sys.executable, "-m", "fiomon", "report", str(cut)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert "incomplete" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.fio
+def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
+    """fio --server on 127.0.0.2 and 127.0.0.3, one fio --client run with json+ output."""
+    servers = []
+    port = free_port()
+    try:
+        for ip in ("127.0.0.2", "127.0.0.3"):
+            servers.append(
+                subprocess.Popen(
+                    [fio_bin, f"--server=ip:{ip},{port}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        job = tmp_path / "job.fio"
+        job.write_text(
+            "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=4m\n"
+            f"filename={tmp_path}/data\ntime_based\nruntime=3\nrate_iops=100\n"
+            "write_hist_log=h\nlog_hist_msec=1000\nlog_unix_epoch=1\n"
+        )
+        out = tmp_path / "out.json"
+        cmd = [fio_bin]
+        for ip in ("127.0.0.2", "127.0.0.3"):
+            cmd += [f"--client=ip:{ip},{port}", str(job)]
+        cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
+        # the servers take a moment to listen: fio --client retries, but give it a bound
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(10)
+    per_host, _ = parse(load(out))
+    assert per_host == final_ios(load(out))
+    assert set(per_host) == {"127.0.0.2", "127.0.0.3"}
+    hist = sorted(tmp_path.glob("h_clat_hist.*.log.*"))
+    assert len(hist) == 2
