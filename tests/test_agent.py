@@ -23,7 +23,7 @@ from fiomon.agent import Agent
 from fiomon.config import AgentConfig, BrokerConfig
 from fiomon.simulate import format_line
 from fiomon.wire import decode
-from tests.conftest import Mosquitto
+from tests.conftest import DEADLINE_S, Mosquitto
 
 T0 = 1_795_000_000_000
 PREFIX = "fiomontest"
@@ -46,6 +46,7 @@ class Subscriber:
         self.arrivals: list[tuple[int, int]] = []  # (wall ms when received, record end_ms)
         self.status: list[dict[str, object]] = []
         self.changed = asyncio.Event()
+        self.subscribed = asyncio.Event()
 
     async def run(self) -> None:
         client = aiomqtt.Client("127.0.0.1", self.port, identifier=self.ident, clean_session=False)
@@ -54,6 +55,7 @@ class Subscriber:
                 async with client:
                     await client.subscribe(f"{PREFIX}/v1/+/records", qos=1)
                     await client.subscribe(f"{PREFIX}/v1/+/status", qos=1)
+                    self.subscribed.set()  # both SUBACKs are in
                     async for m in client.messages:
                         self._on_message(m)
             except aiomqtt.MqttError:
@@ -79,7 +81,7 @@ class Subscriber:
     def seqs(self, stream: str) -> list[int]:
         return sorted(s for st, s in self.seen if st == stream)
 
-    async def wait_for(self, predicate: object, within: float = 20.0) -> None:
+    async def wait_for(self, predicate: object, within: float = DEADLINE_S) -> None:
         async with asyncio.timeout(within):
             while not predicate():  # type: ignore[operator]
                 self.changed.clear()
@@ -90,7 +92,7 @@ class Subscriber:
 async def subscribed(broker: Mosquitto, ident: str = "test-sub") -> AsyncIterator[Subscriber]:
     sub = Subscriber(broker.port, ident)
     task = asyncio.create_task(sub.run())
-    await asyncio.sleep(0.3)  # subscribed before anything is published
+    await asyncio.wait_for(sub.subscribed.wait(), DEADLINE_S)  # before anything is published
     try:
         yield sub
     finally:
@@ -132,7 +134,7 @@ async def test_records_and_status_reach_a_subscriber(mosquitto: Mosquitto, tmp_p
         log.write_text(hist_line(9))  # fio re-run: truncated and rewritten
         await sub.wait_for(lambda: (f"{log}@2", 0) in sub.seen)
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, DEADLINE_S)
         await sub.wait_for(lambda: sub.status and sub.status[-1]["state"] == "offline")
     assert sub.seqs(f"{log}@1") == [0, 1, 2]
     assert sub.seqs(f"{log}@2") == [0]
@@ -198,12 +200,12 @@ async def test_kill_9_and_restart_lose_nothing(mosquitto: Mosquitto, tmp_path: P
         await agent.wait()
         # The broker publishes the Will: the host is marked offline at once.
         await sub.wait_for(lambda: sub.status and sub.status[-1]["state"] == "offline")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the scenario: fio writes on while no agent runs
         agent = await _start_agent(cfg)
         await writer
         await sub.wait_for(lambda: len(sub.seen) >= total)
         agent.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(agent.wait(), 15) == 0
+        assert await asyncio.wait_for(agent.wait(), DEADLINE_S) == 0
     assert sub.seqs(f"{log}@1") == list(range(total))
     # Redeliveries are possible after kill -9 (acknowledged but not yet checkpointed);
     # never more than one checkpoint interval's worth.
@@ -220,12 +222,12 @@ async def test_broker_outage_of_10_s_loses_nothing(mosquitto: Mosquitto, tmp_pat
         writer = asyncio.create_task(_writer(log, 0, 40, 0.05))
         await sub.wait_for(lambda: len(sub.seen) >= 5)
         mosquitto.stop()
-        await asyncio.sleep(10)  # the agent spools while the broker is away
+        await asyncio.sleep(10)  # the scenario: a 10 s outage, the agent spools meanwhile
         mosquitto.start()
         await writer
-        await sub.wait_for(lambda: len(sub.seen) >= 40, within=40)
+        await sub.wait_for(lambda: len(sub.seen) >= 40)
         agent.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(agent.wait(), 15) == 0
+        assert await asyncio.wait_for(agent.wait(), DEADLINE_S) == 0
     assert sub.seqs(f"{log}@1") == list(range(40))
     log_text = (mosquitto.folder / "mosquitto.log").read_text()
     assert "fiomon-agent-client-07" in log_text
@@ -259,13 +261,12 @@ async def test_live_fio_records_arrive_within_2_s_while_fio_runs(
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-        await sub.wait_for(lambda: len(sub.seen) >= 20, within=25)
+        await sub.wait_for(lambda: len(sub.seen) >= 20)
         assert fio.returncode is None, "records must arrive while fio still runs"
         live = list(sub.arrivals)
-        assert await asyncio.wait_for(fio.wait(), 40) == 0
-        await asyncio.sleep(1.0)
+        assert await asyncio.wait_for(fio.wait(), DEADLINE_S) == 0
         stop.set()
-        await asyncio.wait_for(agent, 15)
+        await asyncio.wait_for(agent, DEADLINE_S)
     delays = sorted(arrived - end for arrived, end in live)
     print(
         f"live fio: {len(live)} records while running, delay median {delays[len(delays) // 2]} "
@@ -293,7 +294,7 @@ async def test_partial_line_completed_after_a_restart_arrives_once(
             want = 1 if text else 3
             await sub.wait_for(lambda: len(sub.seen) >= want)  # noqa: B023 -- awaited here
             stop.set()
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, DEADLINE_S)
             if text:
                 with log.open("a") as fh:
                     fh.write(text)  # the line is completed while no agent runs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fiomon.cli import main
-from tests.conftest import FIXTURES
+from tests.conftest import DEADLINE_S, FIXTURES
 
 HIST = FIXTURES / "fio333_randrw_clat_hist.1.log"
 JSON = FIXTURES / "fio333_randrw_status.json"
@@ -212,10 +213,19 @@ def test_demo_stops_cleanly_on_ctrl_c() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(5)
+    assert proc.stdout is not None
+    # Interrupted once it is running: after its header and the first closed quantum.
+    seen: list[str] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(seen) < 2:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no quantum shown within {DEADLINE_S:g} s: {seen}"
+        line = proc.stdout.readline()
+        assert line, f"the demo ended early: {proc.communicate()[1]}"
+        seen.append(line)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
+    out, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, err
     assert "interrupted" in err and "quanta closed" in err
     assert "Traceback" not in err
-    assert "p99" in out
+    assert "p99" in seen[0] + out
