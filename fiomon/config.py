@@ -4,7 +4,8 @@
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
-Nothing is read from the environment.
+Nothing is read from the environment: the command line applies its overrides
+(flag > environment > file) with :func:`with_broker` and :func:`check_listen`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -707,3 +708,58 @@ def load_agent_config(path: Path) -> AgentConfig:
         ConfigError: unreadable, not YAML, or any key invalid (all listed at once).
     """
     return agent_config_from(read_yaml(path), source=str(path))
+
+
+# -- overrides from flags and the environment ---------------------------------------------
+# The command line reads them (flag > environment > file) and hands the strings here;
+# nothing in this module reads the environment.
+
+
+def parse_broker_address(text: str, *, what: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``: the host, and the port if given.
+
+    A bare IPv6 address (more than one colon, no brackets) is all host.
+
+    Raises:
+        ConfigError: no host, or a port that is not a number in 1..65535.
+    """
+    text = text.strip()
+    port_text = ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            msg = f"{what}: expected [IPv6] or [IPv6]:PORT, got {text!r}"
+            raise ConfigError([msg])
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host = text
+    if not host:
+        msg = f"{what}: expected HOST or HOST:PORT, got {text!r}"
+        raise ConfigError([msg])
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        msg = f"{what}: port must be a number in 1..65535, got {port_text!r}"
+        raise ConfigError([msg])
+    return host, int(port_text)
+
+
+def with_broker(broker: BrokerConfig, address: str, *, what: str) -> BrokerConfig:
+    """``broker`` with the host (and the port, if ``address`` has one) of ``address``.
+
+    Raises:
+        ConfigError: a bad address, naming ``what`` (the flag or variable it came from).
+    """
+    host, port = parse_broker_address(address, what=what)
+    return replace(broker, host=host, port=broker.port if port is None else port)
+
+
+def check_listen(address: str, *, what: str) -> str:
+    """``address`` if it is a ``host:port`` that ``listen`` accepts.
+
+    Raises:
+        ConfigError: not ``host:port``, naming ``what``.
+    """
+    return _listen(address, what)

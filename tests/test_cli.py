@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fiomon import __version__
 from fiomon.cli import main
 from tests.conftest import DEADLINE_S, FIXTURES
 
@@ -147,7 +148,11 @@ def test_progress_line_on_request() -> None:
 
 def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
-    assert capsys.readouterr().out.startswith("fiomon ")
+    assert capsys.readouterr().out == f"fiomon {__version__}\n"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])  # the convention; `fiomon version` stays
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"fiomon {__version__}\n"
     r = fiomon("demo", "--duration", "14", "--hosts", "4", "--jobs", "1")
     assert r.returncode == 0, r.stderr
     assert "p99" in r.stdout

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fiomon.config import load_agent_config, parse_size
+from fiomon.config import (
+    BrokerConfig,
+    load_agent_config,
+    parse_broker_address,
+    parse_size,
+    with_broker,
+)
 from fiomon.errors import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
@@ -114,3 +121,32 @@ def test_aggregator_problems_are_all_listed(tmp_path: Path) -> None:
         "sla[1].name: duplicate rule name 'x'",
     ):
         assert needle in text, needle
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [
+        ("broker.example", "broker.example", None),
+        ("broker.example:8883", "broker.example", 8883),
+        ("10.0.0.7:1884", "10.0.0.7", 1884),
+        ("[2001:db8::7]:8883", "2001:db8::7", 8883),
+        ("[::1]", "::1", None),
+        ("2001:db8::7", "2001:db8::7", None),  # a bare IPv6 address is all host
+    ],
+)
+def test_broker_addresses_from_flags_and_the_environment(
+    text: str, host: str, port: int | None
+) -> None:
+    assert parse_broker_address(text, what="--broker") == (host, port)
+
+
+@pytest.mark.parametrize("text", ["", ":1883", "broker:0", "broker:70000", "broker:x", "[::1]x"])
+def test_bad_broker_addresses_name_their_source(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^FIOMON_BROKER: "):
+        parse_broker_address(text, what="FIOMON_BROKER")
+
+
+def test_an_override_keeps_the_files_port_unless_it_has_one() -> None:
+    file = BrokerConfig(host="a", port=8883, username="client-07")
+    assert with_broker(file, "b", what="--broker") == replace(file, host="b")
+    assert with_broker(file, "b:1884", what="--broker") == replace(file, host="b", port=1884)
