@@ -31,7 +31,9 @@ def _local_copy(unit: Path, tmp: Path) -> Path:
     fiomon = Path(sys.executable).with_name("fiomon")
     assert fiomon.exists(), "pip install -e . puts the fiomon script beside the interpreter"
     out = tmp / unit.name
-    out.write_text(unit.read_text().replace("/usr/bin/fiomon", str(fiomon)))
+    text = unit.read_text()
+    assert "ExecStart=/opt/fiomon/bin/fiomon " in text, "the documented venv (deploy/README.md)"
+    out.write_text(text.replace("/opt/fiomon/bin/fiomon", str(fiomon)))
     return out
 
 
