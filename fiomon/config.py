@@ -305,12 +305,16 @@ def read_yaml(path: Path) -> object:
         raise ConfigError([msg]) from exc
 
 
-def _broker(r: _Reader, data: object) -> BrokerConfig:
-    b = r.section(
-        data,
-        "broker",
-        {"host", "port", "tls", "username", "password_file", "client_id", "keepalive"},
-    )
+def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
+    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere."""
+    known = {"host", "port", "tls", "username", "password_file", "keepalive"}
+    if client_id:
+        known.add("client_id")
+    elif isinstance(data, dict) and "client_id" in data:
+        # The aggregator's persistent session is named by its top-level client_id.
+        data = {k: v for k, v in data.items() if k != "client_id"}
+        r.problems.append("broker.client_id: the aggregator's id is the top-level client_id")
+    b = r.section(data, "broker", known)
     tls: TlsConfig | None = None
     if b.get("tls") not in (None, False):
         t = {} if b["tls"] is True else r.section(b["tls"], "broker.tls", set(TlsConfig.__slots__))
@@ -651,7 +655,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
             resend_ms=r.get(w, "webhook", "resend", _duration_ms(1000), 60_000),
         )
     cfg = AggregatorConfig(
-        broker=_broker(r, top.get("broker")),
+        broker=_broker(r, top.get("broker"), client_id=False),
         topic_prefix=prefix,
         client_id=r.get(top, "", "client_id", _str, "fiomon-aggregator"),
         session_expiry_ms=r.get(top, "", "session_expiry", _duration_ms(1000), 3_600_000),
