@@ -20,7 +20,7 @@ from fiomon.errors import ConfigError, FiomonError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.output import FORMATS
 from fiomon.report import ReportOptions, run_report
-from fiomon.sources import SourceOptions
+from fiomon.sources import HOST_FROM_HELP, SourceOptions, check_host_from
 from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
@@ -63,6 +63,13 @@ def _directions(text: str) -> tuple[str, ...]:
         msg = f"--directions: unknown {bad or text!r}; choose from {','.join(ALL_DIRECTIONS)}"
         raise argparse.ArgumentTypeError(msg)
     return ds
+
+
+def _host_from(text: str) -> str:
+    try:
+        return check_host_from(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _duration(what: str) -> type:
@@ -121,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--per-host",
         action="store_true",
-        help="also print host-scope rows; a file's host is its folder's name "
-        "(or its file name when all files share a folder)",
+        help="also print host-scope rows, one host per --host-from label",
+    )
+    r.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
     )
     r.add_argument(
         "--format",
@@ -230,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("logs", nargs="+", type=Path, metavar="LOG")
     sm.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
     sm.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
+    sm.add_argument(
         "--job", action="append", default=[], help="only streams whose name contains this"
     )
     sm.add_argument(
@@ -284,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit every quantum (default 1s) instead of the whole run",
     )
     ft.add_argument("--format", choices=["text", "json"], default="text")
+    ft.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
+    ft.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
     ft.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
     ft.add_argument("--group-nr", type=int, default=None, metavar="N")
     fi = sub.add_parser(
@@ -373,6 +389,7 @@ def _summary(args: argparse.Namespace) -> int:
         return 2
     filters = Filters(
         hosts=tuple(args.host),
+        host_from=args.host_from,
         jobs=tuple(args.job),
         directions=args.direction,
         from_ms=args.from_,
@@ -397,6 +414,7 @@ def _summary(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from fiomon.fitcmd import run_fit  # noqa: PLC0415
+    from fiomon.summary import Filters  # noqa: PLC0415
 
     quantum = None
     if args.per_quantum is not None:
@@ -414,6 +432,7 @@ def _fit(args: argparse.Namespace) -> int:
         source=SourceOptions(interval_ms=args.log_hist_msec, group_nr=args.group_nr),
         per_quantum_ms=quantum,
         fmt=args.format,
+        hosts=Filters(hosts=tuple(args.host), host_from=args.host_from),
     )
 
 
@@ -612,6 +631,7 @@ def _report(args: argparse.Namespace) -> int:
         directions=directions,
         directions_given=args.directions is not None,
         per_host=args.per_host,
+        host_from=args.host_from,
         fmt=args.format,
         source=SourceOptions(
             interval_ms=interval,

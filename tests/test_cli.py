@@ -68,7 +68,8 @@ def test_csv_and_table_and_per_host() -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith("start_ms,end_ms,scope,host,direction,samples")
     hosts = {ln.split(",")[3] for ln in lines[1:]}
-    assert hosts == {"", HIST.name, JSON.name}
+    # Files in one folder are named by their file names without fio's suffixes.
+    assert hosts == {"", "fio333_randrw", "fio333_randrw_status"}
     t = fiomon("report", str(HIST))
     assert t.returncode == 0
     assert "p99.9" in t.stdout.splitlines()[1]
