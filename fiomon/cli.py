@@ -18,6 +18,7 @@ from fiomon import __version__
 from fiomon.align import parse_align, parse_duration_ms
 from fiomon.errors import ConfigError, FiomonError, ParseError
 from fiomon.fiolog import interval_from_job_file
+from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.output import FORMATS
 from fiomon.report import ReportOptions, run_report
 from fiomon.sources import HOST_FROM_HELP, SourceOptions, check_host_from
@@ -461,8 +462,6 @@ def _service_parser(
     description: str,
 ) -> None:
     """The subcommand of a service: its config file, overrides and logging."""
-    from fiomon.logs import LEVELS, LOG_FORMATS  # noqa: PLC0415
-
     listen = "\n  FIOMON_LISTEN       like --listen" if name == "aggregator" else ""
     p = sub.add_parser(
         name,
