@@ -19,7 +19,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -143,16 +142,15 @@ def stock_broker(root: Path, tmp_path: Path, mosquitto_bin: str) -> Iterator[Bro
     with stderr.open("wb") as err:
         proc = subprocess.Popen([mosquitto_bin, "-c", str(conf)], stdout=err, stderr=err)
     try:
+        # Ready once it logs "running", after opening its listeners. (Not by probing the
+        # port: a bare TCP connection to a TLS listener logs an OpenSSL error.)
         deadline = time.monotonic() + DEADLINE_S
-        while True:
+        while not (log.exists() and " running" in log.read_text()):
             if proc.poll() is not None:
                 logged = log.read_text() if log.exists() else ""
                 pytest.fail(f"mosquitto exited {proc.returncode}: {stderr.read_text()}{logged}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
             if time.monotonic() > deadline:
-                pytest.fail(f"mosquitto did not listen within {DEADLINE_S:g} s")
+                pytest.fail(f"mosquitto did not start within {DEADLINE_S:g} s")
             time.sleep(0.05)
         yield Broker(port, etc_fiomon, secret, log, root / "var/lib/mosquitto/mosquitto.db", proc)
     finally:
