@@ -184,16 +184,22 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
         f"state_dir: {tmp_path / 'aggregator-state'}\n"
     )
 
+    logs: list[Path] = []
+
     async def aggregator() -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "fiomon",
-            "aggregator",
-            "--config",
-            str(cfg),
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        logs.append(tmp_path / f"aggregator-{len(logs) + 1}.log")
+        with logs[-1].open("wb") as log:  # kept for the failure message
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "fiomon",
+                "aggregator",
+                "--config",
+                str(cfg),
+                "--log-level",
+                "debug",
+                stderr=log,
+            )
 
     last_end = max(int(str(r["end_ms"])) for r in offline_report(staged)[0])
     quanta = tmp_path / "quanta.jsonl"
@@ -209,6 +215,11 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     # From its first subscription on, the broker keeps the session and queues for it.
     await mosquitto.wait_for_log(subscription("fiomon-aggregator-kill"))
     agents = [await _agent(tmp_path, f"client-{h:02d}", mosquitto.port) for h in (1, 2, 3)]
+    # All agents up before the run starts: quanta close as soon as every stream the
+    # aggregator knows of has passed them (after a warm-up of one lateness), and an agent
+    # still importing numpy on a loaded machine (seconds) would find its first records late.
+    for h in (1, 2, 3):
+        await mosquitto.wait_for_log(f" as fiomon-agent-client-{h:02d} (")
     writer = asyncio.create_task(replay_logs(staged, data, start_ms=start, speedup=4.0))
     try:
         await until(closed_ends, what="quanta closed before the crash")
@@ -235,7 +246,13 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     files = sorted(p.resolve() for p in data.glob("*/*.log"))
     offline, _ = offline_report(files)
     online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
-    assert_rows_equal(online, offline)
+    late = sum(int(str(r["late_records"])) for r in online if r["scope"] == "cluster")
+    said = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in logs)
+    assert late == 0, f"{late} late records\n{said}"
+    try:
+        assert_rows_equal(online, offline)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe aggregators said:\n{said}") from None
 
 
 FAST = ["--rw=randread", "--bs=4k", "--rate_iops=300"]

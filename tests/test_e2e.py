@@ -156,6 +156,10 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
             await start(sys.executable, "-m", "fiomon", "agent", "--config", str(cfg))
         await _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
         await _wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
+        # Every agent up before fio starts: one that is still starting when the others'
+        # records have closed the first quanta would find its own records late.
+        for host in HOSTS:
+            await mosquitto.wait_for_log(f" as fiomon-agent-{host} (")
         # Files written here (in the page cache, nothing for fio to lay out), and each fio
         # started by `fiomon fio` on a whole second: the hosts share one phase.
         for h in HOSTS:
