@@ -252,7 +252,8 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     try:
         assert_rows_equal(online, offline)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nthe aggregators said:\n{said}") from None
+        msg = f"{exc}\nthe aggregators said:\n{said}"
+        raise AssertionError(msg) from None
 
 
 FAST = ["--rw=randread", "--bs=4k", "--rate_iops=300"]
