@@ -10,17 +10,29 @@ import argparse
 import dataclasses
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fiomon import __version__
 from fiomon.align import parse_align, parse_duration_ms
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
+from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.output import FORMATS
 from fiomon.report import ReportOptions, run_report
-from fiomon.sources import SOURCE_HELP, SourceOptions, choose_sources
+from fiomon.sources import (
+    HOST_FROM_HELP,
+    SOURCE_HELP,
+    SourceOptions,
+    check_host_from,
+    choose_sources,
+)
 from fiomon.windows import ALL_DIRECTIONS
+
+if TYPE_CHECKING:  # the services' modules load only when a service runs
+    from fiomon.config import AgentConfig, AggregatorConfig
 
 REPORT_EPILOG = """\
 inputs:
@@ -61,6 +73,13 @@ def _directions(text: str) -> tuple[str, ...]:
     return ds
 
 
+def _host_from(text: str) -> str:
+    try:
+        return check_host_from(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _duration(what: str) -> type:
     class _D:
         def __new__(cls, text: str) -> int:  # type: ignore[misc]
@@ -78,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fiomon",
         description="Cluster-wide latency percentiles over time from fio's histograms.",
     )
+    p.add_argument("--version", action="version", version=f"fiomon {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser(
         "report",
@@ -117,8 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--per-host",
         action="store_true",
-        help="also print host-scope rows; a file's host is its folder's name "
-        "(or its file name when all files share a folder)",
+        help="also print host-scope rows, one host per --host-from label",
+    )
+    r.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
     )
     r.add_argument(
         "--format",
@@ -227,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     _source_option(sm)
     sm.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
     sm.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
+    sm.add_argument(
         "--job", action="append", default=[], help="only streams whose name contains this"
     )
     sm.add_argument(
@@ -282,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit every quantum (default 1s) instead of the whole run",
     )
     ft.add_argument("--format", choices=["text", "json"], default="text")
+    ft.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
+    ft.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
     ft.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
     ft.add_argument("--group-nr", type=int, default=None, metavar="N")
     fi = sub.add_parser(
@@ -407,6 +436,7 @@ def _summary(args: argparse.Namespace) -> int:
         return 2
     filters = Filters(
         hosts=tuple(args.host),
+        host_from=args.host_from,
         jobs=tuple(args.job),
         directions=args.direction,
         from_ms=args.from_,
@@ -435,6 +465,7 @@ def _summary(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from fiomon.fitcmd import run_fit  # noqa: PLC0415
+    from fiomon.summary import Filters  # noqa: PLC0415
 
     quantum = None
     if args.per_quantum is not None:
@@ -458,7 +489,25 @@ def _fit(args: argparse.Namespace) -> int:
         ),
         per_quantum_ms=quantum,
         fmt=args.format,
+        hosts=Filters(hosts=tuple(args.host), host_from=args.host_from),
     )
+
+
+# Environment variables of the services; a flag wins over its variable, which wins over
+# the configuration file (and the file over the built-in default).
+ENV_BROKER = "FIOMON_BROKER"
+ENV_LISTEN = "FIOMON_LISTEN"
+ENV_LOG_FORMAT = "FIOMON_LOG_FORMAT"
+ENV_LOG_LEVEL = "FIOMON_LOG_LEVEL"
+
+SERVICE_EPILOG = """\
+settings from the environment (a flag wins over its variable, the variable over the file):
+  FIOMON_BROKER       like --broker{listen}
+  FIOMON_LOG_FORMAT   like --log-format
+  FIOMON_LOG_LEVEL    like --log-level
+
+example configuration: config/{name}.example.yaml (installed in <venv>/share/fiomon/config/)
+"""
 
 
 def _service_parser(
@@ -468,21 +517,73 @@ def _service_parser(
     help: str,
     description: str,
 ) -> argparse.ArgumentParser:
-    """The subcommand of a service: ``--config FILE`` and ``--log-level``."""
+    """The subcommand of a service: its config file, overrides and logging."""
+    listen = "\n  FIOMON_LISTEN       like --listen" if name == "aggregator" else ""
     p = sub.add_parser(
         name,
         help=help,
-        description=description,
-        epilog=f"example configuration: config/{name}.example.yaml",
+        description=textwrap.fill(description, 88),
+        epilog=SERVICE_EPILOG.format(name=name, listen=listen),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help=f"{name} YAML")
     p.add_argument(
+        "--broker",
+        metavar="HOST[:PORT]",
+        help="MQTT broker, overriding broker.host (and broker.port, if given) of the file; "
+        "IPv6 as [ADDR]:PORT",
+    )
+    if name == "aggregator":
+        p.add_argument(
+            "--listen",
+            metavar="HOST:PORT",
+            help="where /metrics is served, overriding `listen` of the file",
+        )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="one line per record, timestamped (UTC): logfmt (default, as Prometheus logs), "
+        "json, or text; under systemd each line also carries its journal priority",
+    )
+    p.add_argument(
         "--log-level",
-        default=None,
-        choices=["debug", "info", "warning", "error"],
+        choices=LEVELS,
         help="log verbosity on stderr (default: the configuration's log_level, else info)",
     )
     return p
+
+
+def _setting(flag: str | None, env: str, flag_name: str) -> tuple[str | None, str]:
+    """A setting and where it came from: the flag, else the environment variable."""
+    if flag is not None:
+        return flag, flag_name
+    value = os.environ.get(env, "").strip()
+    return (value, env) if value else (None, "")
+
+
+def _with_overrides(
+    args: argparse.Namespace, cfg: AgentConfig | AggregatorConfig
+) -> tuple[AgentConfig | AggregatorConfig, list[str]]:
+    """``cfg`` with the broker and listen address of the flags or the environment.
+
+    Raises:
+        ConfigError: a bad address, naming the flag or variable it came from.
+    """
+    from dataclasses import replace  # noqa: PLC0415
+
+    from fiomon.config import AggregatorConfig, check_listen, with_broker  # noqa: PLC0415
+
+    notes = []
+    broker, where = _setting(args.broker, ENV_BROKER, "--broker")
+    if broker is not None:
+        cfg = replace(cfg, broker=with_broker(cfg.broker, broker, what=where))
+        notes.append(f"broker {cfg.broker.host}:{cfg.broker.port} (from {where})")
+    if isinstance(cfg, AggregatorConfig):
+        listen, where = _setting(args.listen, ENV_LISTEN, "--listen")
+        if listen is not None:
+            cfg = replace(cfg, listen=check_listen(listen, what=where))
+            notes.append(f"/metrics on {listen} (from {where})")
+    return cfg, notes
 
 
 def _service(args: argparse.Namespace, name: str) -> int:
@@ -491,27 +592,40 @@ def _service(args: argparse.Namespace, name: str) -> int:
     import logging  # noqa: PLC0415
 
     from fiomon import config  # noqa: PLC0415
+    from fiomon.logs import parse_log_format, parse_log_level, setup_logging  # noqa: PLC0415
 
-    level = (args.log_level or "info").upper()
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
+        level, where = _setting(args.log_level, ENV_LOG_LEVEL, "--log-level")
+        fmt, fmt_from = _setting(args.log_format, ENV_LOG_FORMAT, "--log-format")
+        setup_logging(
+            parse_log_level(level or "info", what=where),
+            parse_log_format(fmt or "logfmt", what=fmt_from),
+        )
+        cfg: AgentConfig | AggregatorConfig
         if name == "agent":
-            from fiomon.agent import run_agent  # noqa: PLC0415
-
-            main_coro = run_agent(config.load_agent_config(args.config))
+            cfg = config.load_agent_config(args.config)
         else:
-            from fiomon.serve import run_aggregator  # noqa: PLC0415
-
-            main_coro = run_aggregator(
-                config.load_aggregator_config(args.config),
-                final=args.final,
-                config_path=args.config,
-                log_level_fixed=args.log_level is not None,
-            )
+            cfg = config.load_aggregator_config(args.config)
+        cfg, notes = _with_overrides(args, cfg)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"fiomon {name}: {problem}", file=sys.stderr)
         return 2
+    for note in notes:
+        logging.getLogger(f"fiomon.{name}").info("%s", note)
+    if isinstance(cfg, config.AgentConfig):
+        from fiomon.agent import run_agent  # noqa: PLC0415
+
+        main_coro = run_agent(cfg)
+    else:
+        from fiomon.serve import run_aggregator  # noqa: PLC0415
+
+        main_coro = run_aggregator(
+            cfg,
+            final=args.final,
+            config_path=args.config,
+            log_level_fixed=level is not None,  # a flag or FIOMON_LOG_LEVEL wins over the file
+        )
     try:
         asyncio.run(main_coro)
     except KeyboardInterrupt:
@@ -595,6 +709,7 @@ def _report(args: argparse.Namespace) -> int:
         directions=directions,
         directions_given=args.directions is not None,
         per_host=args.per_host,
+        host_from=args.host_from,
         fmt=args.format,
         source=SourceOptions(
             interval_ms=interval,

@@ -4,7 +4,8 @@
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
-Nothing is read from the environment.
+Nothing is read from the environment: the command line applies its overrides
+(flag > environment > file) with :func:`with_broker` and :func:`check_listen`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -510,12 +511,16 @@ def watch_warnings(cfg: AgentConfig) -> list[str]:
     return out
 
 
-def _broker(r: _Reader, data: object) -> BrokerConfig:
-    b = r.section(
-        data,
-        "broker",
-        {"host", "port", "tls", "username", "password_file", "client_id", "keepalive"},
-    )
+def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
+    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere."""
+    known = {"host", "port", "tls", "username", "password_file", "keepalive"}
+    if client_id:
+        known.add("client_id")
+    elif isinstance(data, dict) and "client_id" in data:
+        # The aggregator's persistent session is named by its top-level client_id.
+        data = {k: v for k, v in data.items() if k != "client_id"}
+        r.problems.append("broker.client_id: the aggregator's id is the top-level client_id")
+    b = r.section(data, "broker", known)
     tls: TlsConfig | None = None
     if b.get("tls") not in (None, False):
         t = {} if b["tls"] is True else r.section(b["tls"], "broker.tls", set(TlsConfig.__slots__))
@@ -876,7 +881,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         if webhook.resend_ms <= webhook.timeout_ms:
             r.problems.append("webhook.resend: must be longer than webhook.timeout")
     cfg = AggregatorConfig(
-        broker=_broker(r, top.get("broker")),
+        broker=_broker(r, top.get("broker"), client_id=False),
         topic_prefix=prefix,
         client_id=r.get(top, "", "client_id", _str, "fiomon-aggregator"),
         session_expiry_ms=r.get(top, "", "session_expiry", _duration_ms(1000), 3_600_000),
@@ -976,3 +981,58 @@ def load_agent_config(path: Path) -> AgentConfig:
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
+
+
+# -- overrides from flags and the environment ---------------------------------------------
+# The command line reads them (flag > environment > file) and hands the strings here;
+# nothing in this module reads the environment.
+
+
+def parse_broker_address(text: str, *, what: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``: the host, and the port if given.
+
+    A bare IPv6 address (more than one colon, no brackets) is all host.
+
+    Raises:
+        ConfigError: no host, or a port that is not a number in 1..65535.
+    """
+    text = text.strip()
+    port_text = ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            msg = f"{what}: expected [IPv6] or [IPv6]:PORT, got {text!r}"
+            raise ConfigError([msg])
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host = text
+    if not host:
+        msg = f"{what}: expected HOST or HOST:PORT, got {text!r}"
+        raise ConfigError([msg])
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        msg = f"{what}: port must be a number in 1..65535, got {port_text!r}"
+        raise ConfigError([msg])
+    return host, int(port_text)
+
+
+def with_broker(broker: BrokerConfig, address: str, *, what: str) -> BrokerConfig:
+    """``broker`` with the host (and the port, if ``address`` has one) of ``address``.
+
+    Raises:
+        ConfigError: a bad address, naming ``what`` (the flag or variable it came from).
+    """
+    host, port = parse_broker_address(address, what=what)
+    return replace(broker, host=host, port=broker.port if port is None else port)
+
+
+def check_listen(address: str, *, what: str) -> str:
+    """``address`` if it is a ``host:port`` that ``listen`` accepts.
+
+    Raises:
+        ConfigError: not ``host:port``, naming ``what``.
+    """
+    return _listen(address, what)

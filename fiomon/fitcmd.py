@@ -17,7 +17,7 @@ from fiomon.errors import FiomonError
 from fiomon.fit import Fit, FitError, describe, fit_histogram
 from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.problems import ProblemLog
-from fiomon.sources import FileSource, SourceOptions
+from fiomon.sources import FileSource, SourceOptions, host_labels
 from fiomon.summary import Filters, collect
 from fiomon.windows import QuantumEngine
 
@@ -31,14 +31,20 @@ def run_fit(
     source: SourceOptions,
     per_quantum_ms: int | None,
     fmt: Format,
+    hosts: Filters | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Fit and print; returns the exit code (1 when nothing could be fitted)."""
+    """Fit and print; returns the exit code (1 when nothing could be fitted).
+
+    ``hosts`` keeps only the files of those hosts (its ``hosts`` and ``host_from``).
+    """
     out = out or sys.stdout
     err = err or sys.stderr
     problems = ProblemLog(strict=source.strict)
+    hosts = hosts or Filters()
     try:
+        paths = _of_hosts(paths, hosts)
         if per_quantum_ms is None:
             results = _whole(paths, directions, source, problems)
         else:
@@ -60,6 +66,23 @@ def run_fit(
         else:
             out.write(describe(label if end_ms is None else f"{label} @ {end_ms}", hist_fit))
     return 0 if fitted else 1
+
+
+def _of_hosts(paths: Sequence[Path], hosts: Filters) -> list[Path]:
+    """The files whose host label is among ``hosts.hosts`` (all when it is empty).
+
+    Raises:
+        FiomonError: no file is left.
+    """
+    if not hosts.hosts:
+        return list(paths)
+    labels = host_labels(list(paths), hosts.host_from)
+    kept = [p for p, h in zip(paths, labels, strict=True) if h in hosts.hosts]
+    if not kept:
+        here = ", ".join(sorted(set(labels)))
+        msg = f"no file of host {', '.join(hosts.hosts)} (hosts here: {here})"
+        raise FiomonError(msg)
+    return kept
 
 
 def _whole(

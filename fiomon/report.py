@@ -52,6 +52,7 @@ class ReportOptions:
     directions: tuple[str, ...] = ALL_DIRECTIONS
     directions_given: bool = False
     per_host: bool = False
+    host_from: str = "auto"  # --host-from: how files get host labels (sources.host_labels)
     fmt: Format = "table"
     source: SourceOptions = field(default_factory=SourceOptions)
     workers: int = 0  # 0: one per core, at most 2 per file pair
@@ -141,7 +142,7 @@ def run_report(
     if missing:
         msg = f"not a readable file: {', '.join(missing)}"
         raise FiomonError(msg)
-    hosts = host_labels(list(paths)) if opts.per_host else [""] * len(paths)
+    hosts = host_labels(list(paths), opts.host_from) if opts.per_host else [""] * len(paths)
     sources = [FileSource(p, h, opts.source) for p, h in zip(paths, hosts, strict=True)]
     total = sum(s.size for s in sources)
     show = (

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.errors import OverlapError
+from fiomon.errors import ConfigError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
 from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
@@ -139,12 +139,100 @@ class FileSource:
         self._fh.close()
 
 
-def host_labels(paths: list[Path]) -> list[str]:
-    """Host label per file: its folder's name, or the file name when all share a folder."""
-    parents = {p.resolve().parent for p in paths}
-    if len(parents) > 1:
-        return [p.resolve().parent.name for p in paths]
-    return [p.name for p in paths]
+HOST_FROM_HELP = (
+    "how a file's host is named: auto (default: the nearest folder level whose names tell "
+    "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/; with all files "
+    "in one folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
+    "file (the file name without fio's suffix: client-07 from client-07.json and "
+    "client-07_clat_hist.1.log, as `fiomon fio` names them), or regex:PATTERN (searched in "
+    "the path as given; the group named host, else group 1, else the match)"
+)
+# fio's hist-log suffix (per job, per_job_logs=0, compressed) and the json+ stream's.
+_FIO_SUFFIX = re.compile(r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)$")
+
+
+def check_host_from(how: str) -> str:
+    """``how`` if it is a ``--host-from`` mode (see :data:`HOST_FROM_HELP`).
+
+    Raises:
+        ConfigError: an unknown mode, a level below 1, or a pattern that does not compile.
+    """
+    if how in ("auto", "dir", "file"):
+        return how
+    if how.startswith("dir:"):
+        if not how[4:].isdigit() or int(how[4:]) < 1:
+            msg = f"--host-from {how!r}: the level of dir:N is a whole number >= 1"
+            raise ConfigError([msg])
+        return how
+    if how.startswith("regex:"):
+        try:
+            re.compile(how[6:])
+        except re.error as exc:
+            msg = f"--host-from {how!r}: not a regular expression ({exc})"
+            raise ConfigError([msg]) from None
+        return how
+    msg = f"--host-from {how!r}: expected auto, dir, dir:N, file or regex:PATTERN"
+    raise ConfigError([msg])
+
+
+def _from_file(path: Path) -> str:
+    name = _FIO_SUFFIX.sub("", path.name)
+    return name if name and name != path.name else path.stem
+
+
+def _from_regex(path: Path, pattern: str) -> str:
+    m = re.search(pattern, str(path))
+    if m is None:
+        msg = f"--host-from regex:{pattern}: no host in {path}"
+        raise ConfigError([msg])
+    if "host" in m.re.groupindex:
+        host = m.group("host")
+    else:
+        host = m.group(1) if m.re.groups else m.group(0)
+    if not host:
+        msg = f"--host-from regex:{pattern}: an empty host in {path}"
+        raise ConfigError([msg])
+    return str(host)
+
+
+def _distinguishing_folders(paths: list[Path]) -> list[str]:
+    """The nearest folder level whose names differ between the files' distinct folders."""
+    folders = [p.resolve().parent for p in paths]
+    distinct = sorted(set(folders))
+    for level in range(max(len(f.parts) for f in distinct)):
+        names = [(f, *f.parents)[level].name if level <= len(f.parents) else "" for f in distinct]
+        if all(names) and len(set(names)) == len(names):
+            by_folder = dict(zip(distinct, names, strict=True))
+            return [by_folder[f] for f in folders]
+    # No single level tells them apart (c1/x/r, c2/x/r, c1/y/r): their paths below the
+    # common ancestor do.
+    common = Path(os.path.commonpath(distinct))
+    return [str(f.relative_to(common)) for f in folders]
+
+
+def host_labels(paths: list[Path], how: str = "auto") -> list[str]:
+    """Host label per file, by the ``--host-from`` mode ``how`` (see :data:`HOST_FROM_HELP`).
+
+    Raises:
+        ConfigError: a bad mode, a file the pattern of ``regex:`` does not match, or one
+            without that many folders above it.
+    """
+    check_host_from(how)
+    if how == "file" or (how == "auto" and len({p.resolve().parent for p in paths}) <= 1):
+        return [_from_file(p) for p in paths]
+    if how == "auto":
+        return _distinguishing_folders(paths)
+    if how.startswith("regex:"):
+        return [_from_regex(p, how[6:]) for p in paths]
+    level = int(how[4:]) if how.startswith("dir:") else 1
+    out = []
+    for p in paths:
+        parents = p.resolve().parents
+        if level > len(parents) or not parents[level - 1].name:
+            msg = f"--host-from {how}: {p} has no folder {level} level(s) up"
+            raise ConfigError([msg])
+        out.append(parents[level - 1].name)
+    return out
 
 
 SourceChoice = Literal["json", "hist", "both"]

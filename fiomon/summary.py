@@ -84,6 +84,8 @@ class Filters:
 
     Args:
         hosts: host labels to keep (empty: all).
+        host_from: how files are given host labels (``--host-from``, see
+            :func:`fiomon.sources.host_labels`).
         jobs: substrings of the stream (file or fio job) name to keep (empty: all).
         directions: fio directions to report.
         from_ms: keep records ending after this (epoch ms, or ms for relative logs).
@@ -91,6 +93,7 @@ class Filters:
     """
 
     hosts: tuple[str, ...] = ()
+    host_from: str = "auto"
     jobs: tuple[str, ...] = ()
     directions: tuple[str, ...] = ("read", "write", "trim", "all")
     from_ms: int | None = None
@@ -168,7 +171,7 @@ def collect(
     if missing:
         msg = f"not a readable file: {', '.join(missing)}"
         raise FiomonError(msg)
-    hosts = host_labels(list(paths))
+    hosts = host_labels(list(paths), filters.host_from)
     layout: BinLayout | None = None
     acc: dict[int, _Acc] = {}
     for path, host in zip(paths, hosts, strict=True):

@@ -23,7 +23,7 @@ import aiomqtt
 
 from fiomon.errors import WireFormatError
 from fiomon.wire import decode
-from tests.conftest import Mosquitto
+from tests.conftest import DEADLINE_S, Mosquitto
 
 PREFIX = "fiomontest"
 
@@ -116,7 +116,7 @@ class Subscriber:
         assert isinstance(f, dict)
         return f.get(name)
 
-    async def wait_for(self, predicate: Callable[[], object], within: float = 30.0) -> None:
+    async def wait_for(self, predicate: Callable[[], object], within: float = DEADLINE_S) -> None:
         async with asyncio.timeout(within):
             while not predicate():
                 self.changed.clear()
@@ -127,7 +127,7 @@ class Subscriber:
 async def subscribed(broker: Mosquitto, ident: str = "test-sub") -> AsyncIterator[Subscriber]:
     sub = Subscriber(broker.port, ident)
     task = asyncio.create_task(sub.run())
-    async with asyncio.timeout(30):  # subscribed before anything is published
+    async with asyncio.timeout(DEADLINE_S):  # subscribed before anything is published
         await sub.ready.wait()
     try:
         yield sub

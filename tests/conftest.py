@@ -1,12 +1,19 @@
-"""Shared fixtures: real fio and a real Mosquitto (required, never skipped), helpers."""
+"""Shared fixtures: real fio and a real Mosquitto (required, never skipped), helpers.
+
+Tests wait for events (a subscription in the broker's log, a file that fills, a counter
+that reaches its value) with deadlines generous enough for a loaded 2-core machine, never
+for a fixed time: what takes 0.3 s on an idle machine took several seconds on a first run
+after boot with two other test suites sharing the cores.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +28,23 @@ def fio_bin() -> str:
     if path is None:
         pytest.fail("fio is not installed: run .ci/run (it installs fio) or apt-get install fio")
     return path
+
+
+# Long enough for the slowest start-up seen under load; a healthy run returns in
+# well under a second, so a generous deadline costs nothing when things work.
+DEADLINE_S = 60.0
+
+
+async def until(
+    predicate: Callable[[], object], *, what: str, within: float = DEADLINE_S, every: float = 0.1
+) -> None:
+    """Poll ``predicate`` until it is true; fail naming ``what`` after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not predicate():
+        if loop.time() > deadline:
+            pytest.fail(f"not within {within:g} s: {what}")
+        await asyncio.sleep(every)
 
 
 def free_port() -> int:
@@ -55,6 +79,9 @@ class Mosquitto:
             "max_queued_messages 100000\n"
             f"log_dest file {self.log}\n"
             "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+            # "<client id> <qos> <filter>" per subscription: tests wait for it before
+            # anything is published, instead of sleeping.
+            "log_type subscribe\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -64,7 +91,7 @@ class Mosquitto:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(
@@ -74,13 +101,30 @@ class Mosquitto:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
             time.sleep(0.05)
-        pytest.fail("mosquitto did not listen within 10 s")
+        pytest.fail(f"mosquitto did not listen within {DEADLINE_S:g} s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            self.proc.wait(DEADLINE_S)
         self.proc = None
+
+    def log_text(self) -> str:
+        """The broker's log so far."""
+        return self.log.read_text() if self.log.exists() else ""
+
+    async def wait_for_log(
+        self, needle: str, *, since: int = 0, within: float = DEADLINE_S
+    ) -> None:
+        """Until the log, from character ``since`` on, holds ``needle``.
+
+        For example ``f"{client_id} 1 {topic_filter}"``: that client's subscription.
+        """
+        await until(
+            lambda: needle in self.log_text()[since:],
+            what=f"{needle!r} in the broker's log",
+            within=within,
+        )
 
 
 @pytest.fixture(scope="session")

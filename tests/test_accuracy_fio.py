@@ -2,6 +2,15 @@
 
 One fio run (12 s; three jobs at different rates, random read/write mix, hist logs every
 1000 ms, per-I/O latency logs, epoch stamps) is shared by the tests of this module.
+
+The job keeps fio's records regular, because a record's I/Os are split over the quanta it
+straddles in proportion to overlap, as if they had completed evenly: ``invalidate=0``.
+With fio's default ``invalidate=1``, every pass over the 64 MiB file (16384 blocks: the
+fast job starts a new pass every 5.5 s) drops the file's page cache, which first writes
+back every dirty page: the job stalls for 100-500 ms and then catches up in a burst. A
+stall across a quantum edge made one record 1.2 s long with its I/Os bunched at both
+ends, so the windows on either side of the edge got the wrong I/O counts: "uncovered"
+windows, in 7 of 9 runs on this 2-core machine, with or without extra load.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ write_hist_log={prefix}
 write_lat_log={prefix}
 log_avg_msec=0
 log_unix_epoch=1
+invalidate=0
 [slow]
 rate_iops=300
 [medium]
@@ -89,27 +99,35 @@ def test_auto_alignment_is_within_bounds(fio_run: Path) -> None:
 
 
 def _epoch_errors(logs: list[Path], truth: Truth, tool: Path) -> tuple[list[float], list[float]]:
-    """Median-ready p99 errors of fiomon (epoch) and fiologparser_hist on the same windows."""
+    """p99 errors of fiomon (epoch) and fiologparser_hist, paired: the same windows, in order."""
     rows = _report_rows(logs, "epoch")
     # Same windows for both: those fiomon covers (its I/O count matches the truth) and
     # fiologparser prints (it omits some).
-    covered = set()
-    for start, end, d, _, samples in rows:
+    covered = {}
+    for row in rows:
+        start, end, d, _, samples = row
         n = len(truth.window(start, end, d))
-        if samples is not None and n and abs(samples - n) <= 0.05 * n:
-            covered.add((end, d))
+        if samples is not None and n >= 500 and abs(samples - n) <= 0.05 * n:
+            covered[(end, d)] = row
     theirs_all = {(end, d): v for end, d, v in run_fiologparser(tool, logs)}
-    common = covered & theirs_all.keys()
-    ours = relative_errors([r for r in rows if (r[1], r[2]) in common], truth, ["99"])
+    common = sorted(covered.keys() & theirs_all.keys())
+    # Both tools against the same point (not the interval of valid p99s of groundtruth's
+    # doc): with the interval both are often exact, which would rank nothing.
+    ours = relative_errors([covered[w] for w in common], truth, ["99"], truth_kind="lower")
     theirs_rows: list[Row] = [(e - 1000, e, d, theirs_all[(e, d)], None) for e, d in common]
-    theirs = relative_errors(theirs_rows, truth, ["99"])
+    theirs = relative_errors(theirs_rows, truth, ["99"], truth_kind="lower")
+    assert len(ours.errors["99"]) == len(theirs.errors["99"]) == len(common)
     return ours.errors["99"], theirs.errors["99"]
 
 
 def test_epoch_alignment_beats_fiologparser_hist(fio_run: Path, tmp_path: Path) -> None:
     # Epoch quanta straddle fio's records at a random phase, so one window's error is
     # noisy: pool the windows of the whole cluster and of each job (the same windows for
-    # both tools, each judged against the I/Os of exactly those logs).
+    # both tools, each judged against the I/Os of exactly those logs), and compare the two
+    # tools window by window. Comparing their medians instead failed once in 16 runs on a
+    # loaded machine (7.0 % against 5.9 %), while window by window fiomon was closer in 35
+    # to 54 of 57-63 windows in every run: page-cache latencies have sparse tails, where
+    # both tools' errors are large and the medians of two noisy sets can swap.
     tool = fiologparser_hist(tmp_path)
     hist = sorted(fio_run.glob("run_clat_hist.*.log"))
     lat = sorted(fio_run.glob("run_clat.*.log"))
@@ -120,9 +138,11 @@ def test_epoch_alignment_beats_fiologparser_hist(fio_run: Path, tmp_path: Path) 
         ours += o
         theirs += t
     assert len(ours) >= 40
-    assert len(ours) == len(theirs)
+    mine, fio_tool = np.array(ours), np.array(theirs)
+    wins, losses = int((mine < fio_tool).sum()), int((fio_tool < mine).sum())
     print(
-        f"epoch p99 median error over {len(ours)} windows: fiomon {np.median(ours):.4%}, "
-        f"fiologparser_hist {np.median(theirs):.4%}"
+        f"epoch p99 over {len(mine)} windows: fiomon closer in {wins}, fiologparser_hist in "
+        f"{losses}; median error fiomon {np.median(mine):.4%}, "
+        f"fiologparser_hist {np.median(fio_tool):.4%}"
     )
-    assert np.median(ours) < np.median(theirs)
+    assert wins > losses

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from fiomon import __version__
 from fiomon.cli import main
-from tests.conftest import FIXTURES
+from tests.conftest import DEADLINE_S, FIXTURES
 
 HIST = FIXTURES / "fio333_randrw_clat_hist.1.log"
 JSON = FIXTURES / "fio333_randrw_status.json"
@@ -66,7 +68,8 @@ def test_csv_and_table_and_per_host() -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith("start_ms,end_ms,scope,host,direction,samples")
     hosts = {ln.split(",")[3] for ln in lines[1:]}
-    assert hosts == {"", HIST.name, JSON.name}
+    # Files in one folder are named by their file names without fio's suffixes.
+    assert hosts == {"", "fio333_randrw", "fio333_randrw_status"}
     t = fiomon("report", str(HIST))
     assert t.returncode == 0
     assert "p99.9" in t.stdout.splitlines()[1]
@@ -149,7 +152,11 @@ def test_progress_line_on_request() -> None:
 
 def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
-    assert capsys.readouterr().out.startswith("fiomon ")
+    assert capsys.readouterr().out == f"fiomon {__version__}\n"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])  # the convention; `fiomon version` stays
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"fiomon {__version__}\n"
     r = fiomon("demo", "--duration", "14", "--hosts", "4", "--jobs", "1")
     assert r.returncode == 0, r.stderr
     assert "p99" in r.stdout
@@ -223,13 +230,22 @@ def test_demo_stops_cleanly_on_ctrl_c() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(5)
+    assert proc.stdout is not None
+    # Interrupted once it is running: after its header and the first closed quantum.
+    seen: list[str] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(seen) < 2:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no quantum shown within {DEADLINE_S:g} s: {seen}"
+        line = proc.stdout.readline()
+        assert line, f"the demo ended early: {proc.communicate()[1]}"
+        seen.append(line)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=20)
+    out, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, err
     assert "interrupted" in err and "quanta closed" in err
     assert "Traceback" not in err
-    assert "p99" in out
+    assert "p99" in seen[0] + out
 
 
 def test_check_config_catches_what_the_agent_would_die_on(tmp_path: Path) -> None:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fiomon.config import load_agent_config, parse_size
+from fiomon.config import (
+    BrokerConfig,
+    load_agent_config,
+    parse_broker_address,
+    parse_size,
+    with_broker,
+)
 from fiomon.errors import ConfigError
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
@@ -142,3 +150,97 @@ def test_missing_password_and_tls_files_fail_at_load(tmp_path: Path) -> None:
     text = "\n".join(exc.value.problems)
     assert "broker.password_file: cannot read" in text
     assert "broker.tls.ca_file: cannot read" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [
+        ("broker.example", "broker.example", None),
+        ("broker.example:8883", "broker.example", 8883),
+        ("10.0.0.7:1884", "10.0.0.7", 1884),
+        ("[2001:db8::7]:8883", "2001:db8::7", 8883),
+        ("[::1]", "::1", None),
+        ("2001:db8::7", "2001:db8::7", None),  # a bare IPv6 address is all host
+    ],
+)
+def test_broker_addresses_from_flags_and_the_environment(
+    text: str, host: str, port: int | None
+) -> None:
+    assert parse_broker_address(text, what="--broker") == (host, port)
+
+
+@pytest.mark.parametrize("text", ["", ":1883", "broker:0", "broker:70000", "broker:x", "[::1]x"])
+def test_bad_broker_addresses_name_their_source(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^FIOMON_BROKER: "):
+        parse_broker_address(text, what="FIOMON_BROKER")
+
+
+def test_an_override_keeps_the_files_port_unless_it_has_one() -> None:
+    file = BrokerConfig(host="a", port=8883, username="client-07")
+    assert with_broker(file, "b", what="--broker") == replace(file, host="b")
+    assert with_broker(file, "b:1884", what="--broker") == replace(file, host="b", port=1884)
+
+
+def _documented_keys(example: Path) -> set[str]:
+    """Top-level and ``broker.`` keys an example shows, set or commented out."""
+    keys = set()
+    section = ""
+    for line in example.read_text().splitlines():
+        m = re.match(r"^(\s*)#?\s?(\w+):(?:\s|$)", line)
+        if m is None:
+            continue
+        indent, key = m.groups()
+        if not indent and not line.startswith("# "):
+            section = key
+            keys.add(key)
+        elif not indent:
+            keys.add(key)  # a commented-out top-level key
+        elif section == "broker" and len(indent) == 2:
+            keys.add(f"broker.{key}")
+    return keys
+
+
+def _accepted_keys(kind: str) -> set[str]:
+    """The keys the loader accepts, read back from its "unknown key" messages."""
+    from fiomon import config  # noqa: PLC0415
+
+    reader = config.agent_config_from if kind == "agent" else config.aggregator_config_from
+    data: dict[str, object] = {"watch": ["x"], "state_dir": "s"} if kind == "agent" else {}
+    with pytest.raises(ConfigError) as info:
+        reader({**data, "no_such_key": 1, "broker": {"no_such_key": 1}})
+    keys = set()
+    for problem in info.value.problems:
+        where, _, known = problem.partition(": unknown key (known here: ")
+        prefix = "broker." if where.endswith("broker.no_such_key") else ""
+        keys |= {prefix + k for k in known.rstrip(")").split(", ") if k}
+    return keys
+
+
+@pytest.mark.parametrize("kind", ["agent", "aggregator"])
+def test_every_key_is_in_the_example(kind: str) -> None:
+    # config/README.md and the top-level README promise it: "every key, with its default".
+    accepted = _accepted_keys(kind)
+    assert {"broker", "broker.host", "broker.keepalive"} <= accepted
+    shown = _documented_keys(CONFIG / f"{kind}.example.yaml")
+    assert not accepted - shown, f"config/{kind}.example.yaml lacks {sorted(accepted - shown)}"
+
+
+def test_the_example_aggregator_writes_only_where_its_unit_may() -> None:
+    from fiomon.config import load_aggregator_config  # noqa: PLC0415
+
+    unit = (CONFIG.parent / "deploy/systemd/fiomon-aggregator.service").read_text()
+    (state,) = re.findall(r"(?m)^StateDirectory=(\S+)$", unit)
+    cfg = load_aggregator_config(CONFIG / "aggregator.example.yaml")
+    writable = Path("/var/lib") / state
+    assert cfg.state_dir == writable
+    assert cfg.quanta_file is not None and cfg.quanta_file.parent == writable
+
+
+def test_the_aggregator_refuses_a_broker_client_id_it_would_ignore() -> None:
+    from fiomon.config import aggregator_config_from  # noqa: PLC0415
+
+    with pytest.raises(ConfigError) as info:
+        aggregator_config_from({"broker": {"client_id": "x"}}, source="agg.yaml")
+    assert info.value.problems == [
+        "agg.yaml: broker.client_id: the aggregator's id is the top-level client_id"
+    ]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import DEADLINE_S
+
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 
 
@@ -29,7 +31,9 @@ def _local_copy(unit: Path, tmp: Path) -> Path:
     fiomon = Path(sys.executable).with_name("fiomon")
     assert fiomon.exists(), "pip install -e . puts the fiomon script beside the interpreter"
     out = tmp / unit.name
-    out.write_text(unit.read_text().replace("/usr/bin/fiomon", str(fiomon)))
+    text = unit.read_text()
+    assert "ExecStart=/opt/fiomon/bin/fiomon " in text, "the documented venv (deploy/README.md)"
+    out.write_text(text.replace("/opt/fiomon/bin/fiomon", str(fiomon)))
     return out
 
 
@@ -59,7 +63,7 @@ def test_agent_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> N
     sock_path = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(sock_path))
-    sock.settimeout(15)
+    sock.settimeout(DEADLINE_S)
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(
         f"broker: {{port: 1}}\nhost: h\nwatch: ['{tmp_path}/*.log']\nstate_dir: {tmp_path}/s\n"
@@ -72,7 +76,7 @@ def test_agent_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> N
     )
     got: list[str] = []
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline and not (
             any("READY=1" in g for g in got) and sum("WATCHDOG=1" in g for g in got) >= 2
         ):
@@ -80,7 +84,7 @@ def test_agent_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> N
         proc.send_signal(signal.SIGTERM)
         while not any("STOPPING=1" in g for g in got):
             got.append(sock.recv(4096).decode())
-        assert proc.wait(15) == 0
+        assert proc.wait(DEADLINE_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

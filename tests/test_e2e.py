@@ -1,9 +1,17 @@
 """End to end on real parts: fio on three agents -> Mosquitto -> aggregator -> Prometheus.
 
-Checks what an operator relies on: (a) the cluster p99 per quantum matches the exact value
-from fio's per-I/O logs over the same windows; (b) every PromQL expression of the Grafana
+Checks what an operator relies on: (a) every read fio completed is counted once, and each
+quantum's cluster p99 is, within fio's bin width, the exact p99 of fio's per-I/O latencies
+placed in quanta as fiomon places records (split in proportion to overlap), so the live
+path loses, doubles and distorts nothing; (b) every PromQL expression of the Grafana
 dashboard and of the alert rules returns data from a real Prometheus scraping the
 aggregator; (c) the SLA rule fires while one host's storage is slow, and resolves.
+
+(a) used to compare with plain windows of the truth, allowing for the hosts' phases by
+shifting the window edges. On a loaded machine the hosts' phases land up to a few hundred
+ms apart (fio's set-up time varies), and a record that straddles the start or end of the
+slow phase is a mixture no shifted window reproduces: 281 % beyond that bound in one CI
+run. How close the placement comes to plain windows is test_accuracy_fio's subject.
 """
 
 from __future__ import annotations
@@ -16,12 +24,15 @@ import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from tests.conftest import Mosquitto, free_port
-from tests.groundtruth import Truth, exact, relative_errors
+from fiomon.sources import FileSource, SourceOptions
+from tests.conftest import DEADLINE_S, Mosquitto, free_port
+from tests.groundtruth import Truth, relative_errors
 from tests.test_deploy_prometheus import _grafana_to_promql, dashboard_exprs, rule_exprs
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -29,29 +40,35 @@ HOSTS = ["client-01", "client-02", "client-03"]
 FAST = ["--rw=randread", "--bs=4k", "--rate_iops=400"]
 
 
-def fio_command(fio: str, tmp: Path, host: str) -> list[str]:
-    out = tmp / "data" / host / "run.json"
+def fio_command(tmp: Path, host: str) -> list[str]:
+    """``fiomon fio`` as agents/README.md has hosts start fio, plus per-I/O truth logs.
+
+    It starts fio on the next whole second with the json+ status stream every second in
+    ``data/<host>/<machine name>.json``: on an idle machine the hosts' phases then land
+    within about 40 ms of each other; under load, fio's set-up time still spreads them.
+    """
+    out = tmp / "data" / host
     truth = tmp / "truth" / host
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     truth.mkdir(parents=True, exist_ok=True)
     common = [
         "--ioengine=psync",
         f"--filename={tmp / f'{host}.dat'}",
         "--size=64M",
         "--time_based",
-        "--status-interval=1",
-        "--output-format=json+",
-        f"--output={out}",
-        "--eta=never",
         f"--write_lat_log={truth / 'lat'}",
         "--log_avg_msec=0",
-        "--log_unix_epoch=1",
+        # Keep the files (written by the test) in the page cache: fio's default
+        # invalidate=1 drops it at every job start, and 4 KiB reads from disk had a p99 of
+        # 2-4 ms here, above the 2 ms SLA, so the alert could not resolve.
+        "--invalidate=0",
     ]
+    fiomon_fio = [sys.executable, "-m", "fiomon", "fio", "--output-dir", str(out), "--"]
     if host != "client-01":
-        return [fio, *common, "--name=steady", *FAST, "--runtime=16"]
+        return [*fiomon_fio, *common, "--name=steady", *FAST, "--runtime=16"]
     # A storage node "fails" for 6 s: this host reads 8 MiB blocks (ms each; SLA: 2 ms).
     return [
-        fio,
+        *fiomon_fio,
         *common,
         "--name=before", *FAST, "--runtime=5",
         "--name=failing", "--stonewall", "--rw=read", "--bs=8M", "--rate_iops=40",
@@ -80,7 +97,7 @@ def lhs(expr: str) -> str:
     return expr
 
 
-async def _wait_http(url: str, seconds: float = 20) -> None:
+async def _wait_http(url: str, seconds: float = DEADLINE_S) -> None:
     async with asyncio.timeout(seconds):
         while True:
             try:
@@ -92,6 +109,7 @@ async def _wait_http(url: str, seconds: float = 20) -> None:
 
 @pytest.mark.fio
 async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fio_bin: str) -> None:
+    del fio_bin  # required installed; `fiomon fio` finds it on PATH
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.fail("prometheus is missing: run .ci/run or apt-get install prometheus")
@@ -121,7 +139,11 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
         return p
 
     try:
-        await start(sys.executable, "-m", "fiomon", "aggregator", "--config", str(agg_cfg))
+        # --final: the stop at the end closes what is still open (a plain SIGTERM keeps
+        # open quanta in the journal for the next start).
+        await start(
+            sys.executable, "-m", "fiomon", "aggregator", "--config", str(agg_cfg), "--final"
+        )
         await start(
             prometheus,
             f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -138,14 +160,36 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
             await start(sys.executable, "-m", "fiomon", "agent", "--config", str(cfg))
         await _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
         await _wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
-        # Files laid out beforehand, so the three fio processes start (and dump their
-        # status) together: the hosts share one phase, as `fiomon fio` would arrange.
+        # Every agent up before fio starts: one that is still starting when the others'
+        # records have closed the first quanta would find its own records late.
+        for host in HOSTS:
+            await mosquitto.wait_for_log(f" as fiomon-agent-{host} (")
+        # Files written here (in the page cache, nothing for fio to lay out), and each fio
+        # started by `fiomon fio` on a whole second: the hosts share one phase.
         for h in HOSTS:
             with (tmp_path / f"{h}.dat").open("wb") as fh:
                 fh.write(np.random.default_rng(1).bytes(64 * 1024 * 1024))
-        fios = [await start(*fio_command(fio_bin, tmp_path, h)) for h in HOSTS]
+        fios = [await start(*fio_command(tmp_path, h)) for h in HOSTS]
         assert [await f.wait() for f in fios] == [0, 0, 0]
-        await asyncio.sleep(6)  # agents publish the last dumps; lateness closes the quanta
+        # Every record of the streams reaches the aggregator before anything stops (the
+        # final dumps, written as fio exits, are the last to come).
+        records = await asyncio.to_thread(stream_records, tmp_path)
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while (got := await asyncio.to_thread(received, metrics_port)) < records:
+            assert asyncio.get_running_loop().time() < deadline, f"{got} of {records} records"
+            await asyncio.sleep(0.5)
+        # Agents publish the last dumps, lateness closes the last quanta, the alert clears
+        # and Prometheus scrapes that: wait for it (the asserts below say what is missing).
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while asyncio.get_running_loop().time() < deadline:
+            resolved = await asyncio.to_thread(
+                query,
+                prom_port,
+                "max(fiomon_sla_breaches_total) >= 1 and max(fiomon_sla_breach) == 0",
+            )
+            if resolved:
+                break
+            await asyncio.sleep(0.5)
         # (b) every expression of the dashboard and of the rules returns data.
         empty = []
         # (an alert or annotation condition is checked without its comparison: its series
@@ -176,37 +220,122 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
     assert float(total[0]["value"][1]) == 1.0, p99_ms  # type: ignore[index]
     assert float(now[0]["value"][1]) == 0.0  # type: ignore[index]
     assert fired and float(fired[0]["value"][1]) == 1.0, "Prometheus saw the alert fire"  # type: ignore[index]
-    # (a) cluster p99 per quantum against fio's per-I/O truth over the same windows.
+    # (a) Every read fio completed is counted once, and each quantum's p99 is the exact p99
+    # of the true latencies placed the way fiomon places records.
+    placed, counted, completed = placed_truth(tmp_path, cluster)
+    assert counted == completed, "reads in the json+ records != reads in fio's latency logs"
+    assert sum(r["samples"] for r in cluster) == pytest.approx(sum(completed.values()), rel=1e-9)
+    checked = []
+    for r in cluster:
+        if r["samples"] >= 500:
+            est, ref = float(r["percentiles_ns"]["99"]), placed[r["end_ms"]]
+            checked.append(abs(est - ref) / ref)
+    # For comparison only: against the plain windows, the error grows with how far apart
+    # the hosts' phases are (test_accuracy_fio holds that part to its bounds).
     truth = Truth.load(sorted((tmp_path / "truth").glob("*/lat_clat.*.log")))
     cmp = relative_errors(
         ((r["start_ms"], r["end_ms"], "read", r["percentiles_ns"], r["samples"]) for r in cluster),
         truth,
-        ["50", "99"],
+        ["99"],
     )
-    errs = np.array(cmp.errors["99"])
-    # Records are hosts' fio dumps, each at its own phase; the quanta follow one of them.
-    # I/Os inside a record are spread evenly, so up to `delta` ms of I/Os can land on the
-    # other side of a quantum edge. Where p99 sits on a cliff (only a few slow I/Os above
-    # it), that alone moves it by more than 3 %: the bound is therefore "within 3 % of the
-    # exact p99 of some window whose edges move by at most delta".
     delta = max_phase_offset_ms(tmp_path, int(cluster[0]["end_ms"]))
-    bounded = []
-    for r in cluster:
-        t0, t1, est = int(r["start_ms"]), int(r["end_ms"]), float(r["percentiles_ns"]["99"])
-        if len(truth.window(t0, t1, "read")) < 500:
-            continue
-        shifts = (-delta, 0, delta)
-        exacts = [exact(truth.window(t0 + a, t1 + b, "read"), 99.0) for a in shifts for b in shifts]
-        lo, hi = min(exacts), max(exacts)
-        bounded.append(max(0.0, lo - est, est - hi) / lo)
     print(
-        f"e2e: {len(errs)} quanta, p99 error median {np.median(errs):.2%}, max {errs.max():.2%} "
-        f"(p50 median {np.median(cmp.errors['50']):.2%}); hosts' phases within {delta} ms of "
-        f"the quanta; beyond the +-{delta} ms window bound: max {max(bounded):.2%}"
+        f"e2e: {sum(completed.values())} reads counted once; {len(checked)} quanta, p99 vs the "
+        f"placed truth max {max(checked):.3%}; vs plain windows median "
+        f"{np.median(cmp.errors['99']):.2%} with the hosts' phases within {delta} ms"
     )
-    assert len(errs) >= 8
-    assert np.median(errs) <= 0.03
-    assert max(bounded) <= 0.03
+    assert len(checked) >= 8
+    # fio's fine bins are 1/64 of an octave wide: the interpolated p99 stays in the bin of
+    # the exact one.
+    assert max(checked) <= 0.02
+
+
+def stream_records(tmp: Path) -> int:
+    """How many records fiomon's parser makes of the hosts' json+ streams."""
+    total = 0
+    for host in HOSTS:
+        (stream,) = (tmp / "data" / host).glob("*.json")
+        src = FileSource(stream, host, SourceOptions())
+        try:
+            total += sum(len(b) for b in src.batches())
+        finally:
+            src.close()
+    return total
+
+
+def received(port: int) -> float:
+    """The aggregator's count of records received."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "fiomon_records_total" and s.labels.get("result") == "received"
+    )
+
+
+def placed_truth(
+    tmp: Path, quanta: list[dict[str, Any]]
+) -> tuple[dict[int, float], dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+    """Each quantum's exact read p99 with the true latencies placed as fiomon places records.
+
+    The records are what fiomon's json+ parser makes of each host's status stream; the
+    k-th record of a job counts that job's next ``samples`` completions, which its per-I/O
+    latency log (``lat_clat.N.log``, N = the job's position + 1) lists in completion order.
+    Each latency then counts in every quantum its record overlaps, weighted by the share of
+    the record inside it, as the quantum engine weights the record's histogram.
+
+    Returns:
+        ({quantum end_ms: p99 ns}, reads in records per (host, job), reads fio logged).
+    """
+    ends = np.array([q["end_ms"] for q in quanta], dtype=np.int64)
+    starts = np.array([q["start_ms"] for q in quanta], dtype=np.int64)
+    lats: list[list[npt.NDArray[np.float64]]] = [[] for _ in quanta]
+    weights: list[list[npt.NDArray[np.float64]]] = [[] for _ in quanta]
+    counted: dict[tuple[str, int], int] = {}
+    completed: dict[tuple[str, int], int] = {}
+    for host in HOSTS:
+        (stream,) = (tmp / "data" / host).glob("*.json")
+        src = FileSource(stream, host, SourceOptions())
+        records: dict[int, list[tuple[int, int, int]]] = {}
+        try:
+            for b in src.batches():
+                n = b.samples()
+                for i in np.flatnonzero(b.direction == 0).tolist():
+                    job = int(b.streams[b.stream_idx[i]].stream.rsplit(":", 2)[1]) + 1
+                    records.setdefault(job, []).append(
+                        (int(b.start_ms[i]), int(b.end_ms[i]), int(n[i]))
+                    )
+        finally:
+            src.close()
+        for job, recs in records.items():
+            log = np.loadtxt(tmp / "truth" / host / f"lat_clat.{job}.log", delimiter=",", ndmin=2)
+            reads = log[log[:, 2] == 0, 1]
+            completed[(host, job)] = len(reads)
+            counted[(host, job)] = sum(c for _, _, c in recs)
+            at = 0
+            for start, end, count in recs:
+                mine, at = reads[at : at + count], at + count
+                if end <= start or not count:
+                    continue
+                share = (np.minimum(ends, end) - np.maximum(starts, start)) / (end - start)
+                for q in np.flatnonzero(share > 0).tolist():
+                    lats[q].append(mine)
+                    weights[q].append(np.full(count, share[q]))
+    placed = {}
+    for q, quantum in enumerate(quanta):
+        if not lats[q]:
+            continue
+        v, w = np.concatenate(lats[q]), np.concatenate(weights[q])
+        order = np.argsort(v, kind="stable")
+        cum = np.cumsum(w[order])
+        at_p99 = int(np.searchsorted(cum, 0.99 * cum[-1] * (1 - 1e-12)))
+        placed[quantum["end_ms"]] = float(v[order][at_p99])
+    return placed, counted, completed
 
 
 def max_phase_offset_ms(tmp: Path, quantum_end_ms: int) -> int:
@@ -216,7 +345,8 @@ def max_phase_offset_ms(tmp: Path, quantum_end_ms: int) -> int:
     """
     offsets = []
     for host in HOSTS:
-        text = (tmp / "data" / host / "run.json").read_text()
+        (stream,) = (tmp / "data" / host).glob("*.json")
+        text = stream.read_text()
         stamps = [int(m.group(1)) for m in re.finditer(r'"timestamp_ms" : (\d+)', text)]
         for t in stamps[:-1]:
             d = (t - quantum_end_ms) % 1000

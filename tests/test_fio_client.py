@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,19 @@ import pytest
 
 from fiomon.fiojson import JsonStatusParser
 from fiomon.problems import ProblemLog
-from tests.conftest import FIXTURES, free_port
+from tests.conftest import DEADLINE_S, FIXTURES, free_port
 
 CLIENT = FIXTURES / "fio333_client_status.json"
+
+
+def listening(ip: str, port: int) -> bool:
+    """Whether a TCP socket on ``ip:port`` is in LISTEN state (from /proc/net/tcp)."""
+    want = f"{int.from_bytes(bytes(map(int, ip.split('.'))), 'little'):08X}:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == want and fields[3] == "0A":
+            return True
+    return False
 
 
 def load(path: Path = CLIENT) -> dict[str, Any]:
@@ -113,6 +124,13 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
                     stderr=subprocess.DEVNULL,
                 )
             )
+        # fio --client gives up on a server that is not listening yet (and may still exit
+        # 0 with the other's results): wait until both sockets are in LISTEN.
+        for ip in ("127.0.0.2", "127.0.0.3"):
+            deadline = time.monotonic() + DEADLINE_S
+            while not listening(ip, port):
+                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
+                time.sleep(0.05)
         job = tmp_path / "job.fio"
         job.write_text(
             "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=4m\n"
@@ -124,7 +142,6 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
         for ip in ("127.0.0.2", "127.0.0.3"):
             cmd += [f"--client=ip:{ip},{port}", str(job)]
         cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
-        # the servers take a moment to listen: fio --client retries, but give it a bound
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
         assert r.returncode == 0, r.stderr
     finally:
