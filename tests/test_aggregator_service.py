@@ -51,7 +51,8 @@ async def _retained(port: int, topic: str) -> bytes:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(1.0):
                         async for m in c.messages:
-                            if m.retain and isinstance(m.payload, bytes) and m.payload:
+                            assert isinstance(m.payload, bytes)
+                            if m.payload:  # an empty retained message clears it
                                 return m.payload
 
 
