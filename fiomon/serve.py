@@ -56,6 +56,7 @@ log = logging.getLogger("fiomon.aggregator")
 BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
 GRACE_S = 10.0  # a stop waits this long for the disk and Alertmanager
+STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
 
 
 class _Service:
@@ -241,12 +242,23 @@ def _alerts_out(svc: _Service) -> None:
 
 
 async def _close_loop(svc: _Service) -> None:
-    """Tick the core until stop; on a final stop, close what is open."""
+    """Tick the core until stop; on a final stop, close what is open.
+
+    Ticks come every ``period``; a gap much longer than that means the process could not
+    run (a long step, CPU starvation, SIGSTOP or a VM pause) and so could not read its
+    input either: the core is told, so the pause is not taken for input silence.
+    """
     period = min(0.25, svc.cfg.quantum_ms / 4000)
+    core = svc.core
+    last: int | None = None
     while not svc.stop.is_set():
         await _wait(svc.stop, period)
         if svc.stop.is_set():
             break
+        now = core.now_ms()
+        if last is not None:
+            core.stalled(now - last - int(period * 1000) - STALL_TOLERANCE_MS)
+        last = now
         _step(svc)
     if svc.final:
         rows = svc.core.flush()
