@@ -22,7 +22,7 @@ that journal before deleting it; those rows are counted and printed apart).
 
 Modes:
   --scrapers 200           200 concurrent scrapers (keep-alive connections), back to
-                           back, during the load
+                           back, during the load (--scrape-interval 1: each once a second)
   --webhook hang           an Alertmanager that accepts and never answers (a rule fires
                            every quantum, re-sent every 11 s, timeout 10 s)
   --restarts term,kill,wipe,...   during the load: SIGTERM / kill -9 / SIGTERM and delete
@@ -223,9 +223,11 @@ def expected_rows(
 
 
 async def _storm(
-    port: int, clients: int, stop: float, done: threading.Event
+    port: int, clients: int, stop: float, done: threading.Event, interval: float = 0.0
 ) -> tuple[list[float], list[str], int]:
-    """``clients`` connections scraping back to back, with keep-alive as Prometheus does.
+    """``clients`` connections scraping with keep-alive as Prometheus does: back to back,
+    or each every ``interval`` seconds (their phases spread over the interval, as
+    Prometheus spreads its targets).
 
     Raw asyncio streams, not ``http.client`` in threads: that client spent more CPU per
     request (about 0.4 ms) than the server, on the same 2-core machine, so the load
@@ -237,7 +239,8 @@ async def _storm(
     size = [0]
     request = b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: gzip\r\n\r\n"
 
-    async def client() -> None:
+    async def client(phase: float) -> None:
+        await asyncio.sleep(phase)
         while time.monotonic() < stop and not done.is_set():
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -262,17 +265,21 @@ async def _storm(
                             fails.append("not the text format")
                         first = False
                     size[0] = max(size[0], n)
+                    if interval:
+                        await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t0)))
             except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as exc:
                 fails.append(f"{type(exc).__name__}: {exc}")
             finally:
                 writer.close()
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(interval * i / clients) for i in range(clients)))
     return lat, fails, size[0]
 
 
-def scrapers(port: int, clients: int, seconds: float) -> None:
-    """The scraper process: ``clients`` == 0: once a second; else back to back."""
+def scrapers(port: int, clients: int, seconds: float, interval: float = 0.0) -> None:
+    """The scraper process: ``clients`` == 0: one, once a second (``http.client``, a new
+    connection each time); else ``clients`` keep-alive connections, back to back or each
+    every ``interval`` seconds."""
     lat: list[float] = []
     fails: list[str] = []
     size = 0
@@ -280,7 +287,7 @@ def scrapers(port: int, clients: int, seconds: float) -> None:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     stop = time.monotonic() + seconds
     if clients:
-        lat, fails, size = asyncio.run(_storm(port, clients, stop, done))
+        lat, fails, size = asyncio.run(_storm(port, clients, stop, done, interval))
     else:
         while time.monotonic() < stop and not done.is_set():
             t0 = time.monotonic()
@@ -541,6 +548,7 @@ def run(args: argparse.Namespace) -> Result:
                 str(hport),
                 str(args.scrapers),
                 str(args.seconds + LATENESS_S + 60),
+                str(args.scrape_interval),
             ],
             stdout=subprocess.PIPE,
         )
@@ -666,8 +674,10 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
     what = f"median of {n} runs" if n > 1 else "one run"
     load = f"{args.hosts} hosts x {args.jobs} jobs x 2 records/s for {args.seconds} s"
     mode = []
-    if args.scrapers:
-        mode.append(f"{args.scrapers} concurrent scrapers")
+    if args.scrapers and args.scrape_interval:
+        mode.append(f"{args.scrapers} scrapers, each every {args.scrape_interval:g} s")
+    elif args.scrapers:
+        mode.append(f"{args.scrapers} concurrent scrapers, back to back")
     else:
         mode.append("1 scrape/s")
     if args.webhook:
@@ -724,7 +734,7 @@ def main() -> int:
         publish(sys.argv[2:8])
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_scrape":
-        scrapers(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        scrapers(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=1000)
@@ -732,6 +742,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--max-hosts", type=int, default=1000, help="the aggregator's max_hosts")
     ap.add_argument("--scrapers", type=int, default=0, help="concurrent back-to-back scrapers")
+    ap.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.0,
+        help="with --scrapers: each scrapes every this many seconds (0: back to back)",
+    )
     ap.add_argument("--webhook", choices=["hang"], default=None)
     ap.add_argument("--restarts", default="", help="comma list of term, kill, wipe")
     ap.add_argument("--repeat", type=int, default=1)
