@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,15 +42,18 @@ def get(
             c.close()
 
 
-def wait_for(what: str, ok: object, timeout_s: float = 30.0) -> None:
+Served = tuple[MetricsProcess, list[Snapshot], list[int]]
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not ok():  # type: ignore[operator]
+    while not ok():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
 
 
 @pytest.fixture
-def served() -> object:
+def served() -> Iterator[Served]:
     current = [rich_snapshot()]
     restarts: list[int] = []
     server = MetricsProcess(
@@ -62,8 +66,8 @@ def served() -> object:
         server.close()
 
 
-def test_answers_like_the_thread_server_and_serves_a_storm(served: object) -> None:
-    server, current, _ = served  # type: ignore[misc]
+def test_answers_like_the_thread_server_and_serves_a_storm(served: Served) -> None:
+    server, current, _ = served
     want = render(current[0])
     status, headers, body = get(server.port)
     assert status == 200
@@ -116,8 +120,8 @@ def test_answers_like_the_thread_server_and_serves_a_storm(served: object) -> No
     wait_for("the new snapshot is served", lambda: get(server.port)[2] == render(Snapshot()))
 
 
-def test_a_dead_child_is_replaced_and_counted(served: object) -> None:
-    server, current, restarts = served  # type: ignore[misc]
+def test_a_dead_child_is_replaced_and_counted(served: Served) -> None:
+    server, current, restarts = served
     assert get(server.port)[0] == 200
     first = server.pid
     assert first is not None
