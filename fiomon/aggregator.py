@@ -488,6 +488,23 @@ class AggregatorCore:
             return host
         return OTHER_HOST
 
+    def stalled(self, ms: int) -> None:
+        """The process could not run for ``ms`` (the service measures it between ticks).
+
+        Not input silence: see :meth:`fiomon.watermark.Watermark.stalled`. Logged as a
+        warning from half the lateness on (close delays show it too).
+        """
+        if ms <= 0:
+            return
+        self.watermark.stalled(ms)
+        level = logging.WARNING if 2 * ms >= self.cfg.lateness_ms else logging.DEBUG
+        log.log(
+            level,
+            "the aggregator did not run for %d ms (CPU starvation, a pause or a long step); "
+            "not taken as silence of the input",
+            ms,
+        )
+
     # -- closing ----------------------------------------------------------------------------
 
     def tick(self) -> list[ClosedQuantum]:

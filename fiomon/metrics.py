@@ -120,6 +120,8 @@ class Counts:
         hosts_over_cap: hosts beyond ``max_hosts``.
         forced_closes: quanta closed early by ``max_open_quanta``.
         session_takeovers: times the broker handed our MQTT session to another client.
+        metrics_server_restarts: times the ``/metrics`` server process died and was
+            replaced (written by its feeding thread only).
         host_labels: every host label in use (counters get a 0 series for each).
     """
 
@@ -136,6 +138,7 @@ class Counts:
     hosts_over_cap: int = 0
     forced_closes: int = 0
     session_takeovers: int = 0
+    metrics_server_restarts: int = 0
     host_labels: set[str] = field(default_factory=set)
 
 
@@ -301,6 +304,11 @@ def build_snapshot(
             "Times another client with our client_id took our MQTT session.",
             (),
         ): {(): float(counts.session_takeovers)},
+        (
+            "fiomon_metrics_server_restarts",
+            "Times the /metrics server process died and was replaced.",
+            (),
+        ): {(): float(counts.metrics_server_restarts)},
     }
     gauges_out: dict[Key, Table] = {
         (

@@ -1,7 +1,9 @@
 """The aggregator as a service: MQTT in, ``/metrics`` out, alert sinks, signals, reload.
 
-:func:`run_aggregator` restores the state directory, serves the exporter from its own
-threads, and runs these tasks on one event loop:
+:func:`run_aggregator` restores the state directory, serves ``/metrics`` from a child
+process (:mod:`fiomon.metrics_server`: each new snapshot is pickled to it; rendering and
+every request's HTTP work happen there, off this interpreter's lock), and runs these tasks
+on one event loop:
 
 * ``fiomon.mqtt``: a persistent MQTT 5 session (a restart receives what the broker queued
   meanwhile), reconnecting with capped, jittered backoff. Messages are taken in batches:
@@ -47,7 +49,7 @@ from fiomon.aggregator import AggregatorCore
 from fiomon.alerts import AlertDispatcher
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
-from fiomon.exporter import Exposition, serve_metrics
+from fiomon.metrics_server import MetricsProcess
 from fiomon.mqtt import Backoff, Topics, make_client
 from fiomon.runtime import keep_alive, sd_notify
 
@@ -56,6 +58,7 @@ log = logging.getLogger("fiomon.aggregator")
 BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
 GRACE_S = 10.0  # a stop waits this long for the disk and Alertmanager
+STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
 
 
 class _Service:
@@ -91,6 +94,7 @@ class _Service:
         self.rival: object = None
         self.records_prefix = f"{cfg.topic_prefix}/v1/"
         self.forced = False
+        self.metrics: MetricsProcess | None = None  # set once serving
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -149,15 +153,26 @@ async def run_aggregator(
         config_path=config_path,
         log_level_fixed=log_level_fixed,
     )
-    exposition = Exposition(lambda: core.snapshot)
     addr, port = cfg.listen_addr
+
+    def restarted() -> None:
+        core.counts.metrics_server_restarts += 1
+
     try:
-        server, _thread, _ = serve_metrics(
-            addr, port, exposition, certfile=cfg.tls_cert, keyfile=cfg.tls_key
+        # /metrics from a child process: rendering and HTTP stay off our interpreter lock.
+        metrics = MetricsProcess(
+            addr,
+            port,
+            lambda: core.snapshot,
+            certfile=cfg.tls_cert,
+            keyfile=cfg.tls_key,
+            on_restart=restarted,
         )
+        metrics.start()
     except BaseException:
         core.close()
         raise
+    svc.metrics = metrics
     log.info(
         "fiomon aggregator %s (instance %s): /metrics on %s, broker %s:%d, quantum %d ms, "
         "lateness %d ms",
@@ -204,8 +219,7 @@ async def run_aggregator(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
         core.close(timeout_s=0.5 if svc.forced else GRACE_S)
-        server.shutdown()
-        server.server_close()
+        metrics.close()
         log.info(
             "stopped: %d records received, %d quanta closed",
             core.records["received"],
@@ -241,13 +255,27 @@ def _alerts_out(svc: _Service) -> None:
 
 
 async def _close_loop(svc: _Service) -> None:
-    """Tick the core until stop; on a final stop, close what is open."""
+    """Tick the core until stop; on a final stop, close what is open.
+
+    Ticks come every ``period``; a gap much longer than that means the process could not
+    run (a long step, CPU starvation, SIGSTOP or a VM pause) and so could not read its
+    input either: the core is told, so the pause is not taken for input silence.
+    """
     period = min(0.25, svc.cfg.quantum_ms / 4000)
+    core = svc.core
+    last: int | None = None
     while not svc.stop.is_set():
         await _wait(svc.stop, period)
         if svc.stop.is_set():
             break
+        now = core.now_ms()
+        if last is not None:
+            core.stalled(now - last - int(period * 1000) - STALL_TOLERANCE_MS)
+        last = now
+        snap = core.snapshot
         _step(svc)
+        if core.snapshot is not snap and svc.metrics is not None:
+            svc.metrics.poke()
     if svc.final:
         rows = svc.core.flush()
         log.info("final stop: closed %d open rows", len(rows))

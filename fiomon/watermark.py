@@ -33,6 +33,20 @@ behind by more than the lateness, every record would reach an already closed qua
 and count as late; held this way, quanta wait for their records (``max_open_quanta``
 bounds the memory) and close delays show the lag instead.
 
+Our own pauses say nothing about the input. Two rules keep them from closing quanta
+whose records wait in the broker or in our socket:
+
+* A part is live while it reported within ``idle_ms`` on the wall clock *or* its latest
+  end is within ``idle_ms`` of the newest record end received (event time). Event time
+  only moves with our intake, so a restart that spent seconds re-forming its open quanta
+  from the journal, or a lagging intake that has not yet met a host's next record, does
+  not leave the first few hosts that arrive as the only live parts (which once closed a
+  quantum with a fifth of its hosts right after a slow restart). The wall clock still
+  speaks for parts whose event time is ahead of the rest (a host whose clock runs fast).
+* :meth:`Watermark.stalled` credits time the process could not read its input (a long
+  step, CPU starvation, a VM pause): it does not count as input silence, so the clock
+  bound does not jump to ``now - lateness`` over records that are waiting for us.
+
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
 
@@ -52,8 +66,9 @@ class Watermark:
 
     Args:
         lateness_ms: the latest a quantum closes, after its end.
-        idle_ms: a part silent this long stops holding quanta open (it is forgotten after
-            ten times as long, which bounds memory); default the lateness.
+        idle_ms: a part silent this long, on the wall clock and behind the newest record
+            end received, stops holding quanta open (it is forgotten after ten times as
+            long, which bounds memory); default the lateness.
         warmup_ms: no early closing this long after the first record; default the
             lateness.
         slack_ms: records arrive after their end (agents publish about once a second):
@@ -182,11 +197,31 @@ class Watermark:
     def _live(self, now_ms: int) -> npt.NDArray[np.bool_]:
         n = self._used
         live: npt.NDArray[np.bool_] = self._seen[:n] >= now_ms - self.idle_ms
+        if self._newest_end is not None:
+            # Event time: close to the newest record end received is live, however long
+            # ago our own intake last met the part (a restart, a stall, a lag).
+            live |= self._end[:n] >= self._newest_end - self.idle_ms
         if self._offline.any():
             live &= ~self._offline[self._agent[:n]]
         return live
 
     # -- the wall clock -------------------------------------------------------------------
+
+    def stalled(self, ms: int) -> None:
+        """Our process did not read its input for ``ms`` (it was busy, starved or paused).
+
+        That time is not input silence: the wall-clock bound and the parts' last-seen times
+        are moved on by it, as if the pause had not happened, so records that waited for
+        us meanwhile find their quanta still open.
+        """
+        if ms <= 0:
+            return
+        if self._newest_at > -_FAR:
+            self._newest_at += ms
+        seen = self._seen[: self._used]
+        seen[seen > -_FAR] += ms
+        if self._hold_until is not None:
+            self._hold_until += ms
 
     def hold(self, at_ms: int) -> None:
         """Hold the clock bound at ``at_ms`` (at most) until :meth:`connected` + lateness.
@@ -239,13 +274,16 @@ class Watermark:
         return self._mark
 
     def _forget(self, now_ms: int) -> None:
-        """Drop parts silent for ten idle periods (compacting the arrays)."""
+        """Drop parts silent for ten idle periods, on the wall clock and in event time."""
         self._forgot_ms = now_ms
         n = self._used
         if not n:
             return
-        horizon = now_ms - 10 * max(self.idle_ms, 1000)
-        keep3 = (self._seen[:n] >= horizon).reshape(-1, DIRECTIONS).any(axis=1)
+        span = 10 * max(self.idle_ms, 1000)
+        keep = self._seen[:n] >= now_ms - span
+        if self._newest_end is not None:  # not while our own intake is behind
+            keep |= self._end[:n] >= self._newest_end - span
+        keep3 = keep.reshape(-1, DIRECTIONS).any(axis=1)
         if keep3.all():
             return
         old_first = np.flatnonzero(keep3) * DIRECTIONS
