@@ -341,6 +341,7 @@ class Agent:
             files_closed=f.files_closed,
             files_covered=f.files_covered,
             files_copies=f.files_copies,
+            files_refused=f.files_refused,
             files_waiting=f.files_waiting,
             renames=f.renames,
             rewrites=f.rewrites,

@@ -52,10 +52,12 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.clientlog import client_log_host
 from fiomon.fileprint import HEAD, Fingerprint
 from fiomon.fiojson import JsonStatusParser, looks_like_json
 from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
@@ -138,6 +140,7 @@ class FollowStats:
     bytes_read: int = 0
     records_read: int = 0
     records_skipped_replay: int = 0
+    files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
     files_covered: int = 0
     files_copies: int = 0
     renames: int = 0
@@ -198,6 +201,7 @@ class Follower:
         exclude: tuple[str, ...] = (),
     ) -> None:
         self.patterns = patterns
+        self._refused: set[str] = set()
         self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
         self.agent = agent
         self.max_message_bytes = max_message_bytes
@@ -328,6 +332,25 @@ class Follower:
             del self._closed[stream]
             self.changes += 1
 
+    def _refuse_client_log(self, path: str) -> None:
+        """Say once per file why a hist log of ``fio --client`` is not followed.
+
+        fio writes those on the controller when each job ends, every server's under the
+        controller's host, as running sums (see :mod:`fiomon.clientlog`): the agent
+        cannot publish them as live records of their hosts. ``fiomon report`` reads them.
+        """
+        if path in self._refused:
+            return
+        self._refused.add(path)
+        self.stats.files_refused += 1
+        log.warning(
+            "%s: a hist log written by fio --client (server %s), at the end of the run: not "
+            "published (use fiomon report on it; for live records run fio on each host "
+            "with an agent beside it, see README 'fio's client/server mode')",
+            path,
+            client_log_host(Path(path)),
+        )
+
     def _glob(self, now: float) -> dict[str, os.stat_result] | None:
         """Regular files matching the patterns, with their stat; None if nothing changed.
 
@@ -364,6 +387,9 @@ class Follower:
                 except OSError:
                     continue
                 if not stat.S_ISREG(st.st_mode):
+                    continue
+                if client_log_host(Path(path)) is not None:
+                    self._refuse_client_log(path)
                     continue
                 found[path] = st
                 n += 1

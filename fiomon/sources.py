@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
+from fiomon.clientlog import ClientLogUndo, client_log_host
 from fiomon.errors import ConfigError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
 from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, HistLogParser, TimeKind
@@ -85,6 +86,11 @@ class FileSource:
                 options=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
                 problems=self.problems,
             )
+        self._undo = (
+            ClientLogUndo(self.name, self.problems)
+            if self.kind == "hist" and client_log_host(path) is not None
+            else None
+        )
 
     @property
     def layout(self) -> BinLayout | None:
@@ -121,6 +127,8 @@ class FileSource:
             self.done = True
             self._fh.close()
             batch = self.parser.finish()
+        if batch is not None and self._undo is not None:
+            batch = self._undo.apply(batch)
         if batch is not None and len(batch):
             end = int(batch.end_ms.max())
             self.max_end_ms = end if self.max_end_ms is None else max(self.max_end_ms, end)
@@ -144,8 +152,10 @@ HOST_FROM_HELP = (
     "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/; with all files "
     "in one folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
     "file (the file name without fio's suffix: client-07 from client-07.json and "
-    "client-07_clat_hist.1.log, as `fiomon fio` names them), or regex:PATTERN (searched in "
-    "the path as given; the group named host, else group 1, else the match)"
+    "client-07_clat_hist.1.log, as `fiomon fio` names them; the server from the suffix "
+    "fio --client appends: 127.0.0.2 from h_clat_hist.1.log.127.0.0.2, which auto "
+    "prefers wherever every file has one), or regex:PATTERN (searched in the path as "
+    "given; the group named host, else group 1, else the match)"
 )
 # fio's hist-log suffix (per job, per_job_logs=0, compressed) and the json+ stream's.
 _FIO_SUFFIX = re.compile(r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)$")
@@ -176,6 +186,9 @@ def check_host_from(how: str) -> str:
 
 
 def _from_file(path: Path) -> str:
+    client = client_log_host(path)
+    if client is not None:  # fio --client names each server's log after that server
+        return client
     name = _FIO_SUFFIX.sub("", path.name)
     return name if name and name != path.name else path.stem
 
@@ -218,6 +231,8 @@ def host_labels(paths: list[Path], how: str = "auto") -> list[str]:
             without that many folders above it.
     """
     check_host_from(how)
+    if how == "auto" and paths and all(client_log_host(p) for p in paths):
+        return [_from_file(p) for p in paths]  # fio --client's logs name their servers
     if how == "file" or (how == "auto" and len({p.resolve().parent for p in paths}) <= 1):
         return [_from_file(p) for p in paths]
     if how == "auto":

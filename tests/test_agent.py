@@ -7,6 +7,7 @@ files hold arrived (no gap) and that duplicates, if any, are only redeliveries.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
@@ -235,3 +236,26 @@ async def test_partial_line_completed_after_a_restart_arrives_once(
     (stream,) = sub.streams_of(log)
     assert sub.seqs(stream) == [0, 1, 2]
     assert sub.duplicates == 0
+
+
+async def test_hist_logs_of_fio_client_are_not_published(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    # fio --client writes every server's logs on the controller, as running sums, at the
+    # end of the run: a watch pattern that matches them must not publish them as this
+    # host's records (README "fio's client/server mode").
+    data = tmp_path / "data"
+    data.mkdir()
+    client_log = data / "h_clat_hist.1.log.10.0.0.2"
+    client_log.write_text(hist_line(0) + hist_line(1))
+    log = data / "job_clat_hist.1.log"
+    log.write_text(hist_line(0) + hist_line(1))
+    cfg = agent_config(mosquitto, tmp_path)
+    cfg = dataclasses.replace(cfg, watch=(str(data / "*_clat_hist*.log*"),))
+    stop = asyncio.Event()
+    async with subscribed(mosquitto) as sub:
+        task = asyncio.create_task(Agent(cfg).run(stop))
+        await sub.wait_for(lambda: len(sub.seen) == 2 and sub.counter("files_refused") == 1)
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE_S)
+    assert [st.rsplit("@", 1)[0] for st, _ in sub.seen] == [str(log), str(log)]

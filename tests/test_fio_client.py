@@ -29,6 +29,42 @@ def listening(ip: str, port: int) -> bool:
     return False
 
 
+def _fiomon(*args: str | Path) -> list[dict[str, Any]]:
+    """``fiomon ARGS`` (jsonl output) as a list of rows; it must succeed."""
+    r = subprocess.run(
+        [sys.executable, "-m", "fiomon", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+
+
+def _summary(paths: list[Path], percentiles: list[float]) -> dict[str, dict[str, Any]]:
+    """``fiomon summary --format json`` per operation: ios and percentiles_ns."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fiomon",
+            "summary",
+            "--format",
+            "json",
+            "--percentiles",
+            ",".join(f"{p:g}" for p in percentiles),
+            *map(str, paths),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    return {str(op["operation"]): op for op in json.loads(r.stdout)}
+
+
 def load(path: Path = CLIENT) -> dict[str, Any]:
     text = path.read_text()
     doc, _ = json.JSONDecoder().raw_decode(text, text.find("{"))
@@ -134,8 +170,8 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
         job = tmp_path / "job.fio"
         job.write_text(
             "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=4m\n"
-            f"filename={tmp_path}/data\ntime_based\nruntime=3\nrate_iops=100\n"
-            "write_hist_log=h\nlog_hist_msec=1000\nlog_unix_epoch=1\n"
+            f"filename={tmp_path}/data\ntime_based\nruntime=5\nrate_iops=100\n"
+            "write_hist_log=h\nlog_hist_msec=250\nlog_unix_epoch=1\n"
         )
         out = tmp_path / "out.json"
         cmd = [fio_bin]
@@ -147,9 +183,37 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
     finally:
         for s in servers:
             s.terminate()
-            s.wait(10)
+            s.wait(DEADLINE_S)
     per_host, _ = parse(load(out))
     assert per_host == final_ios(load(out))
     assert set(per_host) == {"127.0.0.2", "127.0.0.3"}
     hist = sorted(tmp_path.glob("h_clat_hist.*.log.*"))
     assert len(hist) == 2
+    # The report on the client's json+: each server's final total_ios, once.
+    rows = _fiomon("report", "--per-host", "--format", "jsonl", "--directions", "all", out)
+    counted: dict[str, float] = {}
+    for row in rows:  # a record split between two quanta leaves fractions in each
+        if row["scope"] == "host" and row["direction"] == "all":
+            host = str(row["host"])
+            counted[host] = counted.get(host, 0.0) + float(row["samples"])
+    assert {h: round(n, 6) for h, n in counted.items()} == per_host
+    # --per-host on the controller's hist logs names the servers from fio's suffix.
+    rows = _fiomon("report", "--per-host", "--format", "jsonl", *hist)
+    assert {row["host"] for row in rows if row["scope"] == "host"} == {"127.0.0.2", "127.0.0.3"}
+    # Both views of the run agree: the hist logs lack only each job's last partial
+    # interval (fio never logs it), m I/Os of the json+'s n. So the json+ q-quantile lies
+    # between the hist logs' quantiles at ranks (q n - m) / (n - m) and q n / (n - m),
+    # widened by one of fio's bins (1/64 of an octave: 1.1 %) for the interpolation.
+    from_json = _summary([out], [50, 90])
+    for d in ("read", "write"):
+        n = int(from_json[d]["ios"])
+        m = n - int(_summary(hist, [50])[d]["ios"])
+        assert 0 <= m <= 0.1 * n, (d, n, m)  # the last of 20 intervals (+ jitter)
+        for q in (50.0, 90.0):
+            lo = max(0.0, (q / 100 * n - m) / (n - m) * 100)
+            hi = min(100.0, q / 100 * n / (n - m) * 100)
+            h = _summary(hist, sorted({lo, hi}))[d]["percentiles_ns"]
+            value = from_json[d]["percentiles_ns"][f"{q:g}"]
+            low, high = h[f"{lo:g}"] * (1 - 0.011), h[f"{hi:g}"] * (1 + 0.011)
+            print(f"client/server {d} p{q:g}: json+ {value} in [{low:.0f}, {high:.0f}] (m={m})")
+            assert low <= value <= high, (d, q, value, low, high)

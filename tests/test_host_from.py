@@ -49,6 +49,12 @@ SCP = _paths(
         ),
         (_paths("a/run_clat_hist.1.log", "b/run_clat_hist.1.log"), "auto", ["a", "b"]),
         (_paths("a/run_clat_hist.1.log", "a/notes.txt"), "file", ["run", "notes"]),
+        (  # fio --client: every server's logs on the controller, named after the server
+            _paths("run1/h_clat_hist.1.log.127.0.0.2", "run2/h_clat_hist.2.log.srv-b"),
+            "auto",  # the suffix wins over folders that tell runs, not hosts, apart
+            ["127.0.0.2", "srv-b"],
+        ),
+        (_paths("h_clat_hist.1.log.fz.srv-a", "h_clat_hist.1.log.fz"), "file", ["srv-a", "h"]),
     ],
 )
 def test_host_labels(paths: list[Path], how: str, labels: list[str]) -> None:
