@@ -300,10 +300,19 @@ def _fio_args(fio: str, tmp: Path, host: str, slow_phase: bool) -> list[str]:
     ]
 
 
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _scrape_or_none(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """:func:`_scrape`, or None while nothing answers on ``port``."""
+    try:
+        return _scrape(port, timeout=2)
+    except OSError:
+        return None
+
+
+def _scrape(port: int, timeout: float = 20) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    url = f"http://127.0.0.1:{port}/metrics"
+    text = urllib.request.urlopen(url, timeout=timeout).read().decode()
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -334,17 +343,21 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
         # left uncached, and the first pass over it reads the disk.
         (tmp_path / f"{h}.dat").write_bytes(bytes(64 << 20))
     agents = [await _agent(tmp_path, h, mosquitto.port) for h in hosts]
-    fios = [
-        await asyncio.create_subprocess_exec(
-            *_fio_args(fio_bin, tmp_path, h, slow_phase=(h == "client-01")),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        for h in hosts
-    ]
+    fios: list[asyncio.subprocess.Process] = []
     breach: list[float] = []
     p99: list[float] = []
+    m: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     try:
+        # /metrics up (its server process starts beside the aggregator) before the run
+        await until(lambda: _scrape_or_none(port) is not None, what="/metrics served")
+        fios = [
+            await asyncio.create_subprocess_exec(
+                *_fio_args(fio_bin, tmp_path, h, slow_phase=(h == "client-01")),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            for h in hosts
+        ]
         while any(f.returncode is None for f in fios):
             await asyncio.sleep(0.5)
             m = await asyncio.to_thread(_scrape, port)
@@ -370,9 +383,10 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
             breach.append(m.get(BREACH, -1))
         final = m
     finally:
-        for a in agents:
-            a.terminate()
-            await a.wait()
+        for p in [*agents, *fios]:  # nothing left running for the next test, pass or fail
+            if p.returncode is None:
+                p.terminate()
+            await p.wait()
         stop.set()
         await asyncio.wait_for(aggregator, DEADLINE_S)
     rows = [json.loads(x) for x in (tmp_path / "quanta.jsonl").read_text().splitlines()]

@@ -33,7 +33,8 @@ PREFIX = "fiomonsvc"
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    url = f"http://127.0.0.1:{port}/metrics"
+    text = urllib.request.urlopen(url, timeout=20).read().decode()
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
