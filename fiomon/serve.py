@@ -95,6 +95,7 @@ class _Service:
         self.records_prefix = f"{cfg.topic_prefix}/v1/"
         self.forced = False
         self.metrics: MetricsProcess | None = None  # set once serving
+        self.ready = False  # READY=1 sent: the first broker session was up and subscribed
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -104,6 +105,9 @@ class _Service:
         core = self.core
         if core.session_taken_over:
             return "STOPPED READING: another aggregator took our MQTT session (see the log)"
+        if not self.ready:
+            b = self.cfg.broker
+            return f"waiting for the broker at {b.host}:{b.port} (/metrics on {self.cfg.listen})"
         return (
             f"{core.records['received']} records, {core.counts.quanta_closed} quanta closed, "
             f"{core.hosts_up()} hosts up"
@@ -212,19 +216,29 @@ async def run_aggregator(
             tg.create_task(_close_loop(svc), name="fiomon.close")
             tg.create_task(svc.dispatcher.run(stop), name="fiomon.alertmanager")
             tg.create_task(_reload_loop(svc), name="fiomon.reload")
+            # READY=1 comes from the MQTT task once the first session is subscribed; until
+            # then STATUS= says what it waits for (systemctl status shows it).
             tg.create_task(keep_alive(stop, svc.status), name="fiomon.systemd")
-            sd_notify("READY=1", f"STATUS=serving /metrics on {cfg.listen}")
     finally:
         for sig in handlers:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
         core.close(timeout_s=0.5 if svc.forced else GRACE_S)
         metrics.close()
-        log.info(
-            "stopped: %d records received, %d quanta closed",
-            core.records["received"],
-            core.counts.quanta_closed,
-        )
+        log.info("stopped: %s", _final_counters(core))
+
+
+def _final_counters(core: AggregatorCore) -> str:
+    """The counters an operator checks after a stop, as one line."""
+    engine = core.engine
+    late = sum(engine.late_records.values()) if engine is not None else 0
+    still_open = engine.open_quanta if engine is not None else 0
+    return (
+        f"{core.records['received']} records received, "
+        f"{core.records['duplicate']} duplicate, {sum(core.lost.values())} lost, "
+        f"{late} late, {sum(core.invalid.values())} invalid messages; "
+        f"{core.counts.quanta_closed} quanta closed, {still_open} left open"
+    )
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
@@ -352,6 +366,9 @@ async def _mqtt_loop(svc: _Service) -> None:
                     await client.subscribe(t, qos=1)
                 await client.subscribe(svc.conflict_topic, qos=1)
                 log.info("subscribed on %s:%d", cfg.broker.host, cfg.broker.port)
+                if not svc.ready:
+                    svc.ready = True
+                    sd_notify("READY=1", f"STATUS={svc.status()}")
                 svc.presence_seen.clear()
                 publisher = asyncio.create_task(_publish_outbox(client, svc))
                 announce = asyncio.create_task(_announce(svc))

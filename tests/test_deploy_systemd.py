@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEADLINE_S
+from tests.conftest import DEADLINE_S, Mosquitto, free_port
 
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 
@@ -92,3 +92,45 @@ def test_agent_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> N
     ready = next(g for g in got if "READY=1" in g)
     assert "STATUS=following" in ready
     assert sum("WATCHDOG=1" in g for g in got) >= 2
+
+
+def test_aggregator_is_ready_only_once_subscribed_and_logs_its_counters_at_stop(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    # The broker is down at start: the unit stays "activating" with a STATUS that says
+    # what it waits for, and READY=1 comes once the session is up and subscribed.
+    mosquitto.stop()
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(DEADLINE_S)
+    cfg = tmp_path / "aggregator.yaml"
+    cfg.write_text(f"broker: {{port: {mosquitto.port}}}\nlisten: 127.0.0.1:{free_port()}\n")
+    env = {"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "2000000", "PATH": "/usr/bin:/bin"}
+    err = tmp_path / "aggregator.log"
+    with err.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fiomon", "aggregator", "--config", str(cfg)],
+            env=env,
+            stderr=fh,
+        )
+    got: list[str] = []
+    try:
+        while not any("STATUS=waiting for the broker" in g for g in got):
+            got.append(sock.recv(4096).decode())
+        assert not any("READY=1" in g for g in got), got
+        mosquitto.start()
+        while not any("READY=1" in g for g in got):
+            got.append(sock.recv(4096).decode())
+        proc.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in g for g in got):
+            got.append(sock.recv(4096).decode())
+        assert proc.wait(DEADLINE_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sock.close()
+    ready = next(g for g in got if "READY=1" in g)
+    assert "records" in ready and "quanta closed" in ready, ready
+    text = err.read_text()
+    assert "stopped: 0 records received, 0 duplicate, 0 lost, 0 late" in text, text
