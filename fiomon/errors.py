@@ -55,8 +55,14 @@ class OverlapError(FiomonError, ValueError):
 class WireFormatError(FiomonError, ValueError):
     """Raised when an MQTT payload is not a valid fiomon wire-format message.
 
-    The message says why (truncated, oversized, wrong version, out of range, inconsistent).
+    The message says why for a person; :attr:`reason` says it for a metric label (one of
+    ``fiomon.wire.REASONS``: oversized, truncated, not-fiomon, version, layout,
+    inconsistent, invalid).
     """
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class BrokerError(FiomonError, ConnectionError):

@@ -173,7 +173,7 @@ class _Cursor:
         if n < 0 or self.pos + n > len(self.data):
             left = len(self.data) - self.pos
             msg = f"truncated: {what} needs {n} bytes at offset {self.pos}, {left} left"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "truncated")
         out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
@@ -183,7 +183,7 @@ class _Cursor:
         if n < 0 or self.pos + n > len(self.data):
             left = len(self.data) - self.pos
             msg = f"truncated: {what} needs {n} bytes at offset {self.pos}, {left} left"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "truncated")
         at = self.pos
         self.pos += n
         return at
@@ -202,24 +202,21 @@ class _Cursor:
 
 
 # Why a payload was refused, as a metric label: the first words of the error's text.
-_REASONS = (
-    ("oversized", "oversized"),
-    ("truncated", "truncated"),
-    ("not a fiomon message", "not-fiomon"),
-    ("unsupported wire format version", "version"),
-    ("invalid bin layout", "layout"),
-    ("inconsistent", "inconsistent"),
+# Why a payload was refused, for the metric label (WireFormatError.reason).
+REASONS: tuple[str, ...] = (
+    "oversized",
+    "truncated",
+    "not-fiomon",
+    "version",
+    "layout",
+    "inconsistent",
+    "invalid",
 )
-REASONS: tuple[str, ...] = (*(r for _, r in _REASONS), "invalid")
 
 
 def reason_of(exc: WireFormatError) -> str:
     """The short reason of a refusal (one of :data:`REASONS`), for a metric label."""
-    text = str(exc)
-    for prefix, reason in _REASONS:
-        if text.startswith(prefix):
-            return reason
-    return "invalid"
+    return exc.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,23 +378,23 @@ class Decoder:
             return quick
         if len(data) > self.max_bytes:
             msg = f"oversized: {len(data)} bytes, limit {self.max_bytes}"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "oversized")
         cur = _Cursor(data)
         magic, version, flags, group_nr, coarse, unit, n, nnz, first_seq = _HEAD.unpack(
             cur.take(_HEAD.size, "header")
         )
         if magic != MAGIC:
             msg = f"not a fiomon message (magic {magic!r})"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "not-fiomon")
         if version != VERSION:
             msg = f"unsupported wire format version {version} (this fiomon speaks {VERSION})"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "version")
         if flags & ~FLAG_WIDE_COUNTS:
             msg = f"unknown flags 0x{flags:02x}"
             raise WireFormatError(msg)
         if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
             msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "layout")
         layout = BinLayout(group_nr, coarse, UNITS[unit])  # type: ignore[arg-type]
         if not 0 < n <= MAX_RECORDS:
             msg = f"record count {n} outside 1..{MAX_RECORDS}"
@@ -420,7 +417,7 @@ class Decoder:
                 f"inconsistent: {nnz} bins need {nnz * (2 + width)} bytes after the table, "
                 f"got {rest}"
             )
-            raise WireFormatError(msg)
+            raise WireFormatError(msg, "inconsistent")
         bins_at = cur.pos
         return _Head(
             index,
@@ -678,7 +675,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     """
     if len(payload) > max_bytes:
         msg = f"oversized: {len(payload)} bytes, limit {max_bytes}"
-        raise WireFormatError(msg)
+        raise WireFormatError(msg, "oversized")
     return _DEFAULT.decode(payload)
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.wire import MAX_TIME_MS, VERSION, Decoder, Message, decode, encode
+from fiomon.wire import MAX_TIME_MS, REASONS, VERSION, Decoder, Message, decode, encode
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us"), BinLayout(30, 6)]
 
@@ -104,28 +104,33 @@ TABLE = len(_valid()) - 3 * 6 - 2 * 32
 
 
 @pytest.mark.parametrize(
-    ("mutate", "reason"),
+    ("mutate", "reason", "label"),
     [
-        (lambda d: d[:-1], "inconsistent"),
-        (lambda d: d[:20], "truncated"),
-        (lambda d: b"", "truncated"),
-        (lambda d: b"XXXX" + d[4:], "not a fiomon message"),
-        (lambda d: _patch(d, 4, "<B", VERSION + 1), "unsupported wire format version 2"),
-        (lambda d: _patch(d, 5, "<B", 0x80), "unknown flags"),
-        (lambda d: _patch(d, 6, "<B", 7), "invalid bin layout"),
-        (lambda d: _patch(d, 10, "<I", 0), "record count 0"),
-        (lambda d: _patch(d, 14, "<I", 4), "inconsistent"),
-        (lambda d: _patch(d, TABLE + 2, "<B", 3), "direction"),
-        (lambda d: _patch(d, TABLE, "<H", 5), "label index"),
-        (lambda d: _patch(d, TABLE + 12, "<q", 1_795_000_000_000 - 5000), "times"),
-        (lambda d: d + b"\0" * 6, "inconsistent"),
-        (lambda d: d + b"\0" * (1 << 20), "oversized"),
+        (lambda d: d[:-1], "inconsistent", "inconsistent"),
+        (lambda d: d[:20], "truncated", "truncated"),
+        (lambda d: b"", "truncated", "truncated"),
+        (lambda d: b"XXXX" + d[4:], "not a fiomon message", "not-fiomon"),
+        (lambda d: _patch(d, 4, "<B", VERSION + 1), "unsupported wire format version 2", "version"),
+        (lambda d: _patch(d, 5, "<B", 0x80), "unknown flags", "invalid"),
+        (lambda d: _patch(d, 6, "<B", 7), "invalid bin layout", "layout"),
+        (lambda d: _patch(d, 10, "<I", 0), "record count 0", "invalid"),
+        (lambda d: _patch(d, 14, "<I", 4), "inconsistent", "inconsistent"),
+        (lambda d: _patch(d, TABLE + 2, "<B", 3), "direction", "invalid"),
+        (lambda d: _patch(d, TABLE, "<H", 5), "label index", "invalid"),
+        (lambda d: _patch(d, TABLE + 12, "<q", 1_795_000_000_000 - 5000), "times", "invalid"),
+        (lambda d: d + b"\0" * 6, "inconsistent", "inconsistent"),
+        (lambda d: d + b"\0" * (1 << 20), "oversized", "oversized"),
     ],
 )
-def test_malformed_payloads_are_refused_with_a_reason(mutate: object, reason: str) -> None:
+def test_malformed_payloads_are_refused_with_a_reason(
+    mutate: object, reason: str, label: str
+) -> None:
     data = mutate(_valid())  # type: ignore[operator]
-    with pytest.raises(WireFormatError, match=reason):
+    with pytest.raises(WireFormatError, match=reason) as info:
         decode(data, max_bytes=1 << 20)
+    # the metric label comes from the error itself, not from matching its text
+    assert info.value.reason == label
+    assert label in REASONS
 
 
 def test_bins_must_increase_and_fit_the_layout() -> None:
