@@ -352,8 +352,8 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
             p99.append(
                 m.get(
                     (
-                        "fiomon_cluster_latency_seconds",
-                        (("direction", "read"), ("quantile", "0.99")),
+                        "fiomon_cluster_latency_percentile_seconds",
+                        (("direction", "read"), ("percentile", "99")),
                     ),
                     -1,
                 )
