@@ -118,7 +118,8 @@ class Transition:
         old: phase before.
         new: phase after.
         state: the new state.
-        at_ms: end of the quantum that caused it.
+        at_ms: end of the quantum that caused it (the wall clock for an idle settle).
+        idle: caused by the input going idle (:meth:`AlertBook.settle`), not a quantum.
     """
 
     rule: SlaRule
@@ -127,6 +128,7 @@ class Transition:
     new: Phase
     state: AlertState
     at_ms: int
+    idle: bool = False
 
     def to_json(self) -> dict[str, object]:
         """A structured log / MQTT object."""
@@ -140,6 +142,7 @@ class Transition:
             "threshold_ns": self.rule.threshold_ns,
             "value_ns": self.state.value_ns,
             "at_ms": self.at_ms,
+            "idle": self.idle,
         }
 
 
@@ -213,7 +216,7 @@ class AlertBook:
             else:
                 continue
             self.states[key] = new
-            out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms))
+            out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms, idle=True))
         return out
 
     def replace_rules(self, rules: tuple[SlaRule, ...]) -> str:

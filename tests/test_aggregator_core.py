@@ -265,7 +265,9 @@ def test_idle_withdraws_the_per_quantum_series_and_settles_the_alert() -> None:
         (): 0.0
     }
     assert snap.sla_breach[("p99-read", "")] == 0, "a run that ended is no breach"
-    assert [(t.old, t.new) for t in c.transitions[-1:]] == [(Phase.FIRING, Phase.RESOLVED)]
+    assert [(t.old, t.new, t.idle) for t in c.transitions[-1:]] == [
+        (Phase.FIRING, Phase.RESOLVED, True)
+    ]
     # Records again: active, and the next quanta bring the series back.
     c.on_records("h1", encode("h1", "s@1", 7, batch([clock.t + 1000 * i for i in range(1, 3)])))
     c.tick()
