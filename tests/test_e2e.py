@@ -4,8 +4,10 @@ Checks what an operator relies on: (a) every read fio completed is counted once,
 quantum's cluster p99 is, within fio's bin width, the exact p99 of fio's per-I/O latencies
 placed in quanta as fiomon places records (split in proportion to overlap), so the live
 path loses, doubles and distorts nothing; (b) every PromQL expression of the Grafana
-dashboard and of the alert rules returns data from a real Prometheus scraping the
-aggregator; (c) the SLA rule fires while one host's storage is slow, and resolves.
+dashboard (for each choice of its Direction variable) and of the alert rules returns data
+from a real Prometheus scraping the aggregator while the run is on, the heatmap counts
+each I/O once, and once the aggregator is idle its per-quantum series are stale; (c) the
+SLA rule fires while one host's storage is slow, and resolves.
 
 (a) used to compare with plain windows of the truth, allowing for the hosts' phases by
 shifting the window edges. On a loaded machine the hosts' phases land up to a few hundred
