@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import platform
 import threading
 import time
 from collections import Counter, deque
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from fiomon import __version__
 from fiomon.alerts import AlertBook, Transition
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout
@@ -115,6 +117,10 @@ class AggregatorCore:
         self.transitions: list[Transition] = []
         self.close_delays_ms: deque[int] = deque(maxlen=10_000)
         self.session_taken_over = False
+        self.broker_connected = False  # the service sets it as its MQTT session comes and goes
+        self.last_record_ms: int | None = None  # wall ms of the newest record received
+        self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
+        self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
         self.fit_skipped = 0
         self.replayed = 0
         self.published_ms: int | None = None  # every quantum ending by then is published
@@ -321,6 +327,9 @@ class AggregatorCore:
             label = self._host_label(agent)
             if not replay:
                 self._alive[agent] = now
+                self.last_record_ms = now
+                if label != OTHER_HOST:
+                    self.last_seen[label] = now
             if verdict is None:
                 continue
             if verdict.refused:
@@ -444,6 +453,9 @@ class AggregatorCore:
             stamp = min(t, now)
         if stamp > self._alive.get(topic_host, -_FAR):
             self._alive[topic_host] = stamp
+        label = self._host_label(topic_host)
+        if label != OTHER_HOST and stamp > self.last_seen.get(label, -_FAR):
+            self.last_seen[label] = stamp
         instance = doc.get("instance")
         if isinstance(instance, str) and not retained:
             prev = self.instances.get(topic_host)
@@ -507,18 +519,54 @@ class AggregatorCore:
 
     # -- closing ----------------------------------------------------------------------------
 
+    @property
+    def idle_after_ms(self) -> int:
+        """No records for this long (``2 x lateness``, ms) is idle.
+
+        The last quanta closed ``lateness`` after the last record and were shown for
+        another ``lateness``; then the per-quantum series go.
+        """
+        return 2 * self.cfg.lateness_ms
+
     def tick(self) -> list[ClosedQuantum]:
         """Merge what is queued and close what may close; returns the closed rows."""
         now = self.now_ms()
         self._drain(now, force=False)
-        if self.engine is None:
-            return []
-        mark = self.watermark.close_through(now)
-        rows = self.engine.close_through(mark)
-        if rows:
-            self._closed(rows, now, mark)
-        self._release()
+        rows: list[ClosedQuantum] = []
+        if self.engine is not None:
+            mark = self.watermark.close_through(now)
+            rows = self.engine.close_through(mark)
+            if rows:
+                self._closed(rows, now, mark)
+            self._release()
+        self._idle_check(now)
         return rows
+
+    def _idle_check(self, now: int) -> None:
+        """Idle is a state: entering it withdraws the per-quantum gauges and settles alerts.
+
+        A benchmark that stopped is no breach in progress: firing SLA alerts resolve
+        (and pending ones drop) when the input goes idle, as Prometheus resolves an alert
+        whose series went away.
+        """
+        last = self.last_record_ms
+        active = last is not None and now - last < self.idle_after_ms
+        if active == self.active:
+            return
+        self.active = active
+        if active:
+            log.info("records arrive: active")
+        else:
+            settled = self.alerts.settle(now)
+            self.transitions.extend(settled)
+            for t in settled:
+                log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+            log.info(
+                "no records for %d ms: idle (per-quantum series withdrawn from /metrics%s)",
+                self.idle_after_ms,
+                f", {len(settled)} SLA alerts settled" if settled else "",
+            )
+        self.snapshot = self._build(now)
 
     def _start_engine(self, now: int, *, force: bool = False) -> bool:
         """Create the engine once the phase is known (auto: from the first records)."""
@@ -660,6 +708,11 @@ class AggregatorCore:
             streams=len(self.tracker),
             open_quanta=engine.open_quanta if engine is not None else None,
             session_taken_over=self.session_taken_over,
+            broker_connected=self.broker_connected,
+            active=self.active,
+            last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
+            version=__version__,
+            python=platform.python_version(),
         )
         return build_snapshot(self.counts, self.gauges, health, self.alerts)
 
@@ -698,7 +751,7 @@ class AggregatorCore:
                     if self.buckets is not None and r.threshold_ns / 1e9 not in edges:
                         log.warning(
                             "reload: rule %s's threshold %g ms is not a bucket edge of "
-                            "fiomon_cluster_latency_histogram_seconds until the next start "
+                            "fiomon_cluster_io_latency_seconds until the next start "
                             "(buckets cannot change in a running counter)",
                             r.name,
                             r.threshold_ns / 1e6,

@@ -118,7 +118,8 @@ class Transition:
         old: phase before.
         new: phase after.
         state: the new state.
-        at_ms: end of the quantum that caused it.
+        at_ms: end of the quantum that caused it (the wall clock for an idle settle).
+        idle: caused by the input going idle (:meth:`AlertBook.settle`), not a quantum.
     """
 
     rule: SlaRule
@@ -127,6 +128,7 @@ class Transition:
     new: Phase
     state: AlertState
     at_ms: int
+    idle: bool = False
 
     def to_json(self) -> dict[str, object]:
         """A structured log / MQTT object."""
@@ -140,6 +142,7 @@ class Transition:
             "threshold_ns": self.rule.threshold_ns,
             "value_ns": self.state.value_ns,
             "at_ms": self.at_ms,
+            "idle": self.idle,
         }
 
 
@@ -195,6 +198,27 @@ class AlertBook:
                 out.append(Transition(rule, r.host, old.phase, new.phase, new, end_ms))
         return out
 
+    def settle(self, at_ms: int) -> list[Transition]:
+        """The input went idle: firing alerts resolve, pending ones drop (no evidence left).
+
+        Returns the transitions (firing -> resolved, pending -> inactive).
+        """
+        out: list[Transition] = []
+        rules = {r.name: r for r in self.rules}
+        for key, st in list(self.states.items()):
+            rule = rules.get(key[0])
+            if rule is None:
+                continue
+            if st.phase is Phase.FIRING:
+                new = replace(st, phase=Phase.RESOLVED, breaching=0, since_ms=at_ms)
+            elif st.phase is Phase.PENDING:
+                new = replace(st, phase=Phase.INACTIVE, breaching=0, since_ms=at_ms)
+            else:
+                continue
+            self.states[key] = new
+            out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms, idle=True))
+        return out
+
     def replace_rules(self, rules: tuple[SlaRule, ...]) -> str:
         """Take new rules (a reload): unchanged rules keep their states, others start over.
 
@@ -239,8 +263,20 @@ class AlertBook:
         ]
 
 
+# Where deploy/README.md installs the docs; sites point it at their own wiki.
+RUNBOOK = "/opt/fiomon/share/fiomon/docs/metrics.md#fiomonslabreach"
+SEVERITY = "page"  # an SLA breach pages, as the shipped Prometheus rule does
+
+
 def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
-    labels = {"alertname": "FiomonSLA", "rule": rule.name, "direction": rule.direction}
+    # The name and labels of the Prometheus rule on fiomon_sla_breach, so the two paths
+    # (use one: deploy/README.md) name one incident alike.
+    labels = {
+        "alertname": "FiomonSLABreach",
+        "rule": rule.name,
+        "direction": rule.direction,
+        "severity": SEVERITY,
+    }
     if host:
         labels["host"] = host
     return labels
@@ -253,12 +289,17 @@ def alertmanager_payload(
     now = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat()
     out: list[dict[str, Any]] = []
     for rule, host, state in book.firing():
+        scope = f"host {host}" if host else "cluster"
         out.append(
             {
                 "labels": _labels(rule, host),
                 "annotations": {
                     "summary": f"p{rule.percentile:g} {rule.direction} latency above "
                     f"{rule.threshold_ns / 1e6:g} ms",
+                    "description": f"fiomon SLA rule {rule.name}: the {scope} p"
+                    f"{rule.percentile:g} {rule.direction} latency stayed above "
+                    f"{rule.threshold_ns / 1e6:g} ms for {rule.for_quanta} quanta",
+                    "runbook_url": RUNBOOK,
                     "value_ms": f"{(state.value_ns or 0) / 1e6:.3f}",
                 },
                 "startsAt": datetime.fromtimestamp((state.fired_ms or 0) / 1000, UTC).isoformat(),

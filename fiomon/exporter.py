@@ -13,13 +13,19 @@ and a deep listen backlog (waiting scrapers queue in the kernel, not in Python).
 tests check that :func:`render` gives byte for byte what ``generate_latest`` gives for it.
 A sample of what it exports::
 
-    # HELP fiomon_cluster_latency_seconds Cluster-wide latency percentile of the last ...
-    # TYPE fiomon_cluster_latency_seconds gauge
-    fiomon_cluster_latency_seconds{direction="read",quantile="0.99"} 0.00081
-    # TYPE fiomon_cluster_latency_histogram_seconds histogram
-    fiomon_cluster_latency_histogram_seconds_bucket{direction="read",le="0.005"} 123456.0
+    # HELP fiomon_cluster_latency_percentile_seconds Cluster-wide latency percentile of ...
+    # TYPE fiomon_cluster_latency_percentile_seconds gauge
+    fiomon_cluster_latency_percentile_seconds{direction="read",percentile="99"} 0.00081
+    # TYPE fiomon_cluster_io_latency_seconds histogram
+    fiomon_cluster_io_latency_seconds_bucket{direction="read",le="0.005"} 123456.0
     # TYPE fiomon_sla_breach gauge
-    fiomon_sla_breach{rule="p99-read"} 0.0
+    fiomon_sla_breach{host="",rule="p99-read"} 0.0
+
+Names follow Prometheus' conventions (``promtool check metrics`` finds nothing): the
+per-quantum percentiles are gauges with a ``percentile`` label (``"99"``, ``"99.9"``, the
+quanta file's keys), since ``quantile`` is reserved for summaries; the full contract is
+``docs/metrics.md``. While the aggregator is idle (no records for ``2 x lateness``) the
+snapshot holds no per-quantum series at all, so they vanish from ``/metrics``.
 
 Bucket edges are about four per octave from 1 us to fio's cap, plus every SLA threshold
 exactly. A fio bin that straddles an edge is split linearly, as percentiles are
@@ -54,6 +60,10 @@ from fiomon.bins import BinLayout
 F64 = npt.NDArray[np.float64]
 log = logging.getLogger("fiomon.exporter")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The per-quantum families (docs/metrics.md; the README's migration note has the old names).
+CLUSTER_LATENCY = "fiomon_cluster_latency_percentile_seconds"
+HOST_LATENCY = "fiomon_host_latency_percentile_seconds"
+LATENCY_HISTOGRAM = "fiomon_cluster_io_latency_seconds"
 
 
 def bucket_edges_s(layout: BinLayout, thresholds_ns: Sequence[float] = ()) -> F64:
@@ -119,8 +129,8 @@ class Snapshot:
 
     Args:
         quantum_end_s: end of the quantum the latency gauges describe (epoch s).
-        cluster: ``(direction, quantile) -> seconds`` (quantile as in ``0.99``).
-        hosts: ``(host, direction, quantile) -> seconds``.
+        cluster: ``(direction, percentile) -> seconds`` (percentile as in ``"99.9"``).
+        hosts: ``(host, direction, percentile) -> seconds``.
         edges_s: bucket edges of the histogram.
         buckets: ``direction -> (cumulative counts, total, sum seconds)``.
         sla_breach: ``(rule, host or "") -> 0/1``.
@@ -166,17 +176,17 @@ class FiomonCollector:
         """The metric families of the current snapshot."""
         s = self.current()
         g = GaugeMetricFamily(
-            "fiomon_cluster_latency_seconds",
+            CLUSTER_LATENCY,
             "Cluster-wide latency percentile of the last closed quantum.",
-            labels=["direction", "quantile"],
+            labels=["direction", "percentile"],
         )
         for (d, q), v in sorted(s.cluster.items()):
             g.add_metric([d, q], v)
         yield g
         h = GaugeMetricFamily(
-            "fiomon_host_latency_seconds",
+            HOST_LATENCY,
             "Per-host latency percentile of the last closed quantum (hosts capped).",
-            labels=["host", "direction", "quantile"],
+            labels=["host", "direction", "percentile"],
         )
         for (host, d, q), v in sorted(s.hosts.items()):
             h.add_metric([host, d, q], v)
@@ -188,7 +198,7 @@ class FiomonCollector:
                 value=s.quantum_end_s,
             )
         hist = HistogramMetricFamily(
-            "fiomon_cluster_latency_histogram_seconds",
+            LATENCY_HISTOGRAM,
             "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
             labels=["direction"],
         )
@@ -322,21 +332,17 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
     """
     w = _Writer({} if prefixes is None else prefixes, max_prefixes=1_000_000)
     w.head(
-        "fiomon_cluster_latency_seconds",
+        CLUSTER_LATENCY,
         "gauge",
         "Cluster-wide latency percentile of the last closed quantum.",
     )
-    w.samples(
-        "fiomon_cluster_latency_seconds", ("direction", "quantile"), sorted(s.cluster.items())
-    )
+    w.samples(CLUSTER_LATENCY, ("direction", "percentile"), sorted(s.cluster.items()))
     w.head(
-        "fiomon_host_latency_seconds",
+        HOST_LATENCY,
         "gauge",
         "Per-host latency percentile of the last closed quantum (hosts capped).",
     )
-    w.samples(
-        "fiomon_host_latency_seconds", ("host", "direction", "quantile"), sorted(s.hosts.items())
-    )
+    w.samples(HOST_LATENCY, ("host", "direction", "percentile"), sorted(s.hosts.items()))
     if s.quantum_end_s is not None:
         w.head(
             "fiomon_quantum_end_timestamp_seconds",
@@ -344,7 +350,7 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
             "End of the quantum the latency gauges describe (Unix time).",
         )
         w.samples("fiomon_quantum_end_timestamp_seconds", (), [((), s.quantum_end_s)])
-    name = "fiomon_cluster_latency_histogram_seconds"
+    name = LATENCY_HISTOGRAM
     w.head(
         name,
         "histogram",

@@ -10,7 +10,8 @@ Counters start from 0 in every process (a restart resets them, which ``rate()`` 
 ``increase()`` handle); every label value that can occur is present from the start, at 0,
 so alerts see a series before its first increment.
 
-Names and meanings (DESIGN.md "Prometheus metrics"; ``docs/`` once issue 12 lands)::
+Names and meanings: ``docs/metrics.md`` (the contract; the README's migration note lists
+the names before issue 12)::
 
     # TYPE fiomon_records_total counter
     fiomon_records_total{result="received"} 1.2e+06
@@ -70,9 +71,19 @@ Key = tuple[str, str, tuple[str, ...]]  # (metric name, help, label names)
 Table = dict[tuple[str, ...], float]
 
 SATURATED = (
-    "fiomon_cluster_latency_saturated",
+    "fiomon_cluster_latency_percentile_saturated",
     "1 if the percentile fell in fio's last bin (the value is a lower bound).",
-    ("direction", "quantile"),
+    ("direction", "percentile"),
+)
+BUILD_INFO = (
+    "fiomon_build_info",
+    "Always 1; the labels say which fiomon and Python run.",
+    ("version", "python"),
+)
+SLA_THRESHOLD = (
+    "fiomon_sla_threshold_seconds",
+    "The SLA rule's threshold (the aggregator's configuration, for dashboards).",
+    ("rule", "direction", "percentile"),
 )
 TAIL_SHARE = (
     "fiomon_cluster_tail_share",
@@ -94,11 +105,6 @@ THROUGHPUT = (
     "Bytes per second of the last closed quantum, cluster-wide.",
     ("direction",),
 )
-
-
-def quantile_label(q: float) -> str:
-    """``99`` -> ``0.99``, ``99.9`` -> ``0.999`` (Prometheus' quantile convention)."""
-    return f"{q / 100:.6f}".rstrip("0").rstrip(".")
 
 
 @dataclass(slots=True)
@@ -151,12 +157,23 @@ class Health:
         streams: streams tracked for dedup.
         open_quanta: quanta open now (None before the engine exists).
         session_taken_over: 1 while another client holds our MQTT session.
+        broker_connected: whether the MQTT session is up now.
+        active: records arrived within the idle time (``2 x lateness``); while False
+            the per-quantum series are left out (Prometheus marks them stale).
+        last_seen_s: host label -> when its last records or online status came (epoch s).
+        version: fiomon's version (``fiomon_build_info``).
+        python: the interpreter's version.
     """
 
     hosts_up: int = 0
     streams: int = 0
     open_quanta: int | None = None
     session_taken_over: bool = False
+    broker_connected: bool = False
+    active: bool = False
+    last_seen_s: Mapping[str, float] = field(default_factory=dict)
+    version: str = ""
+    python: str = ""
 
 
 @dataclass(slots=True)
@@ -209,7 +226,8 @@ class QuantumGauges:
                     self.buckets.add(r.direction, r.hist, r.stats.mean_ns)
         last = ends[-1]
         self.quantum_end_s = last / 1000.0
-        labels = [(q, pct_key(q), quantile_label(q)) for q in self.percentiles]
+        # The percentile label is the quanta file's key ("99", "99.9"): legends read p99.
+        labels = [(q, pct_key(q), pct_key(q)) for q in self.percentiles]
         cluster: dict[tuple[str, str], float] = {}
         hosts: dict[tuple[str, str, str], float] = {}
         saturated: Table = {}
@@ -322,17 +340,42 @@ def build_snapshot(
             "1 while another client holds our MQTT session (this aggregator stopped reading).",
             (),
         ): {(): float(health.session_taken_over)},
-        SATURATED: dict(gauges.saturated),
-        IOPS: dict(gauges.iops),
-        THROUGHPUT: dict(gauges.throughput),
+        (
+            "fiomon_broker_connected",
+            "1 while the aggregator's MQTT session with the broker is up.",
+            (),
+        ): {(): float(health.broker_connected)},
+        (
+            "fiomon_benchmark_active",
+            "1 while records arrive (within 2 x lateness); 0 when idle between runs.",
+            (),
+        ): {(): float(health.active)},
+        BUILD_INFO: {(health.version, health.python): 1.0},
+        (
+            "fiomon_host_last_seen_timestamp_seconds",
+            "When the host's last records or online status arrived (Unix time; max_hosts).",
+            ("host",),
+        ): {(h,): t for h, t in health.last_seen_s.items()},
+        SLA_THRESHOLD: {
+            (r.name, r.direction, pct_key(r.percentile)): r.threshold_ns / 1e9 for r in alerts.rules
+        },
     }
-    if gauges.fit_tail:
-        gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
-        gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
+    if health.active:
+        # Idle withdraws these: a benchmark that ended has no "current" percentile.
+        gauges_out[SATURATED] = dict(gauges.saturated)
+        gauges_out[IOPS] = dict(gauges.iops)
+        gauges_out[THROUGHPUT] = dict(gauges.throughput)
+        if gauges.fit_tail:
+            gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
+            gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
     if health.open_quanta is not None:
         gauges_out[("fiomon_open_quanta", "Quanta open now.", ())] = {(): float(health.open_quanta)}
     firing = {(r.name, h or ""): 1 for r, h, _ in alerts.firing()}
     breach = {(name, host or ""): firing.get((name, host or ""), 0) for name, host in alerts.states}
+    # Every rule has its cluster-scope series from the start (0): an alert sees it at once.
+    for r in alerts.rules:
+        if r.scope == "cluster":
+            breach.setdefault((r.name, ""), 0)
     histograms = {
         (
             "fiomon_quantum_close_delay_seconds",
@@ -348,8 +391,8 @@ def build_snapshot(
     return Snapshot(
         histograms=histograms,
         quantum_end_s=gauges.quantum_end_s,
-        cluster=dict(gauges.cluster),
-        hosts=gauges.hosts,  # replaced, never changed, at each close
+        cluster=dict(gauges.cluster) if health.active else {},
+        hosts=gauges.hosts if health.active else {},  # replaced, never changed, at each close
         edges_s=tuple(b.edges_s.tolist()) if b else (),
         buckets=b.frozen() if b else {},
         sla_breach=breach,

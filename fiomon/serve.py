@@ -360,6 +360,7 @@ async def _mqtt_loop(svc: _Service) -> None:
         try:
             async with client:
                 core.watermark.connected(core.now_ms())
+                core.broker_connected = True
                 backoff.reset()
                 topics = svc.topics
                 for t in (topics.all_records, topics.all_status, svc.presence_topic):
@@ -389,6 +390,7 @@ async def _mqtt_loop(svc: _Service) -> None:
         except aiomqtt.MqttError as exc:
             log.warning("broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
         core.watermark.disconnected(core.now_ms())
+        core.broker_connected = False
         if svc.taken_over():
             break
         await _wait(svc.stop, backoff.next())

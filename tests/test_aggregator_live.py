@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import sys
 import time
 import urllib.request
@@ -322,8 +323,9 @@ def _scrape(port: int, timeout: float = 20) -> dict[tuple[str, tuple[tuple[str, 
 
 @pytest.mark.fio
 async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
-    mosquitto: Mosquitto, tmp_path: Path, fio_bin: str
+    mosquitto: Mosquitto, tmp_path: Path, fio_bin: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="fiomon.aggregator")
     port = free_port()
     cfg = AggregatorConfig(
         broker=BrokerConfig(port=mosquitto.port),
@@ -365,8 +367,8 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
             p99.append(
                 m.get(
                     (
-                        "fiomon_cluster_latency_seconds",
-                        (("direction", "read"), ("quantile", "0.99")),
+                        "fiomon_cluster_latency_percentile_seconds",
+                        (("direction", "read"), ("percentile", "99")),
                     ),
                     -1,
                 )
@@ -402,6 +404,14 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
     assert worst > 2e6 > best
     assert 1.0 in breach, "the SLA rule fired"
     assert breach[-1] == 0.0, "and resolved"
+    # How: by clear quanta (the hysteresis) or, if the run ended first, by going idle.
+    moves = [
+        json.loads(r.getMessage()[4:])
+        for r in caplog.records
+        if r.name == "fiomon.aggregator" and r.getMessage().startswith("sla {")
+    ]
+    print("sla transitions:", [(t["from"], t["to"], t["idle"]) for t in moves])
+    assert [t["to"] for t in moves if t["to"] in ("firing", "resolved")] == ["firing", "resolved"]
     assert final[("fiomon_sla_breaches_total", (("rule", "p99-read"),))] == 1.0
     assert {r["host"] for r in rows if r["scope"] == "host"} == set(hosts)
 

@@ -29,9 +29,35 @@ def _run(*cmd: str, cwd: Path) -> str:
 
 def test_rules_check_and_unit_tests_pass(promtool: str) -> None:
     out = _run(promtool, "check", "rules", "fiomon.rules.yml", cwd=DEPLOY / "prometheus")
-    assert "SUCCESS: 9 rules found" in out
+    assert "SUCCESS: 12 rules found" in out
+    # breach -> one alert; 10 minutes idle -> none; aggregator down -> the down alert only
     out = _run(promtool, "test", "rules", "fiomon.rules_test.yml", cwd=DEPLOY / "prometheus")
     assert "SUCCESS" in out
+
+
+def test_every_alert_has_a_severity_and_a_runbook() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "fiomon.rules.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) == 11
+    for r in alerts:
+        assert r["labels"]["severity"] in ("page", "ticket"), r["alert"]
+        assert r["annotations"]["summary"], r["alert"]
+        assert r["annotations"]["runbook_url"].endswith("#" + r["alert"].lower()), r["alert"]
+    # One alert per concern: the SLA comes from the aggregator's state machine only.
+    sla = [r["alert"] for r in alerts if "latency" in r["expr"] or "sla" in r["expr"]]
+    assert sla == ["FiomonSLABreach"]
+    runbook = (DEPLOY.parent / "docs" / "metrics.md").read_text().lower()
+    for r in alerts:
+        assert f"### {r['alert'].lower()}" in runbook, f"no runbook for {r['alert']}"
+
+
+def test_shipped_config_sends_alerts_and_scrapes_once_per_quantum() -> None:
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (am,) = cfg["alerting"]["alertmanagers"]
+    assert am["static_configs"][0]["targets"] == ["localhost:9093"]
+    (job,) = cfg["scrape_configs"]
+    agg = yaml.safe_load((DEPLOY.parent / "config" / "aggregator.example.yaml").read_text())
+    assert job["scrape_interval"] == agg.get("quantum", "1s")
 
 
 def test_scrape_config_checks(promtool: str, tmp_path: Path) -> None:
@@ -69,6 +95,22 @@ def test_dashboard_structure() -> None:
     for needed in ("percentiles", "heatmap", "top 10 hosts", "iops", "throughput", "health"):
         assert needed in titles, needed
     assert any(p["type"] == "heatmap" for p in dash["panels"])
+    # Direction: "All" is fiomon's combined direction, never read + write + all summed
+    # (which doubled the heatmap); the options are the single directions.
+    direction = variables["direction"]
+    assert direction["allValue"] == "all"
+    assert "all" not in direction["query"].split(",")
+    assert variables["host"]["type"] == "query"
+    assert "fiomon_host_last_seen_timestamp_seconds" in variables["host"]["definition"]
+    targets = [t for p in dash["panels"] for t in p["targets"]]
+    assert not any("quantile}}" in t.get("legendFormat", "") for t in targets), "legend p0.99"
+    assert any("$host" in t["expr"] for t in targets)
+    # The SLA line comes from the aggregator's configuration, not a number in the JSON.
+    (latency,) = [p for p in dash["panels"] if "percentiles" in p["title"].lower()]
+    assert "thresholds" not in latency["fieldConfig"]["defaults"]
+    assert any("fiomon_sla_threshold_seconds" in t["expr"] for t in latency["targets"])
+    (top,) = [p for p in dash["panels"] if "top 10 hosts" in p["title"].lower()]
+    assert top["targets"][0]["expr"].startswith("topk by (direction) (10,")
     assert dash["annotations"]["list"][0]["expr"]
     for f in (DEPLOY / "grafana" / "provisioning").rglob("*.yml"):
         doc = yaml.safe_load(f.read_text())
@@ -91,10 +133,12 @@ def test_every_expression_parses(promtool: str, tmp_path: Path) -> None:
     _run(promtool, "check", "rules", str(f), cwd=tmp_path)
 
 
-def _grafana_to_promql(expr: str, rate_interval: str = "1m") -> str:
-    """A dashboard query with Grafana's variables filled in."""
+def _grafana_to_promql(
+    expr: str, rate_interval: str = "1m", direction: str = "read|write", host: str = ".*"
+) -> str:
+    """A dashboard query with Grafana's variables filled in (regex values, as Grafana's)."""
     return (
         expr.replace("$__rate_interval", rate_interval)
-        .replace('=~"$direction"', '=~"read|write"')
-        .replace("$direction", "read")
+        .replace("$direction", direction)
+        .replace("$host", host)
     )

@@ -4,8 +4,10 @@ Checks what an operator relies on: (a) every read fio completed is counted once,
 quantum's cluster p99 is, within fio's bin width, the exact p99 of fio's per-I/O latencies
 placed in quanta as fiomon places records (split in proportion to overlap), so the live
 path loses, doubles and distorts nothing; (b) every PromQL expression of the Grafana
-dashboard and of the alert rules returns data from a real Prometheus scraping the
-aggregator; (c) the SLA rule fires while one host's storage is slow, and resolves.
+dashboard (for each choice of its Direction variable) and of the alert rules returns data
+from a real Prometheus scraping the aggregator while the run is on, the heatmap counts
+each I/O once, and once the aggregator is idle its per-quantum series are stale; (c) the
+SLA rule fires while one host's storage is slow, and resolves.
 
 (a) used to compare with plain windows of the truth, allowing for the hosts' phases by
 shifting the window edges. On a loaded machine the hosts' phases land up to a few hundred
@@ -21,6 +23,7 @@ import json
 import re
 import shutil
 import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -31,7 +34,7 @@ import numpy.typing as npt
 import pytest
 
 from fiomon.sources import FileSource, SourceOptions
-from tests.conftest import DEADLINE_S, Mosquitto, free_port
+from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.groundtruth import Truth, relative_errors
 from tests.test_deploy_prometheus import _grafana_to_promql, dashboard_exprs, rule_exprs
 
@@ -77,8 +80,12 @@ def fio_command(tmp: Path, host: str) -> list[str]:
     ]  # fmt: skip
 
 
-def query(port: int, expr: str) -> list[dict[str, object]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+def query(port: int, expr: str, at: float | None = None) -> list[dict[str, object]]:
+    """An instant query, now or ``at`` a Unix time (s)."""
+    params: dict[str, str | float] = {"query": expr}
+    if at is not None:
+        params["time"] = at
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
     with urllib.request.urlopen(url, timeout=10) as r:
         doc = json.loads(r.read())
     assert doc["status"] == "success", (expr, doc)
@@ -178,6 +185,9 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
         while (got := await asyncio.to_thread(received, metrics_port)) < records:
             assert asyncio.get_running_loop().time() < deadline, f"{got} of {records} records"
             await asyncio.sleep(0.5)
+        # The per-quantum series are withdrawn 2 x lateness after the last record (idle):
+        # the dashboard's queries are asked about this moment, when the run was on.
+        active_at = time.time() - 1.0
         # Agents publish the last dumps, lateness closes the last quanta, the alert clears
         # and Prometheus scrapes that: wait for it (the asserts below say what is missing).
         deadline = asyncio.get_running_loop().time() + DEADLINE_S
@@ -190,16 +200,29 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
             if resolved:
                 break
             await asyncio.sleep(0.5)
-        # (b) every expression of the dashboard and of the rules returns data.
+        # (b) every expression of the dashboard and of the rules returns data, for each
+        # choice of the Direction variable (Grafana's All is the direction "all").
         empty = []
         # (an alert or annotation condition is checked without its comparison: its series
         # must exist, whether or not the condition holds right now)
-        for expr in [lhs(_grafana_to_promql(e, "10s")) for e in dashboard_exprs()] + [
-            lhs(e) for e in rule_exprs()
-        ]:
-            if not await asyncio.to_thread(query, prom_port, expr):
-                empty.append(expr)
+        for direction in ("read|write", "read", "all"):
+            for expr in [
+                lhs(_grafana_to_promql(e, "10s", direction)) for e in dashboard_exprs()
+            ] + [lhs(e) for e in rule_exprs()]:
+                if direction == "all" and "fiomon_sla_threshold_seconds" in expr:
+                    continue  # the only SLA rule is on reads: no line over "all"
+                if not await asyncio.to_thread(query, prom_port, expr, active_at):
+                    empty.append(expr)
         assert not empty, f"no data for: {empty}"
+        heatmap = await asyncio.to_thread(heatmap_totals, prom_port, active_at)
+        # The idle state: the aggregator withdrew the per-quantum series, Prometheus marks
+        # them stale, and the alert rules see no incident.
+        await until(
+            lambda: query(prom_port, "fiomon_benchmark_active == 0"), what="Prometheus sees idle"
+        )
+        stale = await asyncio.to_thread(
+            query, prom_port, "fiomon_cluster_latency_percentile_seconds"
+        )
         # (c) the SLA fired while client-01 was slow, and resolved.
         fired = await asyncio.to_thread(
             query,
@@ -220,6 +243,13 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
     assert float(total[0]["value"][1]) == 1.0, p99_ms  # type: ignore[index]
     assert float(now[0]["value"][1]) == 0.0  # type: ignore[index]
     assert fired and float(fired[0]["value"][1]) == 1.0, "Prometheus saw the alert fire"  # type: ignore[index]
+    assert not stale, "per-quantum series are stale once idle"
+    # The heatmap counts each I/O once whatever the Direction: All ("all") and read + write
+    # + trim give the same I/Os, which are the histogram's own count; no panel doubles.
+    counted_io = heatmap["count"]
+    assert counted_io > 0
+    assert heatmap["all"] == pytest.approx(counted_io, rel=1e-9)
+    assert heatmap["read|write|trim"] == pytest.approx(counted_io, rel=1e-9)
     # (a) Every read fio completed is counted once, and each quantum's p99 is the exact p99
     # of the true latencies placed the way fiomon places records.
     placed, counted, completed = placed_truth(tmp_path, cluster)
@@ -248,6 +278,36 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
     # fio's fine bins are 1/64 of an octave wide: the interpolated p99 stays in the bin of
     # the exact one.
     assert max(checked) <= 0.02
+
+
+def heatmap_totals(port: int, at: float) -> dict[str, float]:
+    """The heatmap query's I/Os (its ``+Inf`` bucket) per Direction choice, and the truth.
+
+    Summed over the last minute at ``at``; ``count`` is the increase of the histogram's
+    ``_count`` for direction "all" (every I/O once).
+    """
+    (heatmap,) = [e for e in dashboard_exprs() if "fiomon_cluster_io_latency_seconds_bucket" in e]
+    out: dict[str, float] = {}
+    for direction in ("all", "read|write|trim"):
+        rows = query(port, _grafana_to_promql(heatmap, "1m", direction), at)
+        out[direction] = sum(_value(r) for r in rows if _labels(r)["le"] == "+Inf")
+    (count,) = query(
+        port, 'sum(increase(fiomon_cluster_io_latency_seconds_count{direction="all"}[1m]))', at
+    )
+    out["count"] = _value(count)
+    return out
+
+
+def _value(row: dict[str, object]) -> float:
+    value = row["value"]
+    assert isinstance(value, list)
+    return float(value[1])
+
+
+def _labels(row: dict[str, object]) -> dict[str, str]:
+    labels = row["metric"]
+    assert isinstance(labels, dict)
+    return labels
 
 
 def stream_records(tmp: Path) -> int:

@@ -18,8 +18,8 @@ def rich_snapshot() -> Snapshot:
     """Every kind of family, hostile label values, values Go formats differently."""
     return Snapshot(
         quantum_end_s=1_795_000_123.0,
-        cluster={("read", "0.99"): 0.00081, ("write", "0.5"): 1.5e-05},
-        hosts={(h, "read", "0.99"): 0.001 * i for i, h in enumerate(HOSTS)},
+        cluster={("read", "99"): 0.00081, ("write", "50"): 1.5e-05},
+        hosts={(h, "read", "99.9"): 0.001 * i for i, h in enumerate(HOSTS)},
         edges_s=(1e-06, 0.005, 17.0),
         buckets={"read": ((1.0, 2_000_000.0, 3e9), 3e9, 12.5)},
         sla_breach={("p99-read", ""): 1, ("p99-host", "h1"): 0},
