@@ -3,10 +3,11 @@
 A heatmap row per fio bin (1856 of them) would be unreadable and large, so the charts use
 fixed, layout-independent buckets whose edges are ``2**n`` and ``1.5 * 2**n`` ns: bucket
 ``k`` is ``[edge(k), edge(k + 1))`` with ``edge(2m) = 2**m`` and ``edge(2m + 1) = 1.5 *
-2**m``. These are exact fio bin edges for every layout up to coarseness 5 (a group of 64
-fine bins starts at ``2**m`` and its 33rd bin at ``1.5 * 2**m``), so a bin's count falls
-wholly in one bucket; at coarseness 6 the half-octave edge lies inside a bin and the
-bin is assigned by its lower edge (the bucket then reads up to half an octave low).
+2**m``. From 64 ns up these are exact fio bin edges for every layout up to coarseness 5 (a group
+of 64 fine bins starts at ``2**m`` and its 33rd bin at ``1.5 * 2**m``), so a bin's count
+falls wholly in one bucket; below 64 ns (coarse bins of a few ns, where no storage I/O
+completes) and at coarseness 6, a bin can straddle a half-octave edge and is assigned by
+its lower edge (its bucket then reads up to half an octave low).
 fio 3's 1856 bins give 69 buckets, from 1 ns to the cap (about 17 s).
 
 The counts are the (overlap-weighted) I/O counts of a quantum, so the heatmap's colour is
