@@ -240,7 +240,8 @@
       },
       grid: { left: 90, right: 90, top: 10, bottom: 50 },
       xAxis: { type: "category", data: xs, axisLabel: { hideOverlap: true } },
-      yAxis: { type: "category", data: ys, name: yname, axisLabel: { interval: "auto", hideOverlap: true } },
+      // At most about 16 labels: a category axis would print every row's.
+      yAxis: { type: "category", data: ys, name: yname, axisLabel: { interval: Math.max(0, Math.ceil(ys.length / 16) - 1) } },
       visualMap: {
         min: lo, max: hi === lo ? lo + 1 : hi, calculable: true, orient: "vertical",
         right: 0, top: "center", itemHeight: 160,
