@@ -67,9 +67,7 @@ def test_since_is_parsed_strictly() -> None:
 
 def test_status_lists_every_rule_even_before_it_saw_data() -> None:
     rule = SlaRule("p99-read", "read", 99.0, 5e6)
-    st = status_of(
-        now_ms=1, hosts_up=2, received=3, late=4, lost=5, rules=[rule], alerts=[]
-    )
+    st = status_of(now_ms=1, hosts_up=2, received=3, late=4, lost=5, rules=[rule], alerts=[])
     assert st["sla"] == [
         {
             "rule": "p99-read",
