@@ -8,8 +8,9 @@ Two halves, one per process:
   those, the SLA state and the counters into the :class:`LiveView` that rides on each
   metrics snapshot to the ``/metrics`` child process.
 * :class:`LiveStore` lives in that child. It merges each view's recent quanta into a
-  ring bounded by time (``window_s``, default 15 min) and by bytes
-  (:data:`MAX_STORE_BYTES`), and answers ``GET /api/v1/quanta?since=MS`` by joining the
+  ring bounded by time (``window_s``, default 15 min, for cluster rows;
+  ``host_window_s``, 2 min, for host rows) and by bytes (:data:`MAX_STORE_BYTES`), and
+  answers ``GET /api/v1/quanta?since=MS`` by joining the
   stored bytes of every quantum that ends after ``since``. A page view therefore costs
   the aggregator nothing: no encoding, no lock, no work on its event loop.
 
@@ -24,15 +25,18 @@ starts with an empty ring (the page then shows history from that moment on).
 ``GET /api/v1/quanta`` answers::
 
     {"meta": {"percentiles": ["50", ...], "sla_ns": [...], "quantum_ms": 1000,
-              "window_s": 900, "relative": false},
+              "window_s": 900, "host_window_s": 120, "relative": false},
      "status": {"time_ms", "hosts_up", "records_received", "late_records",
                 "lost_records", "host_rows_cap", "sla": [{"rule", "direction",
                 "percentile", "threshold_ns", "host", "state", "value_ns"}]},
      "quanta": [closed-quantum objects ending after since, oldest first]}
 
-Host rows are kept for at most :data:`MAX_LIVE_HOSTS` hosts per quantum (by name): the
-page's host heatmap is for spotting one slow host among tens, and the cost of encoding
-stays bounded on clusters of a thousand.
+Host rows are kept for at most :data:`MAX_LIVE_HOSTS` hosts per quantum (by name) and
+for the last 2 minutes only: the page's host heatmap is for spotting one slow host among
+tens right now, and a browser should not have to hold 15 minutes x hosts x directions of
+rows (the quanta file and ``fiomon plot`` have the whole run). This bounds the encoding
+on the aggregator, each snapshot's size and the page's first fetch on clusters of a
+thousand hosts.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from fiomon.windows import ClosedQuantum
 
 RECENT_MS = 5000  # each snapshot carries the quanta that closed over about this long
 MAX_RECENT = 16
-MAX_LIVE_HOSTS = 256  # host rows per quantum on the live page
+MAX_LIVE_HOSTS = 64  # host rows per quantum on the live page
+DEFAULT_HOST_WINDOW_S = 120
 MAX_STORE_BYTES = 64 << 20  # the child's ring, whatever the window
 DEFAULT_WINDOW_S = 900
 
@@ -64,32 +69,35 @@ class LiveView:
     """What the live page shows, as of one snapshot (immutable; pickled to the child).
 
     Args:
-        recent: ``(end_ms, rows as comma-joined JSON objects)`` of the newest quanta.
+        recent: ``(end_ms, cluster rows, host rows)`` of the newest quanta, each as
+            comma-joined JSON objects.
         meta: the ``meta`` JSON object (bytes).
         status: the ``status`` JSON object (bytes).
-        window_s: how much history the child keeps.
+        window_s: how much history of cluster rows the child keeps.
+        host_window_s: the same for host rows.
     """
 
-    recent: tuple[tuple[int, bytes], ...]
+    recent: tuple[tuple[int, bytes, bytes], ...]
     meta: bytes
     status: bytes
     window_s: int = DEFAULT_WINDOW_S
+    host_window_s: int = DEFAULT_HOST_WINDOW_S
 
 
-def encode_rows(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> bytes:
-    """One quantum's rows as comma-joined JSON objects (host rows capped by name)."""
+def encode_rows(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> tuple[bytes, bytes]:
+    """One quantum's cluster rows and host rows (capped by name), as comma-joined JSON."""
     hosts = sorted({r.host for r in rows if r.host is not None})
     kept = set(hosts[:MAX_LIVE_HOSTS])
-    parts = []
+    cluster, host = [], []
     for r in rows:
         if r.host is None:
             obj = r.to_json()
             if r.hist is not None and layout is not None:
                 obj["heat"] = heat_counts(r.hist, layout)
-            parts.append(_ENCODER.encode(obj))
+            cluster.append(_ENCODER.encode(obj))
         elif r.host in kept:
-            parts.append(_host_json(r))
-    return ",".join(parts).encode()
+            host.append(_host_json(r))
+    return ",".join(cluster).encode(), ",".join(host).encode()
 
 
 def _host_json(r: ClosedQuantum) -> str:
@@ -129,7 +137,8 @@ class LiveFeed:
         percentiles: the aggregator's percentiles.
         rules: the SLA rules (their thresholds are drawn).
         quantum_ms: the quantum.
-        window_s: history the page keeps.
+        window_s: history the page keeps (cluster rows).
+        host_window_s: the same for host rows.
     """
 
     def __init__(
@@ -138,13 +147,15 @@ class LiveFeed:
         rules: Sequence[SlaRule],
         quantum_ms: int,
         window_s: int = DEFAULT_WINDOW_S,
+        host_window_s: int = DEFAULT_HOST_WINDOW_S,
     ) -> None:
         self.window_s = window_s
+        self.host_window_s = min(host_window_s, window_s)
         self.percentiles = tuple(percentiles)
         self.quantum_ms = quantum_ms
         keep = min(MAX_RECENT, max(2, -(-RECENT_MS // max(1, quantum_ms))))
-        self._recent: deque[tuple[int, bytes]] = deque(maxlen=keep)
-        self._tuple: tuple[tuple[int, bytes], ...] = ()
+        self._recent: deque[tuple[int, bytes, bytes]] = deque(maxlen=keep)
+        self._tuple: tuple[tuple[int, bytes, bytes], ...] = ()
         self.set_rules(rules)
 
     def set_rules(self, rules: Sequence[SlaRule]) -> None:
@@ -156,6 +167,7 @@ class LiveFeed:
                 "sla_ns": sorted({r.threshold_ns for r in self.rules}),
                 "quantum_ms": self.quantum_ms,
                 "window_s": self.window_s,
+                "host_window_s": self.host_window_s,
                 "relative": False,
             }
         ).encode()
@@ -166,12 +178,13 @@ class LiveFeed:
         for r in rows:
             by_end.setdefault(r.end_ms, []).append(r)
         for end in sorted(by_end):
-            self._recent.append((end, encode_rows(by_end[end], layout)))
+            self._recent.append((end, *encode_rows(by_end[end], layout)))
         self._tuple = tuple(self._recent)
 
     def view(self, status: dict[str, Any]) -> LiveView:
         """The view for a snapshot (``status``: the ``status`` object)."""
-        return LiveView(self._tuple, self.meta, _ENCODER.encode(status).encode(), self.window_s)
+        status_bytes = _ENCODER.encode(status).encode()
+        return LiveView(self._tuple, self.meta, status_bytes, self.window_s, self.host_window_s)
 
 
 def status_of(
@@ -220,30 +233,48 @@ class LiveStore:
     def __init__(self, max_bytes: int = MAX_STORE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._ends: list[int] = []
-        self._rows: dict[int, bytes] = {}
+        self._rows: dict[int, list[bytes]] = {}  # end -> [cluster rows, host rows]
         self._bytes = 0
+        self._host_from = 0  # index of the oldest quantum that still has host rows
         self._view: LiveView | None = None
 
     def merge(self, view: LiveView) -> None:
         """Take a view's newest quanta (replacing a quantum seen before) and trim."""
         self._view = view
-        for end, body in view.recent:
+        for end, cluster, host in view.recent:
             old = self._rows.get(end)
             if old is None:
-                bisect.insort(self._ends, end)
+                i = bisect.bisect_left(self._ends, end)
+                self._ends.insert(i, end)
+                self._host_from = min(self._host_from, i)
             else:
-                self._bytes -= len(old)
-            self._rows[end] = body
-            self._bytes += len(body)
-        if self._ends:
-            cut = self._ends[-1] - view.window_s * 1000
-            while self._ends and (self._ends[0] <= cut or self._bytes > self.max_bytes):
-                self._bytes -= len(self._rows.pop(self._ends.pop(0)))
+                self._bytes -= len(old[0]) + len(old[1])
+            self._rows[end] = [cluster, host]
+            self._bytes += len(cluster) + len(host)
+        if not self._ends:
+            return
+        newest = self._ends[-1]
+        host_cut = newest - view.host_window_s * 1000
+        while self._host_from < len(self._ends) and self._ends[self._host_from] <= host_cut:
+            pair = self._rows[self._ends[self._host_from]]
+            self._bytes -= len(pair[1])
+            pair[1] = b""
+            self._host_from += 1
+        cut = newest - view.window_s * 1000
+        while self._ends and (self._ends[0] <= cut or self._bytes > self.max_bytes):
+            pair = self._rows.pop(self._ends.pop(0))
+            self._bytes -= len(pair[0]) + len(pair[1])
+            self._host_from = max(0, self._host_from - 1)
 
     @property
     def quanta(self) -> int:
         """Quanta held."""
         return len(self._ends)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of JSON held."""
+        return self._bytes
 
     def body(self, since_ms: int) -> bytes:
         """The ``/api/v1/quanta`` answer for quanta ending after ``since_ms``."""
@@ -253,5 +284,5 @@ class LiveStore:
         else:
             meta, status = view.meta, view.status
         i = bisect.bisect_right(self._ends, since_ms)
-        rows = b",".join(b for b in (self._rows[e] for e in self._ends[i:]) if b)
+        rows = b",".join(b for e in self._ends[i:] for b in self._rows[e] if b)
         return b'{"meta":' + meta + b',"status":' + status + b',"quanta":[' + rows + b"]}"

@@ -32,9 +32,15 @@ HOSTS = ("h1", "h2", "h3")
 SLOW = "h2"
 
 
-def _view(ends: list[int], window_s: int = 900) -> LiveView:
-    rows = tuple((e, f'{{"end_ms":{e}}}'.encode()) for e in ends)
-    return LiveView(rows, b'{"m":1}', b'{"s":1}', window_s)
+def _view(ends: list[int], window_s: int = 900, host_window_s: int = 900) -> LiveView:
+    rows = tuple(
+        (e, f'{{"end_ms":{e}}}'.encode(), f'{{"end_ms":{e},"host":"h"}}'.encode()) for e in ends
+    )
+    return LiveView(rows, b'{"m":1}', b'{"s":1}', window_s, host_window_s)
+
+
+def _ends(body: bytes, host: bool = False) -> list[int]:
+    return [r["end_ms"] for r in json.loads(body)["quanta"] if ("host" in r) == host]
 
 
 def test_the_ring_answers_since_and_forgets_by_time() -> None:
@@ -44,18 +50,21 @@ def test_the_ring_answers_since_and_forgets_by_time() -> None:
     body = json.loads(store.body(2000))
     assert body["meta"] == {"m": 1}
     assert body["status"] == {"s": 1}
-    assert [r["end_ms"] for r in body["quanta"]] == [3000, 4000]
+    assert _ends(store.body(2000)) == [3000, 4000]
+    assert _ends(store.body(2000), host=True) == [3000, 4000]
     assert store.quanta == 4
-    store.merge(_view([5000], window_s=2))  # 2 s window: ends <= 3000 go
-    assert [r["end_ms"] for r in json.loads(store.body(0))["quanta"]] == [4000, 5000]
+    store.merge(_view([5000], window_s=2, host_window_s=1))  # ends <= 3000 go; hosts <= 4000
+    assert _ends(store.body(0)) == [4000, 5000]
+    assert _ends(store.body(0), host=True) == [5000]
+    assert store.nbytes == 2 * len(b'{"end_ms":4000}') + len(b'{"end_ms":5000,"host":"h"}')
 
 
 def test_the_ring_is_bounded_by_bytes() -> None:
-    store = LiveStore(max_bytes=100)
+    store = LiveStore(max_bytes=300)
     for e in range(1, 50):
         store.merge(_view([e * 1000]))
-    assert store.quanta * len(b'{"end_ms":10000}') <= 100
-    assert json.loads(store.body(0))["quanta"][-1]["end_ms"] == 49_000
+    assert 0 < store.nbytes <= 300
+    assert _ends(store.body(0))[-1] == 49_000
 
 
 def test_since_is_parsed_strictly() -> None:

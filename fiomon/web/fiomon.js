@@ -399,7 +399,8 @@
         s.direction + " &lt; " + fmtNs(s.threshold_ns) + (s.host ? " on " + s.host : "") +
         ": <b>" + s.state + "</b></span>");
     });
-    parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min</span>");
+    parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min (hosts: " +
+      Math.round((meta.host_window_s || meta.window_s) / 60) + " min)</span>");
     return parts.join("");
   }
 
@@ -421,8 +422,13 @@
             since = Math.max(since, row.end_ms);
             news++;
           });
+          // Cluster rows for the whole window, host rows for the last few minutes only
+          // (the API serves no more: see fiomon/live.py).
           var cut = since - meta.window_s * 1000;
-          store.forEach(function (row, k) { if (row.end_ms <= cut) store.delete(k); });
+          var hostCut = since - (meta.host_window_s || meta.window_s) * 1000;
+          store.forEach(function (row, k) {
+            if (row.end_ms <= cut || (row.scope === "host" && row.end_ms <= hostCut)) store.delete(k);
+          });
           statusEl.hidden = false;
           statusEl.innerHTML = statusHtml(body.status, meta);
           info(doc, "live: " + store.size + " rows, last quantum ends " +
