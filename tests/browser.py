@@ -132,15 +132,32 @@ class Browser:
     def state(self) -> dict[str, Any]:
         """``window.fiomonState``: what the page's charts hold (see fiomon/web/fiomon.js)."""
         text = self.wait_for(
-            "window.fiomonState && window.fiomonState.ready && JSON.stringify(window.fiomonState)",
+            "window.fiomonState && window.fiomonState.rendered"
+            " && JSON.stringify(window.fiomonState)",
             "the page drew its charts",
         )
         out: dict[str, Any] = json.loads(text)
         return out
 
     def screenshot(self, path: Path) -> None:
-        """Save a PNG of the whole page."""
-        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        """Save a PNG of the whole page.
+
+        The viewport is first grown to the page's height and the charts redrawn for it
+        (waiting until they say they are drawn): capturing beyond the viewport would
+        resize the page under the charts while they paint.
+        """
+        width = int(self.evaluate("document.documentElement.clientWidth"))
+        height = int(self.evaluate("document.documentElement.scrollHeight"))
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        self.evaluate("window.fiomonRenderer && window.fiomonRenderer.resizeAll(), 0")
+        self.wait_for("!window.fiomonRenderer || window.fiomonState.rendered", "the charts redrawn")
+        shot = self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:

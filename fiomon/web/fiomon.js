@@ -102,9 +102,8 @@
       self.pctIndex = Number(self.pctInput.value);
       self.draw(self.rows);
     });
-    global.addEventListener("resize", function () {
-      Object.keys(self.charts).forEach(function (k) { self.charts[k].resize(); });
-    });
+    global.addEventListener("resize", function () { self.resizeAll(); });
+    global.fiomonRenderer = this;
   }
 
   Renderer.prototype.x = function (ms) {
@@ -238,7 +237,7 @@
           return xs[p.value[0]] + "<br>" + ys[p.value[1]] + ": " + fmt(p.value[2]);
         },
       },
-      grid: { left: 90, right: 90, top: 10, bottom: 50 },
+      grid: { left: 90, right: 130, top: 10, bottom: 50 },
       xAxis: { type: "category", data: xs, axisLabel: { hideOverlap: true } },
       // At most about 16 labels: a category axis would print every row's.
       yAxis: { type: "category", data: ys, name: yname, axisLabel: { interval: Math.max(0, Math.ceil(ys.length / 16) - 1) } },
@@ -249,7 +248,9 @@
         inRange: { color: ["#f7fbff", "#6baed6", "#08519c", "#fdae61", "#d7191c"] },
       },
       dataZoom: [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 4 }],
-      series: [{ name: name, type: "heatmap", data: data, progressive: 0 }],
+      // Drawn in one pass: progressive rendering would leave a screenshot (or a reader)
+      // with a half-drawn map.
+      series: [{ name: name, type: "heatmap", data: data, progressive: 0, progressiveThreshold: 1e9 }],
     };
   }
 
@@ -344,6 +345,60 @@
     }
     global.echarts.connect(GROUP);
     this.publish(m, rows.length);
+    this.whenRendered();
+  };
+
+  /* Whether zrender has painted every element of a chart (ECharts 6.1 internals: each
+     canvas layer keeps draw cursors; a cursor behind its end is still painting). */
+  function painted(chart) {
+    var layers = chart.getZr().painter.getLayers ? chart.getZr().painter.getLayers() : {};
+    return Object.keys(layers).every(function (k) {
+      var cursors = layers[k].__cursors;
+      if (!cursors || !cursors.each) return true;
+      var ok = true;
+      cursors.each(function (c) { if (c.drawIdx < c.endIdx) ok = false; });
+      return ok;
+    });
+  }
+
+  /* Fit every chart to its box again (a window resize) and redraw. */
+  Renderer.prototype.resizeAll = function () {
+    if (global.fiomonState) global.fiomonState.rendered = false;
+    this.whenRendered();
+  };
+
+  /* `rendered` turns true once every chart finished drawing (large heatmaps take several
+     frames); a screenshot or a reader waits for it. */
+  Renderer.prototype.whenRendered = function () {
+    var self = this;
+    var ids = Object.keys(this.charts);
+    var pending = ids.length;
+    var draw = this.drawCount = (this.drawCount || 0) + 1;
+    if (global.fiomonState) global.fiomonState.rendered = false;
+    var done = function () {
+      if (draw !== self.drawCount || global.fiomonState.rendered) return;
+      // ECharts says "finished" when its model is drawn, but zrender paints large
+      // heatmaps a slice per frame after that: wait for the last slice too.
+      if (!ids.every(function (id) { return painted(self.charts[id]); })) {
+        global.requestAnimationFrame(done);
+        return;
+      }
+      global.fiomonState.rendered = true;
+      self.doc.body.setAttribute("data-rendered", String(draw));
+    };
+    ids.forEach(function (id) {
+      var c = self.charts[id];
+      c.off("finished");
+      var once = function () {
+        c.off("finished", once);
+        pending -= 1;
+        if (pending === 0) done();
+      };
+      c.on("finished", once);
+      // A chart with nothing new to draw may not fire: a resize forces one pass.
+      c.resize();
+    });
+    if (pending === 0) done();
   };
 
   /* What the charts hold, read back from them, for tests and for the curious. */
@@ -362,7 +417,7 @@
       });
     });
     var state = {
-      ready: true, rows: nrows, quanta: m.ends.length, directions: m.directions,
+      ready: true, rendered: false, rows: nrows, quanta: m.ends.length, directions: m.directions,
       direction: this.direction, hosts: Object.keys(m.hosts[this.direction] || {}).length,
       last_end_ms: m.ends.length ? m.ends[m.ends.length - 1] : null, charts: charts,
       draws: (global.fiomonState ? global.fiomonState.draws : 0) + 1,
