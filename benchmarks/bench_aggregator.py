@@ -27,6 +27,8 @@ Modes:
                            every quantum, re-sent every 11 s, timeout 10 s)
   --restarts term,kill,wipe,...   during the load: SIGTERM / kill -9 / SIGTERM and delete
                            the state directory, each followed by a restart
+  --page-views 1           a live-page viewer: loads /live, then polls /api/v1/quanta
+                           once a second as the page does
   --repeat 3               run 3 times and print the medians
 
 Usage::
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import http.client
 import json
 import shutil
 import signal
@@ -312,6 +315,49 @@ def scrapers(port: int, clients: int, seconds: float, interval: float = 0.0) -> 
     sys.stdout.flush()
 
 
+def viewer(port: int, seconds: float, rate: float) -> None:
+    """The live-page viewer process: loads the page once, then polls the API as the page
+    does (``since`` = the newest quantum it has), ``rate`` times a second."""
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stop = time.monotonic() + seconds
+    lat: list[float] = []
+    fails: list[str] = []
+    since = 0
+    size = 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/live", headers={"Accept-Encoding": "gzip"})
+    page = len(conn.getresponse().read())
+    while time.monotonic() < stop and not done.is_set():
+        t0 = time.monotonic()
+        try:
+            conn.request("GET", f"/api/v1/quanta?since={since}")
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                fails.append(f"HTTP {resp.status}")
+            else:
+                rows = json.loads(body)["quanta"]
+                since = max([since, *(r["end_ms"] for r in rows)])
+                size = max(size, len(body))
+                lat.append(time.monotonic() - t0)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            fails.append(str(exc))
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        done.wait(max(0.0, 1.0 / rate - (time.monotonic() - t0)))
+    lat.sort()
+    out = {
+        "views": len(lat),
+        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
+        "failures": len(fails),
+        "page_bytes": page,
+        "api_bytes": size,
+    }
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
 def hanging_webhook() -> tuple[int, list[socket.socket]]:
     """A TCP server that accepts connections and never answers."""
     srv = socket.socket()
@@ -353,6 +399,10 @@ class Result:
     scrape_p99: float = float("nan")
     scrapes: int = 0
     scrape_failures: int = 0
+    views: int = 0
+    view_p99: float = float("nan")
+    view_failures: int = 0
+    api_kb: float = 0.0
     metrics_kb: float = 0.0
     rows_expected: int = 0
     rows_equal: int = 0
@@ -552,6 +602,19 @@ def run(args: argparse.Namespace) -> Result:
             ],
             stdout=subprocess.PIPE,
         )
+        view = None
+        if args.page_views:
+            view = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(here),
+                    "_view",
+                    str(hport),
+                    str(args.seconds + LATENESS_S + 60),
+                    str(args.page_views),
+                ],
+                stdout=subprocess.PIPE,
+            )
         pub = subprocess.Popen(
             [
                 sys.executable,
@@ -609,6 +672,17 @@ def run(args: argparse.Namespace) -> Result:
         r.rss = peak_rss_mb(agg.pid)
         scr.send_signal(signal.SIGTERM)
         sout, _ = scr.communicate(timeout=120)
+        if view is not None:
+            view.send_signal(signal.SIGTERM)
+            vout, _ = view.communicate(timeout=120)
+            vs = json.loads(vout.splitlines()[-1])
+            r.views, r.view_p99, r.view_failures = vs["views"], vs["p99"], vs["failures"]
+            r.api_kb = vs["api_bytes"] / 1000
+            r.notes.append(
+                f"live page: {vs['page_bytes'] / 1000:.0f} kB (gzip), {r.views} API polls "
+                f"(failed {r.view_failures}), p99 {1e3 * r.view_p99:.0f} ms, largest "
+                f"{r.api_kb:.0f} kB"
+            )
         agg.send_signal(signal.SIGTERM)
         agg.wait(60)
         for s in held:
@@ -733,6 +807,9 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_publish":
         publish(sys.argv[2:8])
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "_view":
+        viewer(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_scrape":
         scrapers(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
         return 0
@@ -747,6 +824,13 @@ def main() -> int:
         type=float,
         default=0.0,
         help="with --scrapers: each scrapes every this many seconds (0: back to back)",
+    )
+    ap.add_argument(
+        "--page-views",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="a live-page viewer polling /api/v1/quanta R times a second (the page: 1)",
     )
     ap.add_argument("--webhook", choices=["hang"], default=None)
     ap.add_argument("--restarts", default="", help="comma list of term, kill, wipe")

@@ -50,6 +50,7 @@ from fiomon.errors import LayoutError
 from fiomon.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.fit import FitError, fit_histogram
 from fiomon.journal import GridState, Journal, StateLock
+from fiomon.live import LiveFeed, status_of
 from fiomon.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
@@ -142,6 +143,8 @@ class AggregatorCore:
         self.quanta: QuantaFile | None = None
         self.writer: QuantaWriter | None = None
         self.buckets: BucketHistogram | None = None
+        # The live page's recent quanta, encoded once here and served by the /metrics child.
+        self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
 
     # -- problems ---------------------------------------------------------------------------
@@ -651,6 +654,7 @@ class AggregatorCore:
         for t in self.alerts.observe(rows):
             self.transitions.append(t)
             log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+        self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
 
     def _grid(self, closed_ms: int | None) -> GridState | None:
@@ -714,7 +718,17 @@ class AggregatorCore:
             version=__version__,
             python=platform.python_version(),
         )
-        return build_snapshot(self.counts, self.gauges, health, self.alerts)
+        snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
+        status = status_of(
+            now_ms=now,
+            hosts_up=health.hosts_up,
+            received=self.counts.records["received"],
+            late=sum(self.counts.late.values()),
+            lost=sum(self.counts.lost.values()),
+            rules=self.cfg.sla,
+            alerts=self.alerts.snapshot(),
+        )
+        return dataclasses.replace(snap, live=self.live.view(status))
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:
         """Rebuild the snapshot's counters between closes if the last is ``min_age_ms`` old."""
@@ -769,6 +783,7 @@ class AggregatorCore:
             log_level=new.log_level,
             host_timeout_ms=new.host_timeout_ms,
         )
+        self.live.set_rules(self.cfg.sla)
         fixed = [
             f.name
             for f in dataclasses.fields(AggregatorConfig)

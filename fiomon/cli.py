@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +20,8 @@ from fiomon.align import parse_align, parse_duration_ms
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
-from fiomon.output import FORMATS
-from fiomon.report import ReportOptions, run_report
+from fiomon.output import FORMATS, Format
+from fiomon.report import ReportOptions, ReportSummary, run_report
 from fiomon.sources import (
     HOST_FROM_HELP,
     SOURCE_HELP,
@@ -49,6 +49,14 @@ examples:
   fiomon report results/*/job_clat_hist.*.log
   fiomon report --quantum 10s --percentiles 50,99,99.99 --format csv *.log > p.csv
   fiomon report --format fiologparser --percentiles 90,95,99 h_clat_hist.1.log
+"""
+
+PLOT_EPILOG = """\
+inputs and options: as fiomon report (fiomon report --help).
+
+examples:
+  fiomon plot --per-host --sla 5ms results/*_clat_hist.*.log -o run.html
+  fiomon plot --percentiles 50,99,99.9 --directions read results/*.log -o run.png
 """
 
 
@@ -107,97 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=REPORT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
-    _source_option(r)
-    r.add_argument(
-        "--quantum",
-        type=_duration("--quantum"),
-        default=1000,
-        help="quantum length (default 1s; e.g. 250ms, 10s, 1m)",
+    _report_arguments(r)
+    pl = sub.add_parser(
+        "plot",
+        help="charts of a finished run: interactive HTML, or PNG/SVG",
+        description="The charts of `fiomon report` (same inputs and options): percentile "
+        "lines over time per direction with the mean, a latency heatmap, a host x time "
+        "heatmap, a time x percentile surface, IOPS and throughput. FILE.html is one "
+        "self-contained page (works offline); .png and .svg are a static figure of the "
+        "main panels and need the plot extra (pip install 'fiomon[plot]').",
+        epilog=PLOT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument(
-        "--align",
-        type=str,
-        default="auto",
-        help="quantum phase: auto (match the records; default), epoch "
-        "(multiples of the quantum) or an offset such as 250ms",
-    )
-    r.add_argument(
-        "--percentiles",
-        type=_percentiles,
-        default=(50.0, 90.0, 99.0, 99.9),
-        help="comma-separated percentiles (default 50,90,99,99.9)",
-    )
-    r.add_argument(
-        "--directions",
-        type=_directions,
-        default=None,
-        help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)",
-    )
-    r.add_argument(
-        "--per-host",
-        action="store_true",
-        help="also print host-scope rows, one host per --host-from label",
-    )
-    r.add_argument(
-        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
-    )
-    r.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="table",
-        help="table (default), csv, jsonl (closed-quantum JSON lines) or "
-        "fiologparser (fio's fiologparser_hist.py columns)",
-    )
-    r.add_argument(
-        "--log-hist-msec",
-        type=int,
-        default=None,
-        metavar="MS",
-        help="fio's log_hist_msec: the span of each direction's first record "
-        "(default: from --job-file, else the median spacing of the stamps)",
-    )
-    r.add_argument(
-        "--job-file", type=Path, default=None, help="fio job file to read log_hist_msec from"
-    )
-    r.add_argument(
-        "--group-nr",
-        type=int,
-        default=None,
-        help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
-        "from the column count)",
-    )
-    r.add_argument(
-        "--usbin",
-        action="store_true",
-        help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
-    )
-    r.add_argument(
-        "--strict",
-        action="store_true",
-        help="stop at the first bad line instead of counting and skipping it",
-    )
-    r.add_argument(
-        "--jobs",
-        type=int,
-        default=0,
-        metavar="N",
-        help="parser threads (default: one per core, at most 2)",
-    )
-    prog = r.add_mutually_exclusive_group()
-    prog.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="always show a progress line on stderr",
-    )
-    prog.add_argument(
-        "--quiet",
-        dest="progress",
-        action="store_false",
-        help="never show one (default: on a terminal, for inputs over 32 MB)",
-    )
+    _report_arguments(pl, plot=True)
     dm = sub.add_parser(
         "demo",
         help="the live system on a simulated cluster (no setup needed)",
@@ -357,6 +287,127 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("file", type=Path, metavar="FILE")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None:
+    """The inputs and options of ``report`` (``plot`` takes the same, minus ``--format``)."""
+    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
+    _source_option(p)
+    p.add_argument(
+        "--quantum",
+        type=_duration("--quantum"),
+        default=1000,
+        help="quantum length (default 1s; e.g. 250ms, 10s, 1m)",
+    )
+    p.add_argument(
+        "--align",
+        type=str,
+        default="auto",
+        help="quantum phase: auto (match the records; default), epoch "
+        "(multiples of the quantum) or an offset such as 250ms",
+    )
+    p.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=(50.0, 90.0, 99.0, 99.9),
+        help="comma-separated percentiles (default 50,90,99,99.9)",
+    )
+    p.add_argument(
+        "--directions",
+        type=_directions,
+        default=None,
+        help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)",
+    )
+    p.add_argument(
+        "--per-host",
+        action="store_true",
+        help="also print host-scope rows, one host per --host-from label",
+    )
+    p.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
+    if not plot:
+        p.add_argument(
+            "--format",
+            choices=FORMATS,
+            default="table",
+            help="table (default), csv, jsonl (closed-quantum JSON lines) or "
+            "fiologparser (fio's fiologparser_hist.py columns)",
+        )
+    p.add_argument(
+        "--log-hist-msec",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="fio's log_hist_msec: the span of each direction's first record "
+        "(default: from --job-file, else the median spacing of the stamps)",
+    )
+    p.add_argument(
+        "--job-file", type=Path, default=None, help="fio job file to read log_hist_msec from"
+    )
+    p.add_argument(
+        "--group-nr",
+        type=int,
+        default=None,
+        help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
+        "from the column count)",
+    )
+    p.add_argument(
+        "--usbin",
+        action="store_true",
+        help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first bad line instead of counting and skipping it",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="parser threads (default: one per core, at most 2)",
+    )
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always show a progress line on stderr",
+    )
+    prog.add_argument(
+        "--quiet",
+        dest="progress",
+        action="store_false",
+        help="never show one (default: on a terminal, for inputs over 32 MB)",
+    )
+    if plot:
+        p.add_argument(
+            "-o",
+            "--output",
+            type=Path,
+            required=True,
+            metavar="FILE",
+            help="FILE.html (interactive, self-contained), FILE.png or FILE.svg",
+        )
+        p.add_argument(
+            "--sla",
+            action="append",
+            default=[],
+            metavar="LATENCY",
+            help="draw a threshold line at this latency, e.g. 5ms (repeatable)",
+        )
+        p.add_argument("--title", default=None, help="page title (default: the first input)")
+        p.add_argument(
+            "--max-points",
+            type=int,
+            default=2000,
+            metavar="N",
+            help="down-sample series longer than N quanta to N points, keeping each "
+            "group's min and max (default 2000)",
+        )
 
 
 def _source_option(p: argparse.ArgumentParser) -> None:
@@ -676,28 +727,30 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions, list[Path]] | int:
+    """The options and inputs of ``report`` or ``plot``, or the exit code of a bad call."""
     try:
         align = parse_align(args.align)
     except ConfigError as exc:
-        print(f"fiomon report: {exc}", file=sys.stderr)
+        print(f"fiomon {name}: {exc}", file=sys.stderr)
         return 2
     interval = args.log_hist_msec
     if interval is None and args.job_file is not None:
         try:
             interval = interval_from_job_file(args.job_file)
         except OSError as exc:
-            print(f"fiomon report: --job-file: {exc}", file=sys.stderr)
+            print(f"fiomon {name}: --job-file: {exc}", file=sys.stderr)
             return 2
     if interval is not None and interval <= 0:
-        print("fiomon report: --log-hist-msec must be positive", file=sys.stderr)
+        print(f"fiomon {name}: --log-hist-msec must be positive", file=sys.stderr)
         return 2
     if args.quantum <= 0:
-        print("fiomon report: --quantum must be positive", file=sys.stderr)
+        print(f"fiomon {name}: --quantum must be positive", file=sys.stderr)
         return 2
+    fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
     percentiles = args.percentiles
     directions = args.directions or ALL_DIRECTIONS
-    if args.format == "fiologparser":
+    if fmt == "fiologparser":
         # fiologparser_hist.py always prints the median, and without --directions only the
         # mixed ("all") row.
         percentiles = tuple(sorted({50.0, *percentiles}))
@@ -710,7 +763,7 @@ def _report(args: argparse.Namespace) -> int:
         directions_given=args.directions is not None,
         per_host=args.per_host,
         host_from=args.host_from,
-        fmt=args.format,
+        fmt=fmt,
         source=SourceOptions(
             interval_ms=interval,
             group_nr=args.group_nr,
@@ -720,26 +773,77 @@ def _report(args: argparse.Namespace) -> int:
         workers=args.jobs,
         progress=args.progress,
     )
-    picked = _inputs(args, "report")
+    picked = _inputs(args, name)
     if picked is None:
         return 2
     logs, skips = picked
     opts = dataclasses.replace(opts, source=dataclasses.replace(opts.source, skip_jobs=skips))
+    return opts, logs
+
+
+def _report(args: argparse.Namespace) -> int:
+    got = _report_options(args, "report")
+    if isinstance(got, int):
+        return got
+    opts, logs = got
+    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout))
+
+
+def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
+    """Run a report engine; its errors become messages and exit codes."""
     try:
-        summary = run_report(logs, opts, sys.stdout)
+        summary = run()
     except ParseError as exc:
-        print(f"fiomon report: {exc} (--strict)", file=sys.stderr)
+        print(f"fiomon {name}: {exc} (--strict)", file=sys.stderr)
         return 1
     except FiomonError as exc:
-        print(f"fiomon report: {exc}", file=sys.stderr)
+        print(f"fiomon {name}: {exc}", file=sys.stderr)
         return 1
     except ValueError as exc:  # bad layout options such as --group-nr 7
-        print(f"fiomon report: {exc}", file=sys.stderr)
+        print(f"fiomon {name}: {exc}", file=sys.stderr)
         return 2
     if summary.records == 0:
-        print("fiomon report: no histogram records in the input", file=sys.stderr)
+        print(f"fiomon {name}: no histogram records in the input", file=sys.stderr)
         return 1
     return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from fiomon.config import parse_latency_ns  # noqa: PLC0415
+    from fiomon.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+
+    try:
+        kind = plot_kind(args.output)
+        sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
+    except (PlotError, ConfigError) as exc:
+        print(f"fiomon plot: {exc}", file=sys.stderr)
+        return 2
+    if args.max_points < 10:
+        print("fiomon plot: --max-points must be at least 10", file=sys.stderr)
+        return 2
+    got = _report_options(args, "plot")
+    if isinstance(got, int):
+        return got
+    opts, logs = got
+    title = args.title or (
+        logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
+    )
+    try:
+        return _engine_errors(
+            "plot",
+            lambda: run_plot(
+                logs,
+                opts,
+                args.output,
+                kind=kind,
+                title=title,
+                sla_ns=sla_ns,
+                max_points=args.max_points,
+            ),
+        )
+    except PlotError as exc:
+        print(f"fiomon plot: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -758,6 +862,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "plot":
+        return _plot(args)
     if args.command == "demo":
         if args.hosts < 1 or args.jobs < 1 or (args.duration is not None and args.duration < 3):
             print("fiomon demo: --hosts and --jobs must be >= 1, --duration >= 3", file=sys.stderr)

@@ -31,8 +31,8 @@ import numpy.typing as npt
 from fiomon.aggregator import AggregatorCore
 from fiomon.alerts import Phase
 from fiomon.config import AggregatorConfig, SlaRule
-from fiomon.exporter import FiomonCollector, serve_metrics
 from fiomon.follow import Follower
+from fiomon.metrics_server import MetricsProcess
 from fiomon.simulate import JobSpec, LatencyModel, format_line, records
 from fiomon.windows import ClosedQuantum
 
@@ -256,8 +256,11 @@ def _run(
         for name in names
     }
     addr, port = cfg.listen_addr
-    server, _thread, _reg = serve_metrics(addr, port, FiomonCollector(lambda: core.snapshot))
-    url = f"http://{addr}:{server.server_port}/metrics"
+    # As the aggregator serves them: /metrics and the live page from a child process.
+    server = MetricsProcess(addr, port, lambda: core.snapshot)
+    server.start()
+    url = f"http://{addr}:{server.port}/metrics"
+    page = f"http://{addr}:{server.port}/"
     if fio is not None:
         window = "a quarter into the run, for a quarter of it (its host reads 8 MiB blocks)"
     elif seconds is not None:
@@ -268,6 +271,7 @@ def _run(
         f"fiomon demo: {hosts} {'real fio' if fio else 'simulated'} hosts x {jobs} fio jobs, "
         "agents -> in-process "
         f"transport -> aggregator; Prometheus metrics on {url}\n"
+        f"fiomon demo: live page (open it in a browser): {page}\n"
         f"fiomon demo: a storage node fails {window}, slowing {slow_hosts} host(s); "
         f"watch p99 rise and the SLA fire and resolve{'' if seconds else ' (Ctrl-C stops)'}\n"
     )
@@ -312,8 +316,7 @@ def _run(
         with contextlib.suppress(BrokenPipeError):
             if rows:
                 view.show(rows, core)
-        server.shutdown()
-        server.server_close()
+        server.close()
         for f in followers.values():
             f.close()
     err.write(

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +56,9 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from fiomon.bins import BinLayout
+
+if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
+    from fiomon.live import LiveView
 
 F64 = npt.NDArray[np.float64]
 log = logging.getLogger("fiomon.exporter")
@@ -138,6 +141,7 @@ class Snapshot:
         counters: ``(metric, help, label names) -> {label values: value}``, counters.
         gauges: the same for gauges.
         histograms: ``(metric, help) -> (edges, cumulative counts, count, sum)``.
+        live: the live page's recent quanta and status (not part of ``/metrics``).
     """
 
     quantum_end_s: float | None = None
@@ -156,6 +160,7 @@ class Snapshot:
     histograms: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...], float, float]] = (
         field(default_factory=dict)
     )
+    live: LiveView | None = None
 
 
 class FiomonCollector:

@@ -21,10 +21,14 @@ restarted (after 1 s, backing off to 30 s while it keeps dying), counted in
 backlog meanwhile, as they did while a scrape thread was busy.
 
 HTTP, as the thread server before it: ``GET /metrics`` (or ``/``) gets the text format,
-gzip-encoded when the request's ``Accept-Encoding`` names gzip; keep-alive as HTTP/1.1 and
-1.0 define it; other paths 404, other methods 501, malformed requests 400. At most
-``max_connections`` connections are open at once (more wait in the listen backlog), each
-idle at most ``timeout_s``; with a certificate, TLS (the handshake in the child).
+gzip-encoded when the request's ``Accept-Encoding`` names gzip. The live page
+(:mod:`fiomon.live`) is served here too, from bytes made once: ``/`` when the request
+accepts ``text/html`` (a browser; scrapers and curl keep getting the metrics), and
+``/live``; ``GET /api/v1/quanta?since=MS`` joins the stored JSON of recent quanta.
+Keep-alive as HTTP/1.1 and 1.0 define it; other paths 404, other methods 501, malformed
+requests 400. At most ``max_connections`` connections are open at once (more wait in the
+listen backlog), each idle at most ``timeout_s``; with a certificate, TLS (the handshake
+in the child).
 
 Pipe frames: ``<u32 length, little-endian><pickle of a Snapshot>``.
 """
@@ -53,6 +57,8 @@ from pathlib import Path
 
 from fiomon import __version__
 from fiomon.exporter import CONTENT_TYPE, Snapshot, render
+from fiomon.live import LiveStore
+from fiomon.webpage import page_html
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -64,6 +70,25 @@ FIRST_SNAPSHOT_S = 10.0  # a scrape waits this long for the first snapshot, then
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 30.0
 STABLE_S = 60.0  # a child that lived this long starts the backoff afresh
+API_PATH = "/api/v1/quanta"
+PAGE_PATHS = ("/index.html", "/live")
+
+
+def since_ms(query: str) -> int:
+    """The ``since`` of an API query string (0 when absent).
+
+    Raises:
+        ValueError: ``since`` is not an integer.
+    """
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name == "since":
+            try:
+                return int(value)
+            except ValueError:
+                msg = f"since={value!r} is not an integer (epoch ms)"
+                raise ValueError(msg) from None
+    return 0
 
 
 def _listen(addr: str, port: int, backlog: int) -> socket.socket:
@@ -270,10 +295,14 @@ class _Body:
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self._scraped = False  # the current rendering was served
         self._gzip_wanted = False
+        self.live = LiveStore()
+        self._page: dict[bool, bytes] = {}
 
     def set(self, snap: Snapshot) -> None:
         self.snapshot = snap
         self.arrived.set()
+        if snap.live is not None:
+            self.live.merge(snap.live)
         if self._scraped:
             self._scraped = False
             asyncio.get_running_loop().call_soon(self._prepare)
@@ -283,6 +312,14 @@ class _Body:
             self._render(gzipped=self._gzip_wanted)
         except Exception:  # a bug in rendering: the scrape will say so
             log.exception("cannot render /metrics")
+
+    def page(self, *, gzipped: bool) -> bytes:
+        """The live page (built once: it holds no data, it fetches the API)."""
+        if gzipped not in self._page:
+            html = page_html(data=None, live=True, title="live").encode()
+            self._page[False] = html
+            self._page[True] = gzip.compress(html, compresslevel=6, mtime=0)
+        return self._page[gzipped]
 
     def get(self, *, gzipped: bool) -> bytes:
         """The body for a scrape (rendered now if it is not ready)."""
@@ -424,16 +461,50 @@ class _Http(asyncio.Protocol):
             if method != "GET":
                 self._error(501, f"Unsupported method ({method!r})")
                 return
-            if target.split("?", 1)[0] not in ("/metrics", "/"):
-                self._error(404, "only /metrics here")
+            path, _, query = target.partition("?")
+            if path in PAGE_PATHS or (path == "/" and "text/html" in headers.get("accept", "")):
+                self._page(headers, keep)  # a browser at /: the live page (no snapshot needed)
+                continue
+            if path not in ("/metrics", "/", API_PATH):
+                self._error(404, "only /metrics, the live page (/) and /api/v1/quanta here")
                 return
             if self._body.snapshot is None:
                 self._busy = True
-                self._waiting = asyncio.ensure_future(self._first(headers, keep))
+                self._waiting = asyncio.ensure_future(self._first(headers, keep, path, query))
                 return
+            self._route(headers, keep, path, query)
+
+    def _route(self, headers: dict[str, str], keep: bool, path: str, query: str) -> None:
+        if path == API_PATH:
+            self._api(headers, keep, query)
+        else:
             self._ok(headers, keep)
 
-    async def _first(self, headers: dict[str, str], keep: bool) -> None:
+    def _page(self, headers: dict[str, str], keep: bool) -> None:
+        gz = "gzip" in headers.get("accept-encoding", "").lower()
+        try:
+            body = self._body.page(gzipped=gz)
+        except Exception:  # a broken install (missing web assets): say so, keep serving
+            log.exception("cannot build the live page")
+            self._error(500, "cannot build the live page (see the aggregator's log)")
+            return
+        self._respond(200, "text/html; charset=utf-8", body, keep=keep, gzipped=gz)
+
+    def _api(self, headers: dict[str, str], keep: bool, query: str) -> None:
+        try:
+            since = since_ms(query)
+        except ValueError as exc:
+            self._error(400, str(exc))
+            return
+        body = self._body.live.body(since)
+        gz = "gzip" in headers.get("accept-encoding", "").lower() and len(body) > 4096
+        if gz:
+            body = gzip.compress(body, compresslevel=1, mtime=0)
+        self._respond(200, "application/json", body, keep=keep, gzipped=gz)
+
+    async def _first(
+        self, headers: dict[str, str], keep: bool, path: str = "/metrics", query: str = ""
+    ) -> None:
         """Wait for the first snapshot (only right after the start)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._body.arrived.wait(), FIRST_SNAPSHOT_S)
@@ -443,7 +514,7 @@ class _Http(asyncio.Protocol):
         if self._body.snapshot is None:
             self._error(503, "no metrics yet")
             return
-        self._ok(headers, keep)
+        self._route(headers, keep, path, query)
         self._serve()
 
     def _ok(self, headers: dict[str, str], keep: bool) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,10 @@ from fiomon.sources import FileSource, SourceOptions, host_labels
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
 
 PROGRESS_MIN_BYTES = 32 << 20
+
+# Builds the consumer of closed rows once the layout and the time kind are known:
+# ``(layout, relative) -> writer``; rows then carry their cluster histograms (``hist``).
+WriterFactory = Callable[[BinLayout, bool], RowWriter]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +135,13 @@ def run_report(
     opts: ReportOptions,
     out: TextIO,
     err: TextIO = sys.stderr,
+    *,
+    sink: WriterFactory | None = None,
 ) -> ReportSummary:
     """Write the report of ``paths`` to ``out``; problems and progress go to ``err``.
+
+    With ``sink``, the closed rows go to the writer it builds instead of a text format
+    (``fiomon plot``), with the cluster rows' merged histograms attached.
 
     Raises:
         FiomonError: nothing could be read, layouts cannot be merged, or epoch and
@@ -163,6 +172,7 @@ def run_report(
                 workers=workers,
                 progress=progress,
                 summary=summary,
+                sink=sink,
             )
     finally:
         for s in sources:
@@ -192,6 +202,7 @@ def _run(
     workers: int,
     progress: _Progress,
     summary: ReportSummary,
+    sink: WriterFactory | None,
 ) -> ReportSummary:
     # First chunk of every file: layouts, time kinds and (for auto) the phase.
     first: dict[FileSource, list[RecordBatch]] = {s: [] for s in sources}
@@ -226,8 +237,9 @@ def _run(
         percentiles=opts.percentiles,
         directions=opts.directions,
         per_host=opts.per_host,
+        keep_hists=sink is not None,
     )
-    writer = _writer(opts, out, relative, layout.unit_ns)
+    writer = sink(layout, relative) if sink else _writer(opts, out, relative, layout.unit_ns)
     for bs in first.values():
         for b in bs:
             engine.add(b)

@@ -161,6 +161,7 @@ def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert r.returncode == 0, r.stderr
     assert "p99" in r.stdout
     assert "storage node fails" in r.stderr
+    assert re.search(r"live page \(open it in a browser\): http://127\.0\.0\.1:\d+/", r.stderr)
     assert "FIRING" in r.stdout
     assert "SLA fired 1x, resolved 1x" in r.stderr  # the alert comes and goes
 

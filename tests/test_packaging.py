@@ -105,3 +105,17 @@ def test_installed_fiomon_runs_its_examples_and_the_demo_without_test_tools(venv
     assert absent.returncode != 0, "the wheel's runtime dependencies pulled in pytest"
     demo = _run(fiomon, "demo", "--duration", "5", "--hosts", "2", "--jobs", "1")
     assert "quanta closed" in demo.stderr
+
+
+def test_the_wheel_carries_the_chart_page_and_its_library(wheel: Path) -> None:
+    # fiomon plot and the live page inline these at run time (importlib.resources).
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    web = {
+        f"fiomon/web/{p.relative_to(ROOT / 'fiomon/web')}"
+        for p in (ROOT / "fiomon/web").rglob("*")
+        if p.is_file()
+    }
+    assert "fiomon/web/vendor/echarts.min.js" in web
+    assert "fiomon/web/vendor/LICENSE-echarts" in web
+    assert web <= names, sorted(web - names)

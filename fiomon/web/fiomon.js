@@ -1,0 +1,511 @@
+/*
+ * fiomon charts: one renderer for the offline page (`fiomon plot`) and the live page
+ * (the aggregator's `/`). Input: closed-quantum objects (DESIGN.md's JSON line, latencies
+ * in ns) with an optional `heat` ({k0, counts}: I/Os per half-octave latency bucket, see
+ * fiomon/heat.py) on cluster rows. Drawing is ECharts' (vendored, see vendor/README.md);
+ * this file only shapes data into chart options.
+ *
+ * After each draw the page publishes what the charts hold, read back from the charts
+ * themselves (chart.getOption()), as `window.fiomonState` and as JSON in
+ * `<body data-state>` so a headless browser's --dump-dom shows it to tests.
+ */
+(function (global) {
+  "use strict";
+
+  var DIRS = ["read", "write", "trim", "all"];
+  var GROUP = "fiomon-time";
+
+  function bucketEdgeNs(k) {
+    var m = Math.floor(k / 2);
+    return Math.pow(2, m) * (k % 2 ? 1.5 : 1);
+  }
+
+  function fmtNs(ns) {
+    if (ns === null || ns === undefined || !isFinite(ns)) return "-";
+    if (ns >= 1e9) return (ns / 1e9).toPrecision(3) + " s";
+    if (ns >= 1e6) return (ns / 1e6).toPrecision(3) + " ms";
+    if (ns >= 1e3) return (ns / 1e3).toPrecision(3) + " µs";
+    return ns.toFixed(0) + " ns";
+  }
+
+  /* The packed document of `fiomon plot` (fiomon/plotdata.py) back into row objects. */
+  function unpack(doc) {
+    var rows = [];
+    doc.series.forEach(function (s) {
+      var keys = Object.keys(s.p);
+      var sat = {};
+      Object.keys(s.sat || {}).forEach(function (k) { sat[k] = new Set(s.sat[k]); });
+      for (var i = 0; i < s.end.length; i++) {
+        var pct = {};
+        var saturated = [];
+        keys.forEach(function (k) {
+          pct[k] = s.p[k][i];
+          if (sat[k] && sat[k].has(i)) saturated.push(k);
+        });
+        var r = {
+          start_ms: doc.t0 + s.start[i], end_ms: doc.t0 + s.end[i], scope: s.scope,
+          host: s.host, direction: s.direction, samples: s.samples[i],
+          percentiles_ns: pct, saturated: saturated,
+        };
+        if (s.scope === "cluster") {
+          r.min_ns = s.min_ns[i]; r.mean_ns = s.mean_ns[i]; r.max_ns = s.max_ns[i];
+          r.iops = s.iops[i]; r.bytes_per_second = s.bytes_per_second[i];
+          r.heat = s.heat[i];
+        }
+        rows.push(r);
+      }
+    });
+    return rows;
+  }
+
+  /* Rows grouped for drawing: cluster rows per direction, host rows per direction. */
+  function model(rows) {
+    var cluster = {}, hosts = {}, ends = new Set();
+    rows.forEach(function (r) {
+      ends.add(r.end_ms);
+      if (r.scope === "cluster") {
+        (cluster[r.direction] = cluster[r.direction] || []).push(r);
+      } else {
+        var byHost = (hosts[r.direction] = hosts[r.direction] || {});
+        (byHost[r.host] = byHost[r.host] || []).push(r);
+      }
+    });
+    var byEnd = function (a, b) { return a.end_ms - b.end_ms; };
+    Object.keys(cluster).forEach(function (d) { cluster[d].sort(byEnd); });
+    Object.keys(hosts).forEach(function (d) {
+      Object.keys(hosts[d]).forEach(function (h) { hosts[d][h].sort(byEnd); });
+    });
+    return {
+      cluster: cluster, hosts: hosts,
+      directions: DIRS.filter(function (d) { return cluster[d]; }),
+      ends: Array.from(ends).sort(function (a, b) { return a - b; }),
+    };
+  }
+
+  function Renderer(doc, meta) {
+    this.doc = doc;
+    this.meta = meta; // {percentiles, sla_ns, relative, title}
+    this.charts = {};
+    this.container = doc.getElementById("charts");
+    this.direction = null;
+    this.pctIndex = Math.max(0, meta.percentiles.indexOf("99"));
+    var self = this;
+    this.dirSelect = doc.getElementById("direction");
+    this.dirSelect.addEventListener("change", function () {
+      self.direction = self.dirSelect.value;
+      self.draw(self.rows);
+    });
+    this.pctInput = doc.getElementById("pct");
+    this.pctInput.max = String(Math.max(0, meta.percentiles.length - 1));
+    this.pctInput.value = String(this.pctIndex);
+    this.pctInput.addEventListener("input", function () {
+      self.pctIndex = Number(self.pctInput.value);
+      self.draw(self.rows);
+    });
+    global.addEventListener("resize", function () { self.resizeAll(); });
+    global.fiomonRenderer = this;
+  }
+
+  Renderer.prototype.x = function (ms) {
+    return this.meta.relative ? ms / 1000 : ms;
+  };
+
+  Renderer.prototype.chart = function (id, title, tall) {
+    if (this.charts[id]) return this.charts[id];
+    var h = this.doc.createElement("h2");
+    h.textContent = title;
+    h.id = "title-" + id;
+    var el = this.doc.createElement("div");
+    el.className = "chart" + (tall ? " tall" : "");
+    el.id = "chart-" + id;
+    this.container.appendChild(h);
+    this.container.appendChild(el);
+    var c = global.echarts.init(el, null, { renderer: "canvas" });
+    this.charts[id] = c;
+    return c;
+  };
+
+  Renderer.prototype.timeAxis = function () {
+    var rel = this.meta.relative;
+    return {
+      type: rel ? "value" : "time", name: rel ? "s since start" : "",
+      scale: true, axisLabel: { hideOverlap: true },
+    };
+  };
+
+  Renderer.prototype.zoom = function () {
+    return [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 4 }];
+  };
+
+  Renderer.prototype.timeLabel = function (ms) {
+    if (this.meta.relative) return (ms / 1000).toFixed(1) + " s";
+    return new Date(ms).toISOString().slice(11, 19);
+  };
+
+  /* Percentile lines and the mean of one direction, log latency axis, SLA lines. */
+  Renderer.prototype.latency = function (d, rows) {
+    var self = this;
+    var keys = this.meta.percentiles;
+    var series = keys.map(function (k) {
+      return {
+        name: "p" + k, type: "line", showSymbol: false, sampling: "none",
+        data: rows.map(function (r) {
+          var v = r.percentiles_ns[k];
+          return [self.x(r.end_ms), v === null || v === undefined ? null : v / 1e6];
+        }),
+      };
+    });
+    series.push({
+      name: "mean", type: "line", showSymbol: false, lineStyle: { type: "dashed", width: 1.5 },
+      data: rows.map(function (r) { return [self.x(r.end_ms), r.mean_ns / 1e6]; }),
+    });
+    var sat = [];
+    rows.forEach(function (r) {
+      (r.saturated || []).forEach(function (k) {
+        sat.push({ value: [self.x(r.end_ms), r.percentiles_ns[k] / 1e6], name: "p" + k });
+      });
+    });
+    series.push({
+      name: "saturated (lower bound)", type: "scatter", symbol: "triangle", symbolSize: 10,
+      itemStyle: { color: "#b00020" }, data: sat,
+    });
+    if (this.meta.sla_ns.length) {
+      series[0].markLine = {
+        symbol: "none", silent: true, lineStyle: { color: "#b00020", type: "solid", width: 1.5 },
+        label: { formatter: "SLA {c} ms", position: "insideEndTop" },
+        data: this.meta.sla_ns.map(function (ns) { return { yAxis: ns / 1e6 }; }),
+      };
+    }
+    var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
+    c.group = GROUP;
+    c.setOption({
+      animation: false,
+      tooltip: {
+        trigger: "axis",
+        valueFormatter: function (v) { return v === null || v === undefined ? "-" : fmtNs(v * 1e6); },
+      },
+      legend: { top: 0 },
+      grid: { left: 64, right: 40, top: 36, bottom: 50 },
+      xAxis: this.timeAxis(),
+      yAxis: { type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" } },
+      dataZoom: this.zoom(),
+      toolbox: { feature: { dataZoom: { yAxisIndex: "none" }, restore: {}, saveAsImage: {} } },
+      series: series,
+    }, { replaceMerge: ["series"] });
+  };
+
+  /* IOPS (left axis) and MB/s (right axis) of every direction on one time axis. */
+  Renderer.prototype.throughput = function (m) {
+    var self = this;
+    var series = [];
+    m.directions.forEach(function (d) {
+      var rows = m.cluster[d];
+      series.push({
+        name: "IOPS " + d, type: "line", showSymbol: false, yAxisIndex: 0,
+        data: rows.map(function (r) { return [self.x(r.end_ms), r.iops]; }),
+      });
+      series.push({
+        name: "MB/s " + d, type: "line", showSymbol: false, yAxisIndex: 1,
+        lineStyle: { type: "dotted" },
+        data: rows.map(function (r) {
+          return [self.x(r.end_ms), r.bytes_per_second === null ? null : r.bytes_per_second / 1e6];
+        }),
+      });
+    });
+    var c = this.chart("throughput", "IOPS and throughput (cluster)");
+    c.group = GROUP;
+    c.setOption({
+      animation: false,
+      tooltip: { trigger: "axis" },
+      legend: { top: 0, type: "scroll" },
+      grid: { left: 64, right: 64, top: 36, bottom: 50 },
+      xAxis: this.timeAxis(),
+      yAxis: [{ type: "value", name: "IOPS" }, { type: "value", name: "MB/s" }],
+      dataZoom: this.zoom(),
+      series: series,
+    }, { replaceMerge: ["series"] });
+  };
+
+  function heatOption(self, xs, ys, data, name, yname, fmt) {
+    var vals = data.map(function (p) { return p[2]; });
+    var lo = vals.length ? Math.min.apply(null, vals) : 0;
+    var hi = vals.length ? Math.max.apply(null, vals) : 1;
+    return {
+      animation: false,
+      tooltip: {
+        formatter: function (p) {
+          return xs[p.value[0]] + "<br>" + ys[p.value[1]] + ": " + fmt(p.value[2]);
+        },
+      },
+      grid: { left: 90, right: 130, top: 10, bottom: 50 },
+      xAxis: { type: "category", data: xs, axisLabel: { hideOverlap: true } },
+      // At most about 16 labels: a category axis would print every row's.
+      yAxis: { type: "category", data: ys, name: yname, axisLabel: { interval: Math.max(0, Math.ceil(ys.length / 16) - 1) } },
+      visualMap: {
+        min: lo, max: hi === lo ? lo + 1 : hi, calculable: true, orient: "vertical",
+        right: 0, top: "center", itemHeight: 160,
+        formatter: function (v) { return fmt(v); },
+        inRange: { color: ["#f7fbff", "#6baed6", "#08519c", "#fdae61", "#d7191c"] },
+      },
+      dataZoom: [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 4 }],
+      // Drawn in one pass: progressive rendering would leave a screenshot (or a reader)
+      // with a half-drawn map.
+      series: [{ name: name, type: "heatmap", data: data, progressive: 0, progressiveThreshold: 1e9 }],
+    };
+  }
+
+  /* Time x latency bucket, colour = log10(I/Os in the bucket) for one direction. */
+  Renderer.prototype.heat = function (d, rows) {
+    var self = this;
+    var k0 = Infinity, k1 = -Infinity;
+    rows.forEach(function (r) {
+      if (r.heat) { k0 = Math.min(k0, r.heat.k0); k1 = Math.max(k1, r.heat.k0 + r.heat.counts.length - 1); }
+    });
+    if (!isFinite(k0)) return;
+    var ys = [];
+    for (var k = k0; k <= k1; k++) ys.push("≥ " + fmtNs(bucketEdgeNs(k)));
+    var xs = [], data = [];
+    rows.forEach(function (r, i) {
+      xs.push(self.timeLabel(r.end_ms));
+      if (!r.heat) return;
+      r.heat.counts.forEach(function (n, j) {
+        if (n > 0) data.push([i, r.heat.k0 + j - k0, Math.log10(n)]);
+      });
+    });
+    var c = this.chart("heat", "latency distribution over time (I/Os per latency band, log colour)", true);
+    c.setOption(heatOption(self, xs, ys, data, "I/Os " + d, "latency",
+      function (v) { return Math.pow(10, v).toPrecision(3) + " I/Os"; }), { notMerge: true });
+    this.setTitle("heat", "latency distribution over time: " + d + " (I/Os per latency band, log colour)");
+  };
+
+  /* Time x percentile: the latency of every configured percentile, log colour. */
+  Renderer.prototype.surface = function (d, rows) {
+    var self = this;
+    var keys = this.meta.percentiles;
+    var xs = rows.map(function (r) { return self.timeLabel(r.end_ms); });
+    var ys = keys.map(function (k) { return "p" + k; });
+    var data = [];
+    rows.forEach(function (r, i) {
+      keys.forEach(function (k, j) {
+        var v = r.percentiles_ns[k];
+        if (v > 0) data.push([i, j, Math.log10(v / 1e6)]);
+      });
+    });
+    var c = this.chart("surface", "time x percentile");
+    c.setOption(heatOption(self, xs, ys, data, "latency " + d, "percentile",
+      function (v) { return fmtNs(Math.pow(10, v) * 1e6); }), { notMerge: true });
+    this.setTitle("surface", "time x percentile: " + d + " (latency, log colour)");
+  };
+
+  /* Host x time heatmap of the chosen percentile: one slow host stands out. */
+  Renderer.prototype.hostHeat = function (d, byHost, ends) {
+    var self = this;
+    var key = this.meta.percentiles[this.pctIndex];
+    var hosts = Object.keys(byHost).sort();
+    var col = new Map();
+    ends.forEach(function (e, i) { col.set(e, i); });
+    var xs = ends.map(function (e) { return self.timeLabel(e); });
+    var data = [];
+    hosts.forEach(function (h, j) {
+      byHost[h].forEach(function (r) {
+        var v = r.percentiles_ns[key];
+        if (v > 0 && col.has(r.end_ms)) data.push([col.get(r.end_ms), j, Math.log10(v / 1e6)]);
+      });
+    });
+    var c = this.chart("hosts", "hosts", hosts.length > 12);
+    c.setOption(heatOption(self, xs, hosts, data, "p" + key + " " + d, "host",
+      function (v) { return fmtNs(Math.pow(10, v) * 1e6); }), { notMerge: true });
+    this.setTitle("hosts", "p" + key + " per host over time: " + d + " (log colour)");
+  };
+
+  Renderer.prototype.setTitle = function (id, text) {
+    var h = this.doc.getElementById("title-" + id);
+    if (h) h.textContent = text;
+  };
+
+  Renderer.prototype.draw = function (rows) {
+    this.rows = rows;
+    var m = model(rows);
+    var self = this;
+    if (!this.direction || m.directions.indexOf(this.direction) < 0) {
+      this.direction = m.directions.indexOf("read") >= 0 ? "read" : m.directions[0];
+    }
+    var opts = m.directions.map(function (d) {
+      return '<option value="' + d + '"' + (d === self.direction ? " selected" : "") + ">" + d + "</option>";
+    }).join("");
+    if (this.dirSelect.innerHTML !== opts) this.dirSelect.innerHTML = opts;
+    this.doc.getElementById("pct-label").textContent = "p" + this.meta.percentiles[this.pctIndex];
+    m.directions.forEach(function (d) { self.latency(d, m.cluster[d]); });
+    if (m.directions.length) {
+      this.throughput(m);
+      var d = this.direction;
+      this.heat(d, m.cluster[d]);
+      this.surface(d, m.cluster[d]);
+      if (m.hosts[d]) this.hostHeat(d, m.hosts[d], m.ends);
+    }
+    global.echarts.connect(GROUP);
+    this.publish(m, rows.length);
+    this.whenRendered();
+  };
+
+  /* Whether zrender has painted every element of a chart (ECharts 6.1 internals: each
+     canvas layer keeps draw cursors; a cursor behind its end is still painting). */
+  function painted(chart) {
+    var layers = chart.getZr().painter.getLayers ? chart.getZr().painter.getLayers() : {};
+    return Object.keys(layers).every(function (k) {
+      var cursors = layers[k].__cursors;
+      if (!cursors || !cursors.each) return true;
+      var ok = true;
+      cursors.each(function (c) { if (c.drawIdx < c.endIdx) ok = false; });
+      return ok;
+    });
+  }
+
+  /* Fit every chart to its box again (a window resize) and redraw. */
+  Renderer.prototype.resizeAll = function () {
+    if (global.fiomonState) global.fiomonState.rendered = false;
+    this.whenRendered();
+  };
+
+  /* `rendered` turns true once every chart finished drawing (large heatmaps take several
+     frames); a screenshot or a reader waits for it. */
+  Renderer.prototype.whenRendered = function () {
+    var self = this;
+    var ids = Object.keys(this.charts);
+    var pending = ids.length;
+    var draw = this.drawCount = (this.drawCount || 0) + 1;
+    if (global.fiomonState) global.fiomonState.rendered = false;
+    var done = function () {
+      if (draw !== self.drawCount || global.fiomonState.rendered) return;
+      // ECharts says "finished" when its model is drawn, but zrender paints large
+      // heatmaps a slice per frame after that: wait for the last slice too.
+      if (!ids.every(function (id) { return painted(self.charts[id]); })) {
+        global.requestAnimationFrame(done);
+        return;
+      }
+      global.fiomonState.rendered = true;
+      self.doc.body.setAttribute("data-rendered", String(draw));
+    };
+    ids.forEach(function (id) {
+      var c = self.charts[id];
+      c.off("finished");
+      var once = function () {
+        c.off("finished", once);
+        pending -= 1;
+        if (pending === 0) done();
+      };
+      c.on("finished", once);
+      // A chart with nothing new to draw may not fire: a resize forces one pass.
+      c.resize();
+    });
+    if (pending === 0) done();
+  };
+
+  /* What the charts hold, read back from them, for tests and for the curious. */
+  Renderer.prototype.publish = function (m, nrows) {
+    var charts = {};
+    var self = this;
+    Object.keys(this.charts).forEach(function (id) {
+      var opt = self.charts[id].getOption();
+      charts[id] = (opt.series || []).map(function (s) {
+        var out = { name: s.name, type: s.type, points: (s.data || []).length };
+        if (id.indexOf("lat-") === 0 || id === "throughput") out.data = s.data;
+        if (s.markLine && s.markLine.data) {
+          out.markLines = s.markLine.data.map(function (x) { return x.yAxis; });
+        }
+        return out;
+      });
+    });
+    var state = {
+      ready: true, rendered: false, rows: nrows, quanta: m.ends.length, directions: m.directions,
+      direction: this.direction, hosts: Object.keys(m.hosts[this.direction] || {}).length,
+      last_end_ms: m.ends.length ? m.ends[m.ends.length - 1] : null, charts: charts,
+      draws: (global.fiomonState ? global.fiomonState.draws : 0) + 1,
+    };
+    global.fiomonState = state;
+    this.doc.body.setAttribute("data-state", JSON.stringify(state));
+  };
+
+  function info(doc, text) { doc.getElementById("info").textContent = text; }
+
+  /* Offline: draw the embedded document once. */
+  function drawOffline(doc, data) {
+    var r = new Renderer(doc, {
+      percentiles: data.percentiles, sla_ns: data.sla_ns, relative: data.relative,
+    });
+    var rows = unpack(data);
+    var when = data.relative ? "times in s since the earliest record"
+      : "times UTC, " + new Date(data.t0).toISOString().slice(0, 10);
+    info(doc, rows.length + " rows, quantum " + data.quantum_ms + " ms, " + when +
+      (data.downsampled > 1 ? "; down-sampled: each pair of points is the min and max of " +
+        data.downsampled + " quanta" : ""));
+    r.draw(rows);
+    return r;
+  }
+
+  function statusHtml(st, meta) {
+    var parts = [];
+    parts.push("<span>hosts reporting: <b>" + st.hosts_up + "</b></span>");
+    parts.push("<span>late records: <b>" + st.late_records + "</b></span>");
+    parts.push("<span>lost records: <b>" + st.lost_records + "</b></span>");
+    (st.sla || []).forEach(function (s) {
+      var cls = s.state === "firing" ? "firing" : (s.state === "pending" ? "pending" : "ok");
+      parts.push('<span class="' + cls + '">SLA ' + s.rule + ": p" + s.percentile + " " +
+        s.direction + " &lt; " + fmtNs(s.threshold_ns) + (s.host ? " on " + s.host : "") +
+        ": <b>" + s.state + "</b></span>");
+    });
+    parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min (hosts: " +
+      Math.round((meta.host_window_s || meta.window_s) / 60) + " min)</span>");
+    return parts.join("");
+  }
+
+  /* Live: poll the aggregator's API, keep the last window of rows, redraw on news. */
+  function runLive(doc, cfg) {
+    var store = new Map();
+    var since = 0;
+    var r = null;
+    var statusEl = doc.getElementById("status");
+    function tick() {
+      global.fetch(cfg.api + "?since=" + since, { cache: "no-store" })
+        .then(function (resp) { return resp.json(); })
+        .then(function (body) {
+          var meta = body.meta;
+          if (!r) r = new Renderer(doc, { percentiles: meta.percentiles, sla_ns: meta.sla_ns, relative: false });
+          var news = 0;
+          body.quanta.forEach(function (row) {
+            store.set(row.scope + "|" + (row.host || "") + "|" + row.direction + "|" + row.end_ms, row);
+            since = Math.max(since, row.end_ms);
+            news++;
+          });
+          // Cluster rows for the whole window, host rows for the last few minutes only
+          // (the API serves no more: see fiomon/live.py).
+          var cut = since - meta.window_s * 1000;
+          var hostCut = since - (meta.host_window_s || meta.window_s) * 1000;
+          store.forEach(function (row, k) {
+            if (row.end_ms <= cut || (row.scope === "host" && row.end_ms <= hostCut)) store.delete(k);
+          });
+          statusEl.hidden = false;
+          statusEl.innerHTML = statusHtml(body.status, meta);
+          info(doc, "live: " + store.size + " rows, last quantum ends " +
+            (since ? new Date(since).toISOString().slice(11, 23) + " UTC" : "-") +
+            ", quantum " + meta.quantum_ms + " ms");
+          if (news || !global.fiomonState) r.draw(Array.from(store.values()));
+        })
+        .catch(function (e) { info(doc, "live: cannot reach the aggregator (" + e + "), retrying"); })
+        .then(function () { global.setTimeout(tick, cfg.poll_ms); });
+    }
+    tick();
+  }
+
+  function main(doc) {
+    var cfg = JSON.parse(doc.getElementById("fiomon-config").textContent);
+    if (cfg.live) {
+      runLive(doc, cfg);
+      return;
+    }
+    var data = JSON.parse(doc.getElementById("fiomon-data").textContent);
+    drawOffline(doc, data);
+  }
+
+  global.fiomon = { main: main, unpack: unpack, model: model, Renderer: Renderer, bucketEdgeNs: bucketEdgeNs };
+})(window);
