@@ -45,7 +45,7 @@ from fiomon.config import AgentConfig, watch_warnings
 from fiomon.follow import Follower
 from fiomon.mqtt import Backoff, Topics, make_client
 from fiomon.positions import load_positions, save_positions
-from fiomon.runtime import keep_alive, sd_notify
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify
 from fiomon.spool import Outgoing, Spool
 
 log = logging.getLogger("fiomon.agent")
@@ -157,7 +157,7 @@ class Agent:
                         "the files at the next start",
                         len(self.spool),
                     )
-                    publisher.cancel()
+                    await cancel_and_wait(publisher)
         finally:
             await asyncio.to_thread(self._save_positions)
             self.follower.close()

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("fiomon")
 
@@ -63,3 +64,20 @@ async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: fl
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), period)
     sd_notify("STOPPING=1", "STATUS=stopping")
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, every_s: float = 0.5) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling again if it carries on.
+
+    Python 3.11's ``asyncio.wait_for`` (which aiomqtt's ``publish`` awaits) loses a
+    cancellation that arrives as the awaited operation completes: the task then carries on
+    to its next ``await`` still marked as cancelling, and a single ``cancel()`` followed by
+    ``await task`` waits forever (the aggregator once hung at SIGTERM this way). Whatever
+    the task ends with is swallowed: the caller only wants it gone.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every_s)
+    if not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()

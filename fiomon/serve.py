@@ -51,7 +51,7 @@ from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
 from fiomon.metrics_server import MetricsProcess
 from fiomon.mqtt import Backoff, Topics, make_client
-from fiomon.runtime import keep_alive, sd_notify
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -384,9 +384,7 @@ async def _mqtt_loop(svc: _Service) -> None:
                             break
                 finally:
                     for task in (publisher, announce):
-                        task.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
+                        await cancel_and_wait(task)
         except aiomqtt.MqttError as exc:
             log.warning("broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
         core.watermark.disconnected(core.now_ms())
