@@ -64,6 +64,19 @@ def _percentiles(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(qs)))
 
 
+def _level(text: str) -> float:
+    """A confidence level: ``0.95`` or ``95%``, strictly between 0 and 1."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 < v < 1.0:
+        msg = f"--confidence-level: expected a level such as 0.95 or 95%, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return v
+
+
 def _directions(text: str) -> tuple[str, ...]:
     ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
     bad = [d for d in ds if d not in ALL_DIRECTIONS]
@@ -148,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="table",
         help="table (default), csv, jsonl (closed-quantum JSON lines) or "
         "fiologparser (fio's fiologparser_hist.py columns)",
+    )
+    r.add_argument(
+        "--confidence-level",
+        type=_level,
+        default=0.95,
+        metavar="LEVEL",
+        help="level of each percentile's distribution-free confidence interval "
+        "(default 0.95; csv and jsonl always carry the intervals)",
+    )
+    r.add_argument(
+        "--ci",
+        action="store_true",
+        help="table: follow each percentile with its confidence interval [low, high]",
     )
     r.add_argument(
         "--log-hist-msec",
@@ -711,6 +737,8 @@ def _report(args: argparse.Namespace) -> int:
         per_host=args.per_host,
         host_from=args.host_from,
         fmt=args.format,
+        confidence_level=args.confidence_level,
+        show_ci=args.ci,
         source=SourceOptions(
             interval_ms=interval,
             group_nr=args.group_nr,

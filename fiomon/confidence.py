@@ -36,6 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.bins import BinLayout
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
@@ -72,6 +74,12 @@ def rank_bounds(n: I64, q: float, level: float = DEFAULT_LEVEL) -> tuple[I64, I6
         msg = f"need 0 < q < 1 and 0 < level < 1, got q={q}, level={level}"
         raise ValueError(msg)
     n = np.asarray(n, dtype=np.int64)
+    if n.ndim == 1 and len(n) > 1:
+        # Rows often share a sample size (and the exact method costs a window per row).
+        uniq, inverse = np.unique(n, return_inverse=True)
+        if len(uniq) < len(n):
+            ulo, uhi = rank_bounds(uniq, q, level)
+            return ulo[inverse], uhi[inverse]
     a = (1.0 - level) / 2.0
     lo = np.zeros(n.shape, dtype=np.int64)
     hi = n + 1
@@ -96,7 +104,7 @@ def _exact(n: I64, q: float, a: float) -> tuple[I64, I64]:
     kf = np.minimum(ks, n[:, None]).astype(np.float64)
     nf = n[:, None].astype(np.float64)
     logpmf = (
-        _log_factorial(np.broadcast_to(nf, kf.shape).copy())
+        _log_factorial(n.astype(np.float64))[:, None]
         - _log_factorial(kf)
         - _log_factorial(nf - kf)
         + kf * math.log(q)
@@ -217,4 +225,40 @@ def bounds(
             if upper and last_bin_open:
                 vals = np.where(b == nb - 1, np.nan, vals)
             out[idx, j] = vals
+    return low, high
+
+
+def percentile_bounds(
+    hists: F64,
+    layout: BinLayout,
+    percentiles: Sequence[float],
+    *,
+    level: float = DEFAULT_LEVEL,
+    first_bin: int = 0,
+) -> tuple[F64, F64]:
+    """:func:`bounds` for percentiles (``99``, ``99.9``) of rows over ``layout``'s bins, in ns.
+
+    ``hists`` may hold only the columns ``first_bin .. first_bin + width - 1`` of the layout
+    (every count outside them being zero), as :func:`fiomon.histogram.summarize_many` takes
+    them. fio's last bin is open above (its clamp) only if the columns reach it. A
+    percentile of 100 (the maximum) has no distribution-free bound: NaN on both sides.
+    """
+    h = np.asarray(hists, dtype=np.float64)
+    width = h.shape[1]
+    lower, upper = layout.edges_ns()
+    qs = [q / 100.0 for q in percentiles]
+    inside = [j for j, q in enumerate(qs) if 0.0 < q < 1.0]
+    low = np.full((h.shape[0], len(qs)), np.nan)
+    high = np.full((h.shape[0], len(qs)), np.nan)
+    if inside:
+        lo, hi = bounds(
+            h,
+            lower[first_bin : first_bin + width],
+            upper[first_bin : first_bin + width],
+            [qs[j] for j in inside],
+            level=level,
+            last_bin_open=first_bin + width >= layout.nbins,
+        )
+        low[:, inside] = lo
+        high[:, inside] = hi
     return low, high

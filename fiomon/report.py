@@ -25,6 +25,7 @@ import numpy as np
 
 from fiomon.align import Align, auto_phase, phase_for
 from fiomon.bins import BinLayout
+from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.model import RecordBatch
 from fiomon.output import (
@@ -55,6 +56,8 @@ class ReportOptions:
     host_from: str = "auto"  # --host-from: how files get host labels (sources.host_labels)
     fmt: Format = "table"
     source: SourceOptions = field(default_factory=SourceOptions)
+    confidence_level: float = DEFAULT_LEVEL  # of each percentile's confidence interval
+    show_ci: bool = False  # --ci: the table shows the intervals (csv and jsonl always do)
     workers: int = 0  # 0: one per core, at most 2 per file pair
     progress: bool | None = None  # None: when stderr is a terminal and input is large
 
@@ -107,7 +110,13 @@ def _writer(opts: ReportOptions, out: TextIO, relative: bool, unit_ns: int) -> R
         return FiologparserWriter(
             out, opts.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
         )
-    return TableWriter(out, opts.percentiles, relative=relative, show_host=opts.per_host)
+    return TableWriter(
+        out,
+        opts.percentiles,
+        relative=relative,
+        show_host=opts.per_host,
+        ci_level=opts.confidence_level if opts.show_ci else None,
+    )
 
 
 def _common_layout(sources: Sequence[FileSource]) -> BinLayout:
@@ -226,6 +235,7 @@ def _run(
         percentiles=opts.percentiles,
         directions=opts.directions,
         per_host=opts.per_host,
+        confidence_level=opts.confidence_level,
     )
     writer = _writer(opts, out, relative, layout.unit_ns)
     for bs in first.values():

@@ -23,6 +23,7 @@ reads only the engine's fixed settings, so any thread may call it. :meth:`~Quant
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.histogram import HistStats, summarize_many
+from fiomon.confidence import DEFAULT_LEVEL, percentile_bounds
+from fiomon.histogram import HistStats, pct_key, summarize_many
 from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_ranges
 
 Scope = Literal["cluster", "host"]
@@ -60,7 +62,14 @@ class ClosedQuantum:
         streams: number of streams that contributed.
         late_records: late records of this scope counted since the previous close.
         hist: the merged histogram (counts per bin of the engine's layout), kept for
-            cluster rows when the engine is asked to (the exporter's bucket histogram).
+            cluster rows when the engine is asked to (the exporter's bucket histogram),
+            and for host rows too with ``keep_host_hists`` (merging quanta into spans).
+        ci_ns: per percentile key, the distribution-free confidence interval ``(low,
+            high)`` in ns at the engine's level (:mod:`fiomon.confidence`); ``None`` for a
+            side the data cannot bound. ``None`` when bounds are not computed.
+        target_met: for rows that merge several quanta to reach a target accuracy
+            (:mod:`fiomon.spans`): whether the target was met (False: the span reached its
+            maximum first). ``None`` for plain quanta.
     """
 
     start_ms: int
@@ -74,11 +83,13 @@ class ClosedQuantum:
     streams: int
     late_records: int
     hist: npt.NDArray[np.float64] | None = None
+    ci_ns: dict[str, tuple[float | None, float | None]] | None = None
+    target_met: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The closed-quantum JSON object of DESIGN.md."""
         s = self.stats
-        return {
+        out: dict[str, Any] = {
             "start_ms": self.start_ms,
             "end_ms": self.end_ms,
             "scope": self.scope,
@@ -97,6 +108,13 @@ class ClosedQuantum:
             "streams": self.streams,
             "late_records": self.late_records,
         }
+        if self.ci_ns is not None:
+            out["percentiles_ci_ns"] = {
+                k: [_opt_num(lo), _opt_num(hi)] for k, (lo, hi) in self.ci_ns.items()
+            }
+        if self.target_met is not None:
+            out["target_met"] = self.target_met
+        return out
 
 
 def _num(x: float) -> float | int:
@@ -104,6 +122,20 @@ def _num(x: float) -> float | int:
     if float(x).is_integer() and abs(x) < 2**53:
         return int(x)
     return float(f"{x:.12g}")
+
+
+def _opt_num(x: float | None) -> float | int | None:
+    return None if x is None else _num(x)
+
+
+def ci_dict(
+    keys: Sequence[str], low: Sequence[float], high: Sequence[float]
+) -> dict[str, tuple[float | None, float | None]]:
+    """Per key ``(low, high)`` with NaN (no bound) as ``None``."""
+    return {
+        k: (None if math.isnan(lo) else lo, None if math.isnan(hi) else hi)
+        for k, lo, hi in zip(keys, low, high, strict=True)
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +236,9 @@ class QuantumEngine:
             the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
             close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
+        keep_host_hists: attach it to host rows too.
+        confidence_level: compute each percentile's confidence interval at this level
+            (``ClosedQuantum.ci_ns``); None: none.
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
             cost memory only once used; reserving avoids copying the store as it grows.
     """
@@ -221,6 +256,8 @@ class QuantumEngine:
         max_open_quanta: int = 100_000,
         max_open_rows: int | None = None,
         keep_hists: bool = False,
+        keep_host_hists: bool = False,
+        confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
     ) -> None:
         if quantum_ms <= 0:
@@ -240,6 +277,12 @@ class QuantumEngine:
         self.max_open_quanta = max_open_quanta
         self.max_open_rows = max_open_rows
         self.keep_hists = keep_hists
+        self.keep_host_hists = keep_host_hists
+        if confidence_level is not None and not 0.0 < confidence_level < 1.0:
+            msg = f"confidence_level must be in (0, 1), got {confidence_level}"
+            raise ValueError(msg)
+        self.confidence_level = confidence_level
+        self._pct_keys = [pct_key(q) for q in self.percentiles]
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
@@ -699,10 +742,23 @@ class QuantumEngine:
             pg = k.row_gid[pair_pos]
             pm = pg >= 0
             g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
-            stats = summarize_many(
-                k.hists[wanted], self.layout, self.percentiles, first_bin=first_bin
-            )
-            for i, st in zip(wanted, stats, strict=True):
+            hists = k.hists[wanted]
+            stats = summarize_many(hists, self.layout, self.percentiles, first_bin=first_bin)
+            cis: list[dict[str, tuple[float | None, float | None]] | None] = [None] * len(stats)
+            if self.confidence_level is not None:
+                low, high = percentile_bounds(
+                    hists,
+                    self.layout,
+                    self.percentiles,
+                    level=self.confidence_level,
+                    first_bin=first_bin,
+                )
+                keys = self._pct_keys
+                cis = [
+                    ci_dict(keys, lo, hi)
+                    for lo, hi in zip(low.tolist(), high.tolist(), strict=True)
+                ]
+            for i, st, ci in zip(wanted, stats, cis, strict=True):
                 if st is None:
                     continue  # empty quanta produce no row
                 q, h = int(k.q[i]), int(k.host[i])
@@ -724,9 +780,11 @@ class QuantumEngine:
                     ),
                     hist=(
                         self._full(k.hists[i], first_bin)
-                        if self.keep_hists and host is None
+                        if (self.keep_hists and host is None)
+                        or (self.keep_host_hists and host is not None)
                         else None
                     ),
+                    ci_ns=ci,
                 )
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))
