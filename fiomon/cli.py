@@ -77,6 +77,19 @@ def _level(text: str) -> float:
     return v
 
 
+def _fraction(text: str) -> float:
+    """A relative error: ``5%`` or ``0.05``, above 0."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 < v < 10.0:
+        msg = f"--target-error: expected a relative error such as 5% or 0.05, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return v
+
+
 def _directions(text: str) -> tuple[str, ...]:
     ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
     bad = [d for d in ds if d not in ALL_DIRECTIONS]
@@ -174,6 +187,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--ci",
         action="store_true",
         help="table: follow each percentile with its confidence interval [low, high]",
+    )
+    r.add_argument(
+        "--target-error",
+        type=_fraction,
+        default=None,
+        metavar="E",
+        help="merge consecutive quanta until the --target-percentile's confidence interval "
+        "is within E of it (relative half-width, e.g. 5%%); each row then covers a span",
+    )
+    r.add_argument(
+        "--target-percentile",
+        type=float,
+        default=None,
+        metavar="P",
+        help="the percentile --target-error judges (default 99 if reported, else the "
+        "highest of --percentiles)",
+    )
+    r.add_argument(
+        "--max-span",
+        type=_duration("--max-span"),
+        default=60_000,
+        help="longest span of --target-error (default 60s); a span that reaches it is "
+        "flagged (target_met false, '*' in the table)",
     )
     r.add_argument(
         "--log-hist-msec",
@@ -723,6 +759,27 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     percentiles = args.percentiles
     directions = args.directions or ALL_DIRECTIONS
+    target_pct = args.target_percentile
+    if target_pct is None:
+        target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
+    if args.target_error is not None:
+        if args.format == "fiologparser":
+            print(
+                "fiomon report: --target-error does not fit --format fiologparser (its "
+                "columns have no span); use table, csv or jsonl",
+                file=sys.stderr,
+            )
+            return 2
+        if target_pct not in percentiles:
+            print(
+                f"fiomon report: --target-percentile {target_pct:g} is not among "
+                f"--percentiles {','.join(f'{q:g}' for q in percentiles)}",
+                file=sys.stderr,
+            )
+            return 2
+        if args.max_span < args.quantum:
+            print("fiomon report: --max-span must be at least --quantum", file=sys.stderr)
+            return 2
     if args.format == "fiologparser":
         # fiologparser_hist.py always prints the median, and without --directions only the
         # mixed ("all") row.
@@ -739,6 +796,9 @@ def _report(args: argparse.Namespace) -> int:
         fmt=args.format,
         confidence_level=args.confidence_level,
         show_ci=args.ci,
+        target_error=args.target_error,
+        target_percentile=target_pct,
+        max_span_ms=args.max_span,
         source=SourceOptions(
             interval_ms=interval,
             group_nr=args.group_nr,

@@ -15,7 +15,8 @@ run in memory.
 * ``table``: aligned columns in a latency unit chosen from the first row (µs, ms or s);
   a saturated percentile is shown as ``>`` its lower bound. With ``ci_level``, each
   percentile is followed by its confidence interval ``[low, high]`` at that level (``?``:
-  the data bound no side).
+  the data bound no side). With ``spans`` (``--target-error``), a ``span`` column gives each
+  row's length, ``*`` marking one that did not reach the target.
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ class JsonlWriter:
 
 
 class CsvWriter:
-    """Flat CSV with a header; latencies in ns."""
+    """Flat CSV with a header; latencies in ns; with ``spans``, a last ``target_met`` column."""
 
-    def __init__(self, out: TextIO, percentiles: Sequence[float]) -> None:
+    def __init__(self, out: TextIO, percentiles: Sequence[float], *, spans: bool = False) -> None:
         self.keys = [pct_key(q) for q in percentiles]
+        self.spans = spans
         self.w = csv.writer(out, lineterminator="\n")
         self.w.writerow(
             [
@@ -84,6 +86,7 @@ class CsvWriter:
                 "streams",
                 "late_records",
                 *[f"p{k}_{side}_ns" for k in self.keys for side in ("low", "high")],
+                *(["target_met"] if spans else []),
             ]
         )
 
@@ -110,6 +113,7 @@ class CsvWriter:
                     j["streams"],
                     j["late_records"],
                     *[_blank(x) for k in self.keys for x in ci.get(k, (None, None))],
+                    *([int(bool(r.target_met))] if self.spans else []),
                 ]
             )
 
@@ -179,6 +183,7 @@ class TableWriter:
         relative: bool,
         show_host: bool,
         ci_level: float | None = None,
+        spans: bool = False,
     ) -> None:
         self.out = out
         self.keys = [pct_key(q) for q in percentiles]
@@ -187,6 +192,8 @@ class TableWriter:
         self.ci_level = ci_level
         self.ci = ci_level is not None
         self.unbounded_seen = False
+        self.spans = spans
+        self.unmet_seen = False
         self.unit: tuple[str, float] | None = None
         self.saturated_seen = False
         self._last_date = ""
@@ -195,6 +202,7 @@ class TableWriter:
         name, _ = self.unit or _UNITS[0]
         cols = [
             "end",
+            *(["span"] if self.spans else []),
             *(["host"] if self.show_host else []),
             "dir",
             "samples",
@@ -211,7 +219,8 @@ class TableWriter:
             else ""
         )
         self.out.write(
-            f"# latencies in {name}; end = end of each quantum"
+            f"# latencies in {name}; end = end of each "
+            f"{'span, span = its length' if self.spans else 'quantum'}"
             f"{' (s since job start)' if self.relative else ' (UTC)'}{ci}\n"
         )
         self.out.write(self._fmt(cols) + "\n")
@@ -222,13 +231,15 @@ class TableWriter:
         return [f"p{key}", f"p{key} CI"]
 
     def _fmt(self, cells: list[str]) -> str:
-        head = [12, *([14] if self.show_host else []), 5, 9, 9, 8, 10, 10]
+        head = [12, *([8] if self.spans else []), *([14] if self.show_host else []), 5]
+        head += [9, 9, 8, 10, 10]
         pct = [10, 18] if self.ci else [10]
         widths = [*head, *pct * len(self.keys), 10]
         out = []
         for i, c in enumerate(cells):
             w = widths[i] if i < len(widths) else 10
-            out.append(c.ljust(w) if i < 2 + self.show_host else c.rjust(w))
+            left = i < 2 + self.show_host + self.spans and not (self.spans and i == 1)
+            out.append(c.ljust(w) if left else c.rjust(w))
         return " ".join(out)
 
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
@@ -263,6 +274,7 @@ class TableWriter:
             when = t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
         cells = [
             when,
+            *([self._span(r)] if self.spans else []),
             *([r.host or "cluster"] if self.show_host else []),
             r.direction,
             f"{s.samples:.0f}",
@@ -274,6 +286,13 @@ class TableWriter:
             lat(s.max_ns),
         ]
         return self._fmt(cells)
+
+    def _span(self, r: ClosedQuantum) -> str:
+        """The span's length in s, ``*`` when it reached the longest span before the target."""
+        mark = "" if r.target_met is not False else "*"
+        if mark:
+            self.unmet_seen = True
+        return f"{mark}{(r.end_ms - r.start_ms) / 1000:g}s"
 
     def _pct_cells(self, r: ClosedQuantum, key: str, lat: Callable[..., str]) -> list[str]:
         value = lat(r.stats.percentiles_ns[key], key)
@@ -288,6 +307,11 @@ class TableWriter:
         """Explain the saturation marker if it was used."""
         if self.unit is None:
             self.out.write("# no quanta: the input held no I/O\n")
+        if self.unmet_seen:
+            self.out.write(
+                "# '*' marks a span that reached --max-span (or the end of the input) before "
+                "its percentile reached --target-error\n"
+            )
         if self.unbounded_seen:
             self.out.write(
                 "# '?' in an interval: the quantum holds too few I/Os to bound that side "
