@@ -31,7 +31,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.confidence import DEFAULT_LEVEL, percentile_bounds
 from fiomon.histogram import pct_key, summarize_many
-from fiomon.windows import ClosedQuantum, Scope, ci_dict
+from fiomon.windows import ClosedQuantum, Scope, ci_dicts
 
 SpanKey = tuple[str, str, str]  # (scope, host or "", direction)
 
@@ -188,7 +188,8 @@ class SpanMerger:
         stats = summarize_many(hists, self.layout, self.percentiles)
         low, high = percentile_bounds(hists, self.layout, self.percentiles, level=self.level)
         out = []
-        for (s, ok), st, lo, hi in zip(spans, stats, low.tolist(), high.tolist(), strict=True):
+        cis = ci_dicts(self.keys, low, high)
+        for (s, ok), st, ci in zip(spans, stats, cis, strict=True):
             if st is None:
                 continue
             out.append(
@@ -203,7 +204,7 @@ class SpanMerger:
                     bytes_per_second=s.nbytes / s.covered_s if s.covered_s > 0 else None,
                     streams=s.streams,
                     late_records=s.late_records,
-                    ci_ns=ci_dict(self.keys, lo, hi),
+                    ci_ns=ci,
                     target_met=ok,
                 )
             )
