@@ -726,7 +726,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         )
         print(
             f"         close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s; "
-            f"CPU {x.cpu:.0f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
+            f"CPU {x.cpu:.1f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
             f"(failed {x.scrape_failures}), p50 {1e3 * x.scrape_p50:.0f} ms, p99 "
             f"{1e3 * x.scrape_p99:.0f} ms, {x.metrics_kb:.0f} kB; publisher lag <= "
             f"{x.publisher_lag_ms:.0f} ms"

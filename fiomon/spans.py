@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.confidence import DEFAULT_LEVEL, percentile_bounds
-from fiomon.histogram import pct_key, summarize_many
+from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
+from fiomon.histogram import pct_key
 from fiomon.windows import ClosedQuantum, Scope, ci_dicts
 
 SpanKey = tuple[str, str, str]  # (scope, host or "", direction)
@@ -171,8 +171,7 @@ class SpanMerger:
         """Relative half-width of the target percentile's interval per span (inf: unbounded)."""
         hists = np.stack([s.hist for s in spans])
         q = [self.percentiles[self.target_index]]
-        low, high = percentile_bounds(hists, self.layout, q, level=self.level)
-        stats = summarize_many(hists, self.layout, q)
+        stats, low, high = summarize_with_bounds(hists, self.layout, q, level=self.level)
         est = np.array(
             [np.nan if st is None else next(iter(st.percentiles_ns.values())) for st in stats]
         )
@@ -185,8 +184,9 @@ class SpanMerger:
         if not spans:
             return []
         hists = np.stack([s.hist for s, _ in spans])
-        stats = summarize_many(hists, self.layout, self.percentiles)
-        low, high = percentile_bounds(hists, self.layout, self.percentiles, level=self.level)
+        stats, low, high = summarize_with_bounds(
+            hists, self.layout, self.percentiles, level=self.level
+        )
         out = []
         cis = ci_dicts(self.keys, low, high)
         for (s, ok), st, ci in zip(spans, stats, cis, strict=True):

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.confidence import DEFAULT_LEVEL, percentile_bounds
+from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
 from fiomon.histogram import HistStats, pct_key, summarize_many
 from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_ranges
 
@@ -108,9 +108,9 @@ class ClosedQuantum:
             "late_records": self.late_records,
         }
         if self.ci_ns is not None:
-            out["percentiles_ci_ns"] = {
-                k: [_bound(lo), _bound(hi)] for k, (lo, hi) in self.ci_ns.items()
-            }
+            # (low, high) pairs: JSON writes them as lists. Bounds are whole ns (bin
+            # edges; ci_dicts makes them ints), written as they are.
+            out["percentiles_ci_ns"] = dict(self.ci_ns)
         if self.target_met is not None:
             out["target_met"] = self.target_met
         return out
@@ -121,13 +121,6 @@ def _num(x: float) -> float | int:
     if float(x).is_integer() and abs(x) < 2**53:
         return int(x)
     return float(f"{x:.12g}")
-
-
-def _bound(x: float | None) -> float | int | None:
-    """A bound as JSON: None stays None, whole ns stay ints (ci_dicts makes them so)."""
-    if x is None or isinstance(x, int):
-        return x
-    return _num(x)
 
 
 def ci_dicts(
@@ -757,10 +750,12 @@ class QuantumEngine:
             pm = pg >= 0
             g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
             hists = k.hists[wanted]
-            stats = summarize_many(hists, self.layout, self.percentiles, first_bin=first_bin)
-            cis: list[dict[str, tuple[float | None, float | None]] | None] = [None] * len(stats)
-            if self.confidence_level is not None:
-                low, high = percentile_bounds(
+            cis: list[dict[str, tuple[float | None, float | None]] | None]
+            if self.confidence_level is None:
+                stats = summarize_many(hists, self.layout, self.percentiles, first_bin=first_bin)
+                cis = [None] * len(stats)
+            else:
+                stats, low, high = summarize_with_bounds(
                     hists,
                     self.layout,
                     self.percentiles,

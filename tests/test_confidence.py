@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fiomon.bins import BinLayout
-from fiomon.confidence import bounds, rank_bounds
+from fiomon.confidence import bounds, rank_bounds, summarize_with_bounds
+from fiomon.histogram import summarize_many
 from fiomon.report import ReportOptions, run_report
 from fiomon.simulate import format_line
 from fiomon.sources import SourceOptions
@@ -59,6 +60,30 @@ def test_sides_the_data_cannot_bound_are_nan() -> None:
     assert low[0, 0] == lo_e[900] and high[0, 0] == hi_e[900]  # within one bin
     assert not np.isnan(low[0, 1])
     assert np.isnan(high[0, 1])  # p99.9 of 200 I/Os: no upper bound
+
+
+@pytest.mark.parametrize("first_bin", [0, 300])
+def test_bounds_found_with_the_percentiles_equal_the_direct_search(first_bin: int) -> None:
+    # summarize_with_bounds finds the order statistics in the percentiles' own search;
+    # it must agree with bounds() (a separate cumulative sum per row), also on fractional
+    # counts, empty rows, counts in fio's last bin and a slice of the columns.
+    rng = np.random.default_rng(first_bin)
+    lay = BinLayout()
+    lo_e, hi_e = lay.edges_ns()
+    h = np.zeros((400, lay.nbins))
+    cols = rng.integers(first_bin, lay.nbins, size=(400, 30))
+    np.add.at(h, (np.repeat(np.arange(400), 30), cols.ravel()), rng.random(12_000) * 40)
+    h[::7] = np.rint(h[::7])
+    h[5] = 0.0
+    h[9, -1] += 500.0
+    pcts = (50.0, 90.0, 99.0, 99.9, 100.0)
+    stats, low, high = summarize_with_bounds(h[:, first_bin:], lay, pcts, first_bin=first_bin)
+    want_low, want_high = bounds(h, lo_e, hi_e, [q / 100 for q in pcts[:-1]])
+    np.testing.assert_array_equal(low[:, :-1], want_low)
+    np.testing.assert_array_equal(high[:, :-1], want_high)
+    assert np.isnan(low[:, -1]).all() and np.isnan(high[:, -1]).all()  # p100: no bound
+    assert stats[5] is None and np.isnan(low[5]).all()
+    assert stats == summarize_many(h[:, first_bin:], lay, pcts, first_bin=first_bin)
 
 
 # -- calibration -------------------------------------------------------------------------
