@@ -108,9 +108,10 @@ class ClosedQuantum:
             "late_records": self.late_records,
         }
         if self.ci_ns is not None:
-            # (low, high) pairs: JSON writes them as lists. Bounds are whole ns (bin
-            # edges; ci_dicts makes them ints), written as they are.
-            out["percentiles_ci_ns"] = dict(self.ci_ns)
+            # Bounds are whole ns (bin edges; ci_dicts makes them ints), written as
+            # they are; lists, as a JSON line reads back.
+            ci = self.ci_ns
+            out["percentiles_ci_ns"] = dict(zip(ci, map(list, ci.values()), strict=True))
         if self.target_met is not None:
             out["target_met"] = self.target_met
         return out
