@@ -228,6 +228,20 @@ def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
     allowed = ('should not have "quantile" label', "should not include type 'histogram'")
     assert findings, "promtool ran"
     assert all(any(a in ln for a in allowed) for ln in findings), findings
+    # The confidence bounds are new families that pass promtool as they are.
+    assert not [ln for ln in findings if "_lower_" in ln or "_upper_" in ln], findings
+    value = registry.get_sample_value(
+        "fiomon_cluster_latency_seconds", {"direction": "read", "quantile": "0.99"}
+    )
+    bound = {"direction": "read", "percentile": "99"}
+    low = registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", bound)
+    high = registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", bound)
+    assert value is not None and low is not None and high is not None
+    assert low <= value <= high
+    # 400 I/Os a quantum cannot bound p99.9 from above: that series is absent, not NaN.
+    top = {"direction": "read", "percentile": "99.9"}
+    assert registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", top) is None
+    assert registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", top)
 
 
 def test_quanta_file_rotates_and_keeps(tmp_path: Path) -> None:
