@@ -199,7 +199,7 @@ def publish(argv: list[str]) -> None:
 
 
 def expected_rows(
-    hosts: int, jobs: int, seed: int, start_ms: int, max_hosts: int
+    hosts: int, jobs: int, seed: int, start_ms: int, max_hosts: int, *, level: float | None = 0.95
 ) -> list[list[dict[str, Any]]]:
     """Ground truth: the rows the engine gives offline for second 0, 1, 2 (then repeating)."""
     tpls = templates(jobs, seed)
@@ -216,6 +216,7 @@ def expected_rows(
             directions=ALL_DIRECTIONS,
             per_host=True,
             max_hosts=max_hosts,
+            confidence_level=level,
         )
         engine.add(batch)
         out.append([r.to_json() for r in engine.flush()])
@@ -557,11 +558,14 @@ def run(args: argparse.Namespace) -> Result:
                 "sla: [{name: always, direction: read, percentile: 50, threshold: 1us, "
                 "for: 1, min_samples: 1}]\n"
             )
+        level = "false" if args.confidence_level is None else args.confidence_level
         cfg = folder / "aggregator.yaml"
         cfg.write_text(
             f"broker: {{port: {mport}}}\ntopic_prefix: {PREFIX}\nclient_id: bench-aggregator\n"
             f"quantum: 1s\nlateness: {LATENESS_S}s\nalign: epoch\nlisten: 127.0.0.1:{hport}\n"
-            f"max_hosts: {args.max_hosts}\nquanta_file: {quanta}\nstate_dir: {state}\n{extra}"
+            f"max_hosts: {args.max_hosts}\nquanta_file: {quanta}\nstate_dir: {state}\n"
+            f"confidence_level: {level}\n"
+            f"{extra}"
         )
         log = (folder / "aggregator.log").open("ab")
 
@@ -732,7 +736,14 @@ def run(args: argparse.Namespace) -> Result:
         if webhook:
             r.notes.append(f"webhook alerts: {webhook}")
         if args.verify:
-            truth = expected_rows(args.hosts, args.jobs, args.seed, start_ms, args.max_hosts)
+            truth = expected_rows(
+                args.hosts,
+                args.jobs,
+                args.seed,
+                start_ms,
+                args.max_hosts,
+                level=args.confidence_level,
+            )
             compare(quanta, truth, start_ms, args.seconds, r)
         if args.keep:
             shutil.copytree(folder, args.keep, dirs_exist_ok=True)
@@ -758,6 +769,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         mode.append(f"webhook {args.webhook}")
     if args.restarts:
         mode.append(f"restarts {args.restarts}")
+    mode.append(f"confidence_level {args.confidence_level or 'false'}")
     print(f"load: {load} ({med('offered'):,.0f} records/s offered), {', '.join(mode)}; {what}")
     for i, x in enumerate(results):
         nl = (
@@ -788,7 +800,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         )
         print(
             f"         close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s; "
-            f"CPU {x.cpu:.0f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
+            f"CPU {x.cpu:.1f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
             f"(failed {x.scrape_failures}), p50 {1e3 * x.scrape_p50:.0f} ms, p99 "
             f"{1e3 * x.scrape_p99:.0f} ms, {x.metrics_kb:.0f} kB; publisher lag <= "
             f"{x.publisher_lag_ms:.0f} ms"
@@ -839,6 +851,12 @@ def main() -> int:
     ap.add_argument("--no-verify", dest="verify", action="store_false")
     ap.add_argument("--keep", type=Path, default=None, help="copy the run's folder here")
     ap.add_argument("--log-level", default="warning", help="the aggregator's --log-level")
+    ap.add_argument(
+        "--confidence-level",
+        type=lambda t: None if t == "false" else float(t),
+        default=0.95,
+        help="the aggregator's confidence_level ('false': no intervals, to measure their cost)",
+    )
     args = ap.parse_args()
     results = [run(args) for _ in range(args.repeat)]
     report(args, results)

@@ -602,6 +602,7 @@ class AggregatorCore:
             quantum_ms=self.cfg.quantum_ms,
             phase_ms=phase,
             percentiles=self.cfg.percentiles,
+            confidence_level=self.cfg.confidence_level,
             directions=ALL_DIRECTIONS,
             per_host=self.cfg.per_host,
             max_hosts=self.cfg.max_hosts,
@@ -750,7 +751,21 @@ class AggregatorCore:
         cfg = self.cfg
         if new.sla != cfg.sla:
             missing = [r.name for r in new.sla if r.percentile not in cfg.percentiles]
-            if missing:
+            unsure = [
+                r.name
+                for r in new.sla
+                if r.confidence is not None and r.confidence != cfg.confidence_level
+            ]
+            if unsure:
+                log.error(
+                    "reload: SLA rules %s need confidence bounds at a level this run does "
+                    "not compute (confidence_level %s); the rules are unchanged "
+                    "(confidence_level changes with a restart)",
+                    ", ".join(unsure),
+                    cfg.confidence_level,
+                )
+                new = dataclasses.replace(new, sla=cfg.sla)
+            elif missing:
                 log.error(
                     "reload: SLA rules %s need percentiles that are not computed (%s); "
                     "the rules are unchanged (percentiles change with a restart)",

@@ -6,6 +6,15 @@ quanta: below ``clear_below``, the hysteresis) -> ``inactive``. A quantum with f
 ``min_samples`` I/Os (or none) is no evidence: the state holds. A value of a saturated
 percentile is a lower bound at fio's cap, which is above any threshold, so it breaches.
 
+A rule with ``confidence`` weighs the evidence with the percentile's confidence interval
+(:mod:`fiomon.confidence`): a quantum breaches only when the interval's *lower* bound is
+above the threshold, and counts as clear only when its *upper* bound is below
+``clear_ns``; a side the data cannot bound (``None``: too few I/Os) is never evidence. So
+a p99 of 100 I/Os that lands above the threshold by chance never fires (its lower bound
+sits well below the estimate), while at thousands of I/Os a quantum the interval is tight
+and a real breach fires as soon as without confidence, or one quantum later. The state
+keeps both bounds and which one decided (``decided_by``), for the alert's annotations.
+
 :func:`evaluate` is pure; :class:`AlertBook` keeps the states of every rule and host and
 returns the transitions, which the aggregator logs, counts, publishes and posts.
 
@@ -58,6 +67,11 @@ class AlertState:
         value_ns: the percentile of the last quantum with evidence.
         since_ms: when the current phase began (quantum end, ms).
         fired_ms: when it last started firing.
+        lower_ns: the confidence interval's lower bound of that quantum (rules with
+            ``confidence``; None: unbounded or not weighed).
+        upper_ns: its upper bound.
+        decided_by: ``lower`` (is it breaching?) or ``upper`` (is it clear? asked while
+            firing) for rules with ``confidence``, else None.
     """
 
     phase: Phase = Phase.INACTIVE
@@ -66,17 +80,48 @@ class AlertState:
     value_ns: float | None = None
     since_ms: int = 0
     fired_ms: int | None = None
+    lower_ns: float | None = None
+    upper_ns: float | None = None
+    decided_by: str | None = None
+
+
+Bounds = tuple[float | None, float | None]
 
 
 def evaluate(
-    rule: SlaRule, value_ns: float | None, samples: float, state: AlertState, at_ms: int
+    rule: SlaRule,
+    value_ns: float | None,
+    samples: float,
+    state: AlertState,
+    at_ms: int,
+    *,
+    bounds_ns: Bounds = (None, None),
 ) -> AlertState:
-    """The state after a quantum ending at ``at_ms`` with percentile ``value_ns``."""
+    """The state after a quantum ending at ``at_ms`` with percentile ``value_ns``.
+
+    ``bounds_ns`` is the percentile's confidence interval (``None`` for an unbounded
+    side); only rules with ``confidence`` read it.
+    """
     if value_ns is None or samples < rule.min_samples:
         if state.phase is Phase.RESOLVED:
             return replace(state, phase=Phase.INACTIVE, since_ms=at_ms)
         return state
-    over = value_ns > rule.threshold_ns
+    if rule.confidence is None:
+        over = value_ns > rule.threshold_ns
+        clear = value_ns < rule.clear_ns
+        return _step(rule, value_ns, state, at_ms, over=over, clear=clear)
+    low, high = bounds_ns
+    over = low is not None and low > rule.threshold_ns
+    clear = high is not None and high < rule.clear_ns
+    new = _step(rule, value_ns, state, at_ms, over=over, clear=clear)
+    decided_by = "upper" if state.phase is Phase.FIRING else "lower"
+    return replace(new, lower_ns=low, upper_ns=high, decided_by=decided_by)
+
+
+def _step(
+    rule: SlaRule, value_ns: float, state: AlertState, at_ms: int, *, over: bool, clear: bool
+) -> AlertState:
+    """One step of the state machine, given whether the quantum breaches and is clear."""
     if state.phase in (Phase.INACTIVE, Phase.RESOLVED):
         if not over:
             if state.phase is Phase.RESOLVED:
@@ -98,7 +143,7 @@ def evaluate(
             return AlertState(Phase.FIRING, n, 0, value_ns, at_ms, at_ms)
         return replace(state, breaching=n, value_ns=value_ns)
     # Firing: it resolves only after clear_for quanta below the clear level.
-    if value_ns < rule.clear_ns:
+    if clear:
         n = state.clearing + 1
         if n >= rule.clear_for:
             return AlertState(Phase.RESOLVED, 0, n, value_ns, at_ms, state.fired_ms)
@@ -143,6 +188,7 @@ class Transition:
             "value_ns": self.state.value_ns,
             "at_ms": self.at_ms,
             "idle": self.idle,
+            **_evidence(self.rule, self.state),
         }
 
 
@@ -190,7 +236,8 @@ class AlertBook:
                     self._hosts[rule.name] += 1
                 old = AlertState()
             value = r.stats.percentiles_ns.get(key)
-            new = evaluate(rule, value, r.stats.samples, old, end_ms)
+            ci = (r.ci_ns or {}).get(key, (None, None))
+            new = evaluate(rule, value, r.stats.samples, old, end_ms, bounds_ns=ci)
             self.states[state_key] = new
             if new.phase is not old.phase:
                 if new.phase is Phase.FIRING:
@@ -251,6 +298,7 @@ class AlertBook:
 
     def snapshot(self) -> list[dict[str, object]]:
         """Every alert's state, for the retained MQTT topic."""
+        rules = {r.name: r for r in self.rules}
         return [
             {
                 "rule": name,
@@ -258,6 +306,7 @@ class AlertBook:
                 "state": st.phase.value,
                 "value_ns": st.value_ns,
                 "since_ms": st.since_ms,
+                **(_evidence(rules[name], st) if name in rules else {}),
             }
             for (name, host), st in sorted(self.states.items(), key=lambda kv: str(kv[0]))
         ]
@@ -266,6 +315,18 @@ class AlertBook:
 # Where deploy/README.md installs the docs; sites point it at their own wiki.
 RUNBOOK = "/opt/fiomon/share/fiomon/docs/metrics.md#fiomonslabreach"
 SEVERITY = "page"  # an SLA breach pages, as the shipped Prometheus rule does
+
+
+def _evidence(rule: SlaRule, state: AlertState) -> dict[str, object]:
+    """The confidence interval and the bound that decided, for rules with ``confidence``."""
+    if rule.confidence is None:
+        return {}
+    return {
+        "confidence": rule.confidence,
+        "lower_ns": state.lower_ns,
+        "upper_ns": state.upper_ns,
+        "decided_by": state.decided_by,
+    }
 
 
 def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
@@ -282,6 +343,36 @@ def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
     return labels
 
 
+def _ms(ns: float | None) -> str:
+    return "none" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def _annotations(rule: SlaRule, state: AlertState, scope: str) -> dict[str, str]:
+    """What a person reading the alert needs: value, runbook, and with confidence the evidence."""
+    out = {
+        "summary": f"p{rule.percentile:g} {rule.direction} latency above "
+        f"{rule.threshold_ns / 1e6:g} ms",
+        "description": f"fiomon SLA rule {rule.name}: the {scope} p"
+        f"{rule.percentile:g} {rule.direction} latency stayed above "
+        f"{rule.threshold_ns / 1e6:g} ms for {rule.for_quanta} quanta",
+        "runbook_url": RUNBOOK,
+        "value_ms": _ms(state.value_ns or 0.0),
+    }
+    if rule.confidence is not None:
+        # Annotation values are strings (Alertmanager v2); "none": the data bound no side.
+        out["confidence"] = f"{rule.confidence:g}"
+        out["lower_bound_ms"] = _ms(state.lower_ns)
+        out["upper_bound_ms"] = _ms(state.upper_ns)
+        out["decided_by"] = state.decided_by or "none"
+        out["description"] += (
+            f"; {rule.confidence * 100:g}% interval of p{rule.percentile:g}: "
+            f"[{_ms(state.lower_ns)}, {_ms(state.upper_ns)}] ms; fires while the lower bound "
+            f"is above the threshold, resolves when the upper bound is below "
+            f"{rule.clear_ns / 1e6:g} ms"
+        )
+    return out
+
+
 def alertmanager_payload(
     book: AlertBook, transitions: list[Transition], now_ms: int
 ) -> list[dict[str, Any]]:
@@ -293,15 +384,7 @@ def alertmanager_payload(
         out.append(
             {
                 "labels": _labels(rule, host),
-                "annotations": {
-                    "summary": f"p{rule.percentile:g} {rule.direction} latency above "
-                    f"{rule.threshold_ns / 1e6:g} ms",
-                    "description": f"fiomon SLA rule {rule.name}: the {scope} p"
-                    f"{rule.percentile:g} {rule.direction} latency stayed above "
-                    f"{rule.threshold_ns / 1e6:g} ms for {rule.for_quanta} quanta",
-                    "runbook_url": RUNBOOK,
-                    "value_ms": f"{(state.value_ns or 0) / 1e6:.3f}",
-                },
+                "annotations": _annotations(rule, state, scope),
                 "startsAt": datetime.fromtimestamp((state.fired_ms or 0) / 1000, UTC).isoformat(),
             }
         )

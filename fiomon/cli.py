@@ -72,6 +72,32 @@ def _percentiles(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(qs)))
 
 
+def _level(text: str) -> float:
+    """A confidence level: ``0.95`` or ``95%``, strictly between 0 and 1."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 < v < 1.0:
+        msg = f"--confidence-level: expected a level such as 0.95 or 95%, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return v
+
+
+def _fraction(text: str) -> float:
+    """A relative error: ``5%`` or ``0.05``, above 0."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 < v < 10.0:
+        msg = f"--target-error: expected a relative error such as 5% or 0.05, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return v
+
+
 def _directions(text: str) -> tuple[str, ...]:
     ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
     bad = [d for d in ds if d not in ALL_DIRECTIONS]
@@ -334,6 +360,43 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
             help="table (default), csv, jsonl (closed-quantum JSON lines) or "
             "fiologparser (fio's fiologparser_hist.py columns)",
         )
+    p.add_argument(
+        "--confidence-level",
+        type=_level,
+        default=0.95,
+        metavar="LEVEL",
+        help="level of each percentile's distribution-free confidence interval "
+        "(default 0.95; csv and jsonl always carry the intervals)",
+    )
+    if not plot:
+        p.add_argument(
+            "--ci",
+            action="store_true",
+            help="table: follow each percentile with its confidence interval [low, high]",
+        )
+    p.add_argument(
+        "--target-error",
+        type=_fraction,
+        default=None,
+        metavar="E",
+        help="merge consecutive quanta until the --target-percentile's confidence interval "
+        "is within E of it (relative half-width, e.g. 5%%); each row then covers a span",
+    )
+    p.add_argument(
+        "--target-percentile",
+        type=float,
+        default=None,
+        metavar="P",
+        help="the percentile --target-error judges (default 99 if reported, else the "
+        "highest of --percentiles)",
+    )
+    p.add_argument(
+        "--max-span",
+        type=_duration("--max-span"),
+        default=60_000,
+        help="longest span of --target-error (default 60s); a span that reaches it is "
+        "flagged (target_met false, '*' in the table)",
+    )
     p.add_argument(
         "--log-hist-msec",
         type=int,
@@ -750,6 +813,27 @@ def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions,
     fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
     percentiles = args.percentiles
     directions = args.directions or ALL_DIRECTIONS
+    target_pct = args.target_percentile
+    if target_pct is None:
+        target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
+    if args.target_error is not None:
+        if fmt == "fiologparser":
+            print(
+                f"fiomon {name}: --target-error does not fit --format fiologparser (its "
+                "columns have no span); use table, csv or jsonl",
+                file=sys.stderr,
+            )
+            return 2
+        if target_pct not in percentiles:
+            print(
+                f"fiomon {name}: --target-percentile {target_pct:g} is not among "
+                f"--percentiles {','.join(f'{q:g}' for q in percentiles)}",
+                file=sys.stderr,
+            )
+            return 2
+        if args.max_span < args.quantum:
+            print(f"fiomon {name}: --max-span must be at least --quantum", file=sys.stderr)
+            return 2
     if fmt == "fiologparser":
         # fiologparser_hist.py always prints the median, and without --directions only the
         # mixed ("all") row.
@@ -764,6 +848,11 @@ def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions,
         per_host=args.per_host,
         host_from=args.host_from,
         fmt=fmt,
+        confidence_level=args.confidence_level,
+        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
+        target_error=args.target_error,
+        target_percentile=target_pct,
+        max_span_ms=args.max_span,
         source=SourceOptions(
             interval_ms=interval,
             group_nr=args.group_nr,

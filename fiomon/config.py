@@ -612,8 +612,13 @@ class SlaRule:
         scope: ``cluster`` (one state) or ``host`` (one state per host).
         for_quanta: consecutive breaching quanta before it fires.
         min_samples: quanta with fewer I/Os are no evidence either way.
-        clear_ns: it clears below this (hysteresis), default 90 % of the threshold.
+        clear_ns: it clears below this (hysteresis), default 90 % of the threshold, or
+            the threshold itself with ``confidence`` (the interval is the hysteresis).
         clear_for: consecutive clear quanta before it resolves (default ``for_quanta``).
+        confidence: weigh the evidence at this level (the aggregator's
+            ``confidence_level``): a quantum breaches only when the percentile's lower
+            confidence bound is above the threshold and is clear only when its upper
+            bound is below ``clear_ns``. None: the percentile's value decides.
     """
 
     name: str
@@ -625,10 +630,15 @@ class SlaRule:
     min_samples: int = 100
     clear_ns: float = 0.0
     clear_for: int = 0
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
+        if self.confidence is not None and not 0.0 < self.confidence < 1.0:
+            msg = f"confidence must be in (0, 1), got {self.confidence}"
+            raise ValueError(msg)
         if self.clear_ns <= 0:
-            object.__setattr__(self, "clear_ns", 0.9 * self.threshold_ns)
+            clear = 1.0 if self.confidence is not None else 0.9
+            object.__setattr__(self, "clear_ns", clear * self.threshold_ns)
         if self.clear_for <= 0:
             object.__setattr__(self, "clear_for", self.for_quanta)
 
@@ -664,6 +674,9 @@ class AggregatorConfig:
         lateness_ms: a quantum closes at the latest this long after its end.
         align: ``epoch``, ``auto`` or a fixed offset in ms.
         percentiles: percentiles computed and exported.
+        confidence_level: level of each percentile's distribution-free confidence
+            interval (``percentiles_ci_ns`` in the quanta file; SLA rules with
+            ``confidence``); None (``false`` in the file): no intervals.
         per_host: also keep host scope (metrics and quanta file rows).
         listen: ``host:port`` of ``/metrics``.
         tls_cert: certificate for HTTPS on ``listen`` (with ``tls_key``).
@@ -698,6 +711,7 @@ class AggregatorConfig:
     lateness_ms: int = 5000
     align: Align = "auto"
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    confidence_level: float | None = 0.95
     per_host: bool = True
     listen: str = DEFAULT_LISTEN
     tls_cert: Path | None = None
@@ -736,6 +750,20 @@ def _percentile_list(value: object, where: str) -> tuple[float, ...]:
         msg = f"{where}: expected a list of percentiles in (0, 100], got {value!r}"
         raise ConfigError([msg])
     return tuple(sorted({float(q) for q in items}))
+
+
+_DEFAULT_LEVEL: float | None = 0.95
+
+
+def _level(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        msg = f"{where}: expected a confidence level in (0, 1) such as 0.95, got {value!r}"
+        raise ConfigError([msg])
+    return float(value)
+
+
+def _level_or_off(value: object, where: str) -> float | None:
+    return None if value is False else _level(value, where)
 
 
 def _align(value: object, where: str) -> Align:
@@ -794,7 +822,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _rule_name = _matching(_NAME_RE, "1-64 letters, digits, '_', '.', '-'")
 
 
-def _sla_rules(r: _Reader, data: object, percentiles: tuple[float, ...]) -> tuple[SlaRule, ...]:
+def _sla_rules(
+    r: _Reader, data: object, percentiles: tuple[float, ...], level: float | None
+) -> tuple[SlaRule, ...]:
     if data is None:
         return ()
     if not isinstance(data, list):
@@ -812,6 +842,7 @@ def _sla_rules(r: _Reader, data: object, percentiles: tuple[float, ...]) -> tupl
         "min_samples",
         "clear_below",
         "clear_for",
+        "confidence",
     }
     for i, item in enumerate(data):
         path = f"sla[{i}]"
@@ -840,7 +871,16 @@ def _sla_rules(r: _Reader, data: object, percentiles: tuple[float, ...]) -> tupl
             "min_samples": r.get(d, path, "min_samples", _int_in(0, 10**12), 100),
             "clear_ns": r.get(d, path, "clear_below", _threshold_ns, 0.0),
             "clear_for": r.get(d, path, "clear_for", _int_in(1, 100_000), 0),
+            "confidence": r.get(d, path, "confidence", _level, None),
         }
+        conf = rule_args["confidence"]
+        if conf is not None and conf != level:
+            # One level per quantum: the bounds are computed once, at confidence_level.
+            r.problems.append(
+                f"{path}.confidence: {conf:g} differs from confidence_level "
+                f"({'false' if level is None else f'{level:g}'}); the bounds are computed "
+                "at confidence_level, so set both to the same level"
+            )
         if len(r.problems) == before:
             rule = SlaRule(**rule_args)  # type: ignore[arg-type]
             if rule.clear_ns > rule.threshold_ns:
@@ -869,6 +909,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     top = r.section(data, "", known)
     prefix = r.get(top, "", "topic_prefix", _topic_prefix, "fiomon")
     percentiles = r.get(top, "", "percentiles", _percentile_list, DEFAULT_PERCENTILES)
+    level = r.get(top, "", "confidence_level", _level_or_off, _DEFAULT_LEVEL)
     webhook = None
     if top.get("webhook") is not None:
         w = r.section(top["webhook"], "webhook", {"url", "timeout", "resend"})
@@ -889,6 +930,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         lateness_ms=r.get(top, "", "lateness", _duration_ms(0), 5000),
         align=r.get(top, "", "align", _align, "auto"),
         percentiles=percentiles,
+        confidence_level=level,
         per_host=r.get(top, "", "per_host", _bool, True),
         listen=r.get(top, "", "listen", _listen, DEFAULT_LISTEN),
         tls_cert=r.get(top, "", "tls_cert", _opt_path, None),
@@ -901,7 +943,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         max_open_quanta=r.get(top, "", "max_open_quanta", _int_in(2, 10**6), 600),
         max_message_bytes=r.get(top, "", "max_message_size", _size(1024), 1024**2),
         state_dir=r.get(top, "", "state_dir", _opt_path, None),
-        sla=_sla_rules(r, top.get("sla"), percentiles),
+        sla=_sla_rules(r, top.get("sla"), percentiles, level),
         alert_topic=r.get(top, "", "alert_topic", _topic_prefix, f"{prefix}/v1/_aggregator/alerts"),
         webhook=webhook,
         fit_tail=r.get(top, "", "fit_tail", _bool, False),

@@ -19,7 +19,7 @@ Counts may be fractional (records split across quanta); empty histograms give ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +28,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 
 _REL_TOL = 1e-12  # float cumulative sums: a target equal to a bin's total must stay there
+_RANK_TOL = 1e-6  # order statistic k of fractional counts: reached at k less this
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,9 @@ def summarize(
     return summarize_many(np.asarray(counts, dtype=np.float64)[None, :], layout, qs)[0]
 
 
+RankFn = Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]
+
+
 def summarize_many(
     hists: npt.NDArray[np.float64],
     layout: BinLayout,
@@ -87,9 +91,36 @@ def summarize_many(
     ``hists`` may hold only the columns ``first_bin .. first_bin + width - 1`` of the
     layout (every count outside them being zero): the results are the same, for less work.
     """
+    return summarize_and_locate(hists, layout, qs, first_bin=first_bin)[0]
+
+
+def summarize_and_locate(
+    hists: npt.NDArray[np.float64],
+    layout: BinLayout,
+    qs: Sequence[float],
+    *,
+    first_bin: int = 0,
+    ranks: RankFn | None = None,
+) -> tuple[list[HistStats | None], npt.NDArray[np.int64]]:
+    """:func:`summarize_many`, and the bin of chosen order statistics in the same pass.
+
+    Args:
+        hists: ``(rows, width)`` counts, the layout's columns from ``first_bin`` on.
+        layout: the bin layout.
+        qs: percentiles.
+        first_bin: the layout column of ``hists``' first column.
+        ranks: maps the rows' totals to ``(rows, m)`` 1-based ranks ``k`` (NaN: none);
+            order statistic ``k`` lies in the first bin whose running total reaches it
+            (less a tolerance for fractional counts). The confidence bounds use it, so
+            that they cost no second pass over the bins.
+
+    Returns:
+        The statistics, and per row and rank the column (in ``hists``) of its bin, or -1
+        for a NaN rank (``(rows, 0)`` without ``ranks``).
+    """
     n, nbins = hists.shape
     if n == 0:
-        return []
+        return [], np.zeros((0, 0), dtype=np.int64)
     lower_all, upper_all = layout.edges_ns()
     lower = lower_all[first_bin : first_bin + nbins]
     upper = upper_all[first_bin : first_bin + nbins]
@@ -101,7 +132,9 @@ def summarize_many(
     keys = [pct_key(q) for q in qs]
     npct = len(qs)
     fracs = np.asarray(qs, dtype=np.float64) / 100.0
-    found = np.empty((n, npct + 1), dtype=np.int64)
+    m = 0 if ranks is None else ranks(np.ones(1)).shape[1]  # how many ranks it gives
+    found = np.empty((n, npct + 1 + m), dtype=np.int64)
+    located = np.full((n, m), -1, dtype=np.int64)
     prev = np.zeros((n, npct))
     targets = np.empty((n, npct))
     total = np.empty(n)
@@ -112,7 +145,7 @@ def summarize_many(
     # to a bin's running total in that bin, not past an empty gap.
     block = max(1, min(n, (1 << 17) // nbins))
     cum_buf = np.empty((block, nbins))
-    probes = np.empty((block, npct + 1))
+    probes = np.empty((block, npct + 1 + m))
     probes[:, 0] = np.nextafter(0.0, 1.0)
     for lo in range(0, n, block):
         hi = min(n, lo + block)
@@ -120,16 +153,29 @@ def summarize_many(
         total[lo:hi] = cum[:, -1]
         t = cum[:, -1:] * fracs
         targets[lo:hi] = t
-        probes[: hi - lo, 1:] = t * (1 - _REL_TOL)
+        probes[: hi - lo, 1 : npct + 1] = t * (1 - _REL_TOL)
+        if ranks is not None:
+            k = ranks(cum[:, -1])
+            probes[: hi - lo, npct + 1 :] = np.where(np.isnan(k), np.inf, k - _RANK_TOL)
         for i in range(hi - lo):
             found[lo + i] = cum[i].searchsorted(probes[i])
-        at = np.maximum(found[lo:hi, 1:], found[lo:hi, :1])
+        if ranks is not None:
+            # A rank a hair above a fractional total (n is the rounded total) still lies
+            # in the row's last non-empty bin: not in the last column, which depends on
+            # which rows were summarized together (the aggregator and the report would
+            # then disagree on the same histogram).
+            located[lo:hi] = np.where(
+                np.isinf(probes[: hi - lo, npct + 1 :]),
+                -1,
+                np.minimum(found[lo:hi, npct + 1 :], last_nz[lo:hi, None]),
+            )
+        at = np.maximum(found[lo:hi, 1 : npct + 1], found[lo:hi, :1])
         got = cum[np.arange(hi - lo)[:, None], np.clip(at, 1, nbins) - 1]
         prev[lo:hi] = np.where(at > 0, got, 0.0)
     nonempty = total > 0
     mean = mean / np.where(nonempty, total, 1.0)
     first = np.minimum(found[:, 0], nbins - 1)
-    idx = np.clip(np.maximum(found[:, 1:], first[:, None]), 0, nbins - 1)
+    idx = np.clip(np.maximum(found[:, 1 : npct + 1], first[:, None]), 0, nbins - 1)
     here = hists[np.arange(n)[:, None], idx]
     frac = np.clip((targets - prev) / np.where(here > 0, here, 1.0), 0.0, 1.0)
     sat = idx == last_bin
@@ -151,4 +197,4 @@ def summarize_many(
                 saturated=tuple(k for k, s in zip(keys, sat[i].tolist(), strict=True) if s),
             )
         )
-    return out
+    return out, located

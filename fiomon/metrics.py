@@ -85,6 +85,19 @@ SLA_THRESHOLD = (
     "The SLA rule's threshold (the aggregator's configuration, for dashboards).",
     ("rule", "direction", "percentile"),
 )
+# Confidence intervals of the cluster percentiles (issue 15). New families, so the latency
+# gauges keep their names; ``percentile`` ("99", "99.9") rather than ``quantile``, which
+# promtool reserves for summaries. A side the data cannot bound has no sample.
+CI_LOWER = (
+    "fiomon_cluster_latency_percentile_lower_seconds",
+    "Lower confidence bound (confidence_level) of the last closed quantum's percentile.",
+    ("direction", "percentile"),
+)
+CI_UPPER = (
+    "fiomon_cluster_latency_percentile_upper_seconds",
+    "Upper confidence bound (confidence_level) of the last closed quantum's percentile.",
+    ("direction", "percentile"),
+)
 TAIL_SHARE = (
     "fiomon_cluster_tail_share",
     "Share of the last closed quantum's I/Os in the power-law tail (fit_tail).",
@@ -195,6 +208,8 @@ class QuantumGauges:
     throughput: Table = field(default_factory=dict)
     tail_share: Table = field(default_factory=dict)
     tail_alpha: Table = field(default_factory=dict)
+    ci_lower: Table = field(default_factory=dict)
+    ci_upper: Table = field(default_factory=dict)
     buckets: BucketHistogram | None = None
     delay_counts: npt.NDArray[np.float64] = field(
         default_factory=lambda: np.zeros(len(CLOSE_DELAY_EDGES_S))
@@ -233,6 +248,8 @@ class QuantumGauges:
         saturated: Table = {}
         iops: Table = {}
         throughput: Table = {}
+        ci_lower: Table = {}
+        ci_upper: Table = {}
         for r in rows:
             if r.end_ms != last:
                 continue
@@ -245,12 +262,18 @@ class QuantumGauges:
                     if v is not None:
                         cluster[(r.direction, ql)] = v / 1e9
                         saturated[(r.direction, ql)] = float(key in r.stats.saturated)
+                    low, high = (r.ci_ns or {}).get(key, (None, None))
+                    if low is not None:
+                        ci_lower[(r.direction, key)] = low / 1e9
+                    if high is not None:
+                        ci_upper[(r.direction, key)] = high / 1e9
             elif r.host is not None:
                 for _, key, ql in labels:
                     v = pct.get(key)
                     if v is not None:
                         hosts[(r.host, r.direction, ql)] = v / 1e9
         self.cluster, self.hosts, self.iops, self.throughput = cluster, hosts, iops, throughput
+        self.ci_lower, self.ci_upper = ci_lower, ci_upper
         if saturated:
             self.saturated = saturated
         for d, (share, alpha) in (tails or {}).items():
@@ -365,6 +388,9 @@ def build_snapshot(
         gauges_out[SATURATED] = dict(gauges.saturated)
         gauges_out[IOPS] = dict(gauges.iops)
         gauges_out[THROUGHPUT] = dict(gauges.throughput)
+        if gauges.ci_lower or gauges.ci_upper:
+            gauges_out[CI_LOWER] = dict(gauges.ci_lower)
+            gauges_out[CI_UPPER] = dict(gauges.ci_upper)
         if gauges.fit_tail:
             gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
             gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)

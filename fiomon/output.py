@@ -5,13 +5,18 @@ run in memory.
 
 * ``jsonl``: the closed-quantum JSON line of DESIGN.md, one object per row.
 * ``csv``: the same fields flattened, latencies in ns; saturated percentiles hold their
-  lower bound and are listed in the ``saturated`` column.
+  lower bound and are listed in the ``saturated`` column. The confidence bounds come last
+  (``p99_low_ns``, ``p99_high_ns``, ...; empty where the data bound no side), so the
+  columns before them keep their places.
 * ``fiologparser``: the layout of fio's ``fiologparser_hist.py`` so scripts keep working:
   ``end-time, [dir,] samples, min, avg, median, <p>%..., max`` with times in ms, latencies
   in the log's own unit (ns; µs for fio 2 logs), ``--percentiles`` other than 50 as the
   ``<p>%`` columns, and ``samples`` the (overlap-weighted) I/O count of the quantum.
 * ``table``: aligned columns in a latency unit chosen from the first row (µs, ms or s);
-  a saturated percentile is shown as ``>`` its lower bound.
+  a saturated percentile is shown as ``>`` its lower bound. With ``ci_level``, each
+  percentile is followed by its confidence interval ``[low, high]`` at that level (``?``:
+  the data bound no side). With ``spans`` (``--target-error``), a ``span`` column gives each
+  row's length, ``*`` marking one that did not reach the target.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, TextIO
 
 from fiomon.histogram import pct_key
@@ -57,10 +62,11 @@ class JsonlWriter:
 
 
 class CsvWriter:
-    """Flat CSV with a header; latencies in ns."""
+    """Flat CSV with a header; latencies in ns; with ``spans``, a last ``target_met`` column."""
 
-    def __init__(self, out: TextIO, percentiles: Sequence[float]) -> None:
+    def __init__(self, out: TextIO, percentiles: Sequence[float], *, spans: bool = False) -> None:
         self.keys = [pct_key(q) for q in percentiles]
+        self.spans = spans
         self.w = csv.writer(out, lineterminator="\n")
         self.w.writerow(
             [
@@ -79,6 +85,8 @@ class CsvWriter:
                 "saturated",
                 "streams",
                 "late_records",
+                *[f"p{k}_{side}_ns" for k in self.keys for side in ("low", "high")],
+                *(["target_met"] if spans else []),
             ]
         )
 
@@ -86,6 +94,7 @@ class CsvWriter:
         """Write one CSV line per row."""
         for r in rows:
             j = r.to_json()
+            ci = j.get("percentiles_ci_ns", {})
             self.w.writerow(
                 [
                     j["start_ms"],
@@ -103,6 +112,8 @@ class CsvWriter:
                     ";".join(j["saturated"]),
                     j["streams"],
                     j["late_records"],
+                    *[_blank(x) for k in self.keys for x in ci.get(k, (None, None))],
+                    *([int(bool(r.target_met))] if self.spans else []),
                 ]
             )
 
@@ -165,12 +176,24 @@ class TableWriter:
     """Aligned, human-readable columns."""
 
     def __init__(
-        self, out: TextIO, percentiles: Sequence[float], *, relative: bool, show_host: bool
+        self,
+        out: TextIO,
+        percentiles: Sequence[float],
+        *,
+        relative: bool,
+        show_host: bool,
+        ci_level: float | None = None,
+        spans: bool = False,
     ) -> None:
         self.out = out
         self.keys = [pct_key(q) for q in percentiles]
         self.relative = relative
         self.show_host = show_host
+        self.ci_level = ci_level
+        self.ci = ci_level is not None
+        self.unbounded_seen = False
+        self.spans = spans
+        self.unmet_seen = False
         self.unit: tuple[str, float] | None = None
         self.saturated_seen = False
         self._last_date = ""
@@ -179,6 +202,7 @@ class TableWriter:
         name, _ = self.unit or _UNITS[0]
         cols = [
             "end",
+            *(["span"] if self.spans else []),
             *(["host"] if self.show_host else []),
             "dir",
             "samples",
@@ -186,21 +210,36 @@ class TableWriter:
             "MB/s",
             "min",
             "mean",
-            *[f"p{k}" for k in self.keys],
+            *[c for k in self.keys for c in self._pct_heads(k)],
             "max",
         ]
+        ci = (
+            f"; CI = {self.ci_level * 100:g}% confidence interval [low, high]"
+            if self.ci_level is not None
+            else ""
+        )
         self.out.write(
-            f"# latencies in {name}; end = end of each quantum"
-            f"{' (s since job start)' if self.relative else ' (UTC)'}\n"
+            f"# latencies in {name}; end = end of each "
+            f"{'span, span = its length' if self.spans else 'quantum'}"
+            f"{' (s since job start)' if self.relative else ' (UTC)'}{ci}\n"
         )
         self.out.write(self._fmt(cols) + "\n")
 
+    def _pct_heads(self, key: str) -> list[str]:
+        if self.ci_level is None:
+            return [f"p{key}"]
+        return [f"p{key}", f"p{key} CI"]
+
     def _fmt(self, cells: list[str]) -> str:
-        widths = [12, *([14] if self.show_host else []), 5, 9, 9, 8]
+        head = [12, *([8] if self.spans else []), *([14] if self.show_host else []), 5]
+        head += [9, 9, 8, 10, 10]
+        pct = [10, 18] if self.ci else [10]
+        widths = [*head, *pct * len(self.keys), 10]
         out = []
         for i, c in enumerate(cells):
             w = widths[i] if i < len(widths) else 10
-            out.append(c.ljust(w) if i < 2 + self.show_host else c.rjust(w))
+            left = i < 2 + self.show_host + self.spans and not (self.spans and i == 1)
+            out.append(c.ljust(w) if left else c.rjust(w))
         return " ".join(out)
 
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
@@ -235,6 +274,7 @@ class TableWriter:
             when = t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
         cells = [
             when,
+            *([self._span(r)] if self.spans else []),
             *([r.host or "cluster"] if self.show_host else []),
             r.direction,
             f"{s.samples:.0f}",
@@ -242,15 +282,41 @@ class TableWriter:
             "-" if r.bytes_per_second is None else f"{r.bytes_per_second / 1e6:.1f}",
             lat(s.min_ns),
             lat(s.mean_ns),
-            *[lat(s.percentiles_ns[k], k) for k in self.keys],
+            *[c for k in self.keys for c in self._pct_cells(r, k, lat)],
             lat(s.max_ns),
         ]
         return self._fmt(cells)
+
+    def _span(self, r: ClosedQuantum) -> str:
+        """The span's length in s, ``*`` when it reached the longest span before the target."""
+        mark = "" if r.target_met is not False else "*"
+        if mark:
+            self.unmet_seen = True
+        return f"{mark}{(r.end_ms - r.start_ms) / 1000:g}s"
+
+    def _pct_cells(self, r: ClosedQuantum, key: str, lat: Callable[..., str]) -> list[str]:
+        value = lat(r.stats.percentiles_ns[key], key)
+        if not self.ci:
+            return [value]
+        lo, hi = (r.ci_ns or {}).get(key, (None, None))
+        if lo is None or hi is None:
+            self.unbounded_seen = True
+        return [value, f"[{'?' if lo is None else lat(lo)}, {'?' if hi is None else lat(hi)}]"]
 
     def close(self) -> None:
         """Explain the saturation marker if it was used."""
         if self.unit is None:
             self.out.write("# no quanta: the input held no I/O\n")
+        if self.unmet_seen:
+            self.out.write(
+                "# '*' marks a span that reached --max-span (or the end of the input) before "
+                "its percentile reached --target-error\n"
+            )
+        if self.unbounded_seen:
+            self.out.write(
+                "# '?' in an interval: the quantum holds too few I/Os to bound that side "
+                "(e.g. p99.9 of fewer than a few thousand I/Os has no upper bound)\n"
+            )
         if self.saturated_seen:
             self.out.write(
                 "# '>' marks a lower bound: that percentile is in fio's last bin "

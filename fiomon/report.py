@@ -25,6 +25,7 @@ import numpy as np
 
 from fiomon.align import Align, auto_phase, phase_for
 from fiomon.bins import BinLayout
+from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.model import RecordBatch
 from fiomon.output import (
@@ -37,6 +38,7 @@ from fiomon.output import (
 )
 from fiomon.problems import ProblemLog
 from fiomon.sources import FileSource, SourceOptions, host_labels
+from fiomon.spans import SpanMerger
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
 
 PROGRESS_MIN_BYTES = 32 << 20
@@ -59,6 +61,11 @@ class ReportOptions:
     host_from: str = "auto"  # --host-from: how files get host labels (sources.host_labels)
     fmt: Format = "table"
     source: SourceOptions = field(default_factory=SourceOptions)
+    confidence_level: float = DEFAULT_LEVEL  # of each percentile's confidence interval
+    show_ci: bool = False  # --ci: the table shows the intervals (csv and jsonl always do)
+    target_error: float | None = None  # --target-error: merge quanta into spans (spans.py)
+    target_percentile: float = 99.0  # whose relative half-width must reach target_error
+    max_span_ms: int = 60_000  # --max-span: longest span (reaching it is flagged)
     workers: int = 0  # 0: one per core, at most 2 per file pair
     progress: bool | None = None  # None: when stderr is a terminal and input is large
 
@@ -103,15 +110,23 @@ class _Progress:
 
 
 def _writer(opts: ReportOptions, out: TextIO, relative: bool, unit_ns: int) -> RowWriter:
+    spans = opts.target_error is not None
     if opts.fmt == "jsonl":
         return JsonlWriter(out)
     if opts.fmt == "csv":
-        return CsvWriter(out, opts.percentiles)
+        return CsvWriter(out, opts.percentiles, spans=spans)
     if opts.fmt == "fiologparser":
         return FiologparserWriter(
             out, opts.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
         )
-    return TableWriter(out, opts.percentiles, relative=relative, show_host=opts.per_host)
+    return TableWriter(
+        out,
+        opts.percentiles,
+        relative=relative,
+        show_host=opts.per_host,
+        ci_level=opts.confidence_level if opts.show_ci else None,
+        spans=spans,
+    )
 
 
 def _common_layout(sources: Sequence[FileSource]) -> BinLayout:
@@ -237,7 +252,22 @@ def _run(
         percentiles=opts.percentiles,
         directions=opts.directions,
         per_host=opts.per_host,
-        keep_hists=sink is not None,
+        confidence_level=opts.confidence_level,
+        # Spans are merged from each quantum's histogram, and plot draws the cluster ones.
+        keep_hists=sink is not None or opts.target_error is not None,
+        keep_host_hists=opts.target_error is not None,
+    )
+    merger = (
+        None
+        if opts.target_error is None
+        else SpanMerger(
+            layout=layout,
+            percentiles=opts.percentiles,
+            target_percentile=opts.target_percentile,
+            target=opts.target_error,
+            max_span_ms=opts.max_span_ms,
+            level=opts.confidence_level,
+        )
     )
     writer = sink(layout, relative) if sink else _writer(opts, out, relative, layout.unit_ns)
     for bs in first.values():
@@ -245,7 +275,9 @@ def _run(
             engine.add(b)
     del first
 
-    def emit(rows: list[ClosedQuantum]) -> None:
+    def emit(rows: list[ClosedQuantum], *, last: bool = False) -> None:
+        if merger is not None:
+            rows = merger.add(rows) + (merger.flush() if last else [])
         if rows:
             writer.write(rows)
             summary.rows += len(rows)
@@ -277,7 +309,7 @@ def _run(
             mark = min(int(st.max_end_ms or 0) - st.slack_ms for st in live)
             emit(engine.close_through(mark - opts.quantum_ms))
         progress.update(sum(s.bytes_read for s in sources), summary.rows)
-    emit(engine.flush())
+    emit(engine.flush(), last=True)
     writer.close()
     summary.records = engine.records
     summary.late_records = sum(engine.late_records.values())

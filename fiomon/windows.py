@@ -33,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.histogram import HistStats, summarize_many
+from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
+from fiomon.histogram import HistStats, pct_key, summarize_many
 from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_ranges
 
 Scope = Literal["cluster", "host"]
@@ -60,7 +61,14 @@ class ClosedQuantum:
         streams: number of streams that contributed.
         late_records: late records of this scope counted since the previous close.
         hist: the merged histogram (counts per bin of the engine's layout), kept for
-            cluster rows when the engine is asked to (the exporter's bucket histogram).
+            cluster rows when the engine is asked to (the exporter's bucket histogram),
+            and for host rows too with ``keep_host_hists`` (merging quanta into spans).
+        ci_ns: per percentile key, the distribution-free confidence interval ``(low,
+            high)`` in ns at the engine's level (:mod:`fiomon.confidence`); ``None`` for a
+            side the data cannot bound. ``None`` when bounds are not computed.
+        target_met: for rows that merge several quanta to reach a target accuracy
+            (:mod:`fiomon.spans`): whether the target was met (False: the span reached its
+            maximum first). ``None`` for plain quanta.
     """
 
     start_ms: int
@@ -74,11 +82,13 @@ class ClosedQuantum:
     streams: int
     late_records: int
     hist: npt.NDArray[np.float64] | None = None
+    ci_ns: dict[str, tuple[float | None, float | None]] | None = None
+    target_met: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The closed-quantum JSON object of DESIGN.md."""
         s = self.stats
-        return {
+        out: dict[str, Any] = {
             "start_ms": self.start_ms,
             "end_ms": self.end_ms,
             "scope": self.scope,
@@ -97,6 +107,14 @@ class ClosedQuantum:
             "streams": self.streams,
             "late_records": self.late_records,
         }
+        if self.ci_ns is not None:
+            # Bounds are whole ns (bin edges; ci_dicts makes them ints), written as
+            # they are; lists, as a JSON line reads back.
+            ci = self.ci_ns
+            out["percentiles_ci_ns"] = dict(zip(ci, map(list, ci.values()), strict=True))
+        if self.target_met is not None:
+            out["target_met"] = self.target_met
+        return out
 
 
 def _num(x: float) -> float | int:
@@ -104,6 +122,28 @@ def _num(x: float) -> float | int:
     if float(x).is_integer() and abs(x) < 2**53:
         return int(x)
     return float(f"{x:.12g}")
+
+
+def ci_dicts(
+    keys: Sequence[str], low: npt.NDArray[np.float64], high: npt.NDArray[np.float64]
+) -> list[dict[str, tuple[float | None, float | None]] | None]:
+    """Per row of ``(rows, keys)`` bounds, ``{key: (low, high)}`` with NaN (no bound) as None."""
+
+    def cells(x: npt.NDArray[np.float64]) -> list[list[float | None]]:
+        # Bounds are bin edges: whole ns (as _num would write them), so ints, which
+        # JSON writes without formatting a float.
+        nan = np.isnan(x)
+        whole = np.all((x == np.round(x)) | nan) and not np.any(np.abs(x[~nan]) >= 2**53)
+        obj = np.where(nan, 0, x).astype(np.int64).astype(object) if whole else x.astype(object)
+        obj[nan] = None
+        out: list[list[float | None]] = obj.tolist()
+        return out
+
+    # One C-level zip per row: an aggregator builds thousands of these a second.
+    return [
+        dict(zip(keys, zip(lo, hi, strict=True), strict=True))
+        for lo, hi in zip(cells(low), cells(high), strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +244,9 @@ class QuantumEngine:
             the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
             close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
+        keep_host_hists: attach it to host rows too.
+        confidence_level: compute each percentile's confidence interval at this level
+            (``ClosedQuantum.ci_ns``); None: none.
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
             cost memory only once used; reserving avoids copying the store as it grows.
     """
@@ -221,6 +264,8 @@ class QuantumEngine:
         max_open_quanta: int = 100_000,
         max_open_rows: int | None = None,
         keep_hists: bool = False,
+        keep_host_hists: bool = False,
+        confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
     ) -> None:
         if quantum_ms <= 0:
@@ -240,6 +285,12 @@ class QuantumEngine:
         self.max_open_quanta = max_open_quanta
         self.max_open_rows = max_open_rows
         self.keep_hists = keep_hists
+        self.keep_host_hists = keep_host_hists
+        if confidence_level is not None and not 0.0 < confidence_level < 1.0:
+            msg = f"confidence_level must be in (0, 1), got {confidence_level}"
+            raise ValueError(msg)
+        self.confidence_level = confidence_level
+        self._pct_keys = [pct_key(q) for q in self.percentiles]
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
@@ -699,10 +750,21 @@ class QuantumEngine:
             pg = k.row_gid[pair_pos]
             pm = pg >= 0
             g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
-            stats = summarize_many(
-                k.hists[wanted], self.layout, self.percentiles, first_bin=first_bin
-            )
-            for i, st in zip(wanted, stats, strict=True):
+            hists = k.hists[wanted]
+            cis: list[dict[str, tuple[float | None, float | None]] | None]
+            if self.confidence_level is None:
+                stats = summarize_many(hists, self.layout, self.percentiles, first_bin=first_bin)
+                cis = [None] * len(stats)
+            else:
+                stats, low, high = summarize_with_bounds(
+                    hists,
+                    self.layout,
+                    self.percentiles,
+                    level=self.confidence_level,
+                    first_bin=first_bin,
+                )
+                cis = ci_dicts(self._pct_keys, low, high)
+            for i, st, ci in zip(wanted, stats, cis, strict=True):
                 if st is None:
                     continue  # empty quanta produce no row
                 q, h = int(k.q[i]), int(k.host[i])
@@ -724,9 +786,11 @@ class QuantumEngine:
                     ),
                     hist=(
                         self._full(k.hists[i], first_bin)
-                        if self.keep_hists and host is None
+                        if (self.keep_hists and host is None)
+                        or (self.keep_host_hists and host is not None)
                         else None
                     ),
+                    ci_ns=ci,
                 )
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))

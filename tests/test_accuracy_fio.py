@@ -25,7 +25,13 @@ import numpy as np
 import pytest
 
 from fiomon.report import ReportOptions, run_report
-from tests.groundtruth import Truth, fiologparser_hist, relative_errors, run_fiologparser
+from tests.groundtruth import (
+    Truth,
+    exact_interval,
+    fiologparser_hist,
+    relative_errors,
+    run_fiologparser,
+)
 
 pytestmark = pytest.mark.fio
 
@@ -146,3 +152,36 @@ def test_epoch_alignment_beats_fiologparser_hist(fio_run: Path, tmp_path: Path) 
         f"fiologparser_hist {np.median(fio_tool):.4%}"
     )
     assert wins > losses
+
+
+def test_intervals_contain_the_exact_window_percentile(fio_run: Path) -> None:
+    # The 95 % intervals are for the latency distribution's quantile; the window's own
+    # exact percentile (per-I/O truth) must lie inside them at least as often as 95 %. The
+    # accuracy above is stated against them: an estimate's error relative to the
+    # interval's half-width.
+    logs = sorted(fio_run.glob("run_clat_hist.*.log"))
+    truth = Truth.load(sorted(fio_run.glob("run_clat.*.log")))
+    out = io.StringIO()
+    opts = ReportOptions(fmt="jsonl", directions=("read", "write"), percentiles=(50, 90, 99))
+    run_report(logs, opts, out, io.StringIO())
+    inside: dict[str, list[bool]] = {"50": [], "90": [], "99": []}
+    half: dict[str, list[float]] = {k: [] for k in inside}
+    for r in map(json.loads, out.getvalue().splitlines()):
+        vals = truth.window(r["start_ms"], r["end_ms"], r["direction"])
+        if len(vals) < 500 or abs(r["samples"] - len(vals)) > 0.05 * len(vals):
+            continue  # too few I/Os, or a window the hist logs do not cover (fio's last)
+        for k, hits in inside.items():
+            low, high = r["percentiles_ci_ns"][k]
+            t_low, t_high = exact_interval(vals, float(k))
+            assert low is not None and high is not None, (k, len(vals))
+            hits.append(low <= t_high and t_low <= high)
+            half[k].append((high - low) / 2 / r["percentiles_ns"][k])
+    for k, hits in inside.items():
+        assert len(hits) >= 16, f"too few windows with >= 500 I/Os for p{k}: {len(hits)}"
+        share = float(np.mean(hits))
+        print(
+            f"p{k}: the exact window percentile is inside the 95% interval in {share:.1%} of "
+            f"{len(hits)} windows; relative half-width median {np.median(half[k]):.2%}, "
+            f"max {np.max(half[k]):.2%}"
+        )
+        assert share >= 0.95

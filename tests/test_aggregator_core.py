@@ -233,6 +233,17 @@ def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
     # Prometheus' conventions hold: promtool has no finding at all.
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+    # The confidence bounds bracket the percentile; a side the data cannot bound is absent.
+    bound = {"direction": "read", "percentile": "99"}
+    value = registry.get_sample_value("fiomon_cluster_latency_percentile_seconds", bound)
+    low = registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", bound)
+    high = registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", bound)
+    assert value is not None and low is not None and high is not None
+    assert low <= value <= high
+    # 400 I/Os a quantum cannot bound p99.9 from above: that series is absent, not NaN.
+    top = {"direction": "read", "percentile": "99.9"}
+    assert registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", top) is None
+    assert registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", top)
 
 
 def test_idle_withdraws_the_per_quantum_series_and_settles_the_alert() -> None:

@@ -52,12 +52,39 @@ def test_jsonl_rows_follow_the_contract() -> None:
         "bytes_per_second",
         "streams",
         "late_records",
+        "percentiles_ci_ns",
     }
     for row in rows:
         assert set(row) == keys
         assert set(row["percentiles_ns"]) == {"50", "90", "99", "99.9"}
+        assert set(row["percentiles_ci_ns"]) == {"50", "90", "99", "99.9"}
+        for k, (low, high) in row["percentiles_ci_ns"].items():
+            # Bounds hold the estimate; a side the data cannot bound is null.
+            assert low is None or low <= row["percentiles_ns"][k]
+            assert high is None or high >= row["percentiles_ns"][k]
         assert row["scope"] == "cluster"
         assert row["end_ms"] - row["start_ms"] == 1000
+
+
+def test_csv_and_table_show_the_confidence_intervals() -> None:
+    r = fiomon("report", "--format", "csv", "--percentiles", "50,99.9", str(HIST))
+    assert r.returncode == 0, r.stderr
+    head, *lines = [ln.split(",") for ln in r.stdout.splitlines()]
+    # Appended after the old columns, which keep their places.
+    assert head[-4:] == ["p50_low_ns", "p50_high_ns", "p99.9_low_ns", "p99.9_high_ns"]
+    assert head[-5] == "late_records"
+    col = {name: i for i, name in enumerate(head)}
+    for ln in lines:
+        p50 = float(ln[col["p50_ns"]])
+        assert float(ln[col["p50_low_ns"]]) <= p50 <= float(ln[col["p50_high_ns"]])
+    t = fiomon("report", "--ci", "--confidence-level", "90%", "--percentiles", "50", str(HIST))
+    assert t.returncode == 0, t.stderr
+    first, header, *_ = t.stdout.splitlines()
+    assert "CI = 90% confidence interval" in first
+    assert header.split()[-4:] == ["p50", "p50", "CI", "max"]
+    bad = fiomon("report", "--confidence-level", "1.5", str(HIST))
+    assert bad.returncode == 2
+    assert "--confidence-level" in bad.stderr
 
 
 def test_csv_and_table_and_per_host() -> None:

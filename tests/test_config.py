@@ -85,7 +85,10 @@ def test_aggregator_example_loads_with_its_rules() -> None:
     assert (cfg.quantum_ms, cfg.lateness_ms, cfg.align) == (1000, 5000, "auto")
     assert cfg.listen_addr == ("127.0.0.1", 10027)
     assert cfg.alert_topic == "fiomon/v1/_aggregator/alerts"
-    first, second = cfg.sla
+    assert cfg.confidence_level == 0.95
+    first, second, third = cfg.sla
+    assert (third.confidence, third.clear_ns) == (0.95, 5e6)  # the interval is the hysteresis
+    assert first.confidence is None
     assert (first.name, first.threshold_ns, first.for_quanta, first.clear_ns) == (
         "p99-read",
         5e6,
@@ -122,6 +125,29 @@ def test_aggregator_problems_are_all_listed(tmp_path: Path) -> None:
         "sla[1].name: duplicate rule name 'x'",
     ):
         assert needle in text, needle
+
+
+def test_confidence_levels_are_checked_and_rules_must_use_the_computed_one() -> None:
+    from fiomon.config import aggregator_config_from  # noqa: PLC0415
+
+    rule = {"name": "r", "direction": "read", "percentile": 99, "threshold": "5ms"}
+    off = aggregator_config_from({"confidence_level": False})
+    assert off.confidence_level is None
+    with pytest.raises(ConfigError) as info:
+        aggregator_config_from(
+            {
+                "confidence_level": 0.9,
+                "sla": [{**rule, "confidence": 0.95}, {**rule, "name": "s", "confidence": 1}],
+            },
+            source="agg.yaml",
+        )
+    assert info.value.problems == [
+        "agg.yaml: sla[0].confidence: 0.95 differs from confidence_level (0.9); the bounds "
+        "are computed at confidence_level, so set both to the same level",
+        "agg.yaml: sla[1].confidence: expected a confidence level in (0, 1) such as 0.95, got 1",
+    ]
+    with pytest.raises(ConfigError, match=r"confidence_level: expected a confidence level"):
+        aggregator_config_from({"confidence_level": "95%"})
 
 
 def test_duplicate_keys_binary_files_and_deep_nesting_are_clear_errors(tmp_path: Path) -> None:
