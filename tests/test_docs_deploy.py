@@ -408,7 +408,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             poller = asyncio.create_task(poll_alerts())
             # READY=1 once its broker session is up and subscribed (step 3): from then on
             # the broker keeps every record for it.
-            await agg_notify.wait_for("READY=1", "the aggregator's READY=1" + tail("aggregator"))
+            await agg_notify.wait_for("READY=1", "the aggregator's READY=1")
             await start(
                 "prometheus",
                 tools["prometheus"],
@@ -421,7 +421,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
                 sockets.append(notify)
                 await start(host, *FIOMON, "agent", "--config", str(cfg), notify=notify)
             for host, notify in zip(HOSTS, sockets[1:], strict=True):
-                await notify.wait_for("READY=1", f"{host}'s agent READY=1" + tail(host))
+                await notify.wait_for("READY=1", f"{host}'s agent READY=1")
             await wait_http(f"http://127.0.0.1:{prom_port}/-/ready", "Prometheus ready")
             # The benchmark: each host's data file in the page cache, then `fiomon fio`,
             # which starts fio on a whole second, into the folder the agent watches.
@@ -430,10 +430,10 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
                 data = tmp / host / "data.dat"
                 with data.open("wb") as fh:
                     fh.write(np.random.default_rng(1).bytes(64 * 1024 * 1024))
+                (tmp / host / "job.fio").write_text(job_file(host, data))
+                runs.append(Path(yaml.safe_load(cfg.read_text())["watch"][0]).parent)
+            for host, results in zip(HOSTS, runs, strict=True):
                 job = tmp / host / "job.fio"
-                job.write_text(job_file(host, data))
-                results = Path(yaml.safe_load(cfg.read_text())["watch"][0]).parent
-                runs.append(results)
                 await start(
                     f"fio-{host}", *FIOMON, "fio", "--output-dir", str(results), "--", str(job)
                 )
@@ -454,7 +454,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             # The SLA incident: Alertmanager's page receiver gets it firing, then resolved.
             await until(
                 lambda: any(p["status"] == "resolved" for _, p in _Webhook.posts),
-                what=f"the breach's resolution posted by Alertmanager ({_Webhook.posts})",
+                what="Alertmanager posting the breach's resolution",
             )
             # Idle: Prometheus sees fiomon_benchmark_active == 0, then every rule group is
             # evaluated once more; nothing may fire or be pending from then on.
@@ -482,6 +482,11 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             breaches = await asyncio.to_thread(query, prom_port, "fiomon_sla_breaches_total")
             late = await asyncio.to_thread(query, prom_port, "sum(fiomon_late_records_total)")
             lost = await asyncio.to_thread(query, prom_port, "sum(fiomon_lost_records_total)")
+        except BaseException:
+            # What each part said, for the failure report (pytest shows it on failure).
+            print(f"webhook posts: {_Webhook.posts}\nseen in Alertmanager: {seen_in_am}")
+            print("".join(tail(name) for name in logs))
+            raise
         finally:
             polling.set()
             if poller is not None:
@@ -503,6 +508,8 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
                     await p.wait()
             for s in sockets:
                 s.close()
+            for host in HOSTS:  # 64 MiB each; pytest keeps the last runs' folders
+                (tmp / host / "data.dat").unlink(missing_ok=True)
         posts = list(_Webhook.posts)
 
     # --- Alerting: one incident, one alert, with a severity; resolved; nothing else.
