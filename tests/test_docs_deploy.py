@@ -351,6 +351,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     procs: dict[str, asyncio.subprocess.Process] = {}
     logs: dict[str, Path] = {}
+    stages: dict[str, float] = {}  # seconds since t0 at each step, for the summary line
     sockets: list[Notify] = []
 
     async def start(name: str, *cmd: str, notify: Notify | None = None) -> None:
@@ -423,6 +424,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             for host, notify in zip(HOSTS, sockets[1:], strict=True):
                 await notify.wait_for("READY=1", f"{host}'s agent READY=1")
             await wait_http(f"http://127.0.0.1:{prom_port}/-/ready", "Prometheus ready")
+            stages["ready"] = time.time() - t0
             # The benchmark: each host's data file in the page cache, then `fiomon fio`,
             # which starts fio on a whole second, into the folder the agent watches.
             runs = []
@@ -440,6 +442,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             for host in HOSTS:
                 rc = await procs[f"fio-{host}"].wait()
                 assert rc == 0, tail(f"fio-{host}")
+            stages["fio done"] = time.time() - t0
             streams = [s for d in runs for s in d.glob("*.json")]
             assert len(streams) == len(HOSTS), streams
             hist_logs = [s for d in runs for s in d.glob("*_clat_hist.*.log")]
@@ -456,6 +459,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
                 lambda: any(p["status"] == "resolved" for _, p in _Webhook.posts),
                 what="Alertmanager posting the breach's resolution",
             )
+            stages["resolved"] = time.time() - t0
             # Idle: Prometheus sees fiomon_benchmark_active == 0, then every rule group is
             # evaluated once more; nothing may fire or be pending from then on.
             await until(
@@ -463,6 +467,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
                 what="Prometheus sees the aggregator idle",
             )
             idle_seen = time.time()
+            stages["idle"] = idle_seen - t0
             await until(
                 lambda: min(rule_evaluations(prom_port).values(), default=0.0) > idle_seen,
                 what="every rule group evaluated after idle began",
@@ -562,5 +567,6 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
     print(
         f"docs deploy: {sum(fio_total.values())} I/Os counted once in {len(read_p99_ms)} "
         f"quanta; cluster read p99 (ms): {read_p99_ms}; {len(posts)} notifications; "
-        f"{time.time() - t0:.0f} s"
+        + ", ".join(f"{k} at {v:.0f} s" for k, v in stages.items())
+        + f", done at {time.time() - t0:.0f} s"
     )
