@@ -22,7 +22,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,16 +76,24 @@ def _debian_layout(root: Path) -> None:
             shutil.chown(root / d, "mosquitto", "mosquitto")
 
 
-def _run_step_1(root: Path, work: Path, secret: str) -> None:
-    """The README's broker commands, run in a copy of ``deploy/``."""
+def _run_step_1(root: Path, work: Path, secret: str, hosts: Sequence[str] = ()) -> None:
+    """The README's broker commands, run in a copy of ``deploy/``.
+
+    ``hosts``: the client hosts' users to create instead of the README's example names.
+    """
     script = []
+    example = "for h in client-01 client-02;"
     for command in readme_step("1. Broker"):
         if command.startswith(("apt-get ", "systemctl ")):
             continue  # the package is installed; the test starts the broker itself
         if command.startswith("chown ") and not AS_ROOT:
             continue  # without root Mosquitto keeps the caller's user: nothing to hand over
+        line = command
+        if hosts and command.startswith("for h in "):
+            assert command.startswith(example), f"README step 1 changed: {command}"
+            line = command.replace(example, f"for h in {' '.join(hosts)};")
         script.append(
-            command.replace("/etc/mosquitto/", f"{root}/etc/mosquitto/")
+            line.replace("/etc/mosquitto/", f"{root}/etc/mosquitto/")
             .replace("'SECRET'", f"'{secret}'")
             .replace("$(hostname -f)", "localhost")
         )
@@ -114,6 +123,23 @@ class Broker:
 @pytest.fixture
 def stock_broker(root: Path, tmp_path: Path, mosquitto_bin: str) -> Iterator[Broker]:
     """Debian's stock broker with the drop-in, set up by the README's step 1."""
+    with stock_broker_running(root, tmp_path, mosquitto_bin) as broker:
+        yield broker
+
+
+@contextmanager
+def stock_broker_running(
+    root: Path, tmp_path: Path, mosquitto_bin: str, hosts: Sequence[str] = ()
+) -> Iterator[Broker]:
+    """Debian's stock broker with the drop-in, set up by the README's step 1, until exit.
+
+    Args:
+        root: the stand-in for ``/`` (see :func:`root`); ``<root>/etc/fiomon`` gets the
+            fiomon side's ``mqtt.pass`` and ``ca.crt`` (steps 2 and 3).
+        tmp_path: a private folder for the copy of ``deploy/`` and the broker's stderr.
+        mosquitto_bin: the broker binary.
+        hosts: client hosts' logins to create (default: the README's example names).
+    """
     if not STOCK.is_file():
         pytest.fail(f"{STOCK} is missing: apt-get install mosquitto (scripts/test does)")
     stock = STOCK.read_text()
@@ -125,7 +151,7 @@ def stock_broker(root: Path, tmp_path: Path, mosquitto_bin: str) -> Iterator[Bro
     work = tmp_path / "deploy"
     shutil.copytree(DEPLOY, work)
     secret = secrets.token_urlsafe(12)
-    _run_step_1(root, work, secret)
+    _run_step_1(root, work, secret, hosts)
 
     drop_in = root / "etc/mosquitto/conf.d/fiomon.conf"
     assert drop_in.read_text() == (DEPLOY / "mosquitto/fiomon.conf").read_text()
