@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fiomon.config import (
     BrokerConfig,
@@ -86,9 +87,16 @@ def test_aggregator_example_loads_with_its_rules() -> None:
     assert cfg.listen_addr == ("127.0.0.1", 10027)
     assert cfg.alert_topic == "fiomon/v1/_aggregator/alerts"
     assert cfg.confidence_level == 0.95
-    first, second, third = cfg.sla
-    assert (third.confidence, third.clear_ns) == (0.95, 5e6)  # the interval is the hysteresis
+    first, second = cfg.sla  # one rule per percentile: one incident, one page
     assert first.confidence is None
+    # The commented-out alternative to p99-read (with confidence) is valid as shown.
+    text = (CONFIG / "aggregator.example.yaml").read_text()
+    start = text.index("  # - {name: p99-read")
+    snippet = "".join(ln[4:] + "\n" for ln in text[start:].splitlines()[:2])
+    from fiomon.config import aggregator_config_from  # noqa: PLC0415
+
+    (sure,) = aggregator_config_from({"sla": yaml.safe_load(snippet)}).sla
+    assert (sure.name, sure.confidence, sure.clear_ns) == ("p99-read", 0.95, 5e6)
     assert (first.name, first.threshold_ns, first.for_quanta, first.clear_ns) == (
         "p99-read",
         5e6,

@@ -522,7 +522,8 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
     assert in_am_now == [], f"active in Alertmanager once idle: {in_am_now}"
     seen_in_prometheus.update((labels(r)["alertname"], labels(r)["alertstate"]) for r in ever)
     assert seen_in_prometheus == {("FiomonSLABreach", "firing")}, "every alert of the run"
-    (alert,) = seen_in_am.values()  # exactly one alert reached Alertmanager
+    assert len(seen_in_am) == 1, f"exactly one alert reached Alertmanager: {seen_in_am}"
+    (alert,) = seen_in_am.values()
     assert alert["labels"]["alertname"] == "FiomonSLABreach"
     assert alert["labels"]["rule"] == "p99-read"
     assert alert["labels"]["severity"] == "page"
