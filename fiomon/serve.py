@@ -343,6 +343,7 @@ async def _mqtt_loop(svc: _Service) -> None:
     # The broker restarts in seconds; one client, so no herd to spread: reconnect fast.
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not svc.stop.is_set() and not svc.taken_over():
+        _drop_stale(queue)
         try:
             async with client:
                 core.watermark.connected(core.now_ms())
@@ -382,6 +383,23 @@ async def _mqtt_loop(svc: _Service) -> None:
             cfg.client_id,
         )
         await _wait(svc.stop, 60.0)
+
+
+def _drop_stale(queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    """Forget messages a previous connection left unhandled, before connecting again.
+
+    Their packet ids belong to that connection: acknowledging one on the next connection
+    would acknowledge whichever message the broker sent there under the same id, one we
+    may not have journaled yet. Never acknowledged, they are the broker's to redeliver
+    (persistent session), so dropping them here loses nothing.
+    """
+    n = 0
+    with contextlib.suppress(asyncio.QueueEmpty):
+        while True:
+            queue.get_nowait()
+            n += 1
+    if n:
+        log.info("%d messages of the previous connection left for the broker to redeliver", n)
 
 
 async def _batches(
