@@ -346,12 +346,15 @@ async def _mqtt_loop(svc: _Service) -> None:
         _drop_stale(queue)
         try:
             async with client:
-                core.watermark.connected(core.now_ms())
                 backoff.reset()
                 topics = svc.topics
                 for t in (topics.all_records, topics.all_status, svc.presence_topic):
                     await client.subscribe(t, qos=1)
                 await client.subscribe(svc.conflict_topic, qos=1)
+                # The clock bound resumes lateness after we start reading, not after the
+                # CONNACK: subscribing can take seconds (timing out) on a loaded machine,
+                # while the session's backlog waits for us.
+                core.watermark.connected(core.now_ms())
                 log.info("subscribed on %s:%d", cfg.broker.host, cfg.broker.port)
                 svc.presence_seen.clear()
                 publisher = asyncio.create_task(_publish_outbox(client, svc))
