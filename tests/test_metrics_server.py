@@ -244,12 +244,11 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
     from fiomon import metrics_server  # noqa: PLC0415
 
     gate = threading.Event()
-    real = metrics_server.render
 
     def held(snap: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]]) -> bytes:
         if snap.quantum_end_s == 2.0:
             assert gate.wait(30), "the test releases the render"
-        return real(snap, prefixes)
+        return render(snap, prefixes)
 
     monkeypatch.setattr(metrics_server, "render", held)
     body = metrics_server._Body()
