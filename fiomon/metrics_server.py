@@ -65,6 +65,7 @@ FIRST_SNAPSHOT_S = 10.0  # a scrape waits this long for the first snapshot, then
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 30.0
 STABLE_S = 60.0  # a child that lived this long starts the backoff afresh
+STALE_S = 2.0  # a scrape may get a rendering this long after a newer snapshot came
 
 
 def _listen(addr: str, port: int, backlog: int) -> socket.socket:
@@ -273,9 +274,12 @@ class _Body:
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self._scraped = False  # the newest rendering was served
         self._rendering = False
+        self._superseded: float | None = None  # when a newer snapshot than _ready came
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="render")
 
     def set(self, snap: Snapshot) -> None:
+        if self._superseded is None and self._ready is not None:
+            self._superseded = time.monotonic()  # the rendering became one snapshot old
         self.snapshot = snap
         self.arrived.set()
         if self._scraped:
@@ -295,6 +299,7 @@ class _Body:
         self._rendering = False
         try:
             self._ready = fut.result()
+            self._superseded = None if self._ready[0] is self.snapshot else time.monotonic()
         except Exception:  # a bug in rendering: the next scrape renders and says so
             log.exception("cannot render /metrics")
         if self._scraped:
@@ -308,13 +313,22 @@ class _Body:
     def get(self, *, gzipped: bool) -> bytes:
         """The body for a scrape: the newest rendering.
 
-        Rendered now if there is none, or if the newest snapshot is not being rendered.
+        While the newest snapshot is being rendered, or came less than ``STALE_S`` ago,
+        the previous rendering (and the newest is rendered on the worker thread); else
+        (none yet, or only an old one: nobody scraped for a while) rendered now.
         """
         self._scraped = True
         ready = self._ready
-        if ready is None or (ready[0] is not self.snapshot and not self._rendering):
+        if ready is not None and ready[0] is not self.snapshot and not self._rendering:
+            since = self._superseded
+            if since is not None and time.monotonic() - since <= STALE_S:
+                self._kick()
+            else:
+                ready = None
+        if ready is None:
             assert self.snapshot is not None  # noqa: S101 -- callers wait for the first one
             ready = self._ready = self._render(self.snapshot)
+            self._superseded = None
         return ready[2] if gzipped else ready[1]
 
     def close(self) -> None:
