@@ -59,6 +59,13 @@ BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
 GRACE_S = 10.0  # a stop waits this long for the disk and Alertmanager
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
+# Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
+# sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
+# max_inflight_messages 100; a session never acknowledged gets 100). Our SUBACK comes
+# after it, and paho reads one packet per loop turn: with a minute of backlog (hundreds of
+# MB) the default 10 s timeout expired, we reconnected, the broker sent it all again, and
+# a restarted aggregator retried for two minutes (4.8 GB of RSS). So wait that long.
+SUBSCRIBE_TIMEOUT_S = 120.0
 
 
 class _Service:
@@ -348,9 +355,13 @@ async def _mqtt_loop(svc: _Service) -> None:
             async with client:
                 backoff.reset()
                 topics = svc.topics
-                for t in (topics.all_records, topics.all_status, svc.presence_topic):
-                    await client.subscribe(t, qos=1)
-                await client.subscribe(svc.conflict_topic, qos=1)
+                for t in (
+                    topics.all_records,
+                    topics.all_status,
+                    svc.presence_topic,
+                    svc.conflict_topic,
+                ):
+                    await client.subscribe(t, qos=1, timeout=SUBSCRIBE_TIMEOUT_S)
                 # The clock bound resumes lateness after we start reading, not after the
                 # CONNACK: subscribing can take seconds (timing out) on a loaded machine,
                 # while the session's backlog waits for us.
