@@ -134,6 +134,7 @@ class AggregatorCore:
         self._phase_ms: int | None = None  # the grid's phase, when a previous run fixed it
         self._skip: tuple[int, frozenset[RowKey]] | None = None
         self._snapshot_ms = -_FAR
+        self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
         self._problem_lock = threading.Lock()  # problems also come from the writer thread
         self.lock: StateLock | None = None
         self.journal: Journal | None = None
@@ -540,10 +541,35 @@ class AggregatorCore:
             mark = self.watermark.close_through(now)
             rows = self.engine.close_through(mark)
             if rows:
+                log.debug(
+                    "closing %d quanta through %d (%d ms ago) by %s",
+                    len({r.end_ms for r in rows}),
+                    mark,
+                    now - mark,
+                    self.watermark.reason,
+                )
                 self._closed(rows, now, mark)
             self._release()
+            self._report_late(now)
         self._idle_check(now)
         return rows
+
+    def _report_late(self, now: int) -> None:
+        """Say in the log when records reached closed quanta (at most every 10 s)."""
+        engine = self.engine
+        if engine is None or engine.late_samples == self._late_logged[0]:
+            return
+        if now - self._late_logged[1] < 10_000:
+            return
+        total = sum(engine.late_records.values())
+        log.warning(
+            "%d records (%d so far) reached quanta already closed and are counted late; "
+            "quanta are closed through %d",
+            total - self._late_logged[2],
+            total,
+            self.published_ms or 0,
+        )
+        self._late_logged = (engine.late_samples, now, total)
 
     def _idle_check(self, now: int) -> None:
         """Idle is a state: entering it withdraws the per-quantum gauges and settles alerts.

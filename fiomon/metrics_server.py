@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import email.utils
 import gzip
@@ -89,6 +90,9 @@ def since_ms(query: str) -> int:
                 msg = f"since={value!r} is not an integer (epoch ms)"
                 raise ValueError(msg) from None
     return 0
+
+
+STALE_S = 2.0  # a scrape may get a rendering this long after a newer snapshot came
 
 
 def _listen(addr: str, port: int, backlog: int) -> socket.socket:
@@ -281,37 +285,61 @@ class MetricsProcess:
 class _Body:
     """The newest snapshot and its rendering, made at most once per snapshot.
 
-    A snapshot arriving after the previous one was scraped is rendered at once (at this
-    process's low priority), so a regular scraper finds the bytes ready instead of
-    waiting for the render; one nobody scrapes is rendered only if asked for.
+    Rendering takes about 150 ms of Python for 1000 hosts, and seconds when this
+    low-priority process competes for a busy CPU; so it runs on a worker thread, and
+    while a newer snapshot is being rendered, scrapes get the previous rendering (one
+    snapshot old) instead of waiting: a scrape costs sending bytes. A snapshot arriving
+    after the previous one was scraped is rendered at once, so a regular scraper finds
+    it ready; one nobody scrapes is rendered only when asked for (then that scrape waits
+    for it, since the previous rendering may be old by then).
     """
 
     def __init__(self) -> None:
         self.snapshot: Snapshot | None = None
         self.arrived = asyncio.Event()
-        self._rendered: Snapshot | None = None
-        self._plain = b""
-        self._gzipped: bytes | None = None
+        self._ready: tuple[Snapshot, bytes, bytes] | None = None  # snapshot, plain, gzip
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
-        self._scraped = False  # the current rendering was served
-        self._gzip_wanted = False
+        self._scraped = False  # the newest rendering was served
         self.live = LiveStore()
         self._page: dict[bool, bytes] = {}
+        self._rendering = False
+        self._superseded: float | None = None  # when a newer snapshot than _ready came
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="render")
 
     def set(self, snap: Snapshot) -> None:
+        if self._superseded is None and self._ready is not None:
+            self._superseded = time.monotonic()  # the rendering became one snapshot old
         self.snapshot = snap
         self.arrived.set()
         if snap.live is not None:
             self.live.merge(snap.live)
         if self._scraped:
-            self._scraped = False
-            asyncio.get_running_loop().call_soon(self._prepare)
+            self._kick()
 
-    def _prepare(self) -> None:
+    def _kick(self) -> None:
+        """Render the newest snapshot on the worker thread (unless done or under way)."""
+        snap = self.snapshot
+        if self._rendering or snap is None or (self._ready and self._ready[0] is snap):
+            return
+        self._rendering = True
+        self._scraped = False
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, self._render, snap)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future[tuple[Snapshot, bytes, bytes]]) -> None:
+        self._rendering = False
         try:
-            self._render(gzipped=self._gzip_wanted)
-        except Exception:  # a bug in rendering: the scrape will say so
+            self._ready = fut.result()
+            self._superseded = None if self._ready[0] is self.snapshot else time.monotonic()
+        except Exception:  # a bug in rendering: the next scrape renders and says so
             log.exception("cannot render /metrics")
+        if self._scraped:
+            self._kick()  # a newer snapshot came meanwhile and somebody is scraping
+
+    def _render(self, snap: Snapshot) -> tuple[Snapshot, bytes, bytes]:
+        plain = render(snap, self._prefixes)
+        # Level 1: a tenth of the size for a few ms, once per snapshot.
+        return snap, plain, gzip.compress(plain, compresslevel=1, mtime=0)
 
     def page(self, *, gzipped: bool) -> bytes:
         """The live page (built once: it holds no data, it fetches the API)."""
@@ -322,24 +350,28 @@ class _Body:
         return self._page[gzipped]
 
     def get(self, *, gzipped: bool) -> bytes:
-        """The body for a scrape (rendered now if it is not ready)."""
-        self._scraped = True
-        self._gzip_wanted = gzipped
-        return self._render(gzipped=gzipped)
+        """The body for a scrape: the newest rendering.
 
-    def _render(self, *, gzipped: bool) -> bytes:
-        snap = self.snapshot
-        assert snap is not None  # noqa: S101 -- callers wait for the first one
-        if snap is not self._rendered:
-            self._plain = render(snap, self._prefixes)
-            self._gzipped = None
-            self._rendered = snap
-        if not gzipped:
-            return self._plain
-        if self._gzipped is None:
-            # Level 1: a tenth of the size for a few ms, once per snapshot.
-            self._gzipped = gzip.compress(self._plain, compresslevel=1, mtime=0)
-        return self._gzipped
+        While the newest snapshot is being rendered, or came less than ``STALE_S`` ago,
+        the previous rendering (and the newest is rendered on the worker thread); else
+        (none yet, or only an old one: nobody scraped for a while) rendered now.
+        """
+        self._scraped = True
+        ready = self._ready
+        if ready is not None and ready[0] is not self.snapshot and not self._rendering:
+            since = self._superseded
+            if since is not None and time.monotonic() - since <= STALE_S:
+                self._kick()
+            else:
+                ready = None
+        if ready is None:
+            assert self.snapshot is not None  # noqa: S101 -- callers wait for the first one
+            ready = self._ready = self._render(self.snapshot)
+            self._superseded = None
+        return ready[2] if gzipped else ready[1]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Date:
@@ -609,6 +641,7 @@ async def _serve(opts: argparse.Namespace) -> None:
     try:
         await snapshots()
     finally:
+        body.close()
         acceptor.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await acceptor

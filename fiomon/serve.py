@@ -59,6 +59,13 @@ BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
 GRACE_S = 10.0  # a stop waits this long for the disk and Alertmanager
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
+# Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
+# sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
+# max_inflight_messages 100; a session never acknowledged gets 100). Our SUBACK comes
+# after it, and paho reads one packet per loop turn: with a minute of backlog (hundreds of
+# MB) the default 10 s timeout expired, we reconnected, the broker sent it all again, and
+# a restarted aggregator retried for two minutes (4.8 GB of RSS). So wait that long.
+SUBSCRIBE_TIMEOUT_S = 120.0
 
 
 class _Service:
@@ -357,15 +364,23 @@ async def _mqtt_loop(svc: _Service) -> None:
     # The broker restarts in seconds; one client, so no herd to spread: reconnect fast.
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not svc.stop.is_set() and not svc.taken_over():
+        _drop_stale(queue)
         try:
             async with client:
-                core.watermark.connected(core.now_ms())
                 core.broker_connected = True
                 backoff.reset()
                 topics = svc.topics
-                for t in (topics.all_records, topics.all_status, svc.presence_topic):
-                    await client.subscribe(t, qos=1)
-                await client.subscribe(svc.conflict_topic, qos=1)
+                for t in (
+                    topics.all_records,
+                    topics.all_status,
+                    svc.presence_topic,
+                    svc.conflict_topic,
+                ):
+                    await client.subscribe(t, qos=1, timeout=SUBSCRIBE_TIMEOUT_S)
+                # The clock bound resumes lateness after we start reading, not after the
+                # CONNACK: subscribing can take seconds (timing out) on a loaded machine,
+                # while the session's backlog waits for us.
+                core.watermark.connected(core.now_ms())
                 log.info("subscribed on %s:%d", cfg.broker.host, cfg.broker.port)
                 if not svc.ready:
                     svc.ready = True
@@ -399,6 +414,23 @@ async def _mqtt_loop(svc: _Service) -> None:
             cfg.client_id,
         )
         await _wait(svc.stop, 60.0)
+
+
+def _drop_stale(queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    """Forget messages a previous connection left unhandled, before connecting again.
+
+    Their packet ids belong to that connection: acknowledging one on the next connection
+    would acknowledge whichever message the broker sent there under the same id, one we
+    may not have journaled yet. Never acknowledged, they are the broker's to redeliver
+    (persistent session), so dropping them here loses nothing.
+    """
+    n = 0
+    with contextlib.suppress(asyncio.QueueEmpty):
+        while True:
+            queue.get_nowait()
+            n += 1
+    if n:
+        log.info("%d messages of the previous connection left for the broker to redeliver", n)
 
 
 async def _batches(

@@ -103,6 +103,7 @@ class Watermark:
         self._hold_at: int | None = None
         self._hold_until: int | None = None
         self._forgot_ms = -_FAR
+        self.reason = ""  # which bound set the mark last (for the debug log)
 
     # -- parts ---------------------------------------------------------------------------
 
@@ -245,14 +246,17 @@ class Watermark:
     def close_through(self, now_ms: int) -> int:
         """Quanta ending at or before the returned time (ms) may close now."""
         target = now_ms - self.lateness_ms
+        reason = "clock"
         if self._newest_end is not None and now_ms - self._newest_at < self.lateness_ms:
             # Records keep coming: the clock counts from the newest of them (intake lag).
-            target = min(target, self._newest_end + self.slack_ms - self.lateness_ms)
+            lag = self._newest_end + self.slack_ms - self.lateness_ms
+            if lag < target:
+                target, reason = lag, "intake"
         if self._hold_at is not None:
             if self._hold_until is not None and now_ms >= self._hold_until:
                 self._hold_at = self._hold_until = None
-            else:
-                target = min(target, self._hold_at)
+            elif self._hold_at < target:
+                target, reason = self._hold_at, "hold"
         # Warm once warmup_ms passed on the clock *and* the records received span a
         # publishing round (agents publish every second, in order): an intake that lags
         # has not met every stream yet when the clock says so.
@@ -266,9 +270,12 @@ class Watermark:
         if warm and self._used:
             live = self._live(now_ms)
             if live.any():
-                target = max(target, int(self._end[: self._used][live].min()))
+                early = int(self._end[: self._used][live].min())
+                if early > target:
+                    target, reason = early, f"early ({int(live.sum())} live parts)"
         if self._mark is None or target > self._mark:
             self._mark = target
+            self.reason = reason
         if now_ms - self._forgot_ms >= max(self.idle_ms, 1000):
             self._forget(now_ms)
         return self._mark

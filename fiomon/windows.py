@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any, Literal
 
@@ -59,7 +59,8 @@ class ClosedQuantum:
         iops: samples per covered second (``None`` if the records cover no time).
         bytes_per_second: bytes per covered second (``None`` likewise).
         streams: number of streams that contributed.
-        late_records: late records of this scope counted since the previous close.
+        late_records: late records of this scope counted since the previous close, on
+            the oldest quantum closed then (0 on the others closed at the same time).
         hist: the merged histogram (counts per bin of the engine's layout), kept for
             cluster rows when the engine is asked to (the exporter's bucket histogram),
             and for host rows too with ``keep_host_hists`` (merging quanta into spans).
@@ -208,6 +209,20 @@ class _Groups:
     label: list[str]
     hists: npt.NDArray[np.float64]
     row_gid: npt.NDArray[np.int64]  # per closing row, its group (-1: not in this kind)
+
+
+def _once_late(rows: list[ClosedQuantum]) -> list[ClosedQuantum]:
+    """``rows`` with each (scope, host, direction)'s late count on its first row only."""
+    seen: set[tuple[str, str | None, str]] = set()
+    for i, r in enumerate(rows):
+        if not r.late_records:
+            continue
+        key = (r.scope, r.host, r.direction)
+        if key in seen:
+            rows[i] = replace(r, late_records=0)
+        else:
+            seen.add(key)
+    return rows
 
 
 def _run_starts(*keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -609,6 +624,7 @@ class QuantumEngine:
     def close_through(self, t_ms: int) -> list[ClosedQuantum]:
         """Close every quantum that ends at or before ``t_ms``, oldest first."""
         out, self._pending_closed = self._pending_closed, []
+        forced = len(out)  # closed earlier (memory bounds), their late counts given then
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
         ready = sorted(q for q in self._quanta if q <= last_q)
         # Close in chunks of about CLOSE_ROWS rows: closing many quanta at once (after an
@@ -624,6 +640,9 @@ class QuantumEngine:
         if chunk:
             out.extend(self._close(chunk[0], chunk[-1]))
         if ready:
+            # Late records counted since the previous close go on the oldest quantum
+            # closed now (per row kind), not on each of them: rows add up to the total.
+            out[forced:] = _once_late(out[forced:])
             self._late_since_close.clear()
         if self._next_open is None or last_q + 1 > self._next_open:
             self._next_open = last_q + 1

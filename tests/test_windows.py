@@ -166,3 +166,17 @@ def test_auto_phase_finds_the_dominant_phase() -> None:
     w = np.array([100.0] * 50 + [10.0] * 50)
     assert auto_phase(ends, w, 1000) == 337
     assert auto_phase(np.array([], np.int64), np.array([]), 1000) == 0
+
+
+def test_late_records_are_given_once_when_several_quanta_close_together() -> None:
+    # Late records counted since the previous close go on the oldest quantum closed now:
+    # on each of them, a sum over the quanta file would count them once per quantum.
+    e = engine(directions=("read",), per_host=True)
+    e.add(batch([(0, 1000, 0, {900: 10})], host="h"))
+    e.close_through(1000)
+    e.add(batch([(0, 1000, 0, {900: 1}), (0, 1000, 0, {900: 2})], host="h", stream="t"))
+    e.add(batch([(1000, 2000, 0, {900: 4}), (2000, 3000, 0, {900: 5})], host="h"))
+    rows = e.close_through(3000)
+    got = [(r.end_ms, r.scope, r.late_records) for r in rows]
+    assert got == [(2000, "cluster", 2), (2000, "host", 2), (3000, "cluster", 0), (3000, "host", 0)]
+    assert sum(e.late_records.values()) == 2
