@@ -69,7 +69,8 @@ def figure_bytes(doc: dict[str, Any], kind: str) -> bytes:
             if "lo" in s and "hi" in s:
                 # NaN (an unbounded side) leaves a gap rather than an invented bound.
                 lo, hi = _ms(s["lo"][k]), _ms(s["hi"][k])
-                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
+                label = "confidence bands" if k == doc["percentiles"][0] else None
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.18, lw=0, label=label)
             sat = s["sat"].get(k, [])
             if sat:
                 ax.plot(x[sat], y[sat], "v", color="#b00020", ms=6)
