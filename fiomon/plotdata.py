@@ -9,17 +9,22 @@ into objects before drawing (the live page gets plain objects from the API):
 ``{"version": 1, "t0": ms, "quantum_ms", "relative", "percentiles": [keys], "sla_ns":
 [...], "downsampled": f, "series": [{"scope", "host", "direction", "end": [ms - t0],
 "start": [...], "samples": [...], "p": {"99": [...]}, "sat": {"99": [point indices]},
-... }]}``
+"lo": {"99": [...]}, "hi": {"99": [...]}, ... }]}``
 
 Cluster series carry every field; host series only ``samples`` and the percentiles (the
-host heatmap and its readout need no more). Latencies keep 6 significant digits, rates 5.
+host heatmap and its readout need no more). ``lo``/``hi`` are the low and high sides of
+each percentile's confidence interval (``percentiles_ci_ns``, ns; ``null`` for a side the
+data cannot bound); only cluster series carry them, and only when the rows have bounds.
+Latencies keep 6 significant digits, rates 5.
 
 **Down-sampling.** A chart is at most a few thousand pixels wide, so a series longer than
 ``max_points`` is cut into groups of ``f`` consecutive quanta, and each group becomes two
 points: at the group's first end, the minimum of every field over the group, and at its
 last end, the maximum. Spikes and dips therefore survive (the envelope is exact) while
-the page stays small; heat counts of a group are summed onto its second point. The page
-says when it was down-sampled, and by how much.
+the page stays small; heat counts of a group are summed onto its second point. A group's
+confidence band is conservative: both of its points get the group's lowest ``lo`` and
+highest ``hi``, and a side that is unbounded (``null``) in any quantum of the group is
+unbounded for the group. The page says when it was down-sampled, and by how much.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class _Series:
         self.pcts: dict[str, list[float]] = {k: [] for k in keys}
         self.sat: dict[str, list[int]] = {k: [] for k in keys}
         self.heat: list[dict[str, Any] | None] = []
+        # Confidence bounds per percentile key, NaN for an unbounded side; None until a
+        # row carries bounds (rows without any: the series has no band).
+        self.lo: dict[str, list[float]] | None = None
+        self.hi: dict[str, list[float]] | None = None
 
     def add(self, r: ClosedQuantum, layout: BinLayout | None) -> None:
         s = r.stats
@@ -82,6 +91,20 @@ class _Series:
             self.heat.append(
                 heat_counts(hist, layout) if hist is not None and layout is not None else None
             )
+            self._add_bounds(r, i)
+
+    def _add_bounds(self, r: ClosedQuantum, i: int) -> None:
+        if r.ci_ns is None and self.lo is None:
+            return
+        if self.lo is None or self.hi is None:
+            # Earlier rows had no bounds: unbounded on both sides.
+            self.lo = {k: [math.nan] * i for k in self.keys}
+            self.hi = {k: [math.nan] * i for k in self.keys}
+        ci = r.ci_ns or {}
+        for k in self.keys:
+            low, high = ci.get(k, (None, None))
+            self.lo[k].append(math.nan if low is None else low)
+            self.hi[k].append(math.nan if high is None else high)
 
     def to_json(self, t0: int, factor: int) -> dict[str, Any]:
         """The packed series, down-sampled by ``factor`` (1: as is)."""
@@ -91,6 +114,9 @@ class _Series:
         }
         if self.scope == "cluster":
             cols.update({f: np.asarray(v, np.float64) for f, v in self.fields.items()})
+        if self.lo is not None and self.hi is not None:
+            cols.update({f"cilo{k}": np.asarray(v, np.float64) for k, v in self.lo.items()})
+            cols.update({f"cihi{k}": np.asarray(v, np.float64) for k, v in self.hi.items()})
         start = np.asarray(self.start, np.int64)
         end = np.asarray(self.end, np.int64)
         sat = {k: np.asarray(v, np.int64) for k, v in self.sat.items()}
@@ -113,6 +139,11 @@ class _Series:
             for f in _CLUSTER_FIELDS:
                 out[f] = [_sig(x, 6 if f.endswith("_ns") else 5) for x in cols[f].tolist()]
             out["heat"] = heat
+            if self.lo is not None:
+                for side in ("lo", "hi"):
+                    out[side] = {
+                        k: [_sig(x, 6) for x in cols[f"ci{side}{k}"].tolist()] for k in self.keys
+                    }
         return out
 
 
@@ -145,8 +176,13 @@ def _envelope(
     for name, v in cols.items():
         both = np.empty(2 * g, np.float64)
         with np.errstate(invalid="ignore"):
-            both[0::2] = np.fmin.reduceat(v, starts)
-            both[1::2] = np.fmax.reduceat(v, starts)
+            if name.startswith("ci"):
+                # Bands: the group's widest, on both points (NaN, unbounded, wins).
+                side = (np.minimum if name.startswith("cilo") else np.maximum).reduceat(v, starts)
+                both[0::2] = both[1::2] = side
+            else:
+                both[0::2] = np.fmin.reduceat(v, starts)
+                both[1::2] = np.fmax.reduceat(v, starts)
         out_cols[name] = both
     # A group's samples are summed and split over its two points (totals stay right).
     total = np.add.reduceat(np.nan_to_num(cols["samples"]), starts)

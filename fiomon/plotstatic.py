@@ -2,7 +2,8 @@
 
 matplotlib is an optional extra (``pip install 'fiomon[plot]'``): the interactive page
 needs nothing beyond fiomon itself. The figure draws the packed document of
-:mod:`fiomon.plotdata` (the same numbers as the page): percentile lines and the mean per
+:mod:`fiomon.plotdata` (the same numbers as the page): percentile lines, each with its
+confidence band (translucent, left out where a side is unbounded), and the mean per
 direction on a log latency axis with the SLA lines and saturated points marked, IOPS and
 throughput on the shared time axis, and the host x time heatmap of p99 (or the highest
 percentile below it) when the document has host series.
@@ -28,6 +29,11 @@ def require_matplotlib() -> None:
     except ImportError as exc:
         msg = f"PNG and SVG output needs matplotlib, the plot extra: {_EXTRA} (or write .html)"
         raise PlotError(msg) from exc
+
+
+def _ms(values: list[float | None]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Latencies in ns (None: unknown) as ms, NaN where unknown."""
+    return np.asarray([np.nan if v is None else v for v in values], np.float64) / 1e6
 
 
 def figure_bytes(doc: dict[str, Any], kind: str) -> bytes:
@@ -58,8 +64,13 @@ def figure_bytes(doc: dict[str, Any], kind: str) -> bytes:
         s = cluster[d]
         x = xs(s)
         for k in doc["percentiles"]:
-            y = np.asarray([np.nan if v is None else v for v in s["p"][k]], np.float64) / 1e6
-            ax.plot(x, y, lw=1.2, label=f"p{k}")
+            y = _ms(s["p"][k])
+            (line,) = ax.plot(x, y, lw=1.2, label=f"p{k}")
+            if "lo" in s and "hi" in s:
+                # NaN (an unbounded side) leaves a gap rather than an invented bound.
+                lo, hi = _ms(s["lo"][k]), _ms(s["hi"][k])
+                label = "confidence bands" if k == doc["percentiles"][0] else None
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.18, lw=0, label=label)
             sat = s["sat"].get(k, [])
             if sat:
                 ax.plot(x[sat], y[sat], "v", color="#b00020", ms=6)

@@ -216,6 +216,19 @@ async def test_the_live_page_shows_quanta_as_they_close(
     assert len(p99) >= 4
     for x, y in p99:
         assert y == pytest.approx(rows[x]["percentiles_ns"]["99"] / 1e6, rel=1e-9)
+    # And its confidence band is the API's percentiles_ci_ns (null: a side left open).
+    band = {s.get("id"): s for s in second["charts"]["lat-read"]}["band-99"]
+    assert band["name"] == "confidence bands"
+    assert len(band["data"]) == len(p99)
+    bounded = 0
+    for x, lo, hi in band["data"]:
+        for got, want in zip((lo, hi), rows[x]["percentiles_ci_ns"]["99"], strict=True):
+            if want is None:
+                assert got is None
+            else:
+                bounded += 1
+                assert got == pytest.approx(want / 1e6, rel=1e-9)
+    assert bounded > 0
     assert second["charts"]["lat-read"][0]["markLines"] == [2.0]
     assert "hosts reporting: 3" in status
     assert "SLA p99-read" in status

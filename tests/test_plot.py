@@ -101,9 +101,53 @@ def test_heat_keeps_every_io() -> None:
     assert heat_counts(np.zeros(layout.nbins), layout) is None
 
 
-def _row(end_ms: int, p99: float, samples: float = 10.0) -> ClosedQuantum:
+def _row(
+    end_ms: int,
+    p99: float,
+    samples: float = 10.0,
+    ci: dict[str, tuple[float | None, float | None]] | None = None,
+) -> ClosedQuantum:
     stats = HistStats(samples, p99 / 4, p99 / 3, p99 * 2, {"50": p99 / 3, "99": p99}, ())
-    return ClosedQuantum(end_ms - 1000, end_ms, "cluster", None, "read", stats, 10.0, 4e4, 1, 0)
+    return ClosedQuantum(
+        end_ms - 1000, end_ms, "cluster", None, "read", stats, 10.0, 4e4, 1, 0, ci_ns=ci
+    )
+
+
+def test_downsampled_bands_stay_conservative() -> None:
+    data = PlotData([50.0, 99.0], None, relative=False)
+    rng = np.random.default_rng(7)
+    p99 = rng.uniform(1e6, 2e6, 1000)
+    lo = p99 * rng.uniform(0.5, 0.99, 1000)
+    hi = p99 * rng.uniform(1.01, 3.0, 1000)
+    rows = []
+    for i in range(1000):
+        high = None if i == 433 else float(hi[i])  # one quantum whose p99 has no upper bound
+        ci = {"50": (p99[i] / 4, p99[i] / 2), "99": (float(lo[i]), high)}
+        rows.append(_row(START_MS + 1000 * i, float(p99[i]), ci=ci))
+    data.write(rows)
+    doc = data.document(title="t", max_points=100)
+    (s,) = doc["series"]
+    f = doc["downsampled"]
+    assert f == 20
+    for g in range(len(s["end"]) // 2):
+        span = slice(g * f, (g + 1) * f)
+        for j in (2 * g, 2 * g + 1):  # both points of a group carry the group's widest band
+            assert math.isclose(s["lo"]["99"][j], lo[span].min(), rel_tol=1e-5)
+            if g * f <= 433 < (g + 1) * f:
+                assert s["hi"]["99"][j] is None  # unbounded in one quantum: unbounded
+            else:
+                assert math.isclose(s["hi"]["99"][j], hi[span].max(), rel_tol=1e-5)
+            # the band holds the line's envelope points
+            assert s["lo"]["99"][j] <= s["p"]["99"][j]
+            assert s["hi"]["99"][j] is None or s["hi"]["99"][j] >= s["p"]["99"][j]
+
+
+def test_rows_without_bounds_carry_no_band() -> None:
+    data = PlotData([99.0], None, relative=False)
+    data.write([_row(START_MS + 1000 * i, 1e6) for i in range(5)])
+    (s,) = data.document(title="t")["series"]
+    assert "lo" not in s
+    assert "hi" not in s
 
 
 def test_downsampling_keeps_the_spike_the_dip_and_the_total() -> None:
@@ -184,6 +228,7 @@ def test_static_figure(tmp_path: Path, suffix: str, magic: bytes) -> None:
         text = body.decode()
         assert "p99" in text
         assert "per host" in text
+        assert "fill-opacity: 0.18" in text  # the confidence bands
 
 
 def _embedded(html: str) -> dict[str, Any]:
@@ -236,6 +281,23 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
                 assert math.isclose(y, r["percentiles_ns"][k] / 1e6, rel_tol=1e-5)
         for (_, y), r in zip(series["mean"]["data"], rows, strict=True):
             assert math.isclose(y, r["mean_ns"] / 1e6, rel_tol=1e-5)
+        # Each percentile's band, point for point, is the report's confidence interval.
+        bands = {s["id"]: s for s in charts[f"lat-{d}"] if s.get("id", "").startswith("band-")}
+        assert set(bands) == {"band-50", "band-90", "band-99", "band-99.9"}
+        assert {s["name"] for s in bands.values()} == {"confidence bands"}  # one legend entry
+        unbounded = dict.fromkeys(bands, 0)
+        for k in ("50", "90", "99", "99.9"):
+            got = bands[f"band-{k}"]["data"]
+            assert [x for x, _, _ in got] == [r["end_ms"] for r in rows]
+            for (_, lo, hi), r in zip(got, rows, strict=True):
+                for side, v in zip((lo, hi), r["percentiles_ci_ns"][k], strict=True):
+                    if v is None:
+                        unbounded[f"band-{k}"] += 1
+                        assert side is None
+                    else:
+                        assert side is not None
+                        assert math.isclose(side, v / 1e6, rel_tol=1e-5)
+        assert unbounded["band-50"] == unbounded["band-90"] == 0  # hundreds of I/Os bound these
     assert charts["lat-read"][0]["markLines"] == [2.0]
     # IOPS as the report has it
     iops = {s["name"]: s["data"] for s in charts["throughput"]}["IOPS read"]

@@ -13,6 +13,9 @@
   "use strict";
 
   var DIRS = ["read", "write", "trim", "all"];
+  // Percentile line colours; each confidence band takes its line's colour, translucent.
+  var PALETTE = ["#5470c6", "#91cc75", "#fac858", "#ee6666", "#73c0de", "#3ba272", "#fc8452", "#9a60b4"];
+  var BANDS = "confidence bands";
   var GROUP = "fiomon-time";
 
   function bucketEdgeNs(k) {
@@ -47,6 +50,11 @@
           host: s.host, direction: s.direction, samples: s.samples[i],
           percentiles_ns: pct, saturated: saturated,
         };
+        if (s.lo && s.hi) {
+          var ci = {};
+          keys.forEach(function (k) { ci[k] = [s.lo[k][i], s.hi[k][i]]; });
+          r.percentiles_ci_ns = ci;
+        }
         if (s.scope === "cluster") {
           r.min_ns = s.min_ns[i]; r.mean_ns = s.mean_ns[i]; r.max_ns = s.max_ns[i];
           r.iops = s.iops[i]; r.bytes_per_second = s.bytes_per_second[i];
@@ -142,21 +150,61 @@
     return new Date(ms).toISOString().slice(11, 19);
   };
 
-  /* Percentile lines and the mean of one direction, log latency axis, SLA lines. */
+  /* A positive latency in ms, or null (a log axis cannot place 0; null: unbounded). */
+  function posMs(ns) {
+    return ns === null || ns === undefined || !(ns > 0) ? null : ns / 1e6;
+  }
+
+  /* The confidence band of percentile `k`: points [x, low ms, high ms] (null: a side the
+     data cannot bound), drawn as one translucent quad per pair of neighbouring points
+     where all four corners are known. A quantum with an unbounded side leaves a gap:
+     the band never pretends to a bound the data does not give. All bands share one
+     legend entry, which toggles them together. */
+  function bandSeries(self, k, rows, color) {
+    var data = rows.map(function (r) {
+      var ci = (r.percentiles_ci_ns || {})[k] || [null, null];
+      return [self.x(r.end_ms), posMs(ci[0]), posMs(ci[1])];
+    });
+    return {
+      id: "band-" + k, name: BANDS, type: "custom", data: data, z: 1, silent: true,
+      clip: true, tooltip: { show: false }, itemStyle: { color: color },
+      encode: { x: 0, y: [1, 2] },
+      renderItem: function (params, api) {
+        var i = params.dataIndex;
+        var a = data[i], b = data[i + 1];
+        if (!b || a[1] === null || a[2] === null || b[1] === null || b[2] === null) return null;
+        return {
+          type: "polygon",
+          shape: { points: [api.coord([a[0], a[1]]), api.coord([b[0], b[1]]),
+            api.coord([b[0], b[2]]), api.coord([a[0], a[2]])] },
+          style: { fill: color, opacity: 0.18 },
+        };
+      },
+    };
+  }
+
+  /* Percentile lines with their confidence bands and the mean of one direction, log
+     latency axis, SLA lines. */
   Renderer.prototype.latency = function (d, rows) {
     var self = this;
     var keys = this.meta.percentiles;
-    var series = keys.map(function (k) {
+    var series = keys.map(function (k, j) {
       return {
         name: "p" + k, type: "line", showSymbol: false, sampling: "none",
+        itemStyle: { color: PALETTE[j % PALETTE.length] },
         data: rows.map(function (r) {
           var v = r.percentiles_ns[k];
           return [self.x(r.end_ms), v === null || v === undefined ? null : v / 1e6];
         }),
       };
     });
+    var withBands = rows.some(function (r) { return r.percentiles_ci_ns; });
+    var bands = withBands ? keys.map(function (k, j) {
+      return bandSeries(self, k, rows, PALETTE[j % PALETTE.length]);
+    }) : [];
     series.push({
       name: "mean", type: "line", showSymbol: false, lineStyle: { type: "dashed", width: 1.5 },
+      itemStyle: { color: "#333333" },
       data: rows.map(function (r) { return [self.x(r.end_ms), r.mean_ns / 1e6]; }),
     });
     var sat = [];
@@ -176,6 +224,8 @@
         data: this.meta.sla_ns.map(function (ns) { return { yAxis: ns / 1e6 }; }),
       };
     }
+    // Bands last in the list (lines keep their index: series[0] holds the SLA lines).
+    series = series.concat(bands);
     var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
     c.group = GROUP;
     c.setOption({
@@ -409,6 +459,7 @@
       var opt = self.charts[id].getOption();
       charts[id] = (opt.series || []).map(function (s) {
         var out = { name: s.name, type: s.type, points: (s.data || []).length };
+        if (s.id && String(s.id).indexOf("band-") === 0) out.id = s.id;
         if (id.indexOf("lat-") === 0 || id === "throughput") out.data = s.data;
         if (s.markLine && s.markLine.data) {
           out.markLines = s.markLine.data.map(function (x) { return x.yAxis; });
