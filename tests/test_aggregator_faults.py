@@ -448,7 +448,12 @@ def _lagging_run(tmp: Path, clock: Clock, *, lag_ms: int) -> None:
     core.restore()
     for s in range(1, CRASH_AT + 1):
         clock.t = T0 + 1000 * s + lag_ms
-        core.receive([message(h, s) for h in range(len(HOSTS))])
+        # h3's record of the last second is still in the broker at the stop: quantum 12
+        # stays open, so the journal holds it whatever the timing (with every host past
+        # it, early closing would close it, and whether the journal still held its records
+        # then depended on how fast the quanta file's writer thread confirmed it).
+        hosts = range(len(HOSTS) - 1) if s == CRASH_AT else range(len(HOSTS))
+        core.receive([message(h, s) for h in hosts])
         for _ in range(4):
             core.tick()
             clock.t += 200
@@ -484,7 +489,14 @@ def test_a_slow_restart_does_not_close_quanta_on_the_first_hosts_that_arrive(
     clock.t += 7000
     again.watermark.hold(again.published_ms or clock.t)  # what run_aggregator does
     again.watermark.connected(clock.t)
-    _backlog(again, clock, range(CRASH_AT + 1, SECONDS + 1))
+    # h1 and h2 first, then h3's withheld record: h2 and h3 are met only in the journal
+    # when h1's record of second 13 arrives.
+    first = CRASH_AT + 1
+    for h, sec in ((0, first), (1, first), (2, CRASH_AT), (2, first)):
+        clock.t = max(clock.t + 50, T0 + 1000 * sec + 300)
+        again.receive([message(h, sec)])
+        again.tick()
+    _backlog(again, clock, range(first + 1, SECONDS + 1))
     finish(again)
     assert again.engine is not None
     assert sum(again.engine.late_records.values()) == 0
