@@ -38,10 +38,10 @@ from _support import cpu_seconds, peak_rss_mb, start_broker
 from paho.mqtt.client import Client, MQTTMessage
 from paho.mqtt.enums import CallbackAPIVersion
 
-from fiomon.agent import CHECKPOINT_S
+from fiomon.agent.service import CHECKPOINT_S
 from fiomon.errors import WireFormatError
 from fiomon.fiolog import HistLogOptions, HistLogParser
-from fiomon.simulate import format_line
+from fiomon.tools.simulate import format_line
 from fiomon.wire import decode
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fiomon.simulate import JobSpec, LatencyModel, format_line, records
+from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 
 HOSTS = 16
 RECORDS = 600

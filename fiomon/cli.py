@@ -20,9 +20,9 @@ from fiomon.align import parse_align, parse_duration_ms
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
-from fiomon.output import FORMATS, Format
-from fiomon.report import ReportOptions, ReportSummary, run_report
-from fiomon.sources import (
+from fiomon.offline.output import FORMATS, Format
+from fiomon.offline.report import ReportOptions, ReportSummary, run_report
+from fiomon.offline.sources import (
     HOST_FROM_HELP,
     SOURCE_HELP,
     SourceOptions,
@@ -522,7 +522,7 @@ def _when_ms(text: str) -> int:
 
 def _summary(args: argparse.Namespace) -> int:
     from fiomon.config import parse_latency_ns  # noqa: PLC0415
-    from fiomon.summary import Filters, HistBins, bins_from_yaml, main_summary  # noqa: PLC0415
+    from fiomon.offline.summary import Filters, HistBins, bins_from_yaml, main_summary  # noqa: PLC0415
 
     try:
         bins: HistBins | None = None
@@ -578,8 +578,8 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from fiomon.fitcmd import run_fit  # noqa: PLC0415
-    from fiomon.summary import Filters  # noqa: PLC0415
+    from fiomon.offline.fitcmd import run_fit  # noqa: PLC0415
+    from fiomon.offline.summary import Filters  # noqa: PLC0415
 
     quantum = None
     if args.per_quantum is not None:
@@ -728,11 +728,11 @@ def _service(args: argparse.Namespace, name: str) -> int:
     for note in notes:
         logging.getLogger(f"fiomon.{name}").info("%s", note)
     if isinstance(cfg, config.AgentConfig):
-        from fiomon.agent import run_agent  # noqa: PLC0415
+        from fiomon.agent.service import run_agent  # noqa: PLC0415
 
         main_coro = run_agent(cfg)
     else:
-        from fiomon.serve import run_aggregator  # noqa: PLC0415
+        from fiomon.aggregator.service import run_aggregator  # noqa: PLC0415
 
         main_coro = run_aggregator(
             cfg,
@@ -899,7 +899,7 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from fiomon.config import parse_latency_ns  # noqa: PLC0415
-    from fiomon.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+    from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
 
     try:
         kind = plot_kind(args.output)
@@ -957,7 +957,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.hosts < 1 or args.jobs < 1 or (args.duration is not None and args.duration < 3):
             print("fiomon demo: --hosts and --jobs must be >= 1, --duration >= 3", file=sys.stderr)
             return 2
-        from fiomon.demo import run_demo  # noqa: PLC0415 - report runs need not import it
+        from fiomon.tools.demo import run_demo  # noqa: PLC0415 - report runs need not import it
 
         return run_demo(
             hosts=args.hosts,
@@ -972,7 +972,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "fit":
         return _fit(args)
     if args.command == "fio":
-        from fiomon.runfio import run_fio  # noqa: PLC0415
+        from fiomon.tools.runfio import run_fio  # noqa: PLC0415
 
         fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
         try:

@@ -198,3 +198,20 @@ def summarize_and_locate(
             )
         )
     return out, located
+
+
+def cumulative_at(
+    hist: npt.NDArray[np.float64], layout: BinLayout, edges_s: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Counts at or below each edge, splitting straddling bins linearly."""
+    lower, upper = layout.edges_ns()
+    edges_ns = edges_s * 1e9
+    cum = np.concatenate([[0.0], np.cumsum(hist)])
+    k = np.searchsorted(upper, edges_ns, side="right")  # bins [0, k) are wholly below
+    partial = np.zeros(len(edges_ns))
+    inside = k < len(hist)
+    kk = k[inside]
+    frac = np.clip((edges_ns[inside] - lower[kk]) / (upper[kk] - lower[kk]), 0.0, 1.0)
+    partial[inside] = hist[kk] * frac
+    out: npt.NDArray[np.float64] = cum[k] + partial
+    return out

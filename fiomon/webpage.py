@@ -1,7 +1,7 @@
 r"""The chart page: ``fiomon/web/page.html`` with the chart library, the renderer and data.
 
 One page serves both uses. ``fiomon plot`` inlines a packed document
-(:mod:`fiomon.plotdata`) and the page draws it once; the aggregator serves the page with
+(:mod:`fiomon.offline.plotdata`) and the page draws it once; the aggregator serves the page with
 no data and a ``live`` flag, and the page polls ``/api/v1/quanta``. Everything is inline
 (ECharts, ``fiomon.js``, the data), so the page needs no network to draw: it opens from
 a file, on a machine with no internet access, years later.

@@ -68,7 +68,7 @@ class ClosedQuantum:
             high)`` in ns at the engine's level (:mod:`fiomon.confidence`); ``None`` for a
             side the data cannot bound. ``None`` when bounds are not computed.
         target_met: for rows that merge several quanta to reach a target accuracy
-            (:mod:`fiomon.spans`): whether the target was met (False: the span reached its
+            (:mod:`fiomon.offline.spans`): whether the target was met (False: the span reached its
             maximum first). ``None`` for plain quanta.
     """
 

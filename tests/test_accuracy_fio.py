@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from fiomon.report import ReportOptions, run_report
+from fiomon.offline.report import ReportOptions, run_report
 from tests.groundtruth import (
     Truth,
     exact_interval,

@@ -13,9 +13,9 @@ import pytest
 from fiomon.bins import BinLayout
 from fiomon.confidence import bounds, percentile_bounds, rank_bounds, summarize_with_bounds
 from fiomon.histogram import summarize_many
-from fiomon.report import ReportOptions, run_report
-from fiomon.simulate import format_line
-from fiomon.sources import SourceOptions
+from fiomon.offline.report import ReportOptions, run_report
+from fiomon.offline.sources import SourceOptions
+from fiomon.tools.simulate import format_line
 from tests.latencydists import DISTRIBUTIONS, fio_quanta, lognormal, true_quantile
 
 

@@ -56,8 +56,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fiomon.sources import FileSource, SourceOptions
-from tests.agentkit import json_total_ios, report_samples
+from fiomon.offline.sources import FileSource, SourceOptions
+from tests.agent.agentkit import json_total_ios, report_samples
 from tests.conftest import DEADLINE_S, free_port, until
 from tests.test_deploy_mosquitto import Broker, stock_broker_running, under
 from tests.test_e2e import query, received

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from fiomon.sources import FileSource, SourceOptions
+from fiomon.offline.sources import FileSource, SourceOptions
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.groundtruth import Truth, relative_errors
 from tests.test_deploy_prometheus import _grafana_to_promql, dashboard_exprs, rule_exprs

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from fiomon.errors import OverlapError
+from fiomon.offline.sources import choose_sources
 from fiomon.overlap import Declaration, hist_log_name
-from fiomon.simulate import format_line
-from fiomon.sources import choose_sources
-from tests.agentkit import report_samples
+from fiomon.tools.simulate import format_line
+from tests.agent.agentkit import report_samples
 
 T0 = 1_795_000_000_000
 

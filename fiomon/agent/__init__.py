@@ -1,0 +1,1 @@
+"""The agent: follows fio's output on a client host and publishes records over MQTT."""

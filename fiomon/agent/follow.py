@@ -1,0 +1,1036 @@
+"""Following fio's output files while they grow: streams, identity, sequence numbers.
+
+A :class:`Follower` watches glob patterns and turns what fio appends into messages. The
+unit of identity is a **stream**: one content lineage of one file, with the id
+``<path where first seen>@<generation>`` and consecutive sequence numbers from 0.
+
+Identity rules (``agents/README.md`` states them for users):
+
+* **Appends** continue the stream. Only complete lines and complete JSON documents
+  become records; the parsers keep a partial one for later.
+* **Content decides.** A stream lasts exactly while the bytes already read are still the
+  start of the file (:class:`~fiomon.agent.fileprint.Fingerprint`). Truncation, a rewrite in
+  place (same inode, any size, same first bytes or not) or a copy over the file end the
+  stream; the file's content is read from byte 0 as a new stream. The old content is
+  gone, so nothing is drained from it.
+* **Renames keep the stream.** A file held open is known by device and inode (which
+  cannot be reused while it is open): renamed to a name the patterns match, it is the
+  same stream under its new name; renamed to a name they do not match, it is followed
+  under that name (also across a restart) until it has been quiet for
+  ``rename_grace_s``. A file that then appears under the old name is a new stream.
+* **Copies are not new data.** A new file that starts with exactly the bytes a known
+  stream read (``cp`` of a result, ``mv`` across file systems) is a copy: followed, not
+  published.
+* **Deleted** files are drained to their end through the descriptor still open, a
+  bounded amount per poll.
+* **Restarts and closed files.** A file not held open (after a restart, or closed to stay
+  under ``max_open_files``) is the same stream again only if its first ``length`` bytes
+  still hash to the saved SHA-1; it is then re-read from byte 0 (parsing is
+  deterministic, so no parser state is saved) and records below the acknowledged
+  sequence number are skipped, not resent.
+* **One truth per I/O** (:mod:`fiomon.overlap`): a hist log that a followed json+ stream
+  covers (its name and its time) is followed but not published. The decision is taken
+  once per stream, before its first record goes out, and waits (at most ``HOLD_S``)
+  while a json+ stream has not yet written its first document.
+
+A relative-time hist log (``log_unix_epoch=0``) is placed on the wall clock by one
+estimate per stream, logged once: fio writes hist logs when the job exits, so the file's
+modification time is taken as the wall-clock time of its last record.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import logging
+import os
+import resource
+import stat
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.agent.fileprint import HEAD, Fingerprint
+from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
+from fiomon.agent.spool import Outgoing
+from fiomon.clientlog import client_log_host
+from fiomon.fiojson import JsonStatusParser, looks_like_json
+from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
+from fiomon.model import RecordBatch
+from fiomon.overlap import Declaration, covering
+from fiomon.problems import Problem, ProblemLog
+from fiomon.wire import MAX_TIME_MS, encode, wire_id
+
+log = logging.getLogger("fiomon.agent")
+
+READ_BYTES = 4 * 1024 * 1024  # per file per poll: one busy file cannot starve the others
+POLL_BUDGET = 64 * 1024 * 1024  # per poll over all files: a poll (and SIGTERM) stays short
+FULL_VERIFY_BYTES = 1 << 20  # prefixes this small are checked in full on every change
+ROTATE_BYTES = 256 << 10  # larger ones: this much more per change, in rotation
+FULL_VERIFY_MAX = 256 << 20  # ... and in full after a quiet spell, up to this size
+QUIET_S = 5.0  # a change after this much quiet is checked in full (rewrite, not append)
+IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed for another
+FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
+MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
+HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
+RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
+RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A stream whose file is held open."""
+
+    stream: str
+    path: str
+    fd: int
+    dev: int
+    ino: int
+    opened_at: float
+    print: Fingerprint = field(default_factory=Fingerprint)
+    size: int = 0  # fstat when last examined
+    mtime_ns: int = 0
+    changed_at: float = 0.0  # monotonic s of the last change seen
+    next_seq: int = 0
+    skip_below: int = 0  # records already sent (or acknowledged, after a restart)
+    acked_floor: int = 0  # acknowledged before this run (saved positions)
+    time_offset_ms: int | None = None
+    parser: HistLogParser | JsonStatusParser | None = None
+    kind: str | None = None  # "json" or "hist", from the first bytes
+    head_ws: bytes = b""  # leading whitespace read before the kind was known
+    started: bool = False  # a parser was chosen
+    decided: bool = False  # whether it is published is settled
+    covered_by: str | None = None  # not published: that stream holds its I/Os
+    orphan_since: float | None = None  # renamed to a name the patterns do not match
+    deleted: bool = False  # unlinked: drained to its end, then closed
+    declared: Declaration | None = None  # a closed json+ stream's, kept on reopening
+    problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
+    counted: Counter[str] = field(default_factory=Counter)
+
+    def declaration(self) -> Declaration | None:
+        if isinstance(self.parser, JsonStatusParser):
+            return self.parser.declaration(self.stream)
+        return self.declared
+
+
+@dataclass(slots=True)
+class _Closed:
+    """A stream whose file is not held open (see :class:`~fiomon.agent.positions.Resume`)."""
+
+    resume: Resume
+    skip_below: int  # records already sent or acknowledged
+    replay: bool  # loaded from disk: unacknowledged records may be waiting in the file
+    seen_at: float  # monotonic s when last found at a watched path
+
+
+@dataclass(slots=True)
+class FollowStats:
+    """Counters of a :class:`Follower` (published in the agent's heartbeat)."""
+
+    files_followed: int = 0
+    files_closed: int = 0
+    generations: int = 0
+    bytes_read: int = 0
+    records_read: int = 0
+    records_skipped_replay: int = 0
+    files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
+    files_covered: int = 0
+    files_copies: int = 0
+    renames: int = 0
+    rewrites: int = 0
+    open_errors: int = 0
+    read_errors: int = 0
+    files_waiting: int = 0
+    patterns_idle: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pattern:
+    pattern: str
+    matched_at: float
+    warned: bool = False
+    folder_mtime: int | None = None  # of its folder at the last scan (None: always scan)
+    paths: list[str] = field(default_factory=list)
+
+
+class Follower:
+    """Follows every file matching ``patterns`` and turns new data into messages.
+
+    Not thread-safe: call :meth:`poll` and :meth:`state` from one thread at a time.
+
+    Args:
+        patterns: glob patterns (json+ status files and hist logs, told apart by content).
+        agent: agent id written into every message.
+        max_message_bytes: cap on one encoded message.
+        state: what the positions file held at start (see :mod:`fiomon.agent.positions`).
+        log_hist_msec: hist logs' interval, or None to infer it.
+        max_open_files: descriptors held at most (also kept below the process limit).
+        max_line_bytes: longer hist-log lines are skipped and counted.
+        max_document_bytes: larger json+ documents are skipped and counted.
+        rename_grace_s: how long a file renamed out of the patterns is still followed.
+        pattern_idle_s: a pattern that matched nothing for this long is reported once.
+        clock: monotonic seconds (injected for tests).
+        wall_s: wall-clock epoch seconds (generation numbers, rename grace across restarts).
+        exclude: folders whose files are never followed (the agent's own state directory,
+            should a pattern reach into it).
+    """
+
+    def __init__(
+        self,
+        patterns: tuple[str, ...],
+        *,
+        agent: str,
+        max_message_bytes: int,
+        state: FollowState | None = None,
+        log_hist_msec: int | None = None,
+        max_open_files: int = 256,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_document_bytes: int = 32 << 20,
+        rename_grace_s: float = 60.0,
+        pattern_idle_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_s: Callable[[], float] = time.time,
+        exclude: tuple[str, ...] = (),
+    ) -> None:
+        self.patterns = patterns
+        self._refused: set[str] = set()
+        self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
+        self.agent = agent
+        self.max_message_bytes = max_message_bytes
+        self.log_hist_msec = log_hist_msec
+        self.max_line_bytes = max_line_bytes
+        self.max_document_bytes = max_document_bytes
+        self.rename_grace_s = rename_grace_s
+        self.pattern_idle_s = pattern_idle_s
+        self._clock = clock
+        self._wall_s = wall_s
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = (
+            soft - min(RESERVED_FDS, soft // 2)
+            if soft != resource.RLIM_INFINITY
+            else max_open_files
+        )
+        self.max_open_files = max(1, min(max_open_files, limit))
+        state = state or FollowState()
+        self._next_gen = state.next_generation
+        now = clock()
+        self._open: dict[str, _Stream] = {}
+        self._closed: dict[str, _Closed] = {
+            s: _Closed(r, r.acked_seq, replay=True, seen_at=now) for s, r in state.streams.items()
+        }
+        self._patterns = [_Pattern(p, now) for p in patterns]
+        self._rescan_at = 0.0
+        self._waiting_logged = False
+        self.changes = 0  # bumped whenever what :meth:`state` returns may have changed
+        self._open_failed: set[str] = set()
+        self._read_failed: set[str] = set()
+        self._budget = POLL_BUDGET
+        self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
+        self.stats = FollowStats()
+
+    # -- polling -------------------------------------------------------------------------
+
+    def poll(self, *, discover: bool = True, final: bool = False) -> Iterator[Outgoing]:
+        """Read what is new in every followed file.
+
+        Args:
+            discover: also expand the patterns: start following new files, notice renames
+                and deletions, and reopen closed streams whose files changed.
+            final: also finish the parsers (at shutdown nothing more will come).
+        """
+        now = self._clock()
+        self._budget = POLL_BUDGET
+        self._heads = None
+        if discover:
+            self._discover(now)
+        for s in self._open.values():
+            if s.kind is None:
+                s.kind = _sniff(s.fd)
+        # json+ streams first: their declarations decide which hist logs they cover.
+        for s in sorted(self._open.values(), key=lambda s: (s.kind != "json", s.path)):
+            if self._budget <= 0:
+                break  # the rest next poll: reading stays bounded per call
+            if self._open.get(s.stream) is s:  # not finished by another's read meanwhile
+                yield from self._advance(s, now)
+        if final:
+            for s in list(self._open.values()):
+                yield from self._finish(s)
+        self._update_counts()
+
+    def _discover(self, now: float) -> None:
+        matched = self._glob(now)
+        if matched is None:
+            return  # no watched folder changed since the last scan
+        by_inode = {(s.dev, s.ino): s for s in self._open.values()}
+        claimed: set[str] = set()
+        fresh: list[tuple[str, os.stat_result]] = []
+        for path in sorted(matched):
+            st = matched[path]
+            s = by_inode.get((st.st_dev, st.st_ino))
+            if s is None:
+                fresh.append((path, st))
+                continue
+            if s.stream in claimed:
+                continue  # a second name (hard link) of a file already followed
+            claimed.add(s.stream)
+            old = matched.get(s.path)
+            if s.path != path and (old is None or (old.st_dev, old.st_ino) != (s.dev, s.ino)):
+                log.info("%s: renamed to %s; still stream %s", s.path, path, s.stream)
+                self.stats.renames += 1
+                s.path = path
+                self.changes += 1
+            if s.orphan_since is not None:
+                log.info("%s: matches the watch patterns again (stream %s)", path, s.stream)
+                s.orphan_since = None
+                self.changes += 1
+        for s in [s for s in self._open.values() if s.stream not in claimed]:
+            self._unclaimed(s, now)
+        fresh += self._orphans_to_resume(matched)
+        closed_at: dict[tuple[int, int], list[_Closed]] = {}
+        for c in self._closed.values():
+            if not c.resume.gone:
+                closed_at.setdefault((c.resume.dev, c.resume.ino), []).append(c)
+        waiting = 0
+        placed: set[str] = set()
+        # json+ streams first: under the descriptor cap they get the free slots, and their
+        # declarations are known before the hist logs they cover are read.
+        fresh.sort(key=lambda item: _sniff_path(item[0]) != "json")
+        for path, st in fresh:
+            if not self._place(path, st, closed_at.get((st.st_dev, st.st_ino), []), placed, now):
+                waiting += 1
+        self.stats.files_waiting = waiting
+        if waiting and not self._waiting_logged:
+            log.warning(
+                "%d files wait for a descriptor: %d are held open (max_open_files); they are "
+                "read as soon as followed files go quiet",
+                waiting,
+                len(self._open),
+            )
+        self._waiting_logged = waiting > 0
+        self._open_failed &= set(matched)
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Drop closed streams unseen for FORGET_S, and the oldest deleted ones past MAX_GONE."""
+        for stream, c in list(self._closed.items()):
+            if now - c.seen_at > FORGET_S:
+                del self._closed[stream]
+                self.changes += 1
+        gone = sorted(
+            (k for k, c in self._closed.items() if c.resume.gone),
+            key=lambda k: self._closed[k].seen_at,
+        )
+        for stream in gone[: max(0, len(gone) - MAX_GONE)]:
+            del self._closed[stream]
+            self.changes += 1
+
+    def _refuse_client_log(self, path: str) -> None:
+        """Say once per file why a hist log of ``fio --client`` is not followed.
+
+        fio writes those on the controller when each job ends, every server's under the
+        controller's host, as running sums (see :mod:`fiomon.clientlog`): the agent
+        cannot publish them as live records of their hosts. ``fiomon report`` reads them.
+        """
+        if path in self._refused:
+            return
+        self._refused.add(path)
+        self.stats.files_refused += 1
+        log.warning(
+            "%s: a hist log written by fio --client (server %s), at the end of the run: not "
+            "published (use fiomon report on it; for live records run fio on each host "
+            "with an agent beside it, see README 'fio's client/server mode')",
+            path,
+            client_log_host(Path(path)),
+        )
+
+    def _glob(self, now: float) -> dict[str, os.stat_result] | None:
+        """Regular files matching the patterns, with their stat; None if nothing changed.
+
+        A pattern whose folder has no wildcards is re-expanded only when that folder's
+        modification time changed (entries created, renamed or removed), or every
+        ``RESCAN_S``; a full rescan also notices closed files that grew.
+        """
+        full = now >= self._rescan_at
+        changed = full or self.stats.files_waiting > 0 or bool(self._open_failed)
+        for pat in self._patterns:
+            folder = os.path.dirname(pat.pattern) or "."
+            if any(c in folder for c in "*?["):
+                changed = True  # no cache for wildcard folders
+                continue
+            try:
+                mtime: int | None = os.stat(folder).st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime is None or mtime != pat.folder_mtime:
+                changed = True
+            pat.folder_mtime = mtime
+        if not changed:
+            return None
+        if full:
+            self._rescan_at = now + RESCAN_S
+        found: dict[str, os.stat_result] = {}
+        for pat in self._patterns:
+            n = 0
+            for path in glob.glob(pat.pattern):
+                if self._exclude and os.path.realpath(path).startswith(self._exclude):
+                    continue
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if client_log_host(Path(path)) is not None:
+                    self._refuse_client_log(path)
+                    continue
+                found[path] = st
+                n += 1
+            self._note_matches(pat, n, now)
+        self.stats.patterns_idle = sum(p.warned for p in self._patterns)
+        return found
+
+    def _note_matches(self, pat: _Pattern, n: int, now: float) -> None:
+        """Report once when a pattern has matched nothing for ``pattern_idle_s``."""
+        if n:
+            if pat.warned:
+                log.info("watch pattern %r matches %d files again", pat.pattern, n)
+            pat.matched_at, pat.warned = now, False
+        elif not pat.warned and now - pat.matched_at >= self.pattern_idle_s:
+            pat.warned = True
+            folder = os.path.dirname(pat.pattern) or "."
+            exists = any(c in folder for c in "*?[") or os.path.isdir(folder)
+            why = "" if exists else f" (folder {folder} does not exist)"
+            log.warning(
+                "watch pattern %r has matched no file for %.0f s%s",
+                pat.pattern,
+                now - pat.matched_at,
+                why,
+            )
+
+    def _unclaimed(self, s: _Stream, now: float) -> None:
+        """An open stream whose file no watched path names any more."""
+        try:
+            nlink = os.fstat(s.fd).st_nlink
+        except OSError:
+            nlink = 0
+        if nlink == 0:
+            if not s.deleted:
+                s.deleted = True
+                log.info("%s: removed; stream %s is drained to its end", s.path, s.stream)
+        elif s.orphan_since is None:
+            s.orphan_since = now
+            s.path = _fd_path(s.fd) or s.path
+            self.stats.renames += 1
+            self.changes += 1
+            log.info(
+                "renamed to %s, a name the watch patterns do not match; stream %s is followed "
+                "until it has been quiet for %.0f s",
+                s.path,
+                s.stream,
+                self.rename_grace_s,
+            )
+
+    def _orphans_to_resume(
+        self, matched: dict[str, os.stat_result]
+    ) -> list[tuple[str, os.stat_result]]:
+        """Closed streams renamed out of the patterns, still in their grace period."""
+        wall_ms = int(self._wall_s() * 1000)
+        out = []
+        for c in self._closed.values():
+            r = c.resume
+            if r.orphan_until_ms is None or r.orphan_until_ms <= wall_ms or r.path in matched:
+                continue
+            try:
+                st = os.stat(r.path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (r.dev, r.ino):
+                out.append((r.path, st))
+        return out
+
+    def _place(
+        self,
+        path: str,
+        st: os.stat_result,
+        closed: list[_Closed],
+        placed: set[str],
+        now: float,
+    ) -> bool:
+        """A path no open stream holds: a closed stream's file, or a new stream.
+
+        Args:
+            path: the path.
+            st: its stat.
+            closed: closed streams last seen on the same device and inode.
+            placed: closed streams already found at another path in this discovery.
+            now: monotonic seconds.
+
+        Returns False when no descriptor is free (the path waits for the next discovery).
+        """
+        for c in closed:
+            r = c.resume
+            if r.stream in placed:
+                return True  # a second name (hard link, symlink) of the same file
+            placed.add(r.stream)
+            c.seen_at = now
+            unchanged = (
+                (st.st_size, st.st_mtime_ns) == (r.size, r.mtime_ns) == (r.length, r.mtime_ns)
+            )
+            if unchanged and c.skip_below >= r.records and not r.sha1.startswith(LEGACY_PREFIX):
+                if r.path != path and not os.path.exists(r.path):
+                    log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
+                    r.path = path
+                    self.changes += 1
+                return True  # nothing new in it: stays closed
+        if not self._free_slot(now):
+            return False
+        fd = self._open_fd(path)
+        if fd is None:
+            return True
+        try:
+            fst = os.fstat(fd)
+            key = (fst.st_dev, fst.st_ino)  # the path may have changed since the glob
+            if key in {(s.dev, s.ino) for s in self._open.values()}:
+                os.close(fd)  # renamed into place between glob and open: already ours
+                return True
+            same = [c for c in self._closed.values() if (c.resume.dev, c.resume.ino) == key]
+            for c in same:
+                if not c.resume.gone and self._same_content(fd, c.resume):
+                    self._reopen(c, path, fd, fst, now)
+                    return True
+            for c in same:  # its bytes changed while it was not followed
+                if c.resume.gone:
+                    continue
+                log.info(
+                    "%s: changed while not followed (stream %s ends); new stream",
+                    path,
+                    c.resume.stream,
+                )
+                self.stats.rewrites += 1
+                self._closed.pop(c.resume.stream, None)
+            self._new_stream(path, fd, fst, now)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("%s: cannot read (%s); will retry", path, exc.strerror or exc)
+        return True
+
+    def _copy_of(self, s: _Stream) -> str | None:
+        """The stream whose read bytes ``s``'s new file starts with (or that starts with it).
+
+        Known streams are found by the CRC-32 of their first 4 KiB (an index built once
+        per poll), then compared byte for byte (open) or by SHA-1 (closed).
+        """
+        if self._heads is None:
+            self._heads = {}
+            for o in self._open.values():
+                if o.print.length:
+                    self._heads.setdefault(o.print.head, []).append(o.stream)
+            for c in self._closed.values():
+                if c.resume.head and c.resume.length:
+                    self._heads.setdefault(c.resume.head, []).append(c.resume.stream)
+        size = os.fstat(s.fd).st_size
+        head = os.pread(s.fd, HEAD, 0)
+        for n in {min(len(head), HEAD), HEAD}:
+            key = f"{n}:{zlib.crc32(head[:n]):08x}"
+            for stream in self._heads.get(key, []):
+                if stream != s.stream and self._holds_same(s.fd, size, stream, n):
+                    return stream
+        return None
+
+    def _holds_same(self, fd: int, size: int, stream: str, head: int) -> bool:
+        """Whether the file at ``fd`` and what ``stream`` read agree on all the shorter one."""
+        o = self._open.get(stream)
+        if o is not None:
+            n = min(size, o.print.length)
+            # A short shared head is no evidence unless both are that short (equal files).
+            return (n >= HEAD or n == size == o.print.length) and _same_bytes(fd, o.fd, n)
+        c = self._closed.get(stream)
+        if c is None or size < c.resume.length or (head < HEAD and size != c.resume.length):
+            return False
+        fp = Fingerprint.of_file(fd, c.resume.length)
+        return fp is not None and fp.hexdigest() == c.resume.sha1
+
+    def _open_fd(self, path: str) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            self.stats.open_errors += 1
+            if path not in self._open_failed:
+                self._open_failed.add(path)
+                hint = (
+                    " (the process is out of file descriptors)"
+                    if exc.errno in (errno.EMFILE, errno.ENFILE)
+                    else ""
+                )
+                log.warning("%s: cannot open (%s)%s; will retry", path, exc.strerror, hint)
+            return None
+        self._open_failed.discard(path)
+        return fd
+
+    def _free_slot(self, now: float) -> bool:
+        """Whether a descriptor may be opened, closing the quietest idle stream if needed."""
+        if len(self._open) < self.max_open_files:
+            return True
+        idle = [s for s in self._open.values() if now - s.changed_at >= IDLE_CLOSE_S]
+        if not idle:
+            return False
+        self._close_quietly(min(idle, key=lambda s: s.changed_at), now)
+        return True
+
+    def _same_content(self, fd: int, r: Resume) -> bool:
+        """Whether the open file still starts with the bytes ``r`` says were read."""
+        if r.sha1.startswith(LEGACY_PREFIX):  # version-1 positions: a 64-byte head digest
+            head = os.pread(fd, 64, 0)
+            digest = hashlib.blake2b(head, digest_size=16).hexdigest()
+            return digest == r.sha1[len(LEGACY_PREFIX) :]
+        fp = Fingerprint.of_file(fd, r.length)
+        return fp is not None and fp.hexdigest() == r.sha1
+
+    def _reopen(self, c: _Closed, path: str, fd: int, st: os.stat_result, now: float) -> None:
+        r = c.resume
+        if r.path != path:
+            log.info("%s: renamed to %s; still stream %s", r.path, path, r.stream)
+            self.stats.renames += 1
+        self._closed.pop(r.stream, None)
+        self.changes += 1
+        s = _Stream(r.stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        s.skip_below = c.skip_below
+        s.acked_floor = r.acked_seq
+        s.time_offset_ms = r.time_offset_ms
+        s.covered_by = r.covered_by
+        s.decided = r.covered_by is not None or c.skip_below > 0
+        if r.orphan_until_ms is not None:
+            s.orphan_since = now
+        if r.declares:
+            s.declared = _declaration(r)
+        if c.replay and c.skip_below:
+            log.info("%s: resuming stream %s after seq %d", path, r.stream, c.skip_below - 1)
+        self._open[s.stream] = s
+
+    def _new_stream(self, path: str, fd: int, st: os.stat_result, now: float) -> _Stream:
+        gen = max(self._next_gen, int(self._wall_s()))
+        self._next_gen = gen + 1
+        stream = wire_id(f"{path}@{gen}")  # any file name, any length
+        s = _Stream(stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        self._open[s.stream] = s
+        self.changes += 1
+        self.stats.generations += 1
+        return s
+
+    # -- reading and parsing ---------------------------------------------------------------
+
+    def _advance(self, s: _Stream, now: float) -> Iterator[Outgoing]:
+        """Check ``s``'s file is still what was read, then read what is new."""
+        try:
+            st = os.fstat(s.fd)
+            reason = self._changed(s, st, now)
+        except OSError as exc:
+            log.warning("%s: cannot read (%s); will retry", s.path, exc.strerror or exc)
+            return
+        if reason is not None:
+            self.stats.rewrites += 1
+            log.info(
+                "%s: %s; stream %s ends after %d bytes and the file is read again as a new stream",
+                s.path,
+                reason,
+                s.stream,
+                s.print.length,
+            )
+            self._open.pop(s.stream, None)  # its content is gone: nothing to drain
+            orphan, deleted = s.orphan_since, s.deleted
+            s = self._new_stream(s.path, s.fd, st, now)
+            s.orphan_since, s.deleted = orphan, deleted
+        if not s.decided and s.kind == "hist" and self._declarations_pending(s, now):
+            return  # wait for the json+ streams to say which jobs they cover
+        try:
+            at_end = yield from self._read(s)
+        except OSError as exc:  # EIO and the like: the file is the truth, try again later
+            self.stats.read_errors += 1
+            if s.stream not in self._read_failed:
+                self._read_failed.add(s.stream)
+                log.warning("%s: read failed (%s); will retry", s.path, exc.strerror or exc)
+            return
+        self._read_failed.discard(s.stream)
+        if s.deleted and at_end:
+            yield from self._finish(s, deleted=True)
+        elif s.orphan_since is not None and now - max(s.changed_at, s.orphan_since) >= (
+            self.rename_grace_s
+        ):
+            log.info("%s: quiet for %.0f s after a rename; closed", s.path, self.rename_grace_s)
+            yield from self._finish(s)
+
+    def _changed(self, s: _Stream, st: os.stat_result, now: float) -> str | None:
+        """Why ``s``'s file no longer starts with what was read, or None.
+
+        Raises:
+            OSError: the check could not read the file (nothing is marked as seen then).
+        """
+        if (st.st_size, st.st_mtime_ns) == (s.size, s.mtime_ns):
+            return None
+        n = s.print.length
+        if st.st_size < n:
+            reason: str | None = "truncated"
+        else:
+            quiet = now - s.changed_at
+            full = n <= FULL_VERIFY_BYTES or (quiet >= QUIET_S and n <= FULL_VERIFY_MAX)
+            holds = not n or s.print.holds(s.fd, full=full, budget=ROTATE_BYTES)
+            reason = None if holds else "rewritten in place"
+        s.size, s.mtime_ns, s.changed_at = st.st_size, st.st_mtime_ns, now
+        return reason
+
+    def _read(self, s: _Stream, *, budget: bool = True) -> Generator[Outgoing, None, bool]:
+        """Read up to READ_BYTES (and the poll's budget); returns whether EOF was reached."""
+        limit = min(READ_BYTES, self._budget) if budget else READ_BYTES
+        while limit > 0:
+            chunk = os.pread(s.fd, min(READ_BYTES, limit), s.print.length)
+            if not chunk:
+                return True
+            s.print.update(chunk)
+            self.changes += 1
+            self.stats.bytes_read += len(chunk)
+            limit -= len(chunk)
+            self._budget -= len(chunk)
+            if not s.started:
+                if not chunk.strip():  # only whitespace so far: the kind is not known yet
+                    s.head_ws += chunk[:4096]
+                    continue
+                if not s.decided and s.skip_below == 0:
+                    original = self._copy_of(s)
+                    if original is not None:
+                        yield from self._copied(s, original)
+                self._start_parsing(s, chunk)
+                chunk, s.head_ws = s.head_ws + chunk, b""
+                if self._heads is not None:
+                    self._heads.setdefault(s.print.head, []).append(s.stream)
+            if s.parser is not None:
+                yield from self._emit(s, s.parser.feed(chunk))
+                self._collect_problems(s)
+        return False
+
+    def _copied(self, s: _Stream, original: str) -> Iterator[Outgoing]:
+        """``s``'s file starts with what ``original`` read: a copy, or the same file moved.
+
+        A copy of a deleted file (``mv`` across file systems) continues its stream: what
+        was published is not again, what follows is. A copy of a file that still exists
+        is not published at all (the original publishes those I/Os).
+        """
+        o = self._open.get(original)
+        if o is not None and o.deleted:  # moved in this very poll: finish the old file first
+            while not (yield from self._read(o, budget=False)):
+                pass
+            yield from self._finish(o, deleted=True)
+        c = self._closed.get(original)
+        if c is None or not c.resume.gone:
+            s.decided, s.covered_by = True, original
+            self.stats.files_copies += 1
+            log.info("%s: a copy of what stream %s read: followed, not published", s.path, original)
+            return
+        r = c.resume
+        del self._open[s.stream]
+        del self._closed[original]
+        s.stream = original
+        self._open[s.stream] = s
+        s.skip_below, s.acked_floor = c.skip_below, r.acked_seq
+        s.covered_by, s.time_offset_ms = r.covered_by, r.time_offset_ms
+        s.decided = r.covered_by is not None or c.skip_below > 0
+        if r.declares:
+            s.declared = _declaration(r)
+        self.stats.renames += 1
+        self.changes += 1
+        log.info(
+            "%s: %s moved here (its content, and more); still stream %s", s.path, r.path, original
+        )
+
+    def _start_parsing(self, s: _Stream, first: bytes) -> None:
+        s.started = True
+        if s.covered_by is not None:
+            return  # a copy, or a hist log another stream covers: followed, never parsed
+        if looks_like_json(first):
+            s.kind = "json"
+            s.decided = True
+            s.parser = JsonStatusParser(s.path, host=self.agent, problems=s.problems)
+            s.parser.splitter.max_document_bytes = self.max_document_bytes
+            return
+        s.kind = "hist"
+        if s.time_offset_ms is None:
+            s.time_offset_ms = self._relative_offset(s)
+        s.parser = HistLogParser(
+            s.path,
+            host=self.agent,
+            options=HistLogOptions(
+                interval_ms=self.log_hist_msec,
+                time_offset_ms=s.time_offset_ms or 0,
+                max_line_bytes=self.max_line_bytes,
+            ),
+            problems=s.problems,
+        )
+
+    def _declarations_pending(self, s: _Stream, now: float) -> bool:
+        """Whether a json+ stream may still declare ``s``'s hist log (hold it, for a while)."""
+        if now - s.opened_at >= HOLD_S:
+            return False
+        for o in self._open.values():
+            if o.kind is None:
+                return True  # empty for now: fio creates its json+ output before writing
+            if o.kind == "json" and (
+                not isinstance(o.parser, JsonStatusParser) or not o.parser.splitter.documents
+            ):
+                return True
+        return False
+
+    def _decide(self, s: _Stream, batch: RecordBatch) -> bool:
+        """Settle whether ``s`` (a hist log) is published; True if it is covered."""
+        s.decided = True
+        epoch = isinstance(s.parser, HistLogParser) and s.parser.time_kind == "epoch"
+        span = (int(batch.start_ms.min()), int(batch.end_ms.max())) if epoch else None
+        decls = [d for o in self._open.values() if (d := o.declaration()) is not None]
+        decls += [_declaration(c.resume) for c in self._closed.values() if c.resume.declares]
+        s.covered_by = covering(s.path, span, decls)
+        if s.covered_by is None:
+            return False
+        self.stats.files_covered += 1
+        self.changes += 1
+        s.parser = None
+        log.info(
+            "%s: not published: the json+ stream %s holds the same I/Os (it declares this "
+            "hist log's name and covers its time)",
+            s.path,
+            s.covered_by,
+        )
+        return True
+
+    def _relative_offset(self, s: _Stream) -> int:
+        """Wall-clock offset for a relative-time log (0 for an epoch-stamped one)."""
+        st = os.fstat(s.fd)
+        tail = os.pread(s.fd, 65536, max(0, st.st_size - 65536))
+        lines = [ln for ln in tail.split(b"\n") if ln.strip()]
+        try:
+            stamp = int(lines[-1].split(b",", 1)[0]) if lines else EPOCH_MS_MIN
+        except ValueError:
+            return 0
+        if stamp >= EPOCH_MS_MIN:
+            return 0
+        offset = int(st.st_mtime * 1000) - stamp
+        log.warning(
+            "%s: relative timestamps (log_unix_epoch=0); placed on the wall clock by taking the "
+            "file's modification time as the time of its last record (offset %d ms); hosts "
+            "cannot be aligned exactly",
+            s.path,
+            offset,
+        )
+        return offset
+
+    def _finish(self, s: _Stream, *, deleted: bool = False) -> Iterator[Outgoing]:
+        """Flush ``s``'s parser and close it (deleted, quiet after a rename, or final).
+
+        Its fingerprint is kept as a closed stream: finding the file again (renamed back,
+        after a restart, or a copy of it) neither resends nor re-counts it.
+        """
+        if s.parser is not None:
+            yield from self._emit(s, s.parser.finish())
+            self._collect_problems(s)
+        self._open.pop(s.stream, None)
+        self.changes += 1
+        r = self._resume(s, s.acked_floor)
+        r.gone, r.orphan_until_ms = deleted, None
+        self._closed[s.stream] = _Closed(r, s.next_seq, replay=False, seen_at=self._clock())
+        os.close(s.fd)
+
+    def _close_quietly(self, s: _Stream, now: float) -> None:
+        """Close a quiet stream's descriptor; it is reopened (and re-read) if it changes."""
+        self._open.pop(s.stream, None)
+        self.changes += 1
+        self._closed[s.stream] = _Closed(
+            self._resume(s, s.acked_floor), max(s.skip_below, s.next_seq), False, now
+        )
+        os.close(s.fd)
+
+    def _collect_problems(self, s: _Stream) -> None:
+        for p in s.problems.kept:
+            _log_problem(p)
+        s.problems.kept.clear()  # counts stay: past keep_per_kind a kind is only counted
+        for kind, n in s.problems.counts.items():
+            new = n - s.counted[kind]
+            if new:
+                self.stats.problems[kind] = self.stats.problems.get(kind, 0) + new
+                s.counted[kind] = n
+
+    def _emit(self, s: _Stream, batch: RecordBatch | None) -> Iterator[Outgoing]:
+        if batch is None or not len(batch):
+            return
+        if not s.decided and self._decide(s, batch):
+            return  # covered: its I/Os are published by a json+ stream
+        # Times the wire cannot carry (a stamp of 18 digits, a relative log placed before
+        # 1970) are bad input like any other: counted, never a crash.
+        ok = (batch.start_ms >= 0) & (batch.end_ms < MAX_TIME_MS) & (batch.end_ms >= batch.start_ms)
+        if not ok.all():
+            bad = int((~ok).sum())
+            s.problems.report(s.path, 0, "time-range", f"{bad} records with times out of range")
+            self._collect_problems(s)
+            batch = batch.select(ok)
+            if not len(batch):
+                return
+        n = len(batch)
+        first = s.next_seq
+        s.next_seq += n
+        self.stats.records_read += n
+        if s.next_seq <= s.skip_below:
+            self.stats.records_skipped_replay += n
+            return
+        if first < s.skip_below:
+            keep = np.arange(first, first + n) >= s.skip_below
+            self.stats.records_skipped_replay += int((~keep).sum())
+            batch = batch.select(keep)
+            first = s.skip_below
+        yield from self._messages(s.stream, first, batch)
+
+    def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
+        """Split ``batch`` into messages under the size cap (by record, in order)."""
+        per_record = 32 + 10 * np.diff(batch.indptr)
+        fixed = 64 + len(stream) + len(self.agent) + sum(len(s.stream) + 2 for s in batch.streams)
+        budget = self.max_message_bytes - fixed
+        start = 0
+        n = len(batch)
+        while start < n:
+            sizes = np.cumsum(per_record[start:])
+            take = max(1, int(np.searchsorted(sizes, budget, side="right")))
+            end = min(n, start + take)
+            part = batch.select(_range_mask(n, start, end))
+            yield Outgoing(
+                stream, first + start, end - start, encode(self.agent, stream, first + start, part)
+            )
+            start = end
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _resume(self, s: _Stream, acked: int) -> Resume:
+        d = s.declaration()
+        until = None
+        if s.orphan_since is not None:  # the rest of its grace period, on the wall clock
+            left = self.rename_grace_s - (self._clock() - max(s.changed_at, s.orphan_since))
+            until = int((self._wall_s() + max(0.0, left)) * 1000)
+        return Resume(
+            stream=s.stream,
+            path=s.path,
+            dev=s.dev,
+            ino=s.ino,
+            length=s.print.length,
+            sha1=s.print.hexdigest(),
+            records=s.next_seq,
+            acked_seq=acked,
+            time_offset_ms=s.time_offset_ms,
+            covered_by=s.covered_by,
+            declares=tuple(sorted(d.names)) if d is not None else (),
+            span_ms=(d.first_ms, d.last_ms)
+            if d is not None and d.first_ms is not None and d.last_ms is not None
+            else None,
+            slack_ms=d.slack_ms if d is not None else 0,
+            head=s.print.head,
+            size=s.size,
+            mtime_ns=s.mtime_ns,
+            orphan_until_ms=until,
+        )
+
+    def state(self, acked: dict[str, int]) -> FollowState:
+        """What to save, given the acknowledged sequence number of each stream."""
+        out = FollowState(next_generation=self._next_gen)
+        for stream, c in self._closed.items():
+            r = c.resume
+            r.acked_seq = max(r.acked_seq, acked.get(stream, 0))
+            out.streams[stream] = r
+        for stream, s in self._open.items():
+            if s.kind is None and s.print.length == 0:
+                continue  # nothing read yet
+            out.streams[stream] = self._resume(s, max(s.acked_floor, acked.get(stream, 0)))
+        return out
+
+    def streams(self) -> set[str]:
+        """Ids of every stream still known (open or closed)."""
+        return set(self._open) | set(self._closed)
+
+    def _update_counts(self) -> None:
+        self.stats.files_followed = len(self._open)
+        self.stats.files_closed = len(self._closed)
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every descriptor."""
+        for s in self._open.values():
+            os.close(s.fd)
+        self._open.clear()
+
+
+def _declaration(r: Resume) -> Declaration:
+    """A closed json+ stream's declaration, as saved."""
+    first, last = r.span_ms if r.span_ms is not None else (None, None)
+    return Declaration(r.stream, frozenset(r.declares), first, last, r.slack_ms)
+
+
+def _fd_path(fd: int) -> str | None:
+    """The current name of an open file (Linux), or None."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return None if target.endswith(" (deleted)") else target
+
+
+def _same_bytes(a: int, b: int, n: int) -> bool:
+    """Whether two open files hold the same first ``n`` bytes."""
+    pos = 0
+    while pos < n:
+        step = min(1 << 20, n - pos)
+        x, y = os.pread(a, step, pos), os.pread(b, step, pos)
+        if x != y or len(x) != step:
+            return False
+        pos += step
+    return n > 0
+
+
+def _sniff_path(path: str) -> str | None:
+    """:func:`_sniff` of a file not held open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _sniff(fd)
+    finally:
+        os.close(fd)
+
+
+def _sniff(fd: int) -> str | None:
+    """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
+    try:
+        head = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    if not head.strip():
+        return None
+    return "json" if looks_like_json(head) else "hist"
+
+
+def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[start:end] = True
+    return mask
+
+
+def _log_problem(p: Problem) -> None:
+    if p.warning:
+        log.warning("%s", p)
+    else:
+        log.warning("skipped: %s", p)

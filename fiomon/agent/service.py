@@ -1,0 +1,438 @@
+"""The per-host agent: follow fio's output, publish records over MQTT, lose nothing.
+
+Three tasks in one TaskGroup:
+
+* **read**: every ``flush_interval`` the :class:`~fiomon.agent.follow.Follower` reads what is new
+  (in a worker thread; every ``poll_interval`` it also looks for new files) and appends the
+  encoded messages to the on-disk :class:`~fiomon.agent.spool.Spool` (reading pauses while the
+  spool is full because its disk refuses writes);
+* **publish**: one connection loop (capped, jittered backoff) that publishes the spool
+  oldest first at QoS 1, and pops a message only after its PUBACK; it also keeps the
+  retained status topic (``online`` with counters, as a heartbeat; the Will says
+  ``offline``);
+* **checkpoint**: saves the acknowledged positions atomically, at most every
+  ``CHECKPOINT_S`` and only when they changed. When the state directory refuses the
+  write (full, read-only, I/O error) the agent keeps running on the last positions that
+  were durable, logs the episode once, counts it and flags it in the status topic.
+
+After ``kill -9`` the next start re-sends what had not been acknowledged plus what was
+acknowledged since the last checkpoint (at most ``CHECKPOINT_S`` of publishing, or
+``LARGE_CHECKPOINT_S`` when the positions file is large); the aggregator drops those as
+duplicates.
+
+Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
+``grace_s``, a retained ``offline`` status is published, and the positions are saved.
+What is still unacknowledged is read again from the files at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import aiomqtt
+
+from fiomon import __version__
+from fiomon.agent.follow import Follower
+from fiomon.agent.positions import load_positions, save_positions
+from fiomon.agent.spool import Outgoing, Spool
+from fiomon.config import AgentConfig, watch_warnings
+from fiomon.mqtt import Backoff, Topics, make_client
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify
+
+log = logging.getLogger("fiomon.agent")
+
+CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
+LARGE_POSITIONS = 256 * 1024  # a positions file this large (thousands of files) ...
+LARGE_CHECKPOINT_S = 2.0  # ... is saved this often at most
+
+
+@dataclass(slots=True)
+class AgentCounters:
+    """What the agent has done (published in every heartbeat)."""
+
+    messages_sent: int = 0
+    records_sent: int = 0
+    publish_failures: int = 0
+    connects: int = 0
+    state_write_errors: int = 0
+    read_pauses: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class Agent:
+    """One agent process's state; :meth:`run` until ``stop`` is set.
+
+    Args:
+        cfg: the validated configuration.
+        grace_s: how long a stop may spend publishing what is spooled.
+        now_ms: wall clock in epoch ms (injected for tests).
+    """
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        grace_s: float = 5.0,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.grace_s = grace_s
+        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self.topics = Topics(cfg.topic_prefix)
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.positions_path = cfg.state_dir / "positions.json"
+        state, problems = load_positions(self.positions_path)
+        for p in problems:
+            log.warning("%s", p)
+        self.follower = Follower(
+            cfg.watch,
+            agent=cfg.host,
+            max_message_bytes=cfg.max_message_bytes,
+            state=state,
+            log_hist_msec=cfg.log_hist_msec,
+            max_open_files=cfg.max_open_files,
+            max_line_bytes=cfg.max_line_bytes,
+            max_document_bytes=cfg.max_document_bytes,
+            rename_grace_s=cfg.rename_grace_ms / 1000,
+            exclude=(str(cfg.state_dir),),
+        )
+        self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
+        self.acked: dict[str, int] = {}
+        self.counters = AgentCounters()
+        self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
+        self._wake = asyncio.Event()
+        self._reading_done = asyncio.Event()
+        self._saved: tuple[int, int] | None = None  # (follower changes, acks) last saved
+        self._next_save = 0.0  # monotonic s: no routine save before
+        self._acks = 0  # bumped with every acknowledgement
+        # Streams the positions file on disk knows: a stream's first record goes out only
+        # once it is listed there, so a crash right after can never give its file a new
+        # stream id at the next start (which would count its records twice).
+        self._durable = set(state.streams)
+        self.state_error: str | None = None  # the state directory refuses writes
+        # Reading and checkpointing run in worker threads; the follower is not thread-safe.
+        self._follow_lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._paused = False
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow, publish and checkpoint until ``stop`` is set, then shut down in order."""
+        log.info(
+            "fiomon agent %s for host %s: watching %s, broker %s:%d",
+            __version__,
+            self.cfg.host,
+            ", ".join(self.cfg.watch),
+            self.cfg.broker.host,
+            self.cfg.broker.port,
+        )
+        for warning in watch_warnings(self.cfg):
+            log.warning("%s", warning)
+        name = f"fiomon[{self.cfg.host}]"
+        try:
+            async with asyncio.TaskGroup() as tg:
+                reader = tg.create_task(self._read_loop(stop), name=f"{name}.read")
+                publisher = tg.create_task(self._publish_loop(stop), name=f"{name}.publish")
+                tg.create_task(self._checkpoint_loop(stop), name=f"{name}.save")
+                tg.create_task(keep_alive(stop, self._status_line), name=f"{name}.systemd")
+                sd_notify("READY=1", f"STATUS={self._status_line()}")
+                await stop.wait()
+                await reader
+                # The publisher ends by itself once the spool is empty; a broker that is
+                # down or slow gets grace_s, then what is left is read again next start.
+                done, _ = await asyncio.wait({publisher}, timeout=self.grace_s)
+                if not done:
+                    log.warning(
+                        "stopping with %d messages unpublished; they are read again from "
+                        "the files at the next start",
+                        len(self.spool),
+                    )
+                    await cancel_and_wait(publisher)
+        finally:
+            await asyncio.to_thread(self._save_positions)
+            self.follower.close()
+            self.spool.close()
+            log.info("stopped: %s", json.dumps(self.status("offline")["counters"]))
+
+    async def _read_loop(self, stop: asyncio.Event) -> None:
+        """Read followed files every flush interval; look for new files every poll interval."""
+        loop = asyncio.get_running_loop()
+        flush = self.cfg.flush_interval_ms / 1000
+        poll = self.cfg.poll_interval_ms / 1000
+        next_read = next_look = loop.time()
+        try:
+            while not stop.is_set():
+                now = loop.time()
+                look = now >= next_look
+                if (look or now >= next_read) and not self._pause_for_spool():
+                    messages = await asyncio.to_thread(self._poll_files, look)
+                    self._enqueue(messages)
+                    next_read = now + flush
+                    if look:
+                        next_look = now + poll
+                elif self._paused:
+                    next_read = now + flush
+                wait = max(0.0, min(next_read, next_look) - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait)
+        finally:
+            self._reading_done.set()
+            self._wake.set()
+
+    def _pause_for_spool(self) -> bool:
+        """Whether reading waits: the spool's disk fails and its memory fallback is full."""
+        full = self.spool.full
+        if full and not self._paused:
+            self.counters.read_pauses += 1
+            log.warning(
+                "reading paused: the spool cannot write to disk (%s) and holds %d bytes in "
+                "memory; it resumes as messages are published (nothing is lost: positions "
+                "advance only on acknowledgement)",
+                self.spool.disk_error,
+                self.spool.memory_bytes,
+            )
+        elif not full and self._paused:
+            log.info("reading resumed")
+        self._paused = full
+        return full
+
+    def _status_line(self) -> str:
+        f = self.follower.stats
+        return (
+            f"following {f.files_followed} files; {self.counters.records_sent} records sent, "
+            f"{len(self.spool)} messages spooled"
+        )
+
+    def _poll_files(self, discover: bool) -> list[Outgoing]:
+        with self._follow_lock:
+            return list(self.follower.poll(discover=discover))
+
+    def _enqueue(self, messages: list[Outgoing]) -> None:
+        for m in messages:
+            for old in self.spool.push(m):
+                self._count_drop("spool_full", old.records)
+                log.warning(
+                    "spool full (%d bytes): dropped %d records of %s (seq %d..%d)",
+                    self.spool.max_bytes,
+                    old.records,
+                    old.stream,
+                    old.first_seq,
+                    old.first_seq + old.records - 1,
+                )
+        if messages:
+            self._wake.set()
+
+    def _count_drop(self, reason: str, records: int) -> None:
+        self.counters.dropped[reason] = self.counters.dropped.get(reason, 0) + records
+
+    async def _publish_loop(self, stop: asyncio.Event) -> None:
+        """Connect, publish the spool in order, reconnect with backoff, until done."""
+        host = self.cfg.host
+        offline = json.dumps({"state": "offline", "agent": host}).encode()
+        client = make_client(
+            self.cfg.broker,
+            identifier=self.cfg.broker.client_id or f"fiomon-agent-{host}",
+            will=aiomqtt.Will(self.topics.status(host), offline, qos=1, retain=True),
+        )
+        backoff = Backoff()
+        while True:
+            try:
+                async with client:
+                    self.counters.connects += 1
+                    backoff.reset()
+                    log.info("connected to %s:%d", self.cfg.broker.host, self.cfg.broker.port)
+                    await self._send_status(client, "online")
+                    await self._drain(client)
+                    await self._send_status(client, "offline")
+                    return
+            except aiomqtt.MqttError as exc:
+                self.counters.publish_failures += 1
+                log.warning("broker %s:%d: %s", self.cfg.broker.host, self.cfg.broker.port, exc)
+            delay = backoff.next()
+            if stop.is_set():
+                await asyncio.sleep(delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    async def _drain(self, client: aiomqtt.Client) -> None:
+        """Publish the spool as it fills; return once it is empty and reading has stopped."""
+        loop = asyncio.get_running_loop()
+        heartbeat = self.cfg.heartbeat_interval_ms / 1000
+        next_beat = loop.time() + heartbeat
+        topic = self.topics.records(self.cfg.host)
+        while True:
+            msg = self.spool.peek()
+            if msg is not None and not await self._durable_stream(msg.stream):
+                # The state directory cannot record this new stream yet. Publishing it
+                # anyway could, after a crash, send its records again under another
+                # stream id (counted twice); so new streams wait, the rest of the agent
+                # runs on, and the fault is flagged until a save succeeds.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                self._wake.clear()
+                msg = None
+                if loop.time() >= next_beat:
+                    await self._send_status(client, "online")
+                    next_beat = loop.time() + heartbeat
+                continue
+            if msg is not None:
+                await client.publish(topic, msg.payload, qos=1)
+                self.spool.pop()
+                self.acked[msg.stream] = max(
+                    self.acked.get(msg.stream, 0), msg.first_seq + msg.records
+                )
+                self._acks += 1
+                self.counters.messages_sent += 1
+                self.counters.records_sent += msg.records
+            elif self._reading_done.is_set():
+                return
+            else:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, next_beat - loop.time()))
+            if loop.time() >= next_beat:
+                await self._send_status(client, "online")
+                next_beat = loop.time() + heartbeat
+
+    async def _durable_stream(self, stream: str) -> bool:
+        """Whether ``stream`` is in the positions on disk (saving them if need be)."""
+        if stream in self._durable:
+            return True
+        await asyncio.to_thread(self._save_positions)
+        if stream in self._durable:
+            return True
+        with self._follow_lock:
+            known = stream in self.follower.streams()
+        if not known:
+            return True  # finished and forgotten: a restart cannot find its file again
+        if self.state_error is None:  # saved, yet not listed: it had read nothing then
+            await asyncio.to_thread(self._save_positions, force=True)
+        return stream in self._durable
+
+    async def _send_status(self, client: aiomqtt.Client, state: str) -> None:
+        payload = json.dumps(self.status(state)).encode()
+        await client.publish(self.topics.status(self.cfg.host), payload, qos=1, retain=True)
+
+    def status(self, state: str) -> dict[str, object]:
+        """The status document: state and every counter."""
+        f = self.follower.stats
+        counters = asdict(self.counters)
+        counters.update(
+            records_read=f.records_read,
+            bytes_read=f.bytes_read,
+            files_followed=f.files_followed,
+            streams=f.generations,
+            records_skipped_replay=f.records_skipped_replay,
+            bad_input=dict(f.problems),
+            spooled_messages=len(self.spool),
+            spooled_bytes=self.spool.bytes,
+            spool_disk_errors=self.spool.disk_errors,
+            files_closed=f.files_closed,
+            files_covered=f.files_covered,
+            files_copies=f.files_copies,
+            files_refused=f.files_refused,
+            files_waiting=f.files_waiting,
+            renames=f.renames,
+            rewrites=f.rewrites,
+            open_errors=f.open_errors,
+            read_errors=f.read_errors,
+            patterns_idle=f.patterns_idle,
+        )
+        return {
+            "state": state,
+            "agent": self.cfg.host,
+            "instance": self.instance,
+            "version": __version__,
+            "time_ms": self._now_ms(),
+            "faults": {
+                "state_dir": self.state_error,
+                "spool_disk": self.spool.disk_error,
+                "reading_paused": self._paused,
+            },
+            "counters": counters,
+        }
+
+    async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
+            await asyncio.to_thread(self._save_positions)
+
+    def _save_positions(self, *, force: bool = False) -> None:
+        """Save the positions if they changed; a refusing state directory is a state.
+
+        Runs in worker threads (the checkpoint loop, and before a new stream's first
+        record goes out); one save at a time.
+        """
+        with self._save_lock:
+            self._save_positions_locked(force=force)
+
+    def _save_positions_locked(self, *, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_save:
+            return  # a large positions file (thousands of files) is written less often
+        with self._follow_lock:
+            version = (self.follower.changes, self._acks)
+            if version == self._saved and not force:
+                return  # nothing read, opened, closed, renamed or acknowledged since
+            acked = dict(self.acked)  # one atomic copy: the event loop keeps adding to it
+            known = self.follower.streams()
+            for stream in [s for s in acked if s not in known]:
+                del acked[stream]
+                self.acked.pop(stream, None)  # forgotten by the follower: keep it bounded
+            state = self.follower.state(acked)
+        try:
+            size = save_positions(self.positions_path, state)
+            self._durable = set(state.streams)
+            self._next_save = now + (LARGE_CHECKPOINT_S if size > LARGE_POSITIONS else 0.0)
+        except OSError as exc:
+            self.counters.state_write_errors += 1
+            reason = exc.strerror or str(exc)
+            if self.state_error is None:
+                log.error(
+                    "cannot save positions to %s (%s): running on, a restart would re-send "
+                    "from the last saved positions; retrying",
+                    self.positions_path,
+                    reason,
+                )
+            self.state_error = reason
+            return
+        if self.state_error is not None:
+            log.warning(
+                "positions saved again to %s after %d failed writes",
+                self.positions_path,
+                self.counters.state_write_errors,
+            )
+            self.state_error = None
+        self._saved = version
+
+
+async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
+    """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set() and sig == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("%s: stopping", sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await Agent(cfg).run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,1 @@
+"""The aggregator: merges records into quanta, exports metrics, evaluates SLA rules."""

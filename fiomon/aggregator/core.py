@@ -1,0 +1,885 @@
+"""The aggregator core: received payloads in, quanta closed on time, published exactly once.
+
+:class:`AggregatorCore` is driven by ``now_ms`` (tests use a fake clock) and does no
+network I/O; its disk I/O is the journal append on receipt and, on a thread of its own,
+the quanta file (:class:`~fiomon.aggregator.quantafile.QuantaWriter`).
+
+Two steps, so that intake costs little per message and the rest is batched:
+
+* :meth:`~AggregatorCore.receive` takes a batch of ``(topic host, payload)`` as they come
+  from the broker: it refuses what is oversized or not a fiomon message, appends the rest
+  to the journal with one write, and queues them. The caller acknowledges the messages to
+  the broker only after it returns, so every message is either journaled or still the
+  broker's.
+* :meth:`~AggregatorCore.tick` (a few times per quantum) decodes everything queued at
+  once (:meth:`fiomon.wire.Decoder.decode_many`), drops duplicates and counts gaps by
+  ``(agent, stream, seq)``, refuses records from the far future or with absurd spans,
+  moves the watermark, merges the rest into the shared
+  :class:`~fiomon.windows.QuantumEngine` (the report's engine, so the same logs give the
+  same numbers), closes what the :class:`~fiomon.aggregator.watermark.Watermark` allows
+  and hands the closed rows to the quanta writer, the alert book and a fresh metrics
+  snapshot.
+
+Restart (:meth:`~AggregatorCore.restore`): the quanta file says what was published, the
+journal re-forms what was open. A graceful stop closes nothing early, so it leaves exactly
+what ``kill -9`` leaves; :meth:`~AggregatorCore.flush` closes everything for a final stop.
+:func:`fiomon.aggregator.service.run_aggregator` wires the core to MQTT, ``/metrics`` and
+alert sinks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import platform
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon import __version__
+from fiomon.aggregator.alerts import AlertBook, Transition
+from fiomon.aggregator.dedup import SeqTracker
+from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.aggregator.journal import GridState, Journal, StateLock
+from fiomon.aggregator.live import LiveFeed, status_of
+from fiomon.aggregator.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
+from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
+from fiomon.aggregator.watermark import Watermark
+from fiomon.align import auto_phase, phase_for
+from fiomon.bins import BinLayout
+from fiomon.config import AggregatorConfig
+from fiomon.errors import LayoutError
+from fiomon.fit import FitError, fit_histogram
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
+from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
+
+log = logging.getLogger("fiomon.aggregator")
+
+MAX_FUTURE_MS = 10 * 60_000  # records ending further ahead of our clock are refused
+MAX_SPAN_MS = 3_600_000  # a record spanning more than this is refused
+MAX_STATUS_BYTES = 64 * 1024  # an agent's status is a few hundred bytes
+SNAPSHOT_EVERY_MS = 1000  # counters on /metrics are at most this old between closes
+OPEN_BYTES = 1 << 30  # open quanta's histograms at most (more close the oldest early)
+_FAR = 2**62
+_PREFIX = MAGIC + bytes([VERSION])
+
+
+class StateLockedError(RuntimeError):
+    """Raised when another aggregator process holds the state directory.
+
+    Args:
+        folder: the state directory.
+        holder: the other process (its pid, as written in the lock file).
+    """
+
+    def __init__(self, folder: Path, holder: str) -> None:
+        self.folder = folder
+        self.holder = holder
+        super().__init__(
+            f"another aggregator (pid {holder or '?'}) uses the state directory {folder}; "
+            "two aggregators must not share one (nor one MQTT client_id)"
+        )
+
+
+class AggregatorCore:
+    """Everything between received payloads and published results.
+
+    Args:
+        cfg: the configuration.
+        now_ms: wall clock in epoch ms.
+    """
+
+    def __init__(self, cfg: AggregatorConfig, now_ms: Callable[[], int] | None = None) -> None:
+        self.cfg = cfg
+        self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self.decoder = Decoder(max_bytes=cfg.max_message_bytes)
+        self.tracker = SeqTracker(cfg.max_streams)
+        self.watermark = Watermark(
+            cfg.lateness_ms, warmup_ms=min(cfg.lateness_ms, max(2 * cfg.quantum_ms, 2000))
+        )
+        self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
+        self.engine: QuantumEngine | None = None
+        self.counts = Counts()
+        # The counters under their long-standing names (tests, demo, service status).
+        self.records = self.counts.records
+        self.invalid = self.counts.invalid
+        self.lost = self.counts.lost
+        self.recovered = self.counts.recovered
+        self.duplicates = self.counts.duplicates
+        self.id_conflicts = self.counts.id_conflicts
+        self.gauges = QuantumGauges(cfg.percentiles, cfg.fit_tail)
+        self.online: dict[str, bool] = {}
+        self.instances: dict[str, tuple[str, int]] = {}
+        self.transitions: list[Transition] = []
+        self.close_delays_ms: deque[int] = deque(maxlen=10_000)
+        self.session_taken_over = False
+        self.broker_connected = False  # the service sets it as its MQTT session comes and goes
+        self.last_record_ms: int | None = None  # wall ms of the newest record received
+        self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
+        self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
+        self.fit_skipped = 0
+        self.replayed = 0
+        self.published_ms: int | None = None  # every quantum ending by then is published
+        self._alive: dict[str, int] = {}  # host -> wall ms of its last records or status
+        self._queue: list[tuple[str | None, bytes, int, bool]] = []  # host, payload, seg, replay
+        self._queued_bytes = 0
+        self._pending: list[RecordBatch] = []  # accepted before the engine exists
+        self._pending_since: int | None = None
+        self._first_layout: BinLayout | None = None
+        self._phase_ms: int | None = None  # the grid's phase, when a previous run fixed it
+        self._skip: tuple[int, frozenset[RowKey]] | None = None
+        self._snapshot_ms = -_FAR
+        self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
+        self._problem_lock = threading.Lock()  # problems also come from the writer thread
+        self.lock: StateLock | None = None
+        self.journal: Journal | None = None
+        self.state_path: Path | None = None
+        if cfg.state_dir is not None:
+            self.state_path = cfg.state_dir / "state.json"
+        self.quanta: QuantaFile | None = None
+        self.writer: QuantaWriter | None = None
+        self.buckets: BucketHistogram | None = None
+        # The live page's recent quanta, encoded once here and served by the /metrics child.
+        self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
+        self.snapshot = self._build()
+
+    # -- problems ---------------------------------------------------------------------------
+
+    def problem(self, kind: str, text: str) -> None:
+        """A problem with the state directory or quanta file: logged and counted."""
+        with self._problem_lock:
+            self.counts.state_errors[kind] += 1
+        log.error("%s: %s", kind, text)
+
+    def _invalid(self, reason: str, detail: str) -> None:
+        self.invalid[reason] += 1
+        # The first few of each reason are logged; the counters say the rest.
+        if self.invalid[reason] <= 5 or self.invalid[reason] % 1000 == 0:
+            log.warning("refused (%s, %d so far): %s", reason, self.invalid[reason], detail)
+
+    # -- start ------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Lock the state directory, learn what was published, re-form what was open.
+
+        The quanta file's last quantum is the record of publication: nothing at or before
+        it is written again. If the grid state confirms it, it is complete; if not (the
+        previous run died between writing it and confirming it) its rows are re-formed
+        from the journal and only the missing ones are written. A lost or garbled state
+        file is reported, counted, and then read from the quanta file.
+
+        Raises:
+            StateLockedError: another aggregator holds the state directory.
+            OSError: the state directory cannot be created.
+        """
+        cfg = self.cfg
+        if cfg.state_dir is not None:
+            try:
+                self.lock = StateLock(cfg.state_dir)
+            except BlockingIOError:
+                self.counts.state_errors["lock"] += 1
+                raise StateLockedError(cfg.state_dir, _holder(cfg.state_dir)) from None
+            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+        if cfg.quanta_file is not None:
+            self.quanta = QuantaFile(
+                cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
+            )
+        if self.quanta is not None or self.state_path is not None:
+            self.writer = QuantaWriter(self.quanta, self.state_path, self.problem)
+        grid, why = GridState.load(self.state_path) if self.state_path else (None, None)
+        if why:
+            self.problem("state-unreadable", why)
+        tail = self.quanta.tail() if self.quanta is not None else None
+        self._learn_published(grid, tail)
+        if grid is not None and grid.quantum_ms == cfg.quantum_ms:
+            g, c, unit = grid.layout
+            self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]
+            self._phase_ms = grid.phase_ms
+            self._create_engine(self._first_layout, grid.phase_ms)
+        elif grid is not None:
+            log.warning("quantum changed since the last run: its journal starts a new grid")
+        elif tail is not None and tail.end_ms - tail.start_ms == cfg.quantum_ms:
+            self._phase_ms = tail.end_ms % cfg.quantum_ms  # keep the published grid
+        if self.journal is not None:
+            self._replay()
+
+    def _learn_published(self, grid: GridState | None, tail: Tail | None) -> None:
+        """Set :attr:`published_ms` (and which rows of the last quantum exist)."""
+        confirmed = grid.closed_ms if grid is not None else None
+        lost_state = self.state_path is not None and grid is None
+        if tail is None or (confirmed is not None and confirmed >= tail.end_ms):
+            self.published_ms = confirmed
+        elif not lost_state and self.journal is not None:
+            # Written, not confirmed: the journal still holds that quantum's records.
+            self.published_ms = tail.start_ms
+            self._skip = (tail.end_ms, tail.keys)
+            log.info(
+                "the last quantum in %s (ending %d, %d rows) may be incomplete: its missing "
+                "rows are written again from the journal",
+                self.cfg.quanta_file,
+                tail.end_ms,
+                len(tail.keys),
+            )
+        else:
+            self.published_ms = tail.end_ms
+        if lost_state and tail is not None:
+            self.problem(
+                "state-lost",
+                f"{self.state_path} is missing or unreadable: quanta through "
+                f"{self.published_ms} are taken as published (the quanta file says so); "
+                "quanta that were open when the previous run stopped may miss what it had "
+                "received",
+            )
+
+    def _replay(self) -> None:
+        assert self.journal is not None  # noqa: S101 -- only called with a journal
+        for segment, host, payload in self.journal.replay():
+            self._queue.append((host, payload, segment, True))
+        if not self._queue:
+            return
+        self._drain(self.now_ms(), force=True)
+        self.replayed = self.records["replayed"]
+        if self.engine is not None:
+            # Parts of replayed records in quanta published before the restart are not
+            # late: they were in those quanta.
+            self.engine.reset_late_counts()
+        log.info("re-formed the open quanta from %d journaled records", self.replayed)
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def receive(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Messages from ``<prefix>/v1/<host>/records``, in arrival order.
+
+        Journaled (one write) and queued for the next :meth:`tick`; refused at once when
+        oversized or not a fiomon message (those are not journaled).
+        """
+        ok: list[tuple[str, bytes]] = []
+        limit = self.cfg.max_message_bytes
+        for host, payload in items:
+            if len(payload) > limit or not payload.startswith(_PREFIX):
+                out = self.decoder.decode_many([payload])
+                for _, exc in out.errors:
+                    self._invalid(reason_of(exc), f"from {host}: {exc}")
+                continue
+            ok.append((host, payload))
+        if not ok:
+            return
+        segment = self.journal.append(ok) if self.journal is not None else -1
+        for host, payload in ok:
+            self._queue.append((host, payload, segment, False))
+            self._queued_bytes += len(payload)
+
+    @property
+    def quanta_closed(self) -> int:
+        """Quanta closed by this process."""
+        return self.counts.quanta_closed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes received and not yet merged (the caller may :meth:`tick` early)."""
+        return self._queued_bytes
+
+    def on_records(self, topic_host: str, payload: bytes) -> None:
+        """One message from ``<prefix>/v1/<topic_host>/records``, merged now."""
+        self.receive([(topic_host, payload)])
+        self._drain(self.now_ms(), force=False)
+
+    def _drain(self, now: int, *, force: bool) -> None:
+        """Decode and judge everything queued; merge what is kept."""
+        queued, self._queue = self._queue, []
+        self._queued_bytes = 0
+        if queued:
+            decoded = self.decoder.decode_many([q[1] for q in queued])
+            for i, exc in decoded.errors:
+                self._invalid(reason_of(exc), f"from {queued[i][0]}: {exc}")
+            for group in decoded.groups:
+                self._accept(group, queued, now)
+        if self.engine is None and self._pending:
+            self._start_engine(now, force=force)
+
+    def _accept(
+        self, g: DecodedGroup, queued: list[tuple[str | None, bytes, int, bool]], now: int
+    ) -> None:
+        """Dedup, sanity-check and merge one decoded group of messages."""
+        batch = g.batch
+        target = self._layout(batch.layout)
+        if target is None:
+            for k in range(len(g)):
+                self._invalid(
+                    "layout", f"from {g.agents[k]}: layout {batch.layout.describe()} cannot merge"
+                )
+            return
+        offs = g.offsets.tolist()
+        first = g.first_seq.tolist()
+        keep: npt.NDArray[np.bool_] | None = None
+        any_replay = False
+        for k, i in enumerate(g.index.tolist()):
+            host, _, _, replay = queued[i]
+            any_replay |= replay
+            agent = g.agents[k]
+            lo, hi = offs[k], offs[k + 1]
+            if host is not None and agent != host:
+                self._invalid("agent-mismatch", f"agent {agent!r} published as {host!r}")
+                keep = _drop(keep, len(batch), lo, hi)
+                continue
+            verdict = self.tracker.judge_new(agent, g.streams[k], first[k], hi - lo)
+            label = self._host_label(agent)
+            if not replay:
+                self._alive[agent] = now
+                self.last_record_ms = now
+                if label != OTHER_HOST:
+                    self.last_seen[label] = now
+            if verdict is None:
+                continue
+            if verdict.refused:
+                self._invalid("streams-over-cap", f"stream {g.streams[k]!r} of {agent}")
+                self.records["refused"] += hi - lo
+                keep = _drop(keep, len(batch), lo, hi)
+                continue
+            self.records["duplicate"] += verdict.duplicates
+            self.duplicates[label] += verdict.duplicates
+            if verdict.lost:
+                self.lost[label] += verdict.lost
+                log.warning(
+                    "%s: %d records of %s lost (seq gap before %d)",
+                    agent,
+                    verdict.lost,
+                    g.streams[k],
+                    first[k] + int(np.argmax(verdict.new)),
+                )
+            self.recovered[label] += verdict.recovered
+            if not verdict.new.all():
+                keep = _drop(keep, len(batch), lo, hi, verdict.new)
+        keep = self._sane(batch, keep, g, now)
+        kept = batch if keep is None else batch.select(keep)
+        if not len(kept):
+            return
+        # Progress per part (job label, direction): their stamps differ by a few ms.
+        slots = np.concatenate(
+            [self.watermark.slots(g.agents[k], g.streams[k], g.labels[k]) for k in range(len(g))]
+        )
+        self.watermark.observe_parts(
+            slots[kept.stream_idx] + kept.direction.astype(np.int64), kept.end_ms, now
+        )
+        if self.journal is not None:
+            ends = batch.end_ms if keep is None else np.where(keep, batch.end_ms, -_FAR)
+            top = np.maximum.reduceat(ends, g.offsets[:-1]).tolist()
+            for k, i in enumerate(g.index.tolist()):
+                self.journal.note(queued[i][2], top[k])
+        if any_replay:
+            replays = np.array([queued[i][3] for i in g.index.tolist()], dtype=np.bool_)
+            rows = np.repeat(replays, np.diff(g.offsets))
+            n_replay = int(rows.sum() if keep is None else (rows & keep).sum())
+            self.records["replayed"] += n_replay
+            self.records["received"] += len(kept) - n_replay
+        else:
+            self.records["received"] += len(kept)
+        if self.engine is not None:
+            self._merge(kept, g.labels)
+        else:
+            self._pending.append(kept)
+            if self._pending_since is None:
+                self._pending_since = now
+
+    def _sane(
+        self,
+        batch: RecordBatch,
+        keep: npt.NDArray[np.bool_] | None,
+        g: DecodedGroup,
+        now: int,
+    ) -> npt.NDArray[np.bool_] | None:
+        """Refuse records ending far in the future or spanning absurd times (counted)."""
+        future = batch.end_ms > now + MAX_FUTURE_MS
+        span = (batch.end_ms - batch.start_ms) > MAX_SPAN_MS
+        if not (future.any() or span.any()):
+            return keep
+        keep = np.ones(len(batch), dtype=np.bool_) if keep is None else keep
+        msg_of = np.repeat(np.arange(len(g)), np.diff(g.offsets))
+        for mask, reason in ((future, "future"), (span, "span")):
+            bad = keep & mask
+            if bad.any():
+                self.records[f"invalid-{reason}"] += int(bad.sum())
+                for k in np.unique(msg_of[bad]).tolist():
+                    n = int((msg_of[bad] == k).sum())
+                    self._invalid(reason, f"{n} records of {g.streams[k]} from {g.agents[k]}")
+                keep = keep & ~mask
+        return keep
+
+    def _merge(
+        self, batch: RecordBatch, groups: Sequence[tuple[StreamInfo, ...]] | None = None
+    ) -> None:
+        assert self.engine is not None  # noqa: S101 -- only called once it exists
+        try:
+            self.engine.add(batch.coarsened(self.engine.layout), groups)
+        except LayoutError as exc:  # a layout change within one agent's stream
+            self._invalid("layout", str(exc))
+
+    def on_status(self, topic_host: str, payload: bytes, *, retained: bool = False) -> None:
+        """An agent's status (online with counters, or offline), maybe a retained copy.
+
+        Anything may arrive here (any client can write a status topic the broker lets
+        it): the size is checked before parsing, and every parse failure, recursion
+        included, is counted and ignored. A retained "online" is evidence of life only if
+        its own ``time_ms`` is fresh.
+        """
+        if len(payload) > MAX_STATUS_BYTES:
+            self._invalid("status-oversized", f"status of {topic_host}: {len(payload)} bytes")
+            return
+        try:
+            doc = json.loads(payload)
+            state = doc["state"] if isinstance(doc, dict) else None
+        except Exception as exc:  # hostile input: RecursionError, MemoryError, anything
+            self._invalid("status", f"unreadable status of {topic_host}: {type(exc).__name__}")
+            return
+        if state not in ("online", "offline"):
+            self._invalid("status", f"status of {topic_host} has no state online/offline")
+            return
+        now = self.now_ms()
+        online = state == "online"
+        was = self.online.get(topic_host)
+        self.online[topic_host] = online
+        self.watermark.set_online(topic_host, online)
+        if was is not None and was != online:
+            log.info("agent %s is %s", topic_host, state)
+        if not online:
+            self._alive.pop(topic_host, None)
+            return
+        stamp = now
+        if retained:
+            t = doc.get("time_ms")
+            if not isinstance(t, int) or isinstance(t, bool):
+                return
+            stamp = min(t, now)
+        if stamp > self._alive.get(topic_host, -_FAR):
+            self._alive[topic_host] = stamp
+        label = self._host_label(topic_host)
+        if label != OTHER_HOST and stamp > self.last_seen.get(label, -_FAR):
+            self.last_seen[label] = stamp
+        instance = doc.get("instance")
+        if isinstance(instance, str) and not retained:
+            prev = self.instances.get(topic_host)
+            if prev is not None and prev[0] != instance and now - prev[1] < 30_000:
+                self.id_conflicts[topic_host] += 1
+                log.warning(
+                    "two agents claim the id %r (instances %s and %s): give each host its own "
+                    "`host` name; their records cannot be told apart",
+                    topic_host,
+                    prev[0],
+                    instance,
+                )
+            self.instances[topic_host] = (instance, now)
+
+    def hosts_up(self, now_ms: int | None = None) -> int:
+        """Hosts that sent records, or a fresh online status, within ``host_timeout``."""
+        now = self.now_ms() if now_ms is None else now_ms
+        window = self.cfg.host_timeout_ms
+        stale = [h for h, t in self._alive.items() if now - t > 10 * window]
+        for h in stale:
+            del self._alive[h]
+        return sum(1 for t in self._alive.values() if now - t <= window)
+
+    def _layout(self, layout: BinLayout) -> BinLayout | None:
+        """The engine layout this batch can merge into, or None."""
+        base = self.engine.layout if self.engine is not None else self._first_layout
+        if base is None:
+            self._first_layout = layout
+            return layout
+        if layout.group_nr != base.group_nr or layout.unit != base.unit:
+            return None
+        if layout.coarseness > base.coarseness:
+            return None
+        return base
+
+    def _host_label(self, host: str) -> str:
+        labels = self.counts.host_labels
+        if host in labels:
+            return host
+        if len(labels) < self.cfg.max_hosts:
+            labels.add(host)
+            return host
+        return OTHER_HOST
+
+    def stalled(self, ms: int) -> None:
+        """The process could not run for ``ms`` (the service measures it between ticks).
+
+        Not input silence: see :meth:`fiomon.aggregator.watermark.Watermark.stalled`. Logged as a
+        warning from half the lateness on (close delays show it too).
+        """
+        if ms <= 0:
+            return
+        self.watermark.stalled(ms)
+        level = logging.WARNING if 2 * ms >= self.cfg.lateness_ms else logging.DEBUG
+        log.log(
+            level,
+            "the aggregator did not run for %d ms (CPU starvation, a pause or a long step); "
+            "not taken as silence of the input",
+            ms,
+        )
+
+    # -- closing ----------------------------------------------------------------------------
+
+    @property
+    def idle_after_ms(self) -> int:
+        """No records for this long (``2 x lateness``, ms) is idle.
+
+        The last quanta closed ``lateness`` after the last record and were shown for
+        another ``lateness``; then the per-quantum series go.
+        """
+        return 2 * self.cfg.lateness_ms
+
+    def tick(self) -> list[ClosedQuantum]:
+        """Merge what is queued and close what may close; returns the closed rows."""
+        now = self.now_ms()
+        self._drain(now, force=False)
+        rows: list[ClosedQuantum] = []
+        if self.engine is not None:
+            mark = self.watermark.close_through(now)
+            rows = self.engine.close_through(mark)
+            if rows:
+                log.debug(
+                    "closing %d quanta through %d (%d ms ago) by %s",
+                    len({r.end_ms for r in rows}),
+                    mark,
+                    now - mark,
+                    self.watermark.reason,
+                )
+                self._closed(rows, now, mark)
+            self._release()
+            self._report_late(now)
+        self._idle_check(now)
+        return rows
+
+    def _report_late(self, now: int) -> None:
+        """Say in the log when records reached closed quanta (at most every 10 s)."""
+        engine = self.engine
+        if engine is None or engine.late_samples == self._late_logged[0]:
+            return
+        if now - self._late_logged[1] < 10_000:
+            return
+        total = sum(engine.late_records.values())
+        log.warning(
+            "%d records (%d so far) reached quanta already closed and are counted late; "
+            "quanta are closed through %d",
+            total - self._late_logged[2],
+            total,
+            self.published_ms or 0,
+        )
+        self._late_logged = (engine.late_samples, now, total)
+
+    def _idle_check(self, now: int) -> None:
+        """Idle is a state: entering it withdraws the per-quantum gauges and settles alerts.
+
+        A benchmark that stopped is no breach in progress: firing SLA alerts resolve
+        (and pending ones drop) when the input goes idle, as Prometheus resolves an alert
+        whose series went away.
+        """
+        last = self.last_record_ms
+        active = last is not None and now - last < self.idle_after_ms
+        if active == self.active:
+            return
+        self.active = active
+        if active:
+            log.info("records arrive: active")
+        else:
+            settled = self.alerts.settle(now)
+            self.transitions.extend(settled)
+            for t in settled:
+                log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+            log.info(
+                "no records for %d ms: idle (per-quantum series withdrawn from /metrics%s)",
+                self.idle_after_ms,
+                f", {len(settled)} SLA alerts settled" if settled else "",
+            )
+        self.snapshot = self._build(now)
+
+    def _start_engine(self, now: int, *, force: bool = False) -> bool:
+        """Create the engine once the phase is known (auto: from the first records)."""
+        if not self._pending or self._first_layout is None:
+            return False
+        phase = self._phase_ms
+        if phase is None:
+            phase = phase_for(self.cfg.align, self.cfg.quantum_ms)
+        if phase is None:
+            # auto: wait one lateness for records from many streams, then choose.
+            waited = self._pending_since is not None and now - self._pending_since >= (
+                self.cfg.lateness_ms
+            )
+            if not (waited or force):
+                return False
+            ends = np.concatenate([b.end_ms for b in self._pending])
+            weights = np.concatenate([b.samples() for b in self._pending]).astype(np.float64)
+            phase = auto_phase(ends, weights, self.cfg.quantum_ms)
+            log.info("align auto: quanta end at %d ms past each quantum", phase)
+        self._create_engine(self._first_layout, phase)
+        pending, self._pending = self._pending, []
+        self._pending_since = None
+        for b in pending:
+            self._merge(b)
+        return True
+
+    def _create_engine(self, layout: BinLayout, phase: int) -> None:
+        self.engine = QuantumEngine(
+            layout=layout,
+            quantum_ms=self.cfg.quantum_ms,
+            phase_ms=phase,
+            percentiles=self.cfg.percentiles,
+            confidence_level=self.cfg.confidence_level,
+            directions=ALL_DIRECTIONS,
+            per_host=self.cfg.per_host,
+            max_hosts=self.cfg.max_hosts,
+            max_open_quanta=self.cfg.max_open_quanta,
+            # Memory: open quanta (a float64 row of bins per host and direction) are
+            # bounded by bytes, not only by count: a lagging intake holds quanta open.
+            max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
+            keep_hists=True,
+            # Room for every host's rows over the lateness, without copies as it fills.
+            capacity_rows=min(
+                1 << 17,
+                self.cfg.max_hosts * 2 * (self.cfg.lateness_ms // self.cfg.quantum_ms + 3),
+            ),
+        )
+        if self.published_ms is not None:
+            # Records for published quanta are late: they are never published twice.
+            self.engine.close_through(self.published_ms)
+        if self.writer is not None and self.state_path is not None:
+            # The grid is on disk as soon as it exists (a restart keeps its phase).
+            self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
+        self.buckets = BucketHistogram(
+            layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])
+        )
+        self.gauges.buckets = self.buckets
+
+    def flush(self) -> list[ClosedQuantum]:
+        """Merge what is queued and close everything still open (a final stop)."""
+        now = self.now_ms()
+        self._drain(now, force=True)
+        if self.engine is None:
+            return []
+        rows = self.engine.flush()
+        if rows:
+            self._closed(rows, now, max(r.end_ms for r in rows))
+        return rows
+
+    def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
+        ends = sorted({r.end_ms for r in rows})
+        self.counts.quanta_closed += len(ends)
+        self.close_delays_ms.extend(now - e for e in ends)
+        through = max(mark, ends[-1])
+        if self.writer is not None:
+            skip = None
+            if self._skip is not None and self._skip[0] <= ends[-1]:
+                skip, self._skip = self._skip, None
+            self.writer.submit(rows, through, self._grid(through), skip)
+        self.published_ms = through
+        tails = self._tails(rows, ends[-1]) if self.cfg.fit_tail else None
+        self.gauges.observe(rows, now, tails)
+        for t in self.alerts.observe(rows):
+            self.transitions.append(t)
+            log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+        self.live.add(rows, self.engine.layout if self.engine is not None else None)
+        self.snapshot = self._build(now)
+
+    def _grid(self, closed_ms: int | None) -> GridState | None:
+        """The grid state to save after the quanta file (None without a state directory)."""
+        if self.state_path is None or self.engine is None:
+            return None
+        lay = self.engine.layout
+        return GridState(
+            self.cfg.quantum_ms,
+            self.engine.phase_ms,
+            (lay.group_nr, lay.coarseness, lay.unit),
+            closed_ms,
+        )
+
+    def _release(self) -> None:
+        """Let the journal drop what the quanta file has confirmed."""
+        if self.journal is None:
+            return
+        confirmed = self.writer.confirmed_ms if self.writer is not None else self.published_ms
+        if confirmed is not None:
+            self.journal.release(confirmed)
+
+    def _tails(self, rows: list[ClosedQuantum], end: int) -> dict[str, tuple[float, float]]:
+        """Head + tail fit of the newest quantum's cluster rows (fit_tail)."""
+        out: dict[str, tuple[float, float]] = {}
+        if self.engine is None:
+            return out
+        for r in rows:
+            if r.end_ms != end or r.scope != "cluster" or r.hist is None:
+                continue
+            try:
+                fitted = fit_histogram(r.hist, self.engine.layout)
+            except FitError as exc:
+                log.debug("tail fit skipped: %s", exc)
+                self.fit_skipped += 1
+                continue
+            out[r.direction] = (fitted.tail_share, fitted.alpha)
+        return out
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def _build(self, now: int | None = None) -> Snapshot:
+        now = self.now_ms() if now is None else now
+        self._snapshot_ms = now
+        engine = self.engine
+        if engine is not None:
+            late: Counter[str] = Counter()
+            for h, n in engine.late_records.items():
+                late[self._host_label(h)] += n  # over-cap hosts add up in "_other"
+            self.counts.late = late
+            self.counts.hosts_over_cap = engine.hosts_over_cap
+            self.counts.forced_closes = engine.forced_closes
+        health = Health(
+            hosts_up=self.hosts_up(now),
+            streams=len(self.tracker),
+            open_quanta=engine.open_quanta if engine is not None else None,
+            session_taken_over=self.session_taken_over,
+            broker_connected=self.broker_connected,
+            active=self.active,
+            last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
+            version=__version__,
+            python=platform.python_version(),
+        )
+        snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
+        status = status_of(
+            now_ms=now,
+            hosts_up=health.hosts_up,
+            received=self.counts.records["received"],
+            late=sum(self.counts.late.values()),
+            lost=sum(self.counts.lost.values()),
+            rules=self.cfg.sla,
+            alerts=self.alerts.snapshot(),
+        )
+        return dataclasses.replace(snap, live=self.live.view(status))
+
+    def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:
+        """Rebuild the snapshot's counters between closes if the last is ``min_age_ms`` old."""
+        now = self.now_ms()
+        if now - self._snapshot_ms < min_age_ms:
+            return False
+        self.snapshot = self._build(now)
+        return True
+
+    # -- reload and stop ------------------------------------------------------------------------
+
+    def reload(self, new: AggregatorConfig) -> list[str]:
+        """Take what can change while running (SLA rules, webhook, log level, host_timeout).
+
+        Returns what changed, for the log. Everything else needs a restart; a rule on a
+        percentile that is not computed is refused (the old rules stay).
+        """
+        done: list[str] = []
+        cfg = self.cfg
+        if new.sla != cfg.sla:
+            missing = [r.name for r in new.sla if r.percentile not in cfg.percentiles]
+            unsure = [
+                r.name
+                for r in new.sla
+                if r.confidence is not None and r.confidence != cfg.confidence_level
+            ]
+            if unsure:
+                log.error(
+                    "reload: SLA rules %s need confidence bounds at a level this run does "
+                    "not compute (confidence_level %s); the rules are unchanged "
+                    "(confidence_level changes with a restart)",
+                    ", ".join(unsure),
+                    cfg.confidence_level,
+                )
+                new = dataclasses.replace(new, sla=cfg.sla)
+            elif missing:
+                log.error(
+                    "reload: SLA rules %s need percentiles that are not computed (%s); "
+                    "the rules are unchanged (percentiles change with a restart)",
+                    ", ".join(missing),
+                    ", ".join(f"{q:g}" for q in cfg.percentiles),
+                )
+                new = dataclasses.replace(new, sla=cfg.sla)
+            else:
+                done.append(self.alerts.replace_rules(new.sla))
+                edges = set(self.buckets.edges_s.tolist()) if self.buckets is not None else set()
+                for r in new.sla:
+                    if self.buckets is not None and r.threshold_ns / 1e9 not in edges:
+                        log.warning(
+                            "reload: rule %s's threshold %g ms is not a bucket edge of "
+                            "fiomon_cluster_io_latency_seconds until the next start "
+                            "(buckets cannot change in a running counter)",
+                            r.name,
+                            r.threshold_ns / 1e6,
+                        )
+        if new.webhook != cfg.webhook:
+            done.append(f"webhook {_hook(cfg.webhook)} -> {_hook(new.webhook)}")
+        if new.log_level != cfg.log_level:
+            done.append(f"log_level {cfg.log_level} -> {new.log_level}")
+        if new.host_timeout_ms != cfg.host_timeout_ms:
+            done.append(f"host_timeout {cfg.host_timeout_ms} ms -> {new.host_timeout_ms} ms")
+        self.cfg = dataclasses.replace(
+            cfg,
+            sla=new.sla,
+            webhook=new.webhook,
+            log_level=new.log_level,
+            host_timeout_ms=new.host_timeout_ms,
+        )
+        self.live.set_rules(self.cfg.sla)
+        fixed = [
+            f.name
+            for f in dataclasses.fields(AggregatorConfig)
+            if getattr(new, f.name) != getattr(self.cfg, f.name)
+        ]
+        if fixed:
+            log.warning("reload: %s changed but take effect at the next start", ", ".join(fixed))
+        self.snapshot = self._build()
+        return done
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop: write what was closed, save the grid, close the journal, unlock.
+
+        Nothing open is closed (records are in the journal): the next start continues
+        where this one stopped.
+        """
+        if self.writer is not None:
+            if self.engine is not None:
+                through = self.published_ms if self.published_ms is not None else -_FAR
+                self.writer.submit((), through, self._grid(self.published_ms))
+            if not self.writer.close(timeout_s):
+                self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        if self.journal is not None:
+            # No release here: messages received since the last tick are journaled but
+            # not yet judged (their ends are not noted), so no segment is known done.
+            self.journal.close()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _drop(
+    keep: npt.NDArray[np.bool_] | None,
+    n: int,
+    lo: int,
+    hi: int,
+    new: npt.NDArray[np.bool_] | None = None,
+) -> npt.NDArray[np.bool_]:
+    """``keep`` with records ``lo:hi`` dropped (or only the ones ``new`` says are not new)."""
+    out = np.ones(n, dtype=np.bool_) if keep is None else keep
+    if new is None:
+        out[lo:hi] = False
+    else:
+        out[lo:hi] &= new
+    return out
+
+
+def _holder(folder: Path) -> str:
+    try:
+        return (folder / "lock").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _hook(h: object) -> str:
+    url = getattr(h, "url", None)
+    return str(url) if url else "none"

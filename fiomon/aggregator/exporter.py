@@ -1,0 +1,545 @@
+"""Prometheus exposition: an immutable snapshot, rendered once, served to any number of scrapers.
+
+The aggregator builds a new :class:`Snapshot` when a quantum closes (and at most once a
+second between closes, for its counters) and swaps one reference. :class:`Exposition`
+renders the current snapshot to the text format once (:func:`render`, a few ms for
+thousands of hosts) and serves those bytes, gzipped once too when the scraper asks for
+it, to every scrape until the next snapshot: a scrape costs no Python work over the
+series, so a scrape storm cannot starve intake of the interpreter lock.
+:func:`serve_metrics` serves it from threads with a bounded number of concurrent scrapes
+and a deep listen backlog (waiting scrapers queue in the kernel, not in Python).
+
+:class:`FiomonCollector` builds ``prometheus_client`` families from the same snapshot; the
+tests check that :func:`render` gives byte for byte what ``generate_latest`` gives for it.
+A sample of what it exports::
+
+    # HELP fiomon_cluster_latency_percentile_seconds Cluster-wide latency percentile of ...
+    # TYPE fiomon_cluster_latency_percentile_seconds gauge
+    fiomon_cluster_latency_percentile_seconds{direction="read",percentile="99"} 0.00081
+    # TYPE fiomon_cluster_io_latency_seconds histogram
+    fiomon_cluster_io_latency_seconds_bucket{direction="read",le="0.005"} 123456.0
+    # TYPE fiomon_sla_breach gauge
+    fiomon_sla_breach{host="",rule="p99-read"} 0.0
+
+Names follow Prometheus' conventions (``promtool check metrics`` finds nothing): the
+per-quantum percentiles are gauges with a ``percentile`` label (``"99"``, ``"99.9"``, the
+quanta file's keys), since ``quantile`` is reserved for summaries; the full contract is
+``docs/metrics.md``. While the aggregator is idle (no records for ``2 x lateness``) the
+snapshot holds no per-quantum series at all, so they vanish from ``/metrics``.
+
+Bucket edges are about four per octave from 1 us to fio's cap, plus every SLA threshold
+exactly. A fio bin that straddles an edge is split linearly, as percentiles are
+interpolated, so the bucket counts are the exact histogram's values at those edges.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from fiomon.bins import BinLayout
+from fiomon.histogram import cumulative_at
+
+if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
+    from fiomon.aggregator.live import LiveView
+
+F64 = npt.NDArray[np.float64]
+log = logging.getLogger("fiomon.aggregator.exporter")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The per-quantum families (docs/metrics.md; the README's migration note has the old names).
+CLUSTER_LATENCY = "fiomon_cluster_latency_percentile_seconds"
+HOST_LATENCY = "fiomon_host_latency_percentile_seconds"
+LATENCY_HISTOGRAM = "fiomon_cluster_io_latency_seconds"
+
+
+def bucket_edges_s(layout: BinLayout, thresholds_ns: Sequence[float] = ()) -> F64:
+    """``le`` edges in seconds: 4 per octave from 1 us to fio's cap, plus the thresholds."""
+    cap_ns = float(layout.edges_ns()[1][-1])
+    k = np.arange(0, int(np.ceil(4 * np.log2(cap_ns / 1000.0))) + 1)
+    edges = 1000.0 * np.exp2(k / 4.0)
+    edges = edges[edges < cap_ns]
+    # Round to 3 significant digits so le labels read well (0.00119, not 0.001189207...).
+    edges = np.array([float(f"{e:.3g}") for e in edges])
+    allx = np.unique(np.concatenate([edges, np.asarray(thresholds_ns, dtype=np.float64)]))
+    return allx / 1e9
+
+
+@dataclass(slots=True)
+class BucketHistogram:
+    """Cumulative-since-start bucket histogram per direction (monotonic, for ``rate()``).
+
+    Args:
+        layout: the engine's bin layout.
+        edges_s: bucket edges (seconds).
+    """
+
+    layout: BinLayout
+    edges_s: F64
+    counts: dict[str, F64] = field(default_factory=dict)
+    total: dict[str, float] = field(default_factory=dict)
+    sum_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, direction: str, hist: F64, mean_ns: float) -> None:
+        """Add one closed quantum's histogram."""
+        at = cumulative_at(hist, self.layout, self.edges_s)
+        n = float(hist.sum())
+        self.counts[direction] = self.counts.get(direction, 0.0) + at
+        self.total[direction] = self.total.get(direction, 0.0) + n
+        self.sum_s[direction] = self.sum_s.get(direction, 0.0) + n * mean_ns / 1e9
+
+    def frozen(self) -> dict[str, tuple[tuple[float, ...], float, float]]:
+        """Immutable copy: direction -> (cumulative counts, total, sum seconds)."""
+        return {
+            d: (tuple(self.counts[d].tolist()), self.total[d], self.sum_s[d]) for d in self.counts
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything ``/metrics`` shows; replaced, never changed.
+
+    Args:
+        quantum_end_s: end of the quantum the latency gauges describe (epoch s).
+        cluster: ``(direction, percentile) -> seconds`` (percentile as in ``"99.9"``).
+        hosts: ``(host, direction, percentile) -> seconds``.
+        edges_s: bucket edges of the histogram.
+        buckets: ``direction -> (cumulative counts, total, sum seconds)``.
+        sla_breach: ``(rule, host or "") -> 0/1``.
+        sla_breaches: ``rule -> times it started firing``.
+        counters: ``(metric, help, label names) -> {label values: value}``, counters.
+        gauges: the same for gauges.
+        histograms: ``(metric, help) -> (edges, cumulative counts, count, sum)``.
+        live: the live page's recent quanta and status (not part of ``/metrics``).
+    """
+
+    quantum_end_s: float | None = None
+    cluster: dict[tuple[str, str], float] = field(default_factory=dict)
+    hosts: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    edges_s: tuple[float, ...] = ()
+    buckets: dict[str, tuple[tuple[float, ...], float, float]] = field(default_factory=dict)
+    sla_breach: dict[tuple[str, str], int] = field(default_factory=dict)
+    sla_breaches: dict[str, int] = field(default_factory=dict)
+    counters: dict[tuple[str, str, tuple[str, ...]], dict[tuple[str, ...], float]] = field(
+        default_factory=dict
+    )
+    gauges: dict[tuple[str, str, tuple[str, ...]], dict[tuple[str, ...], float]] = field(
+        default_factory=dict
+    )
+    histograms: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...], float, float]] = (
+        field(default_factory=dict)
+    )
+    live: LiveView | None = None
+
+
+class FiomonCollector:
+    """Builds metric families from the current snapshot on every scrape.
+
+    Args:
+        current: returns the latest snapshot (a reference swap on the aggregator side).
+    """
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self.current = current
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front (the series appear with the data)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families of the current snapshot."""
+        s = self.current()
+        g = GaugeMetricFamily(
+            CLUSTER_LATENCY,
+            "Cluster-wide latency percentile of the last closed quantum.",
+            labels=["direction", "percentile"],
+        )
+        for (d, q), v in sorted(s.cluster.items()):
+            g.add_metric([d, q], v)
+        yield g
+        h = GaugeMetricFamily(
+            HOST_LATENCY,
+            "Per-host latency percentile of the last closed quantum (hosts capped).",
+            labels=["host", "direction", "percentile"],
+        )
+        for (host, d, q), v in sorted(s.hosts.items()):
+            h.add_metric([host, d, q], v)
+        yield h
+        if s.quantum_end_s is not None:
+            yield GaugeMetricFamily(
+                "fiomon_quantum_end_timestamp_seconds",
+                "End of the quantum the latency gauges describe (Unix time).",
+                value=s.quantum_end_s,
+            )
+        hist = HistogramMetricFamily(
+            LATENCY_HISTOGRAM,
+            "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
+            labels=["direction"],
+        )
+        for d, (counts, total, sum_s) in sorted(s.buckets.items()):
+            buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
+            buckets.append(("+Inf", total))
+            hist.add_metric([d], buckets, sum_value=sum_s)
+        yield hist
+        breach = GaugeMetricFamily(
+            "fiomon_sla_breach", "1 while the SLA rule fires.", labels=["rule", "host"]
+        )
+        for (rule, host), v in sorted(s.sla_breach.items()):
+            breach.add_metric([rule, host], v)
+        yield breach
+        breaches = CounterMetricFamily(
+            "fiomon_sla_breaches", "Times the SLA rule started firing.", labels=["rule"]
+        )
+        for rule, v in sorted(s.sla_breaches.items()):
+            breaches.add_metric([rule], v)
+        yield breaches
+        families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
+            (CounterMetricFamily, s.counters),
+            (GaugeMetricFamily, s.gauges),
+        )
+        for kind, table in families:
+            for (name, text, labels), values in sorted(table.items()):
+                metric = kind(name, text, labels=list(labels))
+                for lv, v in sorted(values.items()):
+                    metric.add_metric(list(lv), v)
+                yield metric
+        for (name, text), (edges, counts, n, total) in sorted(s.histograms.items()):
+            fam = HistogramMetricFamily(name, text)
+            b = [(_le(e), c) for e, c in zip(edges, counts, strict=True)]
+            b.append(("+Inf", n))
+            fam.add_metric([], b, sum_value=total)
+            yield fam
+
+
+def _le(edge_s: float) -> str:
+    """The ``le`` label as Prometheus spells it (PromQL matches ``le`` as a string)."""
+    text: str = floatToGoString(edge_s)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _value(v: float) -> str:
+    """A sample value exactly as ``prometheus_client`` writes it (Go's float format)."""
+    f = float(v)
+    if -1e300 < f < 1e6:  # repr is Go's format here; the rest (>= 1e6, inf, nan) is not
+        return repr(f)
+    text: str = floatToGoString(f)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+class _Writer:
+    """Text-format lines, with each series' ``name{labels} `` prefix built once and reused.
+
+    Args:
+        prefixes: a cache of prefixes kept between renders (cleared when it grows past
+            ``max_prefixes``, which bounds it when hosts come and go).
+        max_prefixes: cache size bound.
+    """
+
+    def __init__(self, prefixes: dict[str, dict[tuple[str, ...], str]], max_prefixes: int) -> None:
+        if sum(map(len, prefixes.values())) > max_prefixes:
+            prefixes.clear()
+        self.prefixes = prefixes
+        self.out: list[str] = []
+
+    def head(self, name: str, kind: str, text: str) -> None:
+        doc = text.replace("\\", r"\\").replace("\n", r"\n")
+        self.out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+
+    def samples(
+        self, name: str, labels: Sequence[str], rows: Iterable[tuple[tuple[str, ...], float]]
+    ) -> None:
+        """One line per row: labels sorted by name, as ``generate_latest`` writes them."""
+        cache = self.prefixes.get(name)
+        if cache is None:
+            cache = self.prefixes[name] = {}
+        order = sorted(range(len(labels)), key=lambda i: labels[i])
+        names = [labels[i] for i in order]
+        out = self.out
+        for values, v in rows:
+            prefix = cache.get(values)
+            if prefix is None:
+                if values:
+                    inner = ",".join(
+                        f'{n}="{_escape(values[i])}"' for n, i in zip(names, order, strict=True)
+                    )
+                    prefix = f"{name}{{{inner}}} "
+                else:
+                    prefix = f"{name} "
+                cache[values] = prefix
+            f = float(v)
+            # repr is Go's float format here; the rest (>= 1e6, inf, nan) is not
+            out.append(f"{prefix}{repr(f) if -1e300 < f < 1e6 else _value(f)}\n")
+
+    def histogram(
+        self,
+        name: str,
+        labels: tuple[str, ...],
+        values: tuple[str, ...],
+        *,
+        edges: Sequence[float],
+        counts: Sequence[float],
+        total: float,
+        sum_value: float,
+    ) -> None:
+        les = [*(_le(e) for e in edges), "+Inf"]
+        self.samples(
+            f"{name}_bucket",
+            (*labels, "le"),
+            (((*values, le), c) for le, c in zip(les, [*counts, total], strict=True)),
+        )
+        self.samples(f"{name}_count", labels, [(values, total)])
+        self.samples(f"{name}_sum", labels, [(values, sum_value)])
+
+
+def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None = None) -> bytes:
+    """The text exposition (format 0.0.4) of ``s``: what ``generate_latest`` gives for it.
+
+    Args:
+        s: the snapshot.
+        prefixes: a cache of series prefixes to reuse between renders (optional).
+    """
+    w = _Writer({} if prefixes is None else prefixes, max_prefixes=1_000_000)
+    w.head(
+        CLUSTER_LATENCY,
+        "gauge",
+        "Cluster-wide latency percentile of the last closed quantum.",
+    )
+    w.samples(CLUSTER_LATENCY, ("direction", "percentile"), sorted(s.cluster.items()))
+    w.head(
+        HOST_LATENCY,
+        "gauge",
+        "Per-host latency percentile of the last closed quantum (hosts capped).",
+    )
+    w.samples(HOST_LATENCY, ("host", "direction", "percentile"), sorted(s.hosts.items()))
+    if s.quantum_end_s is not None:
+        w.head(
+            "fiomon_quantum_end_timestamp_seconds",
+            "gauge",
+            "End of the quantum the latency gauges describe (Unix time).",
+        )
+        w.samples("fiomon_quantum_end_timestamp_seconds", (), [((), s.quantum_end_s)])
+    name = LATENCY_HISTOGRAM
+    w.head(
+        name,
+        "histogram",
+        "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
+    )
+    for d, (counts, total, sum_s) in sorted(s.buckets.items()):
+        w.histogram(
+            name, ("direction",), (d,), edges=s.edges_s, counts=counts, total=total, sum_value=sum_s
+        )
+    w.head("fiomon_sla_breach", "gauge", "1 while the SLA rule fires.")
+    w.samples("fiomon_sla_breach", ("rule", "host"), sorted(s.sla_breach.items()))
+    w.head("fiomon_sla_breaches_total", "counter", "Times the SLA rule started firing.")
+    w.samples(
+        "fiomon_sla_breaches_total",
+        ("rule",),
+        [((k,), v) for k, v in sorted(s.sla_breaches.items())],
+    )
+    for kind, table in (("counter", s.counters), ("gauge", s.gauges)):
+        for (base, text, labels), values in sorted(table.items()):
+            series = f"{base}_total" if kind == "counter" else base
+            w.head(series, kind, text)
+            w.samples(series, labels, sorted(values.items()))
+    for (base, text), (edges, counts, n, total) in sorted(s.histograms.items()):
+        w.head(base, "histogram", text)
+        w.histogram(base, (), (), edges=edges, counts=counts, total=n, sum_value=total)
+    return "".join(w.out).encode("utf-8")
+
+
+class Exposition:
+    """The current snapshot's text, rendered once and shared by every scrape.
+
+    The aggregator calls :meth:`publish` from the event loop (a reference swap); scrapes
+    call :meth:`body` from HTTP threads: the first scrape after a new snapshot renders it
+    (under a lock, so a hundred simultaneous scrapes render it once), the others get the
+    cached bytes.
+
+    Args:
+        current: returns the latest snapshot.
+    """
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self.current = current
+        self._lock = threading.Lock()
+        self._rendered: Snapshot | None = None
+        self._body = b""
+        self._gzipped: bytes | None = None
+        self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
+        self.renders = 0
+        self.scrapes = 0
+
+    def body(self, *, gzipped: bool = False) -> bytes:
+        """The text of the current snapshot (gzip-compressed if asked)."""
+        snap = self.current()
+        with self._lock:
+            self.scrapes += 1
+            if snap is not self._rendered:
+                self._body = render(snap, self._prefixes)
+                self._gzipped = None
+                self._rendered = snap
+                self.renders += 1
+            if not gzipped:
+                return self._body
+            if self._gzipped is None:
+                # Level 1: a tenth of the size for a few ms, once per snapshot.
+                self._gzipped = gzip.compress(self._body, compresslevel=1, mtime=0)
+            return self._gzipped
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404, "only /metrics here")
+            return
+        accept = self.headers.get("Accept-Encoding", "")
+        gz = "gzip" in accept.lower()
+        try:
+            body = self.server.exposition.body(gzipped=gz)
+        except Exception:
+            log.exception("cannot render /metrics")
+            self.send_error(500, "cannot render the metrics (see the aggregator's log)")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a scrape a second would flood the log."""
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """HTTP server for ``/metrics``: a thread per scrape, at most ``max_concurrent`` at once.
+
+    Further connections wait in the listen backlog (``backlog``), where waiting costs
+    nothing; a slow or stuck scraper holds its thread for at most ``timeout_s``.
+
+    Args:
+        addr: listen address.
+        exposition: what to serve.
+        max_concurrent: scrapes served at once.
+        backlog: listen backlog (the kernel caps it at ``net.core.somaxconn``).
+        timeout_s: socket timeout of one scrape.
+        ssl_context: serve HTTPS with this context.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        exposition: Exposition,
+        *,
+        max_concurrent: int = 16,
+        backlog: int = 1024,
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.request_queue_size = backlog
+        self.exposition = exposition
+        self.timeout_s = timeout_s
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._ssl = ssl_context
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept; with TLS the handshake happens later, in the scrape's own thread."""
+        sock, client = self.socket.accept()
+        sock.settimeout(self.timeout_s)
+        if self._ssl is not None:
+            sock = self._ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, client
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Wait for a free slot (in the accept thread), then serve in a new thread."""
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection; give its slot back whatever happens."""
+        try:
+            if isinstance(request, ssl.SSLSocket):
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError):
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper that hangs up mid-response is not an error worth a traceback."""
+        log.debug("scrape from %s failed", client_address, exc_info=True)
+
+
+def serve_metrics(
+    addr: str,
+    port: int,
+    source: FiomonCollector | Exposition,
+    *,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    max_concurrent: int = 16,
+) -> tuple[MetricsServer, threading.Thread, Exposition]:
+    """Serve ``/metrics`` from a thread; stop with ``shutdown()`` and ``server_close()``.
+
+    Args:
+        addr: listen address.
+        port: listen port (0: any free port; see ``server.server_port``).
+        source: the exposition to serve, or a collector whose snapshots to serve.
+        certfile: serve HTTPS with this certificate (with ``keyfile``).
+        keyfile: its key.
+        max_concurrent: scrapes served at once.
+    """
+    exposition = source if isinstance(source, Exposition) else Exposition(source.current)
+    context = None
+    if certfile is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(certfile), str(keyfile) if keyfile else None)
+    server = MetricsServer(
+        (addr, port), exposition, max_concurrent=max_concurrent, ssl_context=context
+    )
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="fiomon.aggregator.metrics"
+    )
+    thread.daemon = True
+    thread.start()
+    return server, thread, exposition

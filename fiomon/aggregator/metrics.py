@@ -1,0 +1,428 @@
+"""Every ``fiomon_*`` series the aggregator exports, built into one immutable snapshot.
+
+The aggregator core keeps plain counters (:class:`Counts`); :class:`QuantumGauges` keeps
+what the last closed quantum said. :func:`build_snapshot` turns both into a
+:class:`~fiomon.aggregator.exporter.Snapshot` once per close (and at most once a second between
+closes, for the counters), never per scrape: the exporter renders a snapshot to bytes once
+and serves those bytes to every scraper.
+
+Counters start from 0 in every process (a restart resets them, which ``rate()`` and
+``increase()`` handle); every label value that can occur is present from the start, at 0,
+so alerts see a series before its first increment.
+
+Names and meanings: ``docs/metrics.md`` (the contract; the README's migration note lists
+the names before issue 12)::
+
+    # TYPE fiomon_records_total counter
+    fiomon_records_total{result="received"} 1.2e+06
+    # TYPE fiomon_late_records_total counter
+    fiomon_late_records_total{host="_other"} 5.0
+    # TYPE fiomon_hosts_up gauge
+    fiomon_hosts_up 1000.0
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.aggregator.alerts import AlertBook
+from fiomon.aggregator.exporter import BucketHistogram, Snapshot
+from fiomon.histogram import pct_key
+from fiomon.windows import ClosedQuantum
+from fiomon.wire import REASONS
+
+OTHER_HOST = "_other"  # label of per-host counters beyond the host cap
+CLOSE_DELAY_EDGES_S = np.array([0.25, 0.5, 1, 1.5, 2, 3, 4, 5, 5.5, 6, 7, 8, 10, 15, 30, 60])
+
+# Every label value that can occur; each series exists from the start, at 0.
+RESULTS = ("received", "duplicate", "refused", "invalid-future", "invalid-span", "replayed")
+INVALID_REASONS = (
+    *REASONS,
+    "agent-mismatch",
+    "streams-over-cap",
+    "future",
+    "span",
+    "status",
+    "status-oversized",
+    "internal",
+)
+STATE_ERRORS = (
+    "lock",
+    "state-unreadable",
+    "state-lost",
+    "state-write",
+    "journal-unreadable",
+    "journal-torn",
+    "journal-corrupt",
+    "journal-write",
+    "quanta-file-torn",
+    "quanta-file-write",
+    "quanta-file-dropped",
+)
+ALERT_SINKS = (("webhook", "sent"), ("webhook", "failed"), ("webhook", "dropped"))
+ALERT_SINKS_MQTT = (("mqtt", "queued"), ("mqtt", "dropped"), ("mqtt", "failed"))
+
+Key = tuple[str, str, tuple[str, ...]]  # (metric name, help, label names)
+Table = dict[tuple[str, ...], float]
+
+SATURATED = (
+    "fiomon_cluster_latency_percentile_saturated",
+    "1 if the percentile fell in fio's last bin (the value is a lower bound).",
+    ("direction", "percentile"),
+)
+BUILD_INFO = (
+    "fiomon_build_info",
+    "Always 1; the labels say which fiomon and Python run.",
+    ("version", "python"),
+)
+SLA_THRESHOLD = (
+    "fiomon_sla_threshold_seconds",
+    "The SLA rule's threshold (the aggregator's configuration, for dashboards).",
+    ("rule", "direction", "percentile"),
+)
+# Confidence intervals of the cluster percentiles (issue 15). New families, so the latency
+# gauges keep their names; ``percentile`` ("99", "99.9") rather than ``quantile``, which
+# promtool reserves for summaries. A side the data cannot bound has no sample.
+CI_LOWER = (
+    "fiomon_cluster_latency_percentile_lower_seconds",
+    "Lower confidence bound (confidence_level) of the last closed quantum's percentile.",
+    ("direction", "percentile"),
+)
+CI_UPPER = (
+    "fiomon_cluster_latency_percentile_upper_seconds",
+    "Upper confidence bound (confidence_level) of the last closed quantum's percentile.",
+    ("direction", "percentile"),
+)
+TAIL_SHARE = (
+    "fiomon_cluster_tail_share",
+    "Share of the last closed quantum's I/Os in the power-law tail (fit_tail).",
+    ("direction",),
+)
+TAIL_ALPHA = (
+    "fiomon_cluster_tail_exponent",
+    "Density exponent alpha of the power-law tail, p(x) ~ x**-alpha (fit_tail).",
+    ("direction",),
+)
+IOPS = (
+    "fiomon_cluster_iops",
+    "I/Os per second of the last closed quantum, cluster-wide.",
+    ("direction",),
+)
+THROUGHPUT = (
+    "fiomon_cluster_throughput_bytes_per_second",
+    "Bytes per second of the last closed quantum, cluster-wide.",
+    ("direction",),
+)
+
+
+@dataclass(slots=True)
+class Counts:
+    """The aggregator core's counters, as plain numbers (read on the event loop only).
+
+    Args:
+        records: records by result (:data:`RESULTS`).
+        invalid: refused payloads by reason (:data:`INVALID_REASONS`).
+        lost: records never received (sequence gaps), by host label.
+        recovered: records received after being counted lost, by host label.
+        duplicates: records received again and dropped, by host label.
+        late: records that reached a closed quantum, by host label (over-cap hosts summed
+            into :data:`OTHER_HOST`).
+        id_conflicts: two agents seen with one id, by host.
+        state_errors: problems with the state directory or quanta file, by kind.
+        alert_deliveries: alert notifications by ``(sink, result)``.
+        quanta_closed: quanta closed.
+        hosts_over_cap: hosts beyond ``max_hosts``.
+        forced_closes: quanta closed early by ``max_open_quanta``.
+        session_takeovers: times the broker handed our MQTT session to another client.
+        metrics_server_restarts: times the ``/metrics`` server process died and was
+            replaced (written by its feeding thread only).
+        host_labels: every host label in use (counters get a 0 series for each).
+    """
+
+    records: Counter[str] = field(default_factory=Counter)
+    invalid: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    recovered: Counter[str] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    late: Counter[str] = field(default_factory=Counter)
+    id_conflicts: Counter[str] = field(default_factory=Counter)
+    state_errors: Counter[str] = field(default_factory=Counter)
+    alert_deliveries: Counter[tuple[str, str]] = field(default_factory=Counter)
+    quanta_closed: int = 0
+    hosts_over_cap: int = 0
+    forced_closes: int = 0
+    session_takeovers: int = 0
+    metrics_server_restarts: int = 0
+    host_labels: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Gauges about the aggregator itself, sampled when a snapshot is built.
+
+    Args:
+        hosts_up: hosts that sent records, or a fresh online status, recently.
+        streams: streams tracked for dedup.
+        open_quanta: quanta open now (None before the engine exists).
+        session_taken_over: 1 while another client holds our MQTT session.
+        broker_connected: whether the MQTT session is up now.
+        active: records arrived within the idle time (``2 x lateness``); while False
+            the per-quantum series are left out (Prometheus marks them stale).
+        last_seen_s: host label -> when its last records or online status came (epoch s).
+        version: fiomon's version (``fiomon_build_info``).
+        python: the interpreter's version.
+    """
+
+    hosts_up: int = 0
+    streams: int = 0
+    open_quanta: int | None = None
+    session_taken_over: bool = False
+    broker_connected: bool = False
+    active: bool = False
+    last_seen_s: Mapping[str, float] = field(default_factory=dict)
+    version: str = ""
+    python: str = ""
+
+
+@dataclass(slots=True)
+class QuantumGauges:
+    """What the last closed quantum said, kept between closes (the latency gauges).
+
+    Args:
+        percentiles: the configured percentiles.
+        fit_tail: whether tail-fit gauges are exported.
+    """
+
+    percentiles: tuple[float, ...]
+    fit_tail: bool = False
+    quantum_end_s: float | None = None
+    cluster: dict[tuple[str, str], float] = field(default_factory=dict)
+    hosts: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    saturated: Table = field(default_factory=dict)
+    iops: Table = field(default_factory=dict)
+    throughput: Table = field(default_factory=dict)
+    tail_share: Table = field(default_factory=dict)
+    tail_alpha: Table = field(default_factory=dict)
+    ci_lower: Table = field(default_factory=dict)
+    ci_upper: Table = field(default_factory=dict)
+    buckets: BucketHistogram | None = None
+    delay_counts: npt.NDArray[np.float64] = field(
+        default_factory=lambda: np.zeros(len(CLOSE_DELAY_EDGES_S))
+    )
+    delay_n: int = 0
+    delay_sum_s: float = 0.0
+
+    def observe(
+        self,
+        rows: list[ClosedQuantum],
+        now_ms: int,
+        tails: Mapping[str, tuple[float, float]] | None = None,
+    ) -> None:
+        """Take the rows of one close (quanta oldest first).
+
+        Args:
+            rows: the closed rows.
+            now_ms: wall clock at the close (for the close delay).
+            tails: direction -> (tail share, exponent) of the newest quantum (fit_tail).
+        """
+        ends = sorted({r.end_ms for r in rows})
+        delays = np.array([now_ms - e for e in ends], dtype=np.float64) / 1000.0
+        self.delay_counts += (delays[:, None] <= CLOSE_DELAY_EDGES_S[None, :]).sum(axis=0)
+        self.delay_n += len(delays)
+        self.delay_sum_s += float(delays.sum())
+        if self.buckets is not None:
+            for r in rows:
+                if r.scope == "cluster" and r.hist is not None:
+                    self.buckets.add(r.direction, r.hist, r.stats.mean_ns)
+        last = ends[-1]
+        self.quantum_end_s = last / 1000.0
+        # The percentile label is the quanta file's key ("99", "99.9"): legends read p99.
+        labels = [(q, pct_key(q), pct_key(q)) for q in self.percentiles]
+        cluster: dict[tuple[str, str], float] = {}
+        hosts: dict[tuple[str, str, str], float] = {}
+        saturated: Table = {}
+        iops: Table = {}
+        throughput: Table = {}
+        ci_lower: Table = {}
+        ci_upper: Table = {}
+        for r in rows:
+            if r.end_ms != last:
+                continue
+            pct = r.stats.percentiles_ns
+            if r.scope == "cluster":
+                iops[(r.direction,)] = r.iops or 0.0
+                throughput[(r.direction,)] = r.bytes_per_second or 0.0
+                for _, key, ql in labels:
+                    v = pct.get(key)
+                    if v is not None:
+                        cluster[(r.direction, ql)] = v / 1e9
+                        saturated[(r.direction, ql)] = float(key in r.stats.saturated)
+                    low, high = (r.ci_ns or {}).get(key, (None, None))
+                    if low is not None:
+                        ci_lower[(r.direction, key)] = low / 1e9
+                    if high is not None:
+                        ci_upper[(r.direction, key)] = high / 1e9
+            elif r.host is not None:
+                for _, key, ql in labels:
+                    v = pct.get(key)
+                    if v is not None:
+                        hosts[(r.host, r.direction, ql)] = v / 1e9
+        self.cluster, self.hosts, self.iops, self.throughput = cluster, hosts, iops, throughput
+        self.ci_lower, self.ci_upper = ci_lower, ci_upper
+        if saturated:
+            self.saturated = saturated
+        for d, (share, alpha) in (tails or {}).items():
+            self.tail_share[(d,)] = share
+            self.tail_alpha[(d,)] = alpha
+
+
+def _with_zeros(counts: Mapping[str, int], keys: Iterable[str]) -> Table:
+    out: Table = dict.fromkeys(((k,) for k in keys), 0.0)
+    out.update({(k,): float(v) for k, v in counts.items()})
+    return out
+
+
+def build_snapshot(
+    counts: Counts, gauges: QuantumGauges, health: Health, alerts: AlertBook
+) -> Snapshot:
+    """Everything ``/metrics`` shows now, as an immutable snapshot (copies, not views)."""
+    hosts = counts.host_labels
+    counters: dict[Key, Table] = {
+        (
+            "fiomon_records",
+            "Records by result (received, duplicate, refused, invalid-*, replayed).",
+            ("result",),
+        ): _with_zeros(counts.records, RESULTS),
+        ("fiomon_invalid_messages", "Payloads refused, by reason.", ("reason",)): _with_zeros(
+            counts.invalid, INVALID_REASONS
+        ),
+        (
+            "fiomon_lost_records",
+            "Records never received (sequence gaps), by host.",
+            ("host",),
+        ): _with_zeros(counts.lost, hosts),
+        (
+            "fiomon_recovered_records",
+            "Records received after being counted lost.",
+            ("host",),
+        ): _with_zeros(counts.recovered, hosts),
+        ("fiomon_duplicate_records", "Records received again and dropped.", ("host",)): (
+            _with_zeros(counts.duplicates, hosts)
+        ),
+        ("fiomon_late_records", "Records that reached a closed quantum.", ("host",)): (
+            _with_zeros(counts.late, hosts)
+        ),
+        ("fiomon_quanta_closed", "Quanta closed.", ()): {(): float(counts.quanta_closed)},
+        ("fiomon_agent_id_conflicts", "Two agents seen with one id.", ("host",)): {
+            (k,): float(v) for k, v in counts.id_conflicts.items()
+        },
+        ("fiomon_hosts_over_cap", "Hosts beyond max_hosts (cluster only).", ()): {
+            (): float(counts.hosts_over_cap)
+        },
+        ("fiomon_forced_closes", "Quanta closed early by max_open_quanta.", ()): {
+            (): float(counts.forced_closes)
+        },
+        (
+            "fiomon_state_errors",
+            "Problems with the state directory, journal or quanta file, by kind.",
+            ("kind",),
+        ): _with_zeros(counts.state_errors, STATE_ERRORS),
+        (
+            "fiomon_alert_notifications",
+            "Alert notifications by sink and result (sent, failed, dropped).",
+            ("sink", "result"),
+        ): {
+            **dict.fromkeys((*ALERT_SINKS, *ALERT_SINKS_MQTT), 0.0),
+            **{k: float(v) for k, v in counts.alert_deliveries.items()},
+        },
+        (
+            "fiomon_mqtt_session_takeovers",
+            "Times another client with our client_id took our MQTT session.",
+            (),
+        ): {(): float(counts.session_takeovers)},
+        (
+            "fiomon_metrics_server_restarts",
+            "Times the /metrics server process died and was replaced.",
+            (),
+        ): {(): float(counts.metrics_server_restarts)},
+    }
+    gauges_out: dict[Key, Table] = {
+        (
+            "fiomon_hosts_up",
+            "Hosts that sent records or a fresh online status within host_timeout.",
+            (),
+        ): {(): float(health.hosts_up)},
+        ("fiomon_streams", "Streams tracked for dedup.", ()): {(): float(health.streams)},
+        (
+            "fiomon_mqtt_session_taken_over",
+            "1 while another client holds our MQTT session (this aggregator stopped reading).",
+            (),
+        ): {(): float(health.session_taken_over)},
+        (
+            "fiomon_broker_connected",
+            "1 while the aggregator's MQTT session with the broker is up.",
+            (),
+        ): {(): float(health.broker_connected)},
+        (
+            "fiomon_benchmark_active",
+            "1 while records arrive (within 2 x lateness); 0 when idle between runs.",
+            (),
+        ): {(): float(health.active)},
+        BUILD_INFO: {(health.version, health.python): 1.0},
+        (
+            "fiomon_host_last_seen_timestamp_seconds",
+            "When the host's last records or online status arrived (Unix time; max_hosts).",
+            ("host",),
+        ): {(h,): t for h, t in health.last_seen_s.items()},
+        SLA_THRESHOLD: {
+            (r.name, r.direction, pct_key(r.percentile)): r.threshold_ns / 1e9 for r in alerts.rules
+        },
+    }
+    if health.active:
+        # Idle withdraws these: a benchmark that ended has no "current" percentile.
+        gauges_out[SATURATED] = dict(gauges.saturated)
+        gauges_out[IOPS] = dict(gauges.iops)
+        gauges_out[THROUGHPUT] = dict(gauges.throughput)
+        if gauges.ci_lower or gauges.ci_upper:
+            gauges_out[CI_LOWER] = dict(gauges.ci_lower)
+            gauges_out[CI_UPPER] = dict(gauges.ci_upper)
+        if gauges.fit_tail:
+            gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
+            gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
+    if health.open_quanta is not None:
+        gauges_out[("fiomon_open_quanta", "Quanta open now.", ())] = {(): float(health.open_quanta)}
+    firing = {(r.name, h or ""): 1 for r, h, _ in alerts.firing()}
+    breach = {(name, host or ""): firing.get((name, host or ""), 0) for name, host in alerts.states}
+    # Every rule has its cluster-scope series from the start (0): an alert sees it at once.
+    for r in alerts.rules:
+        if r.scope == "cluster":
+            breach.setdefault((r.name, ""), 0)
+    histograms = {
+        (
+            "fiomon_quantum_close_delay_seconds",
+            "Wall-clock delay from a quantum's end to its close.",
+        ): (
+            tuple(CLOSE_DELAY_EDGES_S.tolist()),
+            tuple(gauges.delay_counts.tolist()),
+            float(gauges.delay_n),
+            gauges.delay_sum_s,
+        )
+    }
+    b = gauges.buckets
+    return Snapshot(
+        histograms=histograms,
+        quantum_end_s=gauges.quantum_end_s,
+        cluster=dict(gauges.cluster) if health.active else {},
+        hosts=gauges.hosts if health.active else {},  # replaced, never changed, at each close
+        edges_s=tuple(b.edges_s.tolist()) if b else (),
+        buckets=b.frozen() if b else {},
+        sla_breach=breach,
+        sla_breaches=dict(alerts.breaches),
+        counters=counters,
+        gauges=gauges_out,
+    )

@@ -1,0 +1,1 @@
+"""Offline commands on finished runs: report, summary, fit (and plot)."""

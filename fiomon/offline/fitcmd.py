@@ -1,0 +1,145 @@
+"""``fiomon fit``: the head + tail fit of a run's latencies, whole or per quantum."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.align import auto_phase
+from fiomon.bins import BinLayout
+from fiomon.errors import FiomonError
+from fiomon.fit import Fit, FitError, describe, fit_histogram
+from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.offline.sources import FileSource, SourceOptions, host_labels
+from fiomon.offline.summary import Filters, collect
+from fiomon.problems import ProblemLog
+from fiomon.windows import QuantumEngine
+
+Format = Literal["text", "json"]
+
+
+def run_fit(
+    paths: Sequence[Path],
+    *,
+    directions: Sequence[str],
+    source: SourceOptions,
+    per_quantum_ms: int | None,
+    fmt: Format,
+    hosts: Filters | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Fit and print; returns the exit code (1 when nothing could be fitted).
+
+    ``hosts`` keeps only the files of those hosts (its ``hosts`` and ``host_from``).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    problems = ProblemLog(strict=source.strict)
+    hosts = hosts or Filters()
+    try:
+        paths = _of_hosts(paths, hosts)
+        if per_quantum_ms is None:
+            results = _whole(paths, directions, source, problems)
+        else:
+            results = _per_quantum(paths, directions, source, problems, per_quantum_ms)
+    except FiomonError as exc:
+        problems.write_to(err)
+        err.write(f"fiomon fit: {exc}\n")
+        return 1
+    problems.write_to(err)
+    fitted = 0
+    for label, end_ms, hist_fit in results:
+        if isinstance(hist_fit, FitError):
+            err.write(f"fiomon fit: {label}: cannot fit: {hist_fit}\n")
+            continue
+        fitted += 1
+        if fmt == "json":
+            doc = {"direction": label, "end_ms": end_ms, **hist_fit.to_json()}
+            out.write(json.dumps(doc) + "\n")
+        else:
+            out.write(describe(label if end_ms is None else f"{label} @ {end_ms}", hist_fit))
+    return 0 if fitted else 1
+
+
+def _of_hosts(paths: Sequence[Path], hosts: Filters) -> list[Path]:
+    """The files whose host label is among ``hosts.hosts`` (all when it is empty).
+
+    Raises:
+        FiomonError: no file is left.
+    """
+    if not hosts.hosts:
+        return list(paths)
+    labels = host_labels(list(paths), hosts.host_from)
+    kept = [p for p, h in zip(paths, labels, strict=True) if h in hosts.hosts]
+    if not kept:
+        here = ", ".join(sorted(set(labels)))
+        msg = f"no file of host {', '.join(hosts.hosts)} (hosts here: {here})"
+        raise FiomonError(msg)
+    return kept
+
+
+def _whole(
+    paths: Sequence[Path], directions: Sequence[str], source: SourceOptions, problems: ProblemLog
+) -> list[tuple[str, int | None, Fit | FitError]]:
+    layout, acc = collect(paths, Filters(), source, problems)
+    hists = {DIRECTION_LABELS[d]: a.hist for d, a in acc.items()}
+    if acc:
+        hists["all"] = np.sum([a.hist for a in acc.values()], axis=0)
+    out: list[tuple[str, int | None, Fit | FitError]] = []
+    for label in directions:
+        if label in hists:
+            out.append((label, None, _try(hists[label], layout)))
+    if not out:
+        msg = f"no I/O of {', '.join(directions)} in the input"
+        raise FiomonError(msg)
+    return out
+
+
+def _per_quantum(
+    paths: Sequence[Path],
+    directions: Sequence[str],
+    source: SourceOptions,
+    problems: ProblemLog,
+    quantum_ms: int,
+) -> list[tuple[str, int | None, Fit | FitError]]:
+    batches: list[RecordBatch] = []
+    for path in paths:
+        src = FileSource(path, "", source)
+        try:
+            batches.extend(src.batches())
+        finally:
+            src.close()
+            problems.merge(src.problems)
+    if not batches:
+        msg = "no histogram records in the input"
+        raise FiomonError(msg)
+    layout = max((b.layout for b in batches), key=lambda lay: lay.coarseness)
+    merged = RecordBatch.concat([b.coarsened(layout) for b in batches])
+    phase = auto_phase(merged.end_ms, merged.samples().astype(np.float64), quantum_ms)
+    engine = QuantumEngine(
+        layout=layout,
+        quantum_ms=quantum_ms,
+        phase_ms=phase,
+        directions=tuple(directions),
+        keep_hists=True,
+    )
+    engine.add(merged)
+    out: list[tuple[str, int | None, Fit | FitError]] = []
+    for row in engine.flush():
+        if row.scope == "cluster" and row.hist is not None:
+            out.append((row.direction, row.end_ms, _try(row.hist, layout)))
+    return out
+
+
+def _try(hist: npt.NDArray[np.float64], layout: BinLayout) -> Fit | FitError:
+    try:
+        return fit_histogram(hist, layout)
+    except FitError as exc:
+        return exc

@@ -1,0 +1,89 @@
+"""``fiomon plot``: the report's closed quanta drawn as a page (HTML) or a figure (PNG/SVG).
+
+The rows come from the report's own engine (:func:`fiomon.offline.report.run_report` with a
+:class:`~fiomon.offline.plotdata.PlotData` sink), so the charts show exactly the numbers
+``fiomon report`` prints for the same inputs and options.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from fiomon.bins import BinLayout
+from fiomon.errors import FiomonError
+from fiomon.offline.plotdata import DEFAULT_MAX_POINTS, PlotData
+from fiomon.offline.report import ReportOptions, ReportSummary, run_report
+from fiomon.webpage import page_html
+
+PlotKind = Literal["html", "png", "svg"]
+KINDS: dict[str, PlotKind] = {".html": "html", ".htm": "html", ".png": "png", ".svg": "svg"}
+
+
+class PlotError(FiomonError, ValueError):
+    """Raised when the output cannot be made: an unknown extension or a missing extra."""
+
+
+def plot_kind(path: Path) -> PlotKind:
+    """The output kind from the file's extension.
+
+    Raises:
+        PlotError: not .html, .png or .svg.
+    """
+    kind = KINDS.get(path.suffix.lower())
+    if kind is None:
+        msg = f"-o {path}: the extension must be .html, .png or .svg"
+        raise PlotError(msg)
+    return kind
+
+
+def run_plot(
+    paths: Sequence[Path],
+    opts: ReportOptions,
+    output: Path,
+    *,
+    kind: PlotKind,
+    title: str,
+    sla_ns: Sequence[float] = (),
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> ReportSummary:
+    """Read ``paths`` as ``fiomon report`` would and write the charts to ``output``.
+
+    The file is written whole to a temporary name next to it, then renamed, so a failed
+    run never leaves half a page.
+
+    Raises:
+        PlotError: a PNG/SVG without matplotlib (the ``plot`` extra).
+        FiomonError: as :func:`fiomon.offline.report.run_report`.
+    """
+    if kind != "html":
+        from fiomon.offline.plotstatic import require_matplotlib  # noqa: PLC0415
+
+        require_matplotlib()  # before the work, not after it
+    holder: list[PlotData] = []
+
+    def sink(layout: BinLayout, relative: bool) -> PlotData:
+        data = PlotData(opts.percentiles, layout, relative)
+        holder.append(data)
+        return data
+
+    summary = run_report(paths, opts, io.StringIO(), sink=sink)
+    if not holder or summary.records == 0:
+        return summary
+    doc = holder[0].document(title=title, sla_ns=sla_ns, max_points=max_points)
+    if kind == "html":
+        body = page_html(data=doc, live=False, title=title).encode()
+    else:
+        from fiomon.offline.plotstatic import figure_bytes  # noqa: PLC0415
+
+        body = figure_bytes(doc, kind)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(body)
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return summary

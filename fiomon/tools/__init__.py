@@ -1,0 +1,1 @@
+"""Tools around fio: the demo, the simulator and `fiomon fio`."""

@@ -1,0 +1,85 @@
+"""The webhook path (sites without Prometheus): what a real HTTP receiver gets.
+
+The aggregator posts the alert Prometheus' rule would raise: ``FiomonSLABreach`` with
+``severity: page``, a description and a runbook, then the same labels with ``endsAt`` when
+it resolves, also when it resolves because the input went idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+from fiomon.aggregator.alerts import AlertDispatcher
+from fiomon.aggregator.core import AggregatorCore
+from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
+from fiomon.wire import encode
+from tests.aggregator.test_aggregator_core import T0, Clock, batch
+from tests.conftest import until
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    posts: ClassVar[list[tuple[str, list[dict[str, Any]]]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Receiver.posts.append((self.path, json.loads(body)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Receiver.posts = []
+    clock = Clock(T0)
+    rule = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1)
+    c = AggregatorCore(AggregatorConfig(align="epoch", lateness_ms=5000, sla=(rule,)), now_ms=clock)
+    hook = WebhookConfig(f"http://127.0.0.1:{server.server_port}", timeout_ms=5000)
+    deliveries: Counter[tuple[str, str]] = Counter()
+    dispatcher = AlertDispatcher(hook, deliveries, clock)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(dispatcher.run(stop))
+    try:
+        clock.advance(8_000)
+        ends = [T0 + 1000 * i for i in range(1, 8)]
+        c.on_records("h1", encode("h1", "s@1", 0, batch(ends, bin_=1400)))
+        clock.advance(5001)
+        c.tick()
+        dispatcher.offer(c.alerts, c.transitions)
+        c.transitions.clear()
+        await until(lambda: len(_Receiver.posts) >= 1, what="the firing alert is posted")
+        clock.advance(c.idle_after_ms)
+        c.tick()  # idle: the alert resolves
+        assert [t.idle for t in c.transitions] == [True]
+        dispatcher.offer(c.alerts, c.transitions)
+        await until(lambda: len(_Receiver.posts) >= 2, what="the resolution is posted")
+    finally:
+        stop.set()
+        await runner
+        server.shutdown()
+        server.server_close()
+    (path, firing), (_, resolved) = _Receiver.posts[:2]
+    assert path == "/api/v2/alerts"
+    (alert,) = firing
+    assert alert["labels"] == {
+        "alertname": "FiomonSLABreach",
+        "rule": "p99-read",
+        "direction": "read",
+        "severity": "page",
+    }
+    assert alert["annotations"]["runbook_url"].endswith("#fiomonslabreach")
+    assert "p99 read latency stayed above 5 ms" in alert["annotations"]["description"]
+    (end,) = resolved
+    assert end["labels"] == alert["labels"]
+    assert "endsAt" in end
+    assert deliveries[("webhook", "sent")] == 2

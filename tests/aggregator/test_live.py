@@ -1,0 +1,239 @@
+"""The live page: the ring behind ``/api/v1/quanta``, and the page in a real browser fed
+by a real aggregator on a real Mosquitto, showing quanta that close while it is open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.live import LiveFeed, LiveStore, LiveView, status_of
+from fiomon.aggregator.metrics_server import since_ms
+from fiomon.aggregator.service import run_aggregator
+from fiomon.bins import BinLayout
+from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.wire import encode
+from tests.browser import Browser
+from tests.conftest import Mosquitto, free_port, until
+from tests.offline.test_plot import _shots
+
+PREFIX = "fiomonlive"
+HOSTS = ("h1", "h2", "h3")
+SLOW = "h2"
+
+
+def _view(ends: list[int], window_s: int = 900, host_window_s: int = 900) -> LiveView:
+    rows = tuple(
+        (e, f'{{"end_ms":{e}}}'.encode(), f'{{"end_ms":{e},"host":"h"}}'.encode()) for e in ends
+    )
+    return LiveView(rows, b'{"m":1}', b'{"s":1}', window_s, host_window_s)
+
+
+def _ends(body: bytes, host: bool = False) -> list[int]:
+    return [r["end_ms"] for r in json.loads(body)["quanta"] if ("host" in r) == host]
+
+
+def test_the_ring_answers_since_and_forgets_by_time() -> None:
+    store = LiveStore()
+    store.merge(_view([1000, 2000, 3000]))
+    store.merge(_view([2000, 3000, 4000]))  # overlapping tails are merged, not repeated
+    body = json.loads(store.body(2000))
+    assert body["meta"] == {"m": 1}
+    assert body["status"] == {"s": 1}
+    assert _ends(store.body(2000)) == [3000, 4000]
+    assert _ends(store.body(2000), host=True) == [3000, 4000]
+    assert store.quanta == 4
+    store.merge(_view([5000], window_s=2, host_window_s=1))  # ends <= 3000 go; hosts <= 4000
+    assert _ends(store.body(0)) == [4000, 5000]
+    assert _ends(store.body(0), host=True) == [5000]
+    assert store.nbytes == 2 * len(b'{"end_ms":4000}') + len(b'{"end_ms":5000,"host":"h"}')
+
+
+def test_the_ring_is_bounded_by_bytes() -> None:
+    store = LiveStore(max_bytes=300)
+    for e in range(1, 50):
+        store.merge(_view([e * 1000]))
+    assert 0 < store.nbytes <= 300
+    assert _ends(store.body(0))[-1] == 49_000
+
+
+def test_since_is_parsed_strictly() -> None:
+    assert since_ms("") == 0
+    assert since_ms("a=1&since=1795000000123") == 1_795_000_000_123
+    with pytest.raises(ValueError, match="since"):
+        since_ms("since=yesterday")
+
+
+def test_status_lists_every_rule_even_before_it_saw_data() -> None:
+    rule = SlaRule("p99-read", "read", 99.0, 5e6)
+    st = status_of(now_ms=1, hosts_up=2, received=3, late=4, lost=5, rules=[rule], alerts=[])
+    assert st["sla"] == [
+        {
+            "rule": "p99-read",
+            "direction": "read",
+            "percentile": "99",
+            "threshold_ns": 5e6,
+            "host": None,
+            "state": "inactive",
+            "value_ns": None,
+        }
+    ]
+    assert (st["hosts_up"], st["late_records"], st["lost_records"]) == (2, 4, 5)
+    feed = LiveFeed([50.0, 99.0], [rule], 1000)
+    assert json.loads(feed.meta)["sla_ns"] == [5e6]
+
+
+# -- a real aggregator, a real broker, a real browser ------------------------------------
+
+
+def _record(host: str, end_ms: int) -> RecordBatch:
+    """One second of reads and writes; the slow host's reads take ten times longer."""
+    read_bin = 900 if host == SLOW else 700
+    return RecordBatch(
+        layout=BinLayout(),
+        streams=(StreamInfo(host, "job"),),
+        stream_idx=np.zeros(2, np.int32),
+        direction=np.array([0, 1], np.int8),
+        start_ms=np.full(2, end_ms - 1000, np.int64),
+        end_ms=np.full(2, end_ms, np.int64),
+        nbytes=np.full(2, 4096 * 300, np.int64),
+        indptr=np.array([0, 1, 2], np.int64),
+        bins=np.array([read_bin, 710], np.int32),
+        counts=np.array([200, 100], np.int64),
+    )
+
+
+async def _publish(port: int, stop: asyncio.Event) -> None:
+    """Each second, each host's records of the second that just ended, until ``stop``."""
+    async with aiomqtt.Client("127.0.0.1", port, identifier=f"pub-{time.monotonic_ns()}") as c:
+        seq = 0
+        while not stop.is_set():
+            now = time.time()
+            await asyncio.sleep(int(now) + 1.05 - now)  # just past the next whole second
+            end = int(time.time()) * 1000
+            for h in HOSTS:
+                payload = encode(h, "run.json@1", seq, _record(h, end))
+                await c.publish(f"{PREFIX}/v1/{h}/records", payload, qos=1)
+            seq += 2
+
+
+def _get(url: str, accept: str = "*/*") -> tuple[int, str, bytes]:
+    req = urllib.request.Request(url, headers={"Accept": accept})  # noqa: S310 -- http
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 -- http
+            return resp.status, resp.headers["Content-Type"], resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def _browse(port: int, folder: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Open the page, wait for quanta, then for later ones on the same page."""
+    with Browser(1400, 2600) as b:
+        b.goto(f"http://127.0.0.1:{port}/")
+        b.wait_for(
+            "window.fiomonState && window.fiomonState.quanta >= 3", "three quanta on the page"
+        )
+        first = b.state()
+        b.screenshot(folder / "live-1.png")
+        b.wait_for(
+            f"window.fiomonState.last_end_ms >= {first['last_end_ms'] + 3000}",
+            "three more quanta without reloading the page",
+        )
+        second = b.state()
+        b.screenshot(folder / "live-2.png")
+        status = str(b.evaluate("document.getElementById('status').textContent"))
+    return first, second, status
+
+
+async def test_the_live_page_shows_quanta_as_they_close(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    port = free_port()
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix=PREFIX,
+        client_id="fiomon-aggregator-live",
+        lateness_ms=1500,
+        align="epoch",
+        listen=f"127.0.0.1:{port}",
+        sla=(SlaRule("p99-read", "read", 99.0, 2e6, for_quanta=2, min_samples=1),),
+    )
+    cores: list[AggregatorCore] = []
+    stop, stop_pub = asyncio.Event(), asyncio.Event()
+    agg = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
+    pub: asyncio.Task[None] | None = None
+    try:
+        await until(lambda: cores, what="the aggregator started")
+        pub = asyncio.create_task(_publish(mosquitto.port, stop_pub))
+        first, second, status = await asyncio.to_thread(_browse, port, tmp_path)
+        code, ctype, body = await asyncio.to_thread(
+            _get, f"http://127.0.0.1:{port}/api/v1/quanta?since=0"
+        )
+        code_after, _, after = await asyncio.to_thread(
+            _get, f"http://127.0.0.1:{port}/api/v1/quanta?since={second['last_end_ms']}"
+        )
+        bad, _, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/api/v1/quanta?since=x")
+        m_code, m_type, metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/")
+    finally:
+        stop_pub.set()
+        if pub is not None:
+            await asyncio.wait_for(pub, 30)
+        stop.set()
+        await asyncio.wait_for(agg, 30)
+    assert (code, ctype) == (200, "application/json")
+    api = json.loads(body)
+    assert api["meta"]["sla_ns"] == [2e6]
+    assert api["status"]["hosts_up"] == 3
+    assert code_after == 200
+    assert all(r["end_ms"] > second["last_end_ms"] for r in json.loads(after)["quanta"])
+    assert bad == 400
+    # A scraper (no text/html in Accept) still gets the metrics at /.
+    assert m_code == 200
+    assert "text/plain" in m_type
+    assert b"# TYPE fiomon_" in metrics  # the text format, whatever the metric names
+    # The same page, later: more quanta, and the newest are drawn.
+    assert second["quanta"] > first["quanta"]
+    assert second["last_end_ms"] >= first["last_end_ms"] + 3000
+    assert second["hosts"] == 3
+    assert second["draws"] > first["draws"]
+    # What the page drew is what the API serves: the p99 of reads, quantum by quantum.
+    rows = {
+        r["end_ms"]: r
+        for r in api["quanta"]
+        if r["scope"] == "cluster" and r["direction"] == "read"
+    }
+    p99 = {s["name"]: s for s in second["charts"]["lat-read"]}["p99"]["data"]
+    assert len(p99) >= 4
+    for x, y in p99:
+        assert y == pytest.approx(rows[x]["percentiles_ns"]["99"] / 1e6, rel=1e-9)
+    # And its confidence band is the API's percentiles_ci_ns (null: a side left open).
+    band = {s.get("id"): s for s in second["charts"]["lat-read"]}["band-99"]
+    assert band["name"] == "confidence bands"
+    assert len(band["data"]) == len(p99)
+    bounded = 0
+    for x, lo, hi in band["data"]:
+        for got, want in zip((lo, hi), rows[x]["percentiles_ci_ns"]["99"], strict=True):
+            if want is None:
+                assert got is None
+            else:
+                bounded += 1
+                assert got == pytest.approx(want / 1e6, rel=1e-9)
+    assert bounded > 0
+    assert second["charts"]["lat-read"][0]["markLines"] == [2.0]
+    assert "hosts reporting: 3" in status
+    assert "SLA p99-read" in status
+    for name in ("live-1.png", "live-2.png"):
+        assert (tmp_path / name).stat().st_size > 30_000
+    dest = _shots()
+    if dest is not None:
+        (dest / "live.png").write_bytes((tmp_path / "live-2.png").read_bytes())

@@ -1,0 +1,86 @@
+"""The package's seams: which side may import which (issue 13).
+
+The core (flat modules of ``fiomon``) is shared; ``agent``, ``aggregator`` and ``offline``
+each build on it and never on one another, and the core imports none of them. ``tools``
+(demo, simulator, ``fiomon fio``) and ``cli`` sit on top and may use anything. Checked on
+the source (every ``import``/``from`` statement, lazy ones inside functions included) and,
+for the modules a user imports alone, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "fiomon"
+SIDES = ("agent", "aggregator", "offline", "tools")
+# side -> the sides it must not import
+FORBIDDEN = {
+    "core": {"agent", "aggregator", "offline", "tools"},
+    "agent": {"aggregator", "offline", "tools"},
+    "aggregator": {"agent", "offline", "tools"},
+    "offline": {"agent", "aggregator", "tools"},
+}
+TOP = {"cli", "__main__", "__init__"}  # the command line wires every side together
+
+
+def _side(module: str) -> str:
+    """``agent``, ``aggregator``, ``offline``, ``tools`` or ``core`` for ``fiomon.x[.y]``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in SIDES else "core"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every fiomon module ``path`` imports, at any depth of the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fiomon"):
+            found.add(node.module)
+            for alias in node.names:  # from fiomon.agent import follow
+                found.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("fiomon")}
+    return {m for m in found if _exists(m)}
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split(".")[1:])
+    return (PKG / rel).with_suffix(".py").exists() or (PKG / rel / "__init__.py").exists()
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        out.append((".".join(["fiomon", *parts]), path))
+    return out
+
+
+@pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
+def test_no_side_imports_another(module: str, path: Path) -> None:
+    if module.rsplit(".", maxsplit=1)[-1] in TOP and _side(module) == "core":
+        return
+    side = _side(module)
+    bad = sorted(m for m in _imports(path) if _side(m) in FORBIDDEN.get(side, set()))
+    assert not bad, f"{module} ({side}) imports {bad}"
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("fiomon.offline.summary", "prometheus_client"),  # offline needs no exporter
+        ("fiomon.offline.report", "aiomqtt"),
+        ("fiomon.aggregator.alerts", "yaml"),  # rules are data; YAML is the loader's
+        ("fiomon.wire", "aiomqtt"),
+    ],
+)
+def test_modules_import_alone_without_what_they_do_not_need(module: str, absent: str) -> None:
+    code = f"import sys, {module}; print({absent!r} in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False", f"importing {module} loads {absent}"
