@@ -59,8 +59,9 @@ import yaml
 from fiomon.offline.sources import FileSource, SourceOptions
 from tests.agent.agentkit import json_total_ios, report_samples
 from tests.conftest import DEADLINE_S, free_port, until
+from tests.metricskit import query, scrape
 from tests.test_deploy_mosquitto import Broker, stock_broker_running, under
-from tests.test_e2e import query, received
+from tests.test_e2e import received
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -267,15 +268,10 @@ async def wait_http(url: str, what: str) -> None:
 
 def rule_evaluations(prom_port: int) -> dict[str, float]:
     """When each rule group was last evaluated (Unix s), from Prometheus' own metrics."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
     return {
-        s.labels["rule_group"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "prometheus_rule_group_last_evaluation_timestamp_seconds"
+        dict(labels)["rule_group"]: value
+        for (name, labels), value in scrape(prom_port, 10).items()
+        if name == "prometheus_rule_group_last_evaluation_timestamp_seconds"
     }
 
 

@@ -24,8 +24,6 @@ import re
 import shutil
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ import pytest
 from fiomon.offline.sources import FileSource, SourceOptions
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.groundtruth import Truth, relative_errors
+from tests.metricskit import query, scrape, total, wait_http
 from tests.test_deploy_prometheus import _grafana_to_promql, dashboard_exprs, rule_exprs
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -80,19 +79,6 @@ def fio_command(tmp: Path, host: str) -> list[str]:
     ]  # fmt: skip
 
 
-def query(port: int, expr: str, at: float | None = None) -> list[dict[str, object]]:
-    """An instant query, now or ``at`` a Unix time (s)."""
-    params: dict[str, str | float] = {"query": expr}
-    if at is not None:
-        params["time"] = at
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.loads(r.read())
-    assert doc["status"] == "success", (expr, doc)
-    result: list[dict[str, object]] = doc["data"]["result"]
-    return result
-
-
 def lhs(expr: str) -> str:
     """An alert expression without its top-level comparison (what must return data)."""
     depth = 0
@@ -102,16 +88,6 @@ def lhs(expr: str) -> str:
         if (depth == 0 and expr[i : i + 3] in (" > ", " < ")) or expr[i : i + 4] == " == ":
             return expr[:i]
     return expr
-
-
-async def _wait_http(url: str, seconds: float = DEADLINE_S) -> None:
-    async with asyncio.timeout(seconds):
-        while True:
-            try:
-                await asyncio.to_thread(urllib.request.urlopen, url, None, 2)
-                return
-            except OSError:
-                await asyncio.sleep(0.2)
 
 
 @pytest.mark.fio
@@ -165,8 +141,8 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
                 "flush_interval: 200ms\nheartbeat_interval: 1s\n"
             )
             await start(sys.executable, "-m", "fiomon", "agent", "--config", str(cfg))
-        await _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
-        await _wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
+        await wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
+        await wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
         # Every agent up before fio starts: one that is still starting when the others'
         # records have closed the first quanta would find its own records late.
         for host in HOSTS:
@@ -325,17 +301,7 @@ def stream_records(tmp: Path) -> int:
 
 def received(port: int) -> float:
     """The aggregator's count of records received."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "fiomon_records_total" and s.labels.get("result") == "received"
-    )
+    return total(scrape(port, 10), "fiomon_records_total", result="received")
 
 
 def placed_truth(

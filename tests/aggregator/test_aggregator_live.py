@@ -8,7 +8,6 @@ import json
 import logging
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import aiomqtt
@@ -26,6 +25,7 @@ from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.livedata import write_json_stream
+from tests.metricskit import scrape, scrape_or_none
 
 PREFIX = "fiomonlive"
 
@@ -304,26 +304,6 @@ def _fio_args(fio: str, tmp: Path, host: str, slow_phase: bool) -> list[str]:
     ]
 
 
-def _scrape_or_none(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
-    """:func:`_scrape`, or None while nothing answers on ``port``."""
-    try:
-        return _scrape(port, timeout=2)
-    except OSError:
-        return None
-
-
-def _scrape(port: int, timeout: float = 20) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    url = f"http://127.0.0.1:{port}/metrics"
-    text = urllib.request.urlopen(url, timeout=timeout).read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 @pytest.mark.fio
 async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
     mosquitto: Mosquitto, tmp_path: Path, fio_bin: str, caplog: pytest.LogCaptureFixture
@@ -354,7 +334,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
     m: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     try:
         # /metrics up (its server process starts beside the aggregator) before the run
-        await until(lambda: _scrape_or_none(port) is not None, what="/metrics served")
+        await until(lambda: scrape_or_none(port) is not None, what="/metrics served")
         fios = [
             await asyncio.create_subprocess_exec(
                 *_fio_args(fio_bin, tmp_path, h, slow_phase=(h == "client-01")),
@@ -365,7 +345,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
         ]
         while any(f.returncode is None for f in fios):
             await asyncio.sleep(0.5)
-            m = await asyncio.to_thread(_scrape, port)
+            m = await asyncio.to_thread(scrape, port)
             breach.append(m.get(BREACH, -1))
             p99.append(
                 m.get(
@@ -384,7 +364,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
             if asyncio.get_running_loop().time() > deadline:
                 break  # the asserts below say which part did not happen
             await asyncio.sleep(0.5)
-            m = await asyncio.to_thread(_scrape, port)
+            m = await asyncio.to_thread(scrape, port)
             breach.append(m.get(BREACH, -1))
         final = m
     finally:
@@ -474,7 +454,7 @@ async def test_bad_payloads_over_a_real_broker_are_counted_and_the_rest_flows(
             ),
             what="the last two records received, the old one late, a second quantum closed",
         )
-        m = await asyncio.to_thread(_scrape, port)
+        m = await asyncio.to_thread(scrape, port)
     stop.set()
     await asyncio.wait_for(aggregator, DEADLINE_S)
     invalid = {

@@ -11,7 +11,6 @@ import signal
 import socket
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import aiomqtt
@@ -26,20 +25,9 @@ from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
 from tests.aggregator.test_aggregator_live import _agent, offline_report, replay_logs
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
+from tests.metricskit import scrape
 
 PREFIX = "fiomonsvc"
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    url = f"http://127.0.0.1:{port}/metrics"
-    text = urllib.request.urlopen(url, timeout=20).read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 async def _retained(port: int, topic: str) -> bytes:
@@ -61,7 +49,7 @@ async def _serving(port: int, timeout_s: float = DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            await asyncio.to_thread(_scrape, port)
+            await asyncio.to_thread(scrape, port)
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -272,7 +260,7 @@ async def test_hostile_retained_statuses_are_counted_at_every_start(
         agg = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
         await _publish_seconds(mosquitto.port, ["h1"], 2)
         await asyncio.sleep(0.5)
-        m = await asyncio.to_thread(_scrape, port)
+        m = await asyncio.to_thread(scrape, port)
         stop.set()
         await asyncio.wait_for(agg, 30)
         invalid = {
@@ -315,10 +303,10 @@ async def test_sighup_reloads_rules_and_log_level_and_says_what_it_did(
             # /metrics is served by a child process from the latest snapshot: the new
             # rules show within a snapshot interval (about a second), not at once.
             await until(
-                lambda: ("fiomon_sla_breaches_total", (("rule", "b"),)) in _scrape(port),
+                lambda: ("fiomon_sla_breaches_total", (("rule", "b"),)) in scrape(port),
                 what="rule b on /metrics after the reload",
             )
-            m = await asyncio.to_thread(_scrape, port)
+            m = await asyncio.to_thread(scrape, port)
             assert ("fiomon_sla_breaches_total", (("rule", "a"),)) not in m
             cfg.write_text(base + "webhook: {url: 'alertmanager:9093', timeout: 10m}\n")
             proc.send_signal(signal.SIGHUP)
@@ -389,13 +377,13 @@ async def test_two_aggregators_on_one_client_id_do_not_flap(
         await _publish_seconds(mosquitto.port, ["h1", "h2"], 8)
         await until(
             lambda: (
-                _scrape(ports[1]).get(("fiomon_records_total", (("result", "received"),)))
+                scrape(ports[1]).get(("fiomon_records_total", (("result", "received"),)))
                 == 2 * 2 * 8
             ),
             what="every record received by the newer aggregator",
         )
-        first = await asyncio.to_thread(_scrape, ports[0])
-        second = await asyncio.to_thread(_scrape, ports[1])
+        first = await asyncio.to_thread(scrape, ports[0])
+        second = await asyncio.to_thread(scrape, ports[1])
     finally:
         for p in procs:
             p.terminate()
@@ -449,7 +437,7 @@ async def test_a_pause_longer_than_the_lateness_closes_no_quantum_early(
         last_end = int(time.time()) * 1000
         deadline = time.monotonic() + 30
         while True:  # until the last second's quantum is closed
-            m = await asyncio.to_thread(_scrape, port)
+            m = await asyncio.to_thread(scrape, port)
             if m.get(("fiomon_quantum_end_timestamp_seconds", ()), 0) * 1000 >= last_end:
                 break
             assert time.monotonic() < deadline, "the last quantum never closed"

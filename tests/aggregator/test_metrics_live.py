@@ -15,8 +15,6 @@ import json
 import shutil
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import aiomqtt
@@ -28,6 +26,7 @@ from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from tests.aggregator.test_aggregator_service import PREFIX, _publish_seconds
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
+from tests.metricskit import parse_samples, query, scrape_text, wait_http
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PER_QUANTUM = (
@@ -39,25 +38,8 @@ PER_QUANTUM = (
 )
 
 
-def _text(port: int) -> str:
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body: bytes = r.read()
-    return body.decode()
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
-
-
 def _names(text: str) -> set[str]:
-    return {name for name, _ in _samples(text)}
+    return {name for name, _ in parse_samples(text)}
 
 
 def _promtool_findings(promtool: str, text: str) -> str:
@@ -66,25 +48,6 @@ def _promtool_findings(promtool: str, text: str) -> str:
     )
     out = (r.stdout + r.stderr).strip()
     return f"exit {r.returncode}: {out}" if r.returncode or out else ""
-
-
-def _query(port: int, expr: str) -> list[dict[str, object]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.loads(r.read())
-    assert doc["status"] == "success", (expr, doc)
-    result: list[dict[str, object]] = doc["data"]["result"]
-    return result
-
-
-async def _wait_http(url: str) -> None:
-    async with asyncio.timeout(DEADLINE_S):
-        while True:
-            try:
-                await asyncio.to_thread(urllib.request.urlopen, url, None, 2)
-                return
-            except OSError:
-                await asyncio.sleep(0.2)
 
 
 async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
@@ -125,8 +88,8 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
     stop = asyncio.Event()
     agg = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
     try:
-        await _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
-        await _wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
+        await wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
+        await wait_http(f"http://127.0.0.1:{metrics_port}/metrics")
         await until(lambda: cores and cores[0].broker_connected, what="aggregator connected")
         core = cores[0]
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="status-h3") as c:
@@ -137,7 +100,7 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
 
         # -- active: every family there, promtool finds nothing -------------------------
         async def text_now() -> str:
-            return await asyncio.to_thread(_text, metrics_port)
+            return await asyncio.to_thread(scrape_text, metrics_port, 10)
 
         text = ""
         deadline = asyncio.get_running_loop().time() + DEADLINE_S
@@ -146,7 +109,7 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
             await asyncio.sleep(0.2)
             text = await text_now()
         assert not _promtool_findings(promtool, text), _promtool_findings(promtool, text)
-        s = _samples(text)
+        s = parse_samples(text)
         py = next(dict(k[1])["python"] for k in s if k[0] == "fiomon_build_info")
         assert s[("fiomon_build_info", (("python", py), ("version", __version__)))] == 1.0
         assert s[("fiomon_broker_connected", ())] == 1.0
@@ -158,11 +121,11 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         p99 = (("direction", "read"), ("percentile", "99"))
         assert s[("fiomon_cluster_latency_percentile_seconds", p99)] > 0
         await until(
-            lambda: _query(prom_port, 'ALERTS{alertname="FiomonSLABreach",alertstate="firing"}'),
+            lambda: query(prom_port, 'ALERTS{alertname="FiomonSLABreach",alertstate="firing"}'),
             what="Prometheus fires FiomonSLABreach during the run",
         )
         assert await asyncio.to_thread(
-            _query, prom_port, "fiomon_cluster_latency_percentile_seconds"
+            query, prom_port, "fiomon_cluster_latency_percentile_seconds"
         )
         await publisher
 
@@ -171,12 +134,12 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         # /metrics comes from the child process, which may serve the previous rendering
         # for up to 2 s after a newer snapshot: wait for the idle one.
         await until(
-            lambda: not [n for n in PER_QUANTUM if n in _names(_text(metrics_port))],
+            lambda: not [n for n in PER_QUANTUM if n in _names(scrape_text(metrics_port, 10))],
             what="per-quantum series withdrawn from /metrics",
         )
         text = await text_now()
         names = _names(text)
-        s = _samples(text)
+        s = parse_samples(text)
         assert s[("fiomon_benchmark_active", ())] == 0.0
         assert s[("fiomon_sla_breach", (("host", ""), ("rule", "p50-read")))] == 0.0
         assert s[("fiomon_sla_breaches_total", (("rule", "p50-read"),))] == 1.0
@@ -186,13 +149,13 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         # Prometheus: the withdrawn series are stale at once, the alert resolved, and no
         # rule fires or waits (idle is no incident).
         await until(
-            lambda: _query(prom_port, "fiomon_benchmark_active == 0"),
+            lambda: query(prom_port, "fiomon_benchmark_active == 0"),
             what="Prometheus scrapes the idle state",
         )
         for expr in PER_QUANTUM:
-            assert not await asyncio.to_thread(_query, prom_port, expr), f"{expr} is stale"
+            assert not await asyncio.to_thread(query, prom_port, expr), f"{expr} is stale"
         await until(
-            lambda: not _query(prom_port, "ALERTS"),
+            lambda: not query(prom_port, "ALERTS"),
             what="no alert firing or pending once idle",
         )
     finally:
