@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fiomon import __version__
-from fiomon.align import parse_align, parse_duration_ms
+from fiomon.align import parse_align
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
@@ -29,6 +29,7 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
+from fiomon.units import parse_duration_ms
 from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
@@ -521,8 +522,8 @@ def _when_ms(text: str) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from fiomon.config import parse_latency_ns  # noqa: PLC0415
     from fiomon.offline.summary import Filters, HistBins, bins_from_yaml, main_summary  # noqa: PLC0415
+    from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     try:
         bins: HistBins | None = None
@@ -898,8 +899,8 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from fiomon.config import parse_latency_ns  # noqa: PLC0415
     from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+    from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     try:
         kind = plot_kind(args.output)

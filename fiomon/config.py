@@ -19,47 +19,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fiomon.align import Align, parse_align, parse_duration_ms
+from fiomon.align import Align, parse_align
 from fiomon.errors import ConfigError
+from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
 T = TypeVar("T")
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: object, *, what: str) -> int:
-    """Bytes from ``65536``, ``256KiB``, ``64MiB`` or ``1GB``.
-
-    Raises:
-        ConfigError: not a size.
-    """
-    if isinstance(value, bool):
-        msg = f"{what}: expected a size such as 64MiB, got {value!r}"
-        raise ConfigError([msg])
-    if isinstance(value, int):
-        if value < 0:
-            msg = f"{what}: must not be negative, got {value}"
-            raise ConfigError([msg])
-        return value
-    m = _SIZE_RE.match(str(value))
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _SIZE_UNITS:
-        msg = f"{what}: expected a size such as 64MiB or 256KiB, got {value!r}"
-        raise ConfigError([msg])
-    return round(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 def _default_host() -> str:
@@ -716,28 +680,7 @@ def _listen(value: object, where: str) -> str:
 
 
 def _threshold_ns(value: object, where: str) -> float:
-    text = str(value).strip().lower()
-    units = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
-    for suffix in ("ns", "us", "µs", "ms", "s"):
-        if text.endswith(suffix):
-            try:
-                v = float(text[: -len(suffix)]) * units[suffix]
-            except ValueError:
-                break
-            if v > 0:
-                return v
-            break
-    msg = f"{where}: expected a latency with units such as 5ms or 500us, got {value!r}"
-    raise ConfigError([msg])
-
-
-def parse_latency_ns(value: object, *, what: str) -> float:
-    """A latency with units (``5ms``, ``500us``, ``2s``) in ns.
-
-    Raises:
-        ConfigError: no number with a unit.
-    """
-    return _threshold_ns(value, what)
+    return parse_latency_ns(value, what=where)
 
 
 def _choice(*options: str) -> Callable[[object, str], str]:
