@@ -16,35 +16,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.errors import ConfigError
+from fiomon.units import parse_duration_ms
 
 AlignMode = Literal["epoch", "auto"]
 Align = AlignMode | int  # an int is a fixed offset in ms
-
-
-def parse_duration_ms(text: str, *, what: str) -> int:
-    """Parse ``1s``, ``250ms``, ``2m``, ``1.5s`` or a bare number of seconds, to ms.
-
-    Raises:
-        ConfigError: the text is no duration or not a whole number of ms.
-    """
-    units = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-    t = text.strip().lower()
-    for suffix in sorted(units, key=len, reverse=True):
-        if t.endswith(suffix):
-            number, scale = t[: -len(suffix)], units[suffix]
-            break
-    else:
-        number, scale = t, 1000
-    try:
-        value = float(number) * scale
-    except ValueError:
-        msg = f"{what}: {text!r} is not a duration (try 1s, 250ms, 2m)"
-        raise ConfigError([msg]) from None
-    if value < 0 or value != round(value):
-        msg = f"{what}: {text!r} must be a non-negative whole number of milliseconds"
-        raise ConfigError([msg])
-    return round(value)
 
 
 def parse_align(text: str) -> Align:

@@ -1,5 +1,11 @@
 """The ``fiomon`` command line: one entry point, subcommands (DESIGN.md "Command line").
 
+Each subcommand is an adder (its flags) and a handler (what it runs), both named in
+:data:`COMMANDS`. Flags are checked where argparse reads them, so a handler gets valid
+values: durations carry units and are converted by one function, levels and fractions by
+another. ``report``, ``plot``, ``summary`` and ``fit`` read fio's outputs through the same
+input flags (:func:`_add_input_options`).
+
 Exit codes: 0 success; 1 the input held nothing usable or a strict parse failed; 2 a usage
 or configuration error.
 """
@@ -7,16 +13,17 @@ or configuration error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from fiomon import __version__
-from fiomon.align import parse_align, parse_duration_ms
+from fiomon.align import parse_align
+from fiomon.bins import MAX_GROUP_NR, MIN_GROUP_NR
+from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
@@ -29,10 +36,36 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
+from fiomon.units import parse_duration_ms
 from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
     from fiomon.config import AgentConfig, AggregatorConfig
+    from fiomon.offline.summary import HistBins
+
+    # argparse's own type (subscriptable only for type checkers)
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the input held nothing usable, a strict parse failed, a service failed
+EXIT_USAGE = 2  # a bad flag or configuration
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
+
+# Defaults of the flags, named where a handler or a help text needs them too.
+QUANTUM = "1s"  # report, plot, fit --per-quantum
+MAX_SPAN = "60s"  # --target-error's longest span
+REPORT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9, 99.99)
+HIST_BINS = 12  # summary's text histogram
+HIST_SCALE: Literal["log", "linear"] = "log"
+MAX_TARGET_ERROR = 10.0  # a relative error of 1000 %: anything larger is a typo
+MAX_POINTS = 2000  # plot: longest series before down-sampling
+MIN_POINTS = 10
+DEMO_HOSTS = 8
+DEMO_JOBS = 4
+DEMO_MIN_DURATION = "3s"  # the demo needs a few quanta to show anything
+FIO_QUANTUM = "1s"
 
 REPORT_EPILOG = """\
 inputs:
@@ -59,6 +92,65 @@ examples:
   fiomon plot --percentiles 50,99,99.9 --directions read results/*.log -o run.png
 """
 
+# -- converters: each turns a flag's text into its value or names the flag in the error ----
+
+
+def _duration(flag: str, *, minimum: str = "1ms") -> Callable[[str], int]:
+    """A duration flag (``1s``, ``250ms``, ``2m``; a bare number is seconds) in ms."""
+    least = parse_duration_ms(minimum, what=flag)
+
+    def parse(text: str) -> int:
+        try:
+            ms = parse_duration_ms(text, what=flag)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if ms < least:
+            msg = f"{flag}: must be at least {minimum}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return ms
+
+    return parse
+
+
+def _ratio(flag: str, *, below: float, expected: str) -> Callable[[str], float]:
+    """A number in ``(0, below)``, written ``0.95`` or ``95%``."""
+
+    def parse(text: str) -> float:
+        t = text.strip()
+        try:
+            v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+        except ValueError:
+            v = float("nan")
+        if not 0.0 < v < below:
+            msg = f"{flag}: expected {expected}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return v
+
+    return parse
+
+
+_level = _ratio("--confidence-level", below=1.0, expected="a level such as 0.95 or 95%")
+_fraction = _ratio(
+    "--target-error", below=MAX_TARGET_ERROR, expected="a relative error such as 5% or 0.05"
+)
+
+
+def _int_in(flag: str, lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An integer flag in ``[lo, hi]`` (no upper bound if ``hi`` is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = lo - 1
+        if v < lo or (hi is not None and v > hi):
+            bounds = f"at least {lo}" if hi is None else f"in {lo}..{hi}"
+            msg = f"{flag}: expected an integer {bounds}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return v
+
+    return parse
+
 
 def _percentiles(text: str) -> tuple[float, ...]:
     try:
@@ -70,32 +162,6 @@ def _percentiles(text: str) -> tuple[float, ...]:
         msg = f"--percentiles: values must be in (0, 100], got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return tuple(sorted(set(qs)))
-
-
-def _level(text: str) -> float:
-    """A confidence level: ``0.95`` or ``95%``, strictly between 0 and 1."""
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 < v < 1.0:
-        msg = f"--confidence-level: expected a level such as 0.95 or 95%, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return v
-
-
-def _fraction(text: str) -> float:
-    """A relative error: ``5%`` or ``0.05``, above 0."""
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 < v < 10.0:
-        msg = f"--target-error: expected a relative error such as 5% or 0.05, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return v
 
 
 def _directions(text: str) -> tuple[str, ...]:
@@ -114,26 +180,126 @@ def _host_from(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _duration(what: str) -> type:
-    class _D:
-        def __new__(cls, text: str) -> int:  # type: ignore[misc]
-            try:
-                return parse_duration_ms(text, what=what)
-            except ConfigError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
+def _when_ms(text: str) -> int:
+    """ISO 8601 time, epoch seconds, or seconds since the job start, to ms."""
+    from datetime import UTC, datetime  # noqa: PLC0415
 
-    return _D
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError:
+            msg = f"{text!r} is no time (ISO 8601, epoch seconds, or seconds since start)"
+            raise argparse.ArgumentTypeError(msg) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return round(dt.timestamp() * 1000)
+    return round(value * 1000)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(
-        prog="fiomon",
-        description="Cluster-wide latency percentiles over time from fio's histograms.",
+def _csv(values: Sequence[float]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+# -- flags shared between subcommands ------------------------------------------------------
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """The inputs of ``report``, ``plot``, ``summary`` and ``fit``: fio's files, how to read.
+
+    :func:`_read_inputs` turns them into the files and the parsing options.
+    """
+    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
+    g = p.add_argument_group("input options")
+    choices = "; ".join(f"{k}: {v}" for k, v in SOURCE_HELP.items())
+    g.add_argument(
+        "--source",
+        choices=list(SOURCE_HELP),
+        default=None,
+        help="when a json+ status stream and the hist logs of the same jobs are both given "
+        f"(fio wrote both views), which to count: {choices}. Without it such inputs are "
+        "an error, since each I/O would be counted twice",
     )
-    p.add_argument("--version", action="version", version=f"fiomon {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    r = sub.add_parser(
+    g.add_argument(
+        "--directions",
+        type=_directions,
+        default=None,
+        metavar="D[,D]",
+        help=f"operations to show, from {','.join(ALL_DIRECTIONS)} (default: all of them; "
+        "report --format fiologparser: all only, as fiologparser_hist.py); --direction is "
+        "an older spelling",
+    )
+    # The spelling summary and fit had, kept so scripts that use it still run.
+    g.add_argument("--direction", dest="directions", type=_directions, help=argparse.SUPPRESS)
+    g.add_argument(
+        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    )
+    g.add_argument(
+        "--log-hist-msec",
+        type=_int_in("--log-hist-msec", 1),
+        default=None,
+        metavar="MS",
+        help="fio's log_hist_msec: the span of each direction's first record "
+        "(default: from --job-file, else the median spacing of the stamps)",
+    )
+    g.add_argument(
+        "--job-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="fio job file to read log_hist_msec from",
+    )
+    g.add_argument(
+        "--group-nr",
+        type=_int_in("--group-nr", MIN_GROUP_NR, MAX_GROUP_NR),
+        default=None,
+        metavar="N",
+        help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt "
+        f"({MIN_GROUP_NR}..{MAX_GROUP_NR}; default: detect from the column count)",
+    )
+    g.add_argument(
+        "--usbin",
+        action="store_true",
+        help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first bad line instead of counting and skipping it",
+    )
+
+
+def _add_percentiles(p: argparse.ArgumentParser, default: tuple[float, ...]) -> None:
+    p.add_argument(
+        "--percentiles",
+        type=_percentiles,
+        default=default,
+        metavar="P[,P]",
+        help=f"comma-separated percentiles (default {_csv(default)})",
+    )
+
+
+def _add_host_filter(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host", action="append", default=[], help="only this host (repeatable; see --host-from)"
+    )
+
+
+def _add_text_or_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="text for people (default) or json for scripts",
+    )
+
+
+# -- one adder per subcommand --------------------------------------------------------------
+
+
+def _add_report(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
         "report",
         help="percentiles over time from finished fio logs",
         description="Percentiles over time, per direction, from fio hist logs and json+ "
@@ -141,8 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=REPORT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _report_arguments(r)
-    pl = sub.add_parser(
+    _report_arguments(p)
+    return p
+
+
+def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
         "plot",
         help="charts of a finished run: interactive HTML, or PNG/SVG",
         description="The charts of `fiomon report` (same inputs and options): percentile "
@@ -153,177 +323,42 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=PLOT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _report_arguments(pl, plot=True)
-    dm = sub.add_parser(
-        "demo",
-        help="the live system on a simulated cluster (no setup needed)",
-        description="Simulate a cluster of fio clients (normal head + power-law tail "
-        "latencies) logging live; real agent code follows each host's logs and sends "
-        "wire-format messages through an in-process transport to the real aggregator, "
-        "which prints cluster percentiles per quantum, serves /metrics and evaluates an "
-        "SLA rule. A storage-node failure slows some hosts tenfold so the alert fires "
-        "and resolves.",
-    )
-    dm.add_argument("--hosts", type=int, default=8, help="simulated hosts (default 8)")
-    dm.add_argument("--jobs", type=int, default=4, help="fio jobs per host (default 4)")
-    dm.add_argument(
-        "--duration",
-        type=int,
-        default=None,
-        metavar="S",
-        help="run S seconds and exit 0 (default: until Ctrl-C, a failure every minute)",
-    )
-    dm.add_argument(
-        "--real-fio",
-        action="store_true",
-        help="run real fio jobs (json+ status every second) on temporary files instead of "
-        "the simulator; one host reads 8 MiB blocks for a quarter of the run",
-    )
-    dm.add_argument(
-        "--listen",
-        default="127.0.0.1:0",
-        metavar="HOST:PORT",
-        help="where /metrics is served (default: a free port on localhost)",
-    )
-    dm.add_argument(
-        "--keep",
+    _report_arguments(p, plot=True)
+    p.add_argument(
+        "-o",
+        "--output",
         type=Path,
-        default=None,
-        metavar="DIR",
-        help="write the simulated logs to DIR and keep them",
+        required=True,
+        metavar="FILE",
+        help="FILE.html (interactive, self-contained), FILE.png or FILE.svg",
     )
-    sm = sub.add_parser(
-        "summary",
-        help="per-operation I/O statistics of a run, with a latency histogram",
-        description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
-        "percentiles, IOPS and throughput per operation (read, write, trim, all), and a "
-        "text histogram on bins you choose, from fio hist logs and json+ status files.",
-        epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
-        "seconds, or seconds since the job start for relative-time logs",
+    p.add_argument(
+        "--sla",
+        action="append",
+        default=[],
+        metavar="LATENCY",
+        help="draw a threshold line at this latency, e.g. 5ms (repeatable)",
     )
-    sm.add_argument("logs", nargs="+", type=Path, metavar="LOG")
-    _source_option(sm)
-    sm.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
-    sm.add_argument(
-        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
+    p.add_argument("--title", default=None, help="page title (default: the first input)")
+    p.add_argument(
+        "--max-points",
+        type=_int_in("--max-points", MIN_POINTS),
+        default=MAX_POINTS,
+        metavar="N",
+        help="down-sample series longer than N quanta to N points, keeping each "
+        f"group's min and max (default {MAX_POINTS}, at least {MIN_POINTS})",
     )
-    sm.add_argument(
-        "--job", action="append", default=[], help="only streams whose name contains this"
-    )
-    sm.add_argument(
-        "--direction",
-        type=_directions,
-        default=ALL_DIRECTIONS,
-        metavar="D[,D]",
-        help="operations to report (default read,write,trim,all)",
-    )
-    sm.add_argument("--from", dest="from_", type=_when_ms, metavar="TIME", help="start")
-    sm.add_argument("--to", type=_when_ms, metavar="TIME", help="end")
-    sm.add_argument(
-        "--percentiles", type=_percentiles, default=(50.0, 90.0, 95.0, 99.0, 99.9, 99.99)
-    )
-    sm.add_argument("--hist-min", help="histogram start, e.g. 10us (default: around the data)")
-    sm.add_argument("--hist-max", help="histogram end, e.g. 100ms (default: around the data)")
-    sm.add_argument("--hist-bins", type=int, default=12, help="histogram bins (default 12)")
-    sm.add_argument("--hist-scale", choices=["log", "linear"], default="log")
-    sm.add_argument(
-        "--hist-config",
-        type=Path,
-        metavar="YAML",
-        help="histogram bins from a file: {min: 10us, max: 100ms, bins: 12, scale: log}",
-    )
-    sm.add_argument("--format", choices=["text", "json"], default="text")
-    sm.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
-    sm.add_argument("--group-nr", type=int, default=None, metavar="N")
-    sm.add_argument("--strict", action="store_true", help="a bad line is fatal")
-    ft = sub.add_parser(
-        "fit",
-        help="fit the latencies as a normal head plus a power-law tail",
-        description="Fit each operation's latency histogram as a normal head plus a "
-        "power-law tail (pivot by the smallest Kolmogorov-Smirnov distance, maximum "
-        "likelihood on fio's bins), compare the tail with lognormal, exponential and "
-        "Weibull fits, and report the tail share, the power-law exponent, every model's "
-        "KS distance and the winner.",
-    )
-    ft.add_argument("logs", nargs="+", type=Path, metavar="LOG")
-    _source_option(ft)
-    ft.add_argument(
-        "--direction",
-        type=_directions,
-        default=("read", "write", "trim", "all"),
-        metavar="D[,D]",
-        help="operations to fit (default read,write,trim,all)",
-    )
-    ft.add_argument(
-        "--per-quantum",
-        nargs="?",
-        const="1s",
-        default=None,
-        metavar="Q",
-        help="fit every quantum (default 1s) instead of the whole run",
-    )
-    ft.add_argument("--format", choices=["text", "json"], default="text")
-    ft.add_argument("--host", action="append", default=[], help="only this host (repeatable)")
-    ft.add_argument(
-        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
-    )
-    ft.add_argument("--log-hist-msec", type=int, default=None, metavar="MS")
-    ft.add_argument("--group-nr", type=int, default=None, metavar="N")
-    fi = sub.add_parser(
-        "fio",
-        help="run fio with the output fiomon needs, starting on a quantum boundary",
-        description="Run fio with a json+ status stream every second (the agent's live "
-        "source), hist logs and epoch timestamps, starting at the next whole quantum of the "
-        "wall clock so every host shares one phase. Put fio's own arguments after --.",
-        epilog="example: fiomon fio --output-dir /var/lib/fio/results -- job.fio",
-    )
-    fi.add_argument("--output-dir", type=Path, default=Path(), metavar="DIR")
-    fi.add_argument("--quantum", default="1s", help="start on a multiple of this (default 1s)")
-    fi.add_argument("fio_args", nargs=argparse.REMAINDER, metavar="-- FIO ARGS")
-    _service_parser(
-        sub,
-        "agent",
-        help="follow fio's output on this host and publish it over MQTT",
-        description="Follow fio json+ status files and hist logs matching the configured "
-        "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
-        "positions and the spool live in state_dir; SIGTERM stops cleanly.",
-    )
-    agg = _service_parser(
-        sub,
-        "aggregator",
-        help="merge every agent's records into live cluster percentiles, metrics and alerts",
-        description="Subscribe to the agents' records (persistent MQTT session), close quanta "
-        "on time, export Prometheus metrics on `listen`, append closed quanta to the quanta "
-        "file and evaluate the SLA rules. SIGTERM stops cleanly: open quanta stay in the "
-        "journal and the next start continues them. SIGHUP reloads the SLA rules, the "
-        "webhook and the log level.",
-    )
-    agg.add_argument(
-        "--final",
-        action="store_true",
-        help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
-    )
-    cc = sub.add_parser(
-        "check-config",
-        help="validate a configuration file and list every problem",
-        description="Validate an agent or aggregator configuration file (told apart by its "
-        "keys: an agent has `watch`); every bad key is listed with its path. Exit 0 if "
-        "valid, 2 if not.",
-    )
-    cc.add_argument("file", type=Path, metavar="FILE")
-    sub.add_parser("version", help="print the version")
     return p
 
 
 def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None:
-    """The inputs and options of ``report`` (``plot`` takes the same, minus ``--format``)."""
-    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
-    _source_option(p)
+    """The options of ``report`` (``plot`` takes the same, minus ``--format`` and ``--ci``)."""
+    _add_input_options(p)
     p.add_argument(
         "--quantum",
         type=_duration("--quantum"),
-        default=1000,
-        help="quantum length (default 1s; e.g. 250ms, 10s, 1m)",
+        default=QUANTUM,
+        help=f"quantum length (default {QUANTUM}; e.g. 250ms, 10s, 1m)",
     )
     p.add_argument(
         "--align",
@@ -332,25 +367,11 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         help="quantum phase: auto (match the records; default), epoch "
         "(multiples of the quantum) or an offset such as 250ms",
     )
-    p.add_argument(
-        "--percentiles",
-        type=_percentiles,
-        default=(50.0, 90.0, 99.0, 99.9),
-        help="comma-separated percentiles (default 50,90,99,99.9)",
-    )
-    p.add_argument(
-        "--directions",
-        type=_directions,
-        default=None,
-        help=f"rows to print, from {','.join(ALL_DIRECTIONS)} (default all of them)",
-    )
+    _add_percentiles(p, REPORT_PERCENTILES)
     p.add_argument(
         "--per-host",
         action="store_true",
         help="also print host-scope rows, one host per --host-from label",
-    )
-    p.add_argument(
-        "--host-from", type=_host_from, default="auto", metavar="MODE", help=HOST_FROM_HELP
     )
     if not plot:
         p.add_argument(
@@ -363,10 +384,10 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
     p.add_argument(
         "--confidence-level",
         type=_level,
-        default=0.95,
+        default=DEFAULT_LEVEL,
         metavar="LEVEL",
         help="level of each percentile's distribution-free confidence interval "
-        "(default 0.95; csv and jsonl always carry the intervals)",
+        f"(default {DEFAULT_LEVEL:g}; csv and jsonl always carry the intervals)",
     )
     if not plot:
         p.add_argument(
@@ -393,41 +414,13 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
     p.add_argument(
         "--max-span",
         type=_duration("--max-span"),
-        default=60_000,
-        help="longest span of --target-error (default 60s); a span that reaches it is "
-        "flagged (target_met false, '*' in the table)",
-    )
-    p.add_argument(
-        "--log-hist-msec",
-        type=int,
-        default=None,
-        metavar="MS",
-        help="fio's log_hist_msec: the span of each direction's first record "
-        "(default: from --job-file, else the median spacing of the stamps)",
-    )
-    p.add_argument(
-        "--job-file", type=Path, default=None, help="fio job file to read log_hist_msec from"
-    )
-    p.add_argument(
-        "--group-nr",
-        type=int,
-        default=None,
-        help="fio's FIO_IO_U_PLAT_GROUP_NR if fio was rebuilt (default: detect "
-        "from the column count)",
-    )
-    p.add_argument(
-        "--usbin",
-        action="store_true",
-        help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
-    )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="stop at the first bad line instead of counting and skipping it",
+        default=MAX_SPAN,
+        help=f"longest span of --target-error (default {MAX_SPAN}); a span that reaches it "
+        "is flagged (target_met false, '*' in the table)",
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=_int_in("--jobs", 0),
         default=0,
         metavar="N",
         help="parser threads (default: one per core, at most 2)",
@@ -446,123 +439,381 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         action="store_false",
         help="never show one (default: on a terminal, for inputs over 32 MB)",
     )
-    if plot:
-        p.add_argument(
-            "-o",
-            "--output",
-            type=Path,
-            required=True,
-            metavar="FILE",
-            help="FILE.html (interactive, self-contained), FILE.png or FILE.svg",
-        )
-        p.add_argument(
-            "--sla",
-            action="append",
-            default=[],
-            metavar="LATENCY",
-            help="draw a threshold line at this latency, e.g. 5ms (repeatable)",
-        )
-        p.add_argument("--title", default=None, help="page title (default: the first input)")
-        p.add_argument(
-            "--max-points",
-            type=int,
-            default=2000,
-            metavar="N",
-            help="down-sample series longer than N quanta to N points, keeping each "
-            "group's min and max (default 2000)",
-        )
 
 
-def _source_option(p: argparse.ArgumentParser) -> None:
-    choices = "; ".join(f"{k}: {v}" for k, v in SOURCE_HELP.items())
-    p.add_argument(
-        "--source",
-        choices=list(SOURCE_HELP),
-        default=None,
-        help="when a json+ status stream and the hist logs of the same jobs are both given "
-        f"(fio wrote both views), which to count: {choices}. Without it such inputs are "
-        "an error, since each I/O would be counted twice",
+def _add_demo(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "demo",
+        help="the live system on a simulated cluster (no setup needed)",
+        description="Simulate a cluster of fio clients (normal head + power-law tail "
+        "latencies) logging live; real agent code follows each host's logs and sends "
+        "wire-format messages through an in-process transport to the real aggregator, "
+        "which prints cluster percentiles per quantum, serves /metrics and evaluates an "
+        "SLA rule. A storage-node failure slows some hosts tenfold so the alert fires "
+        "and resolves.",
     )
+    p.add_argument(
+        "--hosts",
+        type=_int_in("--hosts", 1),
+        default=DEMO_HOSTS,
+        help=f"simulated hosts (default {DEMO_HOSTS})",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_int_in("--jobs", 1),
+        default=DEMO_JOBS,
+        help=f"fio jobs per host (default {DEMO_JOBS})",
+    )
+    p.add_argument(
+        "--duration",
+        type=_duration("--duration", minimum=DEMO_MIN_DURATION),
+        default=None,
+        metavar="S",
+        help="run S seconds (or a duration such as 2m; at least "
+        f"{DEMO_MIN_DURATION}) and exit 0 (default: until Ctrl-C, a failure every minute)",
+    )
+    p.add_argument(
+        "--real-fio",
+        action="store_true",
+        help="run real fio jobs (json+ status every second) on temporary files instead of "
+        "the simulator; one host reads 8 MiB blocks for a quarter of the run",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where /metrics is served (default: a free port on localhost)",
+    )
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the simulated logs to DIR and keep them",
+    )
+    return p
 
 
-def _inputs(
-    args: argparse.Namespace, name: str
-) -> tuple[list[Path], dict[str, frozenset[int]]] | None:
-    """The inputs to read after ``--source``, and the json+ jobs to skip.
+def _add_summary(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "summary",
+        help="per-operation I/O statistics of a run, with a latency histogram",
+        description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
+        "percentiles, IOPS and throughput per operation (read, write, trim, all), and a "
+        "text histogram on bins you choose, from fio hist logs and json+ status files.",
+        epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
+        "seconds, or seconds since the job start for relative-time logs",
+    )
+    _add_input_options(p)
+    _add_host_filter(p)
+    p.add_argument(
+        "--job", action="append", default=[], help="only streams whose name contains this"
+    )
+    p.add_argument("--from", dest="from_", type=_when_ms, metavar="TIME", help="start")
+    p.add_argument("--to", type=_when_ms, metavar="TIME", help="end")
+    _add_percentiles(p, SUMMARY_PERCENTILES)
+    p.add_argument("--hist-min", help="histogram start, e.g. 10us (default: around the data)")
+    p.add_argument("--hist-max", help="histogram end, e.g. 100ms (default: around the data)")
+    p.add_argument(
+        "--hist-bins",
+        type=_int_in("--hist-bins", 1),
+        default=None,
+        metavar="N",
+        help=f"histogram bins (default {HIST_BINS}; with --hist-min and --hist-max)",
+    )
+    p.add_argument(
+        "--hist-scale",
+        choices=["log", "linear"],
+        default=None,
+        help=f"histogram bin spacing (default {HIST_SCALE}; with --hist-min and --hist-max)",
+    )
+    p.add_argument(
+        "--hist-config",
+        type=Path,
+        metavar="YAML",
+        help="histogram bins from a file: {min: 10us, max: 100ms, bins: 12, scale: log}",
+    )
+    _add_text_or_json(p)
+    return p
 
-    None (a message printed) when the inputs overlap and ``--source`` was not given.
+
+def _add_fit(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "fit",
+        help="fit the latencies as a normal head plus a power-law tail",
+        description="Fit each operation's latency histogram as a normal head plus a "
+        "power-law tail (pivot by the smallest Kolmogorov-Smirnov distance, maximum "
+        "likelihood on fio's bins), compare the tail with lognormal, exponential and "
+        "Weibull fits, and report the tail share, the power-law exponent, every model's "
+        "KS distance and the winner.",
+    )
+    _add_input_options(p)
+    _add_host_filter(p)
+    p.add_argument(
+        "--per-quantum",
+        nargs="?",
+        type=_duration("--per-quantum"),
+        const=QUANTUM,
+        default=None,
+        metavar="Q",
+        help=f"fit every quantum (default {QUANTUM}) instead of the whole run",
+    )
+    _add_text_or_json(p)
+    return p
+
+
+def _add_fio(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "fio",
+        help="run fio with the output fiomon needs, starting on a quantum boundary",
+        description="Run fio with a json+ status stream every second (the agent's live "
+        "source), hist logs and epoch timestamps, starting at the next whole quantum of the "
+        "wall clock so every host shares one phase. Put fio's own arguments after --.",
+        epilog="example: fiomon fio --output-dir /var/lib/fio/results -- job.fio",
+    )
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path(),
+        metavar="DIR",
+        help="where fio writes its status stream and hist logs (default: here)",
+    )
+    p.add_argument(
+        "--quantum",
+        type=_duration("--quantum", minimum="0ms"),
+        default=FIO_QUANTUM,
+        help=f"start on a multiple of this (default {FIO_QUANTUM}; 0: at once)",
+    )
+    p.add_argument(
+        "fio_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- FIO ARGS",
+        help="fio's own arguments (job files, options), after --",
+    )
+    return p
+
+
+def _add_check_config(sub: SubParsers) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "check-config",
+        help="validate a configuration file and list every problem",
+        description="Validate an agent or aggregator configuration file (told apart by its "
+        "keys: an agent has `watch`); every bad key is listed with its path. Exit 0 if "
+        "valid, 2 if not.",
+    )
+    p.add_argument("file", type=Path, metavar="FILE", help="the YAML file")
+    return p
+
+
+def _add_version(sub: SubParsers) -> argparse.ArgumentParser:
+    return sub.add_parser("version", help="print the version")
+
+
+# -- handlers of the offline commands -------------------------------------------------------
+
+
+def _error(name: str, message: str) -> None:
+    print(f"fiomon {name}: {message}", file=sys.stderr)
+
+
+def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], SourceOptions] | int:
+    """The files to read after ``--source`` and how to parse them (the input flags).
+
+    Returns the exit code of a bad call instead, with a message printed.
     """
+    interval = args.log_hist_msec
+    if interval is None and args.job_file is not None:
+        try:
+            interval = interval_from_job_file(args.job_file)
+        except OSError as exc:
+            _error(name, f"--job-file: {exc}")
+            return EXIT_USAGE
+        if interval is not None and interval <= 0:
+            _error(name, "--log-hist-msec must be positive")
+            return EXIT_USAGE
     try:
         paths, notes, skips = choose_sources(args.logs, args.source)
     except OverlapError as exc:
-        print(f"fiomon {name}: {exc}", file=sys.stderr)
-        return None
+        _error(name, str(exc))
+        return EXIT_USAGE
     for note in notes:
-        print(f"fiomon {name}: {note}", file=sys.stderr)
-    return paths, skips
+        _error(name, note)
+    source = SourceOptions(
+        interval_ms=interval,
+        group_nr=args.group_nr,
+        unit="us" if args.usbin else None,
+        strict=args.strict,
+        skip_jobs=skips,
+    )
+    return paths, source
 
 
-def _when_ms(text: str) -> int:
-    """ISO 8601 time, epoch seconds, or seconds since the job start, to ms."""
-    from datetime import UTC, datetime  # noqa: PLC0415
+def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions, list[Path]] | int:
+    """The options and inputs of ``report`` or ``plot``, or the exit code of a bad call."""
+    try:
+        align = parse_align(args.align)
+    except ConfigError as exc:
+        _error(name, str(exc))
+        return EXIT_USAGE
+    fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
+    percentiles = args.percentiles
+    directions = args.directions or ALL_DIRECTIONS
+    target_pct = args.target_percentile
+    if target_pct is None:
+        target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
+    if args.target_error is not None:
+        if fmt == "fiologparser":
+            _error(
+                name,
+                "--target-error does not fit --format fiologparser (its columns have no "
+                "span); use table, csv or jsonl",
+            )
+            return EXIT_USAGE
+        if target_pct not in percentiles:
+            _error(
+                name,
+                f"--target-percentile {target_pct:g} is not among --percentiles "
+                f"{_csv(percentiles)}",
+            )
+            return EXIT_USAGE
+        if args.max_span < args.quantum:
+            _error(name, "--max-span must be at least --quantum")
+            return EXIT_USAGE
+    if fmt == "fiologparser":
+        # fiologparser_hist.py always prints the median, and without --directions only the
+        # mixed ("all") row.
+        percentiles = tuple(sorted({50.0, *percentiles}))
+        directions = args.directions or ("all",)
+    picked = _read_inputs(args, name)
+    if isinstance(picked, int):
+        return picked
+    logs, source = picked
+    opts = ReportOptions(
+        quantum_ms=args.quantum,
+        align=align,
+        percentiles=percentiles,
+        directions=directions,
+        directions_given=args.directions is not None,
+        per_host=args.per_host,
+        host_from=args.host_from,
+        fmt=fmt,
+        confidence_level=args.confidence_level,
+        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
+        target_error=args.target_error,
+        target_percentile=target_pct,
+        max_span_ms=args.max_span,
+        source=source,
+        workers=args.jobs,
+        progress=args.progress,
+    )
+    return opts, logs
+
+
+def _report(args: argparse.Namespace) -> int:
+    got = _report_options(args, "report")
+    if isinstance(got, int):
+        return got
+    opts, logs = got
+    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout))
+
+
+def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
+    """Run a report engine; its errors become messages and exit codes."""
+    try:
+        summary = run()
+    except ParseError as exc:
+        _error(name, f"{exc} (--strict)")
+        return EXIT_FAILED
+    except FiomonError as exc:
+        _error(name, str(exc))
+        return EXIT_FAILED
+    if summary.records == 0:
+        _error(name, "no histogram records in the input")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+    from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     try:
-        value = float(text)
-    except ValueError:
-        try:
-            dt = datetime.fromisoformat(text)
-        except ValueError:
-            msg = f"{text!r} is no time (ISO 8601, epoch seconds, or seconds since start)"
-            raise argparse.ArgumentTypeError(msg) from None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return round(dt.timestamp() * 1000)
-    return round(value * 1000)
+        kind = plot_kind(args.output)
+        sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
+    except (PlotError, ConfigError) as exc:
+        _error("plot", str(exc))
+        return EXIT_USAGE
+    got = _report_options(args, "plot")
+    if isinstance(got, int):
+        return got
+    opts, logs = got
+    title = args.title or (
+        logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
+    )
+    try:
+        return _engine_errors(
+            "plot",
+            lambda: run_plot(
+                logs,
+                opts,
+                args.output,
+                kind=kind,
+                title=title,
+                sla_ns=sla_ns,
+                max_points=args.max_points,
+            ),
+        )
+    except PlotError as exc:
+        _error("plot", str(exc))
+        return EXIT_FAILED
+
+
+def _summary_bins(args: argparse.Namespace) -> HistBins | int | None:
+    """The text histogram's bins of ``summary``, None (around the data), or an exit code."""
+    from fiomon.offline.summary import HistBins, bins_from_yaml  # noqa: PLC0415
+    from fiomon.units import parse_latency_ns  # noqa: PLC0415
+
+    try:
+        if args.hist_config is not None:
+            return bins_from_yaml(args.hist_config)
+        if args.hist_min is None and args.hist_max is None:
+            if args.hist_bins is not None or args.hist_scale is not None:
+                _error("summary", "--hist-bins/--hist-scale need --hist-min and --hist-max")
+                return EXIT_USAGE
+            return None
+        if args.hist_min is None or args.hist_max is None:
+            _error("summary", "give both --hist-min and --hist-max")
+            return EXIT_USAGE
+        return HistBins(
+            parse_latency_ns(args.hist_min, what="--hist-min"),
+            parse_latency_ns(args.hist_max, what="--hist-max"),
+            args.hist_bins or HIST_BINS,
+            args.hist_scale or HIST_SCALE,
+        )
+    except ConfigError as exc:
+        for p in exc.problems:
+            _error("summary", p)
+        return EXIT_USAGE
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from fiomon.config import parse_latency_ns  # noqa: PLC0415
-    from fiomon.offline.summary import Filters, HistBins, bins_from_yaml, main_summary  # noqa: PLC0415
+    from fiomon.offline.summary import Filters, main_summary  # noqa: PLC0415
 
-    try:
-        bins: HistBins | None = None
-        if args.hist_config is not None:
-            bins = bins_from_yaml(args.hist_config)
-        elif args.hist_min is not None or args.hist_max is not None:
-            if args.hist_min is None or args.hist_max is None:
-                print("fiomon summary: give both --hist-min and --hist-max", file=sys.stderr)
-                return 2
-            bins = HistBins(
-                parse_latency_ns(args.hist_min, what="--hist-min"),
-                parse_latency_ns(args.hist_max, what="--hist-max"),
-                args.hist_bins,
-                args.hist_scale,
-            )
-        elif args.hist_bins != 12 or args.hist_scale != "log":
-            print(
-                "fiomon summary: --hist-bins/--hist-scale need --hist-min and --hist-max",
-                file=sys.stderr,
-            )
-            return 2
-    except ConfigError as exc:
-        for p in exc.problems:
-            print(f"fiomon summary: {p}", file=sys.stderr)
-        return 2
+    bins = _summary_bins(args)
+    if isinstance(bins, int):
+        return bins
     filters = Filters(
         hosts=tuple(args.host),
         host_from=args.host_from,
         jobs=tuple(args.job),
-        directions=args.direction,
+        directions=args.directions or ALL_DIRECTIONS,
         from_ms=args.from_,
         to_ms=args.to,
     )
-    picked = _inputs(args, "summary")
-    if picked is None:
-        return 2
-    logs, skips = picked
-    source = SourceOptions(
-        interval_ms=args.log_hist_msec, group_nr=args.group_nr, strict=args.strict, skip_jobs=skips
-    )
+    picked = _read_inputs(args, "summary")
+    if isinstance(picked, int):
+        return picked
+    logs, source = picked
     try:
         return main_summary(
             logs,
@@ -573,38 +824,52 @@ def _summary(args: argparse.Namespace) -> int:
             fmt=args.format,
         )
     except ParseError as exc:
-        print(f"fiomon summary: {exc} (--strict)", file=sys.stderr)
-        return 1
+        _error("summary", f"{exc} (--strict)")
+        return EXIT_FAILED
 
 
 def _fit(args: argparse.Namespace) -> int:
     from fiomon.offline.fitcmd import run_fit  # noqa: PLC0415
     from fiomon.offline.summary import Filters  # noqa: PLC0415
 
-    quantum = None
-    if args.per_quantum is not None:
-        try:
-            quantum = parse_duration_ms(args.per_quantum, what="--per-quantum")
-        except ConfigError as exc:
-            print(f"fiomon fit: {exc}", file=sys.stderr)
-            return 2
-        if quantum <= 0:
-            print("fiomon fit: --per-quantum must be positive", file=sys.stderr)
-            return 2
-    picked = _inputs(args, "fit")
-    if picked is None:
-        return 2
-    logs, skips = picked
+    picked = _read_inputs(args, "fit")
+    if isinstance(picked, int):
+        return picked
+    logs, source = picked
     return run_fit(
         logs,
-        directions=args.direction,
-        source=SourceOptions(
-            interval_ms=args.log_hist_msec, group_nr=args.group_nr, skip_jobs=skips
-        ),
-        per_quantum_ms=quantum,
+        directions=args.directions or ALL_DIRECTIONS,
+        source=source,
+        per_quantum_ms=args.per_quantum,
         fmt=args.format,
         hosts=Filters(hosts=tuple(args.host), host_from=args.host_from),
     )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fiomon.tools.demo import run_demo  # noqa: PLC0415 - report runs need not import it
+
+    return run_demo(
+        hosts=args.hosts,
+        jobs=args.jobs,
+        seconds=None if args.duration is None else args.duration // 1000,
+        keep=args.keep,
+        listen=args.listen,
+        real_fio=args.real_fio,
+    )
+
+
+def _fio(args: argparse.Namespace) -> int:
+    from fiomon.tools.runfio import run_fio  # noqa: PLC0415
+
+    fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
+    return run_fio(fio_args, output_dir=args.output_dir, quantum_ms=max(1, args.quantum))
+
+
+def _version(args: argparse.Namespace) -> int:
+    del args
+    print(f"fiomon {__version__}")
+    return EXIT_OK
 
 
 # Environment variables of the services; a flag wins over its variable, which wins over
@@ -625,7 +890,7 @@ example configuration: config/{name}.example.yaml (installed in <venv>/share/fio
 
 
 def _service_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: SubParsers,
     name: str,
     *,
     help: str,
@@ -724,7 +989,7 @@ def _service(args: argparse.Namespace, name: str) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"fiomon {name}: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     for note in notes:
         logging.getLogger(f"fiomon.{name}").info("%s", note)
     if isinstance(cfg, config.AgentConfig):
@@ -743,14 +1008,14 @@ def _service(args: argparse.Namespace, name: str) -> int:
     try:
         asyncio.run(main_coro)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except asyncio.CancelledError:  # a second SIGTERM/SIGINT cut the stop short
-        return 1
+        return EXIT_FAILED
     # e.g. an unreadable password file, a taken port, a state directory in use
     except (ConfigError, OSError, RuntimeError) as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -785,154 +1050,84 @@ def _check_config(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"{args.file}: {text}")
-    return 0
+    return EXIT_OK
 
 
-def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions, list[Path]] | int:
-    """The options and inputs of ``report`` or ``plot``, or the exit code of a bad call."""
-    try:
-        align = parse_align(args.align)
-    except ConfigError as exc:
-        print(f"fiomon {name}: {exc}", file=sys.stderr)
-        return 2
-    interval = args.log_hist_msec
-    if interval is None and args.job_file is not None:
-        try:
-            interval = interval_from_job_file(args.job_file)
-        except OSError as exc:
-            print(f"fiomon {name}: --job-file: {exc}", file=sys.stderr)
-            return 2
-    if interval is not None and interval <= 0:
-        print(f"fiomon {name}: --log-hist-msec must be positive", file=sys.stderr)
-        return 2
-    if args.quantum <= 0:
-        print(f"fiomon {name}: --quantum must be positive", file=sys.stderr)
-        return 2
-    fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
-    percentiles = args.percentiles
-    directions = args.directions or ALL_DIRECTIONS
-    target_pct = args.target_percentile
-    if target_pct is None:
-        target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
-    if args.target_error is not None:
-        if fmt == "fiologparser":
-            print(
-                f"fiomon {name}: --target-error does not fit --format fiologparser (its "
-                "columns have no span); use table, csv or jsonl",
-                file=sys.stderr,
-            )
-            return 2
-        if target_pct not in percentiles:
-            print(
-                f"fiomon {name}: --target-percentile {target_pct:g} is not among "
-                f"--percentiles {','.join(f'{q:g}' for q in percentiles)}",
-                file=sys.stderr,
-            )
-            return 2
-        if args.max_span < args.quantum:
-            print(f"fiomon {name}: --max-span must be at least --quantum", file=sys.stderr)
-            return 2
-    if fmt == "fiologparser":
-        # fiologparser_hist.py always prints the median, and without --directions only the
-        # mixed ("all") row.
-        percentiles = tuple(sorted({50.0, *percentiles}))
-        directions = args.directions or ("all",)
-    opts = ReportOptions(
-        quantum_ms=args.quantum,
-        align=align,
-        percentiles=percentiles,
-        directions=directions,
-        directions_given=args.directions is not None,
-        per_host=args.per_host,
-        host_from=args.host_from,
-        fmt=fmt,
-        confidence_level=args.confidence_level,
-        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
-        target_error=args.target_error,
-        target_percentile=target_pct,
-        max_span_ms=args.max_span,
-        source=SourceOptions(
-            interval_ms=interval,
-            group_nr=args.group_nr,
-            unit="us" if args.usbin else None,
-            strict=args.strict,
-        ),
-        workers=args.jobs,
-        progress=args.progress,
+def _add_agent(sub: SubParsers) -> argparse.ArgumentParser:
+    return _service_parser(
+        sub,
+        "agent",
+        help="follow fio's output on this host and publish it over MQTT",
+        description="Follow fio json+ status files and hist logs matching the configured "
+        "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
+        "positions and the spool live in state_dir; SIGTERM stops cleanly.",
     )
-    picked = _inputs(args, name)
-    if picked is None:
-        return 2
-    logs, skips = picked
-    opts = dataclasses.replace(opts, source=dataclasses.replace(opts.source, skip_jobs=skips))
-    return opts, logs
 
 
-def _report(args: argparse.Namespace) -> int:
-    got = _report_options(args, "report")
-    if isinstance(got, int):
-        return got
-    opts, logs = got
-    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout))
-
-
-def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
-    """Run a report engine; its errors become messages and exit codes."""
-    try:
-        summary = run()
-    except ParseError as exc:
-        print(f"fiomon {name}: {exc} (--strict)", file=sys.stderr)
-        return 1
-    except FiomonError as exc:
-        print(f"fiomon {name}: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:  # bad layout options such as --group-nr 7
-        print(f"fiomon {name}: {exc}", file=sys.stderr)
-        return 2
-    if summary.records == 0:
-        print(f"fiomon {name}: no histogram records in the input", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _plot(args: argparse.Namespace) -> int:
-    from fiomon.config import parse_latency_ns  # noqa: PLC0415
-    from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
-
-    try:
-        kind = plot_kind(args.output)
-        sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
-    except (PlotError, ConfigError) as exc:
-        print(f"fiomon plot: {exc}", file=sys.stderr)
-        return 2
-    if args.max_points < 10:
-        print("fiomon plot: --max-points must be at least 10", file=sys.stderr)
-        return 2
-    got = _report_options(args, "plot")
-    if isinstance(got, int):
-        return got
-    opts, logs = got
-    title = args.title or (
-        logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
+def _add_aggregator(sub: SubParsers) -> argparse.ArgumentParser:
+    p = _service_parser(
+        sub,
+        "aggregator",
+        help="merge every agent's records into live cluster percentiles, metrics and alerts",
+        description="Subscribe to the agents' records (persistent MQTT session), close quanta "
+        "on time, export Prometheus metrics on `listen`, append closed quanta to the quanta "
+        "file and evaluate the SLA rules. SIGTERM stops cleanly: open quanta stay in the "
+        "journal and the next start continues them. SIGHUP reloads the SLA rules, the "
+        "webhook and the log level.",
     )
-    try:
-        return _engine_errors(
-            "plot",
-            lambda: run_plot(
-                logs,
-                opts,
-                args.output,
-                kind=kind,
-                title=title,
-                sla_ns=sla_ns,
-                max_points=args.max_points,
-            ),
-        )
-    except PlotError as exc:
-        print(f"fiomon plot: {exc}", file=sys.stderr)
-        return 1
+    p.add_argument(
+        "--final",
+        action="store_true",
+        help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
+    )
+    return p
+
+
+def _agent(args: argparse.Namespace) -> int:
+    return _service(args, "agent")
+
+
+def _aggregator(args: argparse.Namespace) -> int:
+    return _service(args, "aggregator")
+
+
+# -- the table of subcommands ---------------------------------------------------------------
+
+
+class Command(NamedTuple):
+    """A subcommand: the adder of its flags and the handler that runs it."""
+
+    add: Callable[[SubParsers], argparse.ArgumentParser]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
+    "report": Command(_add_report, _report),
+    "plot": Command(_add_plot, _plot),
+    "demo": Command(_add_demo, _demo),
+    "summary": Command(_add_summary, _summary),
+    "fit": Command(_add_fit, _fit),
+    "fio": Command(_add_fio, _fio),
+    "agent": Command(_add_agent, _agent),
+    "aggregator": Command(_add_aggregator, _aggregator),
+    "check-config": Command(_add_check_config, _check_config),
+    "version": Command(_add_version, _version),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(
+        prog="fiomon",
+        description="Cluster-wide latency percentiles over time from fio's histograms.",
+    )
+    p.add_argument("--version", action="version", version=f"fiomon {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS.values():
+        command.add(sub)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -943,52 +1138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. ``| head``) went away: stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 141
+        return EXIT_BROKEN_PIPE
 
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "plot":
-        return _plot(args)
-    if args.command == "demo":
-        if args.hosts < 1 or args.jobs < 1 or (args.duration is not None and args.duration < 3):
-            print("fiomon demo: --hosts and --jobs must be >= 1, --duration >= 3", file=sys.stderr)
-            return 2
-        from fiomon.tools.demo import run_demo  # noqa: PLC0415 - report runs need not import it
-
-        return run_demo(
-            hosts=args.hosts,
-            jobs=args.jobs,
-            seconds=args.duration,
-            keep=args.keep,
-            listen=args.listen,
-            real_fio=args.real_fio,
-        )
-    if args.command == "summary":
-        return _summary(args)
-    if args.command == "fit":
-        return _fit(args)
-    if args.command == "fio":
-        from fiomon.tools.runfio import run_fio  # noqa: PLC0415
-
-        fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
-        try:
-            quantum = parse_duration_ms(args.quantum, what="--quantum")
-        except ConfigError as exc:
-            print(f"fiomon fio: {exc}", file=sys.stderr)
-            return 2
-        return run_fio(fio_args, output_dir=args.output_dir, quantum_ms=max(1, quantum))
-    if args.command == "agent":
-        return _service(args, "agent")
-    if args.command == "aggregator":
-        return _service(args, "aggregator")
-    if args.command == "check-config":
-        return _check_config(args)
-    if args.command == "version":
-        print(f"fiomon {__version__}")
-        return 0
-    parser.print_help()
-    return 2
+    command = COMMANDS.get(args.command)
+    if command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    return command.run(args)

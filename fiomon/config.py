@@ -6,6 +6,11 @@ Each bad key, wrong type, bad unit or unknown key becomes one message naming its
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
 Nothing is read from the environment: the command line applies its overrides
 (flag > environment > file) with :func:`with_broker` and :func:`check_listen`.
+
+Every default is written once, on its dataclass. Each section of a file is one table,
+YAML key -> (dataclass field, converter): the table is the set of keys the section knows,
+and the loader passes only the keys a file sets, so an absent key takes the dataclass's
+default.
 """
 
 from __future__ import annotations
@@ -14,52 +19,21 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from fiomon.align import Align, parse_align, parse_duration_ms
+from fiomon.align import Align, parse_align
 from fiomon.errors import ConfigError
+from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-T = TypeVar("T")
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: object, *, what: str) -> int:
-    """Bytes from ``65536``, ``256KiB``, ``64MiB`` or ``1GB``.
-
-    Raises:
-        ConfigError: not a size.
-    """
-    if isinstance(value, bool):
-        msg = f"{what}: expected a size such as 64MiB, got {value!r}"
-        raise ConfigError([msg])
-    if isinstance(value, int):
-        if value < 0:
-            msg = f"{what}: must not be negative, got {value}"
-            raise ConfigError([msg])
-        return value
-    m = _SIZE_RE.match(str(value))
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _SIZE_UNITS:
-        msg = f"{what}: expected a size such as 64MiB or 256KiB, got {value!r}"
-        raise ConfigError([msg])
-    return round(float(m.group(1)) * _SIZE_UNITS[unit])
+DIRECTIONS = ("read", "write", "trim", "all")
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MQTT_PORT = 1883  # the broker's port by convention, plain TCP
+MQTTS_PORT = 8883  # and with TLS: the default port once ``broker.tls`` is set
 
 
 def _default_host() -> str:
@@ -101,7 +75,7 @@ class BrokerConfig:
     """
 
     host: str = "127.0.0.1"
-    port: int = 1883
+    port: int = MQTT_PORT
     tls: TlsConfig | None = None
     username: str | None = None
     password_file: Path | None = None
@@ -152,13 +126,166 @@ class AgentConfig:
     rename_grace_ms: int = 60_000
 
 
+@dataclass(frozen=True, slots=True)
+class SlaRule:
+    """One SLA rule: "p99 read above 5 ms for 3 quanta".
+
+    Args:
+        name: rule name (a label value: letters, digits, ``_ . -``).
+        direction: ``read``, ``write``, ``trim`` or ``all``.
+        percentile: which percentile, in (0, 100]; must be one the aggregator computes.
+        threshold_ns: the limit, in ns (configured with units: ``5ms``).
+        scope: ``cluster`` (one state) or ``host`` (one state per host).
+        for_quanta: consecutive breaching quanta before it fires.
+        min_samples: quanta with fewer I/Os are no evidence either way.
+        clear_ns: it clears below this (hysteresis), default 90 % of the threshold, or
+            the threshold itself with ``confidence`` (the interval is the hysteresis).
+        clear_for: consecutive clear quanta before it resolves (default ``for_quanta``).
+        confidence: weigh the evidence at this level (the aggregator's
+            ``confidence_level``): a quantum breaches only when the percentile's lower
+            confidence bound is above the threshold and is clear only when its upper
+            bound is below ``clear_ns``. None: the percentile's value decides.
+    """
+
+    name: str
+    direction: str
+    percentile: float
+    threshold_ns: float
+    scope: str = "cluster"
+    for_quanta: int = 3
+    min_samples: int = 100
+    clear_ns: float = 0.0
+    clear_for: int = 0
+    confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.confidence is not None and not 0.0 < self.confidence < 1.0:
+            msg = f"confidence must be in (0, 1), got {self.confidence}"
+            raise ValueError(msg)
+        if self.clear_ns <= 0:
+            clear = 1.0 if self.confidence is not None else 0.9
+            object.__setattr__(self, "clear_ns", clear * self.threshold_ns)
+        if self.clear_for <= 0:
+            object.__setattr__(self, "clear_for", self.for_quanta)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Alertmanager v2 endpoint (``POST <url>/api/v2/alerts``).
+
+    Args:
+        url: Alertmanager base URL, ``http://`` or ``https://`` with a host, e.g.
+            ``http://127.0.0.1:9093``.
+        timeout_ms: per request, 100 ms to 30 s (a hanging receiver holds the sender no
+            longer than this; it never holds closing).
+        resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
+            than the timeout.
+    """
+
+    url: str
+    timeout_ms: int = 5000
+    resend_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorConfig:
+    """The aggregator's configuration (``fiomon aggregator --config FILE``).
+
+    Args:
+        broker: the MQTT broker.
+        topic_prefix: subscribes to ``<prefix>/v1/+/records`` and ``.../status``.
+        client_id: fixed MQTT client id of the persistent session.
+        session_expiry_ms: how long the broker keeps queuing for us while we are away.
+        quantum_ms: quantum length.
+        lateness_ms: a quantum closes at the latest this long after its end.
+        align: ``epoch``, ``auto`` or a fixed offset in ms.
+        percentiles: percentiles computed and exported.
+        confidence_level: level of each percentile's distribution-free confidence
+            interval (``percentiles_ci_ns`` in the quanta file; SLA rules with
+            ``confidence``); None (``false`` in the file): no intervals.
+        per_host: also keep host scope (metrics and quanta file rows).
+        listen: ``host:port`` of ``/metrics``.
+        tls_cert: certificate for HTTPS on ``listen`` (with ``tls_key``).
+        tls_key: its key.
+        quanta_file: closed quanta as JSON lines, or None.
+        quanta_file_max_bytes: rotate past this size.
+        quanta_file_keep: rotated files kept.
+        max_hosts: hosts with their own scope and series; more are counted and merged
+            into cluster scope only.
+        max_streams: streams tracked for dedup; more are refused and counted.
+        max_open_quanta: quanta held open at once; more close the oldest early.
+        max_message_bytes: larger payloads are refused.
+        state_dir: where the journal of unclosed records lives (None: no journal).
+        sla: SLA rules.
+        alert_topic: retained MQTT topic with the alert states (default
+            ``<prefix>/v1/_aggregator/alerts``).
+        webhook: Alertmanager to notify, or None.
+        fit_tail: fit each closed quantum's cluster histogram (normal head + power-law
+            tail) and export the tail share and exponent (costs ~0.1 s per direction).
+        host_timeout_ms: a host counts in ``fiomon_hosts_up`` while it sent records or a
+            fresh online status within this long.
+        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
+            ``--log-level`` (default info). Reloaded on SIGHUP, with the SLA rules and the
+            webhook.
+    """
+
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic_prefix: str = "fiomon"
+    client_id: str = "fiomon-aggregator"
+    session_expiry_ms: int = 3_600_000
+    quantum_ms: int = 1000
+    lateness_ms: int = 5000
+    align: Align = "auto"
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    confidence_level: float | None = 0.95
+    per_host: bool = True
+    listen: str = DEFAULT_LISTEN
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    quanta_file: Path | None = None
+    quanta_file_max_bytes: int = 64 * 1024**2
+    quanta_file_keep: int = 5
+    max_hosts: int = 1000
+    max_streams: int = 100_000
+    max_open_quanta: int = 600
+    max_message_bytes: int = 1024**2
+    state_dir: Path | None = None
+    sla: tuple[SlaRule, ...] = ()
+    alert_topic: str = ""
+    webhook: WebhookConfig | None = None
+    fit_tail: bool = False
+    host_timeout_ms: int = 30_000
+    log_level: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.alert_topic:  # the one place its default is written: it follows the prefix
+            object.__setattr__(self, "alert_topic", f"{self.topic_prefix}/v1/_aggregator/alerts")
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        """``listen`` split into address and port."""
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 -- only if asked
+
+
+# -- reading: sections, tables and converters ---------------------------------------------
+
+Convert = Callable[[object, str], Any]
+"""Converts one YAML value found at a key path (the second argument), or raises
+:class:`ConfigError` with one message that starts with that path."""
+
+Table = dict[str, tuple[str, Convert]]
+"""One section's keys: YAML key -> (dataclass field, converter)."""
+
+
 class _Reader:
     """Reads typed values out of nested mappings, collecting problems with their paths."""
 
     def __init__(self) -> None:
         self.problems: list[str] = []
 
-    def section(self, data: object, path: str, known: set[str]) -> dict[str, Any]:
+    def section(self, data: object, path: str, known: Collection[str]) -> dict[str, Any]:
+        """``data`` as a mapping (empty if absent); each key not in ``known`` is a problem."""
         if data is None:
             return {}
         if not isinstance(data, dict):
@@ -171,22 +298,22 @@ class _Reader:
                 self.problems.append(f"{where}: unknown key (known here: {hint})")
         return data
 
-    def get(
-        self,
-        data: dict[str, Any],
-        path: str,
-        key: str,
-        convert: Callable[[object, str], T],
-        default: T,
-    ) -> T:
-        if key not in data or data[key] is None:
-            return default
-        where = f"{path}.{key}" if path else key
-        try:
-            return convert(data[key], where)
-        except ConfigError as exc:
-            self.problems.extend(exc.problems)
-            return default
+    def fields(self, data: dict[str, Any], path: str, table: Table) -> dict[str, Any]:
+        """The converted values of the keys of ``table`` that ``data`` sets, by field name.
+
+        An absent or null key is left out, so the dataclass default applies; a bad value
+        is a problem and left out too.
+        """
+        out: dict[str, Any] = {}
+        for key, (name, convert) in table.items():
+            if data.get(key) is None:
+                continue
+            where = f"{path}.{key}" if path else key
+            try:
+                out[name] = convert(data[key], where)
+            except ConfigError as exc:
+                self.problems.extend(exc.problems)
+        return out
 
     def require(self, data: dict[str, Any], path: str, key: str) -> None:
         if data.get(key) is None:
@@ -201,10 +328,6 @@ def _str(value: object, where: str) -> str:
     return value
 
 
-def _opt_str(value: object, where: str) -> str | None:
-    return _str(value, where)
-
-
 def _int_in(lo: int, hi: int) -> Callable[[object, str], int]:
     def conv(value: object, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -213,15 +336,6 @@ def _int_in(lo: int, hi: int) -> Callable[[object, str], int]:
         return value
 
     return conv
-
-
-def _opt_int_in(lo: int, hi: int) -> Callable[[object, str], int | None]:
-    conv = _int_in(lo, hi)
-
-    def opt(value: object, where: str) -> int | None:
-        return conv(value, where)
-
-    return opt
 
 
 def _bool(value: object, where: str) -> bool:
@@ -233,10 +347,6 @@ def _bool(value: object, where: str) -> bool:
 
 def _path(value: object, where: str) -> Path:
     return Path(_str(value, where)).expanduser()
-
-
-def _opt_path(value: object, where: str) -> Path | None:
-    return _path(value, where)
 
 
 def _duration_ms(minimum: int) -> Callable[[object, str], int]:
@@ -253,6 +363,29 @@ def _duration_ms(minimum: int) -> Callable[[object, str], int]:
     return conv
 
 
+def _whole_seconds(minimum_ms: int) -> Convert:
+    """A duration (``30s``) in whole seconds, for fields kept in seconds."""
+    conv = _duration_ms(minimum_ms)
+
+    def seconds(value: object, where: str) -> int:
+        return conv(value, where) // 1000
+
+    return seconds
+
+
+def _duration_between(lo: int, hi: int) -> Callable[[object, str], int]:
+    conv = _duration_ms(lo)
+
+    def between(value: object, where: str) -> int:
+        ms = conv(value, where)
+        if ms > hi:
+            msg = f"{where}: must be at most {hi} ms, got {value!r}"
+            raise ConfigError([msg])
+        return ms
+
+    return between
+
+
 def _size(minimum: int) -> Callable[[object, str], int]:
     def conv(value: object, where: str) -> int:
         n = parse_size(value, what=where)
@@ -262,6 +395,10 @@ def _size(minimum: int) -> Callable[[object, str], int]:
         return n
 
     return conv
+
+
+def _latency_ns(value: object, where: str) -> float:
+    return parse_latency_ns(value, what=where)
 
 
 def _globs(value: object, where: str) -> tuple[str, ...]:
@@ -293,6 +430,320 @@ def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[object, str], st
 
 _topic_prefix = _matching(_TOPIC_RE, "topic levels of letters, digits, '_', '.', '-'")
 _host = _matching(_HOST_RE, "1-128 letters, digits, '_', '.', '-' (a topic level)")
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_rule_name = _matching(_NAME_RE, "1-64 letters, digits, '_', '.', '-'")
+
+
+def _percentile_list(value: object, where: str) -> tuple[float, ...]:
+    items = value if isinstance(value, list) else None
+    if not items or not all(
+        isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 100 for q in items
+    ):
+        msg = f"{where}: expected a list of percentiles in (0, 100], got {value!r}"
+        raise ConfigError([msg])
+    return tuple(sorted({float(q) for q in items}))
+
+
+def _percentile_one(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+        msg = f"{where}: expected a percentile in (0, 100], got {value!r}"
+        raise ConfigError([msg])
+    return float(value)
+
+
+def _level(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        msg = f"{where}: expected a confidence level in (0, 1) such as 0.95, got {value!r}"
+        raise ConfigError([msg])
+    return float(value)
+
+
+def _level_or_off(value: object, where: str) -> float | None:
+    return None if value is False else _level(value, where)
+
+
+def _align(value: object, where: str) -> Align:
+    try:
+        return parse_align(str(value))
+    except ConfigError as exc:
+        raise ConfigError([f"{where}: {p}" for p in exc.problems]) from None
+
+
+def _listen(value: object, where: str) -> str:
+    text = _str(value, where)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        msg = f"{where}: expected host:port (e.g. {DEFAULT_LISTEN}), got {value!r}"
+        raise ConfigError([msg])
+    del host
+    return text
+
+
+def _choice(*options: str) -> Callable[[object, str], str]:
+    def conv(value: object, where: str) -> str:
+        if value not in options:
+            msg = f"{where}: expected one of {', '.join(options)}, got {value!r}"
+            raise ConfigError([msg])
+        return str(value)
+
+    return conv
+
+
+def _http_url(value: object, where: str) -> str:
+    text = _str(value, where).strip()
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        msg = f"{where}: expected an http:// or https:// URL with a host, got {value!r}"
+        raise ConfigError([msg])
+    try:
+        parts.port  # noqa: B018 -- raises ValueError for a bad port
+    except ValueError:
+        msg = f"{where}: bad port in {value!r}"
+        raise ConfigError([msg]) from None
+    return text
+
+
+# -- the sections ------------------------------------------------------------------------
+
+_TLS_KEYS: Table = {
+    "ca_file": ("ca_file", _path),
+    "cert_file": ("cert_file", _path),
+    "key_file": ("key_file", _path),
+    "insecure": ("insecure", _bool),
+}
+
+_BROKER_KEYS: Table = {
+    "host": ("host", _str),
+    "port": ("port", _int_in(1, 65535)),
+    "username": ("username", _str),
+    "password_file": ("password_file", _path),
+    "client_id": ("client_id", _str),
+    "keepalive": ("keepalive_s", _whole_seconds(1000)),
+}
+_BROKER_SECTIONS = ("tls",)
+
+_AGENT_KEYS: Table = {
+    "watch": ("watch", _globs),
+    "state_dir": ("state_dir", _path),
+    "topic_prefix": ("topic_prefix", _topic_prefix),
+    "host": ("host", _host),
+    "flush_interval": ("flush_interval_ms", _duration_ms(10)),
+    "poll_interval": ("poll_interval_ms", _duration_ms(10)),
+    "spool_size": ("spool_bytes", _size(1024**2)),
+    "max_message_size": ("max_message_bytes", _size(16 * 1024)),
+    "heartbeat_interval": ("heartbeat_interval_ms", _duration_ms(100)),
+    "log_hist_msec": ("log_hist_msec", _int_in(1, 3_600_000)),
+    "max_open_files": ("max_open_files", _int_in(4, 1_000_000)),
+    "max_line_size": ("max_line_bytes", _size(64 * 1024)),
+    "max_document_size": ("max_document_bytes", _size(1024**2)),
+    "rename_grace": ("rename_grace_ms", _duration_ms(0)),
+}
+_AGENT_SECTIONS = ("broker",)
+
+_SLA_KEYS: Table = {
+    "name": ("name", _rule_name),
+    "direction": ("direction", _choice(*DIRECTIONS)),
+    "percentile": ("percentile", _percentile_one),
+    "threshold": ("threshold_ns", _latency_ns),
+    "scope": ("scope", _choice("cluster", "host")),
+    "for": ("for_quanta", _int_in(1, 100_000)),
+    "min_samples": ("min_samples", _int_in(0, 10**12)),
+    "clear_below": ("clear_ns", _latency_ns),
+    "clear_for": ("clear_for", _int_in(1, 100_000)),
+    "confidence": ("confidence", _level),
+}
+_SLA_REQUIRED = ("name", "direction", "percentile", "threshold")
+
+_WEBHOOK_KEYS: Table = {
+    "url": ("url", _http_url),
+    "timeout": ("timeout_ms", _duration_between(100, 30_000)),
+    "resend": ("resend_ms", _duration_ms(1000)),
+}
+
+_AGGREGATOR_KEYS: Table = {
+    "topic_prefix": ("topic_prefix", _topic_prefix),
+    "client_id": ("client_id", _str),
+    "session_expiry": ("session_expiry_ms", _duration_ms(1000)),
+    "quantum": ("quantum_ms", _duration_ms(1)),
+    "lateness": ("lateness_ms", _duration_ms(0)),
+    "align": ("align", _align),
+    "percentiles": ("percentiles", _percentile_list),
+    "confidence_level": ("confidence_level", _level_or_off),
+    "per_host": ("per_host", _bool),
+    "listen": ("listen", _listen),
+    "tls_cert": ("tls_cert", _path),
+    "tls_key": ("tls_key", _path),
+    "quanta_file": ("quanta_file", _path),
+    "quanta_file_max_size": ("quanta_file_max_bytes", _size(4096)),
+    "quanta_file_keep": ("quanta_file_keep", _int_in(0, 1000)),
+    "max_hosts": ("max_hosts", _int_in(1, 10**6)),
+    "max_streams": ("max_streams", _int_in(1, 10**8)),
+    "max_open_quanta": ("max_open_quanta", _int_in(2, 10**6)),
+    "max_message_size": ("max_message_bytes", _size(1024)),
+    "state_dir": ("state_dir", _path),
+    "alert_topic": ("alert_topic", _topic_prefix),
+    "fit_tail": ("fit_tail", _bool),
+    "host_timeout": ("host_timeout_ms", _duration_ms(1000)),
+    "log_level": ("log_level", _choice(*LOG_LEVELS)),
+}
+_AGGREGATOR_SECTIONS = ("broker", "sla", "webhook")
+
+
+def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
+    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere."""
+    keys = _BROKER_KEYS
+    if not client_id:
+        keys = {k: v for k, v in _BROKER_KEYS.items() if k != "client_id"}
+        if isinstance(data, dict) and "client_id" in data:
+            # The aggregator's persistent session is named by its top-level client_id.
+            data = {k: v for k, v in data.items() if k != "client_id"}
+            r.problems.append("broker.client_id: the aggregator's id is the top-level client_id")
+    b = r.section(data, "broker", {*keys, *_BROKER_SECTIONS})
+    tls: TlsConfig | None = None
+    if b.get("tls") not in (None, False):
+        t = {} if b["tls"] is True else r.section(b["tls"], "broker.tls", _TLS_KEYS)
+        tls = TlsConfig(**r.fields(t, "broker.tls", _TLS_KEYS))
+        if (tls.cert_file is None) != (tls.key_file is None):
+            r.problems.append("broker.tls: cert_file and key_file go together")
+    values = r.fields(b, "broker", keys)
+    if tls is not None:
+        values.setdefault("port", MQTTS_PORT)
+    return BrokerConfig(tls=tls, **values)
+
+
+def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
+    """Validate a parsed YAML document as the agent's configuration.
+
+    Raises:
+        ConfigError: listing every problem, each with its key path.
+    """
+    r = _Reader()
+    top = r.section(data, "", {*_AGENT_KEYS, *_AGENT_SECTIONS})
+    r.require(top, "", "watch")
+    r.require(top, "", "state_dir")
+    broker = _broker(r, top.get("broker"))
+    # Stand-ins for a missing watch or state_dir (already a problem), so the checks below run.
+    values: dict[str, Any] = {"watch": (), "state_dir": Path(), **r.fields(top, "", _AGENT_KEYS)}
+    cfg = AgentConfig(broker=broker, **values)
+    if cfg.max_message_bytes > cfg.spool_bytes:
+        r.problems.append("max_message_size: must not exceed spool_size")
+    if r.problems:
+        raise ConfigError([f"{source}: {p}" for p in r.problems])
+    return cfg
+
+
+def _sla_rules(
+    r: _Reader, data: object, percentiles: tuple[float, ...], level: float | None
+) -> tuple[SlaRule, ...]:
+    """The ``sla`` list; ``percentiles`` and ``level`` are what the aggregator computes."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        r.problems.append(f"sla: expected a list of rules, got {data!r}")
+        return ()
+    rules: list[SlaRule] = []
+    names: set[str] = set()
+    for i, item in enumerate(data):
+        path = f"sla[{i}]"
+        d = r.section(item, path, _SLA_KEYS)
+        before = len(r.problems)
+        for key in _SLA_REQUIRED:
+            r.require(d, path, key)
+        values = r.fields(d, path, _SLA_KEYS)
+        pct = values.get("percentile")
+        if pct is not None and pct not in percentiles:
+            r.problems.append(
+                f"{path}.percentile: {pct:g} is not among the computed percentiles "
+                f"{', '.join(f'{q:g}' for q in percentiles)}"
+            )
+        name = values.get("name", "")
+        if name in names:
+            r.problems.append(f"{path}.name: duplicate rule name {name!r}")
+        names.add(name)
+        conf = values.get("confidence")
+        if conf is not None and conf != level:
+            # One level per quantum: the bounds are computed once, at confidence_level.
+            r.problems.append(
+                f"{path}.confidence: {conf:g} differs from confidence_level "
+                f"({'false' if level is None else f'{level:g}'}); the bounds are computed "
+                "at confidence_level, so set both to the same level"
+            )
+        if len(r.problems) == before:
+            rule = SlaRule(**values)
+            if rule.clear_ns > rule.threshold_ns:
+                r.problems.append(f"{path}.clear_below: must not exceed the threshold")
+            rules.append(rule)
+    return tuple(rules)
+
+
+def _webhook(r: _Reader, data: object) -> WebhookConfig | None:
+    """The ``webhook`` section, or None if the file has none."""
+    if data is None:
+        return None
+    w = r.section(data, "webhook", _WEBHOOK_KEYS)
+    r.require(w, "webhook", "url")
+    # A stand-in for a missing url (already a problem), so the check below runs.
+    values: dict[str, Any] = {"url": "", **r.fields(w, "webhook", _WEBHOOK_KEYS)}
+    webhook = WebhookConfig(**values)
+    if webhook.resend_ms <= webhook.timeout_ms:
+        r.problems.append("webhook.resend: must be longer than webhook.timeout")
+    return webhook
+
+
+def aggregator_config_from(data: object, *, source: str = "config") -> AggregatorConfig:
+    """Validate a parsed YAML document as the aggregator's configuration.
+
+    Raises:
+        ConfigError: listing every problem, each with its key path.
+    """
+    r = _Reader()
+    top = r.section(data, "", {*_AGGREGATOR_KEYS, *_AGGREGATOR_SECTIONS})
+    values = r.fields(top, "", _AGGREGATOR_KEYS)
+    cfg = AggregatorConfig(
+        broker=_broker(r, top.get("broker"), client_id=False),
+        webhook=_webhook(r, top.get("webhook")),
+        **values,
+    )
+    # The rules are checked against the percentiles and the level the file ends up with.
+    cfg = replace(cfg, sla=_sla_rules(r, top.get("sla"), cfg.percentiles, cfg.confidence_level))
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        r.problems.append("tls_cert and tls_key go together")
+    if r.problems:
+        raise ConfigError([f"{source}: {p}" for p in r.problems])
+    return cfg
+
+
+def load_aggregator_config(path: Path) -> AggregatorConfig:
+    """Read and validate the aggregator's YAML file, and the files it names.
+
+    Raises:
+        ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
+            unreadable (all listed at once).
+    """
+    cfg = aggregator_config_from(read_yaml(path), source=str(path))
+    problems = readable_files(cfg.broker)
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return cfg
+
+
+def load_agent_config(path: Path) -> AgentConfig:
+    """Read and validate the agent's YAML file, and the files it names.
+
+    Raises:
+        ConfigError: unreadable, not YAML, any key invalid, a password or TLS file
+            unreadable, or a state directory that cannot be one (all listed at once).
+    """
+    cfg = agent_config_from(read_yaml(path), source=str(path))
+    problems = readable_files(cfg.broker) + state_dir_problems(cfg.state_dir, strict=False)
+    if problems:
+        raise ConfigError([f"{path}: {p}" for p in problems])
+    return cfg
+
+
+# -- the files a configuration names ----------------------------------------------------
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few kB; anything this large is a mistake
@@ -441,520 +892,6 @@ def watch_warnings(cfg: AgentConfig) -> list[str]:
                 f"watch[{i}]: folder {folder} does not exist (yet): {pattern!r} matches nothing"
             )
     return out
-
-
-def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
-    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere."""
-    known = {"host", "port", "tls", "username", "password_file", "keepalive"}
-    if client_id:
-        known.add("client_id")
-    elif isinstance(data, dict) and "client_id" in data:
-        # The aggregator's persistent session is named by its top-level client_id.
-        data = {k: v for k, v in data.items() if k != "client_id"}
-        r.problems.append("broker.client_id: the aggregator's id is the top-level client_id")
-    b = r.section(data, "broker", known)
-    tls: TlsConfig | None = None
-    if b.get("tls") not in (None, False):
-        t = {} if b["tls"] is True else r.section(b["tls"], "broker.tls", set(TlsConfig.__slots__))
-        tls = TlsConfig(
-            ca_file=r.get(t, "broker.tls", "ca_file", _opt_path, None),
-            cert_file=r.get(t, "broker.tls", "cert_file", _opt_path, None),
-            key_file=r.get(t, "broker.tls", "key_file", _opt_path, None),
-            insecure=r.get(t, "broker.tls", "insecure", _bool, False),
-        )
-        if (tls.cert_file is None) != (tls.key_file is None):
-            r.problems.append("broker.tls: cert_file and key_file go together")
-    return BrokerConfig(
-        host=r.get(b, "broker", "host", _str, "127.0.0.1"),
-        port=r.get(b, "broker", "port", _int_in(1, 65535), 8883 if tls else 1883),
-        tls=tls,
-        username=r.get(b, "broker", "username", _opt_str, None),
-        password_file=r.get(b, "broker", "password_file", _opt_path, None),
-        client_id=r.get(b, "broker", "client_id", _opt_str, None),
-        keepalive_s=r.get(b, "broker", "keepalive", _duration_ms(1000), 30_000) // 1000,
-    )
-
-
-def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
-    """Validate a parsed YAML document as the agent's configuration.
-
-    Raises:
-        ConfigError: listing every problem, each with its key path.
-    """
-    r = _Reader()
-    known = {
-        "broker",
-        "topic_prefix",
-        "host",
-        "watch",
-        "state_dir",
-        "flush_interval",
-        "poll_interval",
-        "spool_size",
-        "max_message_size",
-        "heartbeat_interval",
-        "log_hist_msec",
-        "max_open_files",
-        "max_line_size",
-        "max_document_size",
-        "rename_grace",
-    }
-    top = r.section(data, "", known)
-    r.require(top, "", "watch")
-    r.require(top, "", "state_dir")
-    broker = _broker(r, top.get("broker"))
-    cfg = AgentConfig(
-        watch=r.get(top, "", "watch", _globs, ()),
-        state_dir=r.get(top, "", "state_dir", _path, Path()),
-        broker=broker,
-        topic_prefix=r.get(top, "", "topic_prefix", _topic_prefix, "fiomon"),
-        host=r.get(top, "", "host", _host, _default_host()),
-        flush_interval_ms=r.get(top, "", "flush_interval", _duration_ms(10), 1000),
-        poll_interval_ms=r.get(top, "", "poll_interval", _duration_ms(10), 500),
-        spool_bytes=r.get(top, "", "spool_size", _size(1024**2), 64 * 1024**2),
-        max_message_bytes=r.get(top, "", "max_message_size", _size(16 * 1024), 256 * 1024),
-        heartbeat_interval_ms=r.get(top, "", "heartbeat_interval", _duration_ms(100), 10_000),
-        log_hist_msec=r.get(top, "", "log_hist_msec", _opt_int_in(1, 3_600_000), None),
-        max_open_files=r.get(top, "", "max_open_files", _int_in(4, 1_000_000), 256),
-        max_line_bytes=r.get(top, "", "max_line_size", _size(64 * 1024), 1024**2),
-        max_document_bytes=r.get(top, "", "max_document_size", _size(1024**2), 32 * 1024**2),
-        rename_grace_ms=r.get(top, "", "rename_grace", _duration_ms(0), 60_000),
-    )
-    if cfg.max_message_bytes > cfg.spool_bytes:
-        r.problems.append("max_message_size: must not exceed spool_size")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
-
-
-DIRECTIONS = ("read", "write", "trim", "all")
-DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
-
-
-@dataclass(frozen=True, slots=True)
-class SlaRule:
-    """One SLA rule: "p99 read above 5 ms for 3 quanta".
-
-    Args:
-        name: rule name (a label value: letters, digits, ``_ . -``).
-        direction: ``read``, ``write``, ``trim`` or ``all``.
-        percentile: which percentile, in (0, 100]; must be one the aggregator computes.
-        threshold_ns: the limit, in ns (configured with units: ``5ms``).
-        scope: ``cluster`` (one state) or ``host`` (one state per host).
-        for_quanta: consecutive breaching quanta before it fires.
-        min_samples: quanta with fewer I/Os are no evidence either way.
-        clear_ns: it clears below this (hysteresis), default 90 % of the threshold, or
-            the threshold itself with ``confidence`` (the interval is the hysteresis).
-        clear_for: consecutive clear quanta before it resolves (default ``for_quanta``).
-        confidence: weigh the evidence at this level (the aggregator's
-            ``confidence_level``): a quantum breaches only when the percentile's lower
-            confidence bound is above the threshold and is clear only when its upper
-            bound is below ``clear_ns``. None: the percentile's value decides.
-    """
-
-    name: str
-    direction: str
-    percentile: float
-    threshold_ns: float
-    scope: str = "cluster"
-    for_quanta: int = 3
-    min_samples: int = 100
-    clear_ns: float = 0.0
-    clear_for: int = 0
-    confidence: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.confidence is not None and not 0.0 < self.confidence < 1.0:
-            msg = f"confidence must be in (0, 1), got {self.confidence}"
-            raise ValueError(msg)
-        if self.clear_ns <= 0:
-            clear = 1.0 if self.confidence is not None else 0.9
-            object.__setattr__(self, "clear_ns", clear * self.threshold_ns)
-        if self.clear_for <= 0:
-            object.__setattr__(self, "clear_for", self.for_quanta)
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookConfig:
-    """Alertmanager v2 endpoint (``POST <url>/api/v2/alerts``).
-
-    Args:
-        url: Alertmanager base URL, ``http://`` or ``https://`` with a host, e.g.
-            ``http://127.0.0.1:9093``.
-        timeout_ms: per request, 100 ms to 30 s (a hanging receiver holds the sender no
-            longer than this; it never holds closing).
-        resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
-            than the timeout.
-    """
-
-    url: str
-    timeout_ms: int = 5000
-    resend_ms: int = 60_000
-
-
-@dataclass(frozen=True, slots=True)
-class AggregatorConfig:
-    """The aggregator's configuration (``fiomon aggregator --config FILE``).
-
-    Args:
-        broker: the MQTT broker.
-        topic_prefix: subscribes to ``<prefix>/v1/+/records`` and ``.../status``.
-        client_id: fixed MQTT client id of the persistent session.
-        session_expiry_ms: how long the broker keeps queuing for us while we are away.
-        quantum_ms: quantum length.
-        lateness_ms: a quantum closes at the latest this long after its end.
-        align: ``epoch``, ``auto`` or a fixed offset in ms.
-        percentiles: percentiles computed and exported.
-        confidence_level: level of each percentile's distribution-free confidence
-            interval (``percentiles_ci_ns`` in the quanta file; SLA rules with
-            ``confidence``); None (``false`` in the file): no intervals.
-        per_host: also keep host scope (metrics and quanta file rows).
-        listen: ``host:port`` of ``/metrics``.
-        tls_cert: certificate for HTTPS on ``listen`` (with ``tls_key``).
-        tls_key: its key.
-        quanta_file: closed quanta as JSON lines, or None.
-        quanta_file_max_bytes: rotate past this size.
-        quanta_file_keep: rotated files kept.
-        max_hosts: hosts with their own scope and series; more are counted and merged
-            into cluster scope only.
-        max_streams: streams tracked for dedup; more are refused and counted.
-        max_open_quanta: quanta held open at once; more close the oldest early.
-        max_message_bytes: larger payloads are refused.
-        state_dir: where the journal of unclosed records lives (None: no journal).
-        sla: SLA rules.
-        alert_topic: retained MQTT topic with the alert states (default
-            ``<prefix>/v1/_aggregator/alerts``).
-        webhook: Alertmanager to notify, or None.
-        fit_tail: fit each closed quantum's cluster histogram (normal head + power-law
-            tail) and export the tail share and exponent (costs ~0.1 s per direction).
-        host_timeout_ms: a host counts in ``fiomon_hosts_up`` while it sent records or a
-            fresh online status within this long.
-        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
-            ``--log-level`` (default info). Reloaded on SIGHUP, with the SLA rules and the
-            webhook.
-    """
-
-    broker: BrokerConfig = field(default_factory=BrokerConfig)
-    topic_prefix: str = "fiomon"
-    client_id: str = "fiomon-aggregator"
-    session_expiry_ms: int = 3_600_000
-    quantum_ms: int = 1000
-    lateness_ms: int = 5000
-    align: Align = "auto"
-    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    confidence_level: float | None = 0.95
-    per_host: bool = True
-    listen: str = DEFAULT_LISTEN
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    quanta_file: Path | None = None
-    quanta_file_max_bytes: int = 64 * 1024**2
-    quanta_file_keep: int = 5
-    max_hosts: int = 1000
-    max_streams: int = 100_000
-    max_open_quanta: int = 600
-    max_message_bytes: int = 1024**2
-    state_dir: Path | None = None
-    sla: tuple[SlaRule, ...] = ()
-    alert_topic: str = ""
-    webhook: WebhookConfig | None = None
-    fit_tail: bool = False
-    host_timeout_ms: int = 30_000
-    log_level: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.alert_topic:
-            object.__setattr__(self, "alert_topic", f"{self.topic_prefix}/v1/_aggregator/alerts")
-
-    @property
-    def listen_addr(self) -> tuple[str, int]:
-        """``listen`` split into address and port."""
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 -- only if asked
-
-
-def _percentile_list(value: object, where: str) -> tuple[float, ...]:
-    items = value if isinstance(value, list) else None
-    if not items or not all(
-        isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 100 for q in items
-    ):
-        msg = f"{where}: expected a list of percentiles in (0, 100], got {value!r}"
-        raise ConfigError([msg])
-    return tuple(sorted({float(q) for q in items}))
-
-
-_DEFAULT_LEVEL: float | None = 0.95
-
-
-def _level(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        msg = f"{where}: expected a confidence level in (0, 1) such as 0.95, got {value!r}"
-        raise ConfigError([msg])
-    return float(value)
-
-
-def _level_or_off(value: object, where: str) -> float | None:
-    return None if value is False else _level(value, where)
-
-
-def _align(value: object, where: str) -> Align:
-    try:
-        return parse_align(str(value))
-    except ConfigError as exc:
-        raise ConfigError([f"{where}: {p}" for p in exc.problems]) from None
-
-
-def _listen(value: object, where: str) -> str:
-    text = _str(value, where)
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        msg = f"{where}: expected host:port (e.g. {DEFAULT_LISTEN}), got {value!r}"
-        raise ConfigError([msg])
-    del host
-    return text
-
-
-def _threshold_ns(value: object, where: str) -> float:
-    text = str(value).strip().lower()
-    units = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
-    for suffix in ("ns", "us", "µs", "ms", "s"):
-        if text.endswith(suffix):
-            try:
-                v = float(text[: -len(suffix)]) * units[suffix]
-            except ValueError:
-                break
-            if v > 0:
-                return v
-            break
-    msg = f"{where}: expected a latency with units such as 5ms or 500us, got {value!r}"
-    raise ConfigError([msg])
-
-
-def parse_latency_ns(value: object, *, what: str) -> float:
-    """A latency with units (``5ms``, ``500us``, ``2s``) in ns.
-
-    Raises:
-        ConfigError: no number with a unit.
-    """
-    return _threshold_ns(value, what)
-
-
-def _choice(*options: str) -> Callable[[object, str], str]:
-    def conv(value: object, where: str) -> str:
-        if value not in options:
-            msg = f"{where}: expected one of {', '.join(options)}, got {value!r}"
-            raise ConfigError([msg])
-        return str(value)
-
-    return conv
-
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_rule_name = _matching(_NAME_RE, "1-64 letters, digits, '_', '.', '-'")
-
-
-def _sla_rules(
-    r: _Reader, data: object, percentiles: tuple[float, ...], level: float | None
-) -> tuple[SlaRule, ...]:
-    if data is None:
-        return ()
-    if not isinstance(data, list):
-        r.problems.append(f"sla: expected a list of rules, got {data!r}")
-        return ()
-    rules: list[SlaRule] = []
-    names: set[str] = set()
-    known = {
-        "name",
-        "direction",
-        "percentile",
-        "threshold",
-        "scope",
-        "for",
-        "min_samples",
-        "clear_below",
-        "clear_for",
-        "confidence",
-    }
-    for i, item in enumerate(data):
-        path = f"sla[{i}]"
-        d = r.section(item, path, known)
-        before = len(r.problems)
-        for key in ("name", "direction", "percentile", "threshold"):
-            r.require(d, path, key)
-        name = r.get(d, path, "name", _rule_name, "")
-        pct = r.get(d, path, "percentile", _percentile_one, 0.0)
-        if pct and pct not in percentiles:
-            r.problems.append(
-                f"{path}.percentile: {pct:g} is not among the computed percentiles "
-                f"{', '.join(f'{q:g}' for q in percentiles)}"
-            )
-        if name in names:
-            r.problems.append(f"{path}.name: duplicate rule name {name!r}")
-        names.add(name)
-        threshold = r.get(d, path, "threshold", _threshold_ns, 0.0)
-        rule_args = {
-            "name": name,
-            "direction": r.get(d, path, "direction", _choice(*DIRECTIONS), "read"),
-            "percentile": pct,
-            "threshold_ns": threshold,
-            "scope": r.get(d, path, "scope", _choice("cluster", "host"), "cluster"),
-            "for_quanta": r.get(d, path, "for", _int_in(1, 100_000), 3),
-            "min_samples": r.get(d, path, "min_samples", _int_in(0, 10**12), 100),
-            "clear_ns": r.get(d, path, "clear_below", _threshold_ns, 0.0),
-            "clear_for": r.get(d, path, "clear_for", _int_in(1, 100_000), 0),
-            "confidence": r.get(d, path, "confidence", _level, None),
-        }
-        conf = rule_args["confidence"]
-        if conf is not None and conf != level:
-            # One level per quantum: the bounds are computed once, at confidence_level.
-            r.problems.append(
-                f"{path}.confidence: {conf:g} differs from confidence_level "
-                f"({'false' if level is None else f'{level:g}'}); the bounds are computed "
-                "at confidence_level, so set both to the same level"
-            )
-        if len(r.problems) == before:
-            rule = SlaRule(**rule_args)  # type: ignore[arg-type]
-            if rule.clear_ns > rule.threshold_ns:
-                r.problems.append(f"{path}.clear_below: must not exceed the threshold")
-            rules.append(rule)
-    return tuple(rules)
-
-
-def _percentile_one(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
-        msg = f"{where}: expected a percentile in (0, 100], got {value!r}"
-        raise ConfigError([msg])
-    return float(value)
-
-
-def aggregator_config_from(data: object, *, source: str = "config") -> AggregatorConfig:
-    """Validate a parsed YAML document as the aggregator's configuration.
-
-    Raises:
-        ConfigError: listing every problem, each with its key path.
-    """
-    r = _Reader()
-    known = {f for f in AggregatorConfig.__dataclass_fields__ if f not in _AGG_RENAMED} | set(
-        _AGG_RENAMED.values()
-    )
-    top = r.section(data, "", known)
-    prefix = r.get(top, "", "topic_prefix", _topic_prefix, "fiomon")
-    percentiles = r.get(top, "", "percentiles", _percentile_list, DEFAULT_PERCENTILES)
-    level = r.get(top, "", "confidence_level", _level_or_off, _DEFAULT_LEVEL)
-    webhook = None
-    if top.get("webhook") is not None:
-        w = r.section(top["webhook"], "webhook", {"url", "timeout", "resend"})
-        r.require(w, "webhook", "url")
-        webhook = WebhookConfig(
-            url=r.get(w, "webhook", "url", _http_url, ""),
-            timeout_ms=r.get(w, "webhook", "timeout", _duration_between(100, 30_000), 5000),
-            resend_ms=r.get(w, "webhook", "resend", _duration_ms(1000), 60_000),
-        )
-        if webhook.resend_ms <= webhook.timeout_ms:
-            r.problems.append("webhook.resend: must be longer than webhook.timeout")
-    cfg = AggregatorConfig(
-        broker=_broker(r, top.get("broker"), client_id=False),
-        topic_prefix=prefix,
-        client_id=r.get(top, "", "client_id", _str, "fiomon-aggregator"),
-        session_expiry_ms=r.get(top, "", "session_expiry", _duration_ms(1000), 3_600_000),
-        quantum_ms=r.get(top, "", "quantum", _duration_ms(1), 1000),
-        lateness_ms=r.get(top, "", "lateness", _duration_ms(0), 5000),
-        align=r.get(top, "", "align", _align, "auto"),
-        percentiles=percentiles,
-        confidence_level=level,
-        per_host=r.get(top, "", "per_host", _bool, True),
-        listen=r.get(top, "", "listen", _listen, DEFAULT_LISTEN),
-        tls_cert=r.get(top, "", "tls_cert", _opt_path, None),
-        tls_key=r.get(top, "", "tls_key", _opt_path, None),
-        quanta_file=r.get(top, "", "quanta_file", _opt_path, None),
-        quanta_file_max_bytes=r.get(top, "", "quanta_file_max_size", _size(4096), 64 * 1024**2),
-        quanta_file_keep=r.get(top, "", "quanta_file_keep", _int_in(0, 1000), 5),
-        max_hosts=r.get(top, "", "max_hosts", _int_in(1, 10**6), 1000),
-        max_streams=r.get(top, "", "max_streams", _int_in(1, 10**8), 100_000),
-        max_open_quanta=r.get(top, "", "max_open_quanta", _int_in(2, 10**6), 600),
-        max_message_bytes=r.get(top, "", "max_message_size", _size(1024), 1024**2),
-        state_dir=r.get(top, "", "state_dir", _opt_path, None),
-        sla=_sla_rules(r, top.get("sla"), percentiles, level),
-        alert_topic=r.get(top, "", "alert_topic", _topic_prefix, f"{prefix}/v1/_aggregator/alerts"),
-        webhook=webhook,
-        fit_tail=r.get(top, "", "fit_tail", _bool, False),
-        host_timeout_ms=r.get(top, "", "host_timeout", _duration_ms(1000), 30_000),
-        log_level=r.get(top, "", "log_level", _choice(*LOG_LEVELS), None),
-    )
-    if (cfg.tls_cert is None) != (cfg.tls_key is None):
-        r.problems.append("tls_cert and tls_key go together")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _http_url(value: object, where: str) -> str:
-    text = _str(value, where).strip()
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        msg = f"{where}: expected an http:// or https:// URL with a host, got {value!r}"
-        raise ConfigError([msg])
-    try:
-        parts.port  # noqa: B018 -- raises ValueError for a bad port
-    except ValueError:
-        msg = f"{where}: bad port in {value!r}"
-        raise ConfigError([msg]) from None
-    return text
-
-
-def _duration_between(lo: int, hi: int) -> Callable[[object, str], int]:
-    conv = _duration_ms(lo)
-
-    def between(value: object, where: str) -> int:
-        ms = conv(value, where)
-        if ms > hi:
-            msg = f"{where}: must be at most {hi} ms, got {value!r}"
-            raise ConfigError([msg])
-        return ms
-
-    return between
-
-
-_AGG_RENAMED = {
-    "host_timeout_ms": "host_timeout",
-    "session_expiry_ms": "session_expiry",
-    "quantum_ms": "quantum",
-    "lateness_ms": "lateness",
-    "quanta_file_max_bytes": "quanta_file_max_size",
-    "max_message_bytes": "max_message_size",
-}
-
-
-def load_aggregator_config(path: Path) -> AggregatorConfig:
-    """Read and validate the aggregator's YAML file, and the files it names.
-
-    Raises:
-        ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
-            unreadable (all listed at once).
-    """
-    cfg = aggregator_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker)
-    if problems:
-        raise ConfigError([f"{path}: {p}" for p in problems])
-    return cfg
-
-
-def load_agent_config(path: Path) -> AgentConfig:
-    """Read and validate the agent's YAML file, and the files it names.
-
-    Raises:
-        ConfigError: unreadable, not YAML, any key invalid, a password or TLS file
-            unreadable, or a state directory that cannot be one (all listed at once).
-    """
-    cfg = agent_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker) + state_dir_problems(cfg.state_dir, strict=False)
-    if problems:
-        raise ConfigError([f"{path}: {p}" for p in problems])
-    return cfg
 
 
 # -- overrides from flags and the environment ---------------------------------------------

@@ -13,10 +13,10 @@ from fiomon.config import (
     BrokerConfig,
     load_agent_config,
     parse_broker_address,
-    parse_size,
     with_broker,
 )
 from fiomon.errors import ConfigError
+from fiomon.units import parse_size
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
 

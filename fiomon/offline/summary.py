@@ -425,7 +425,8 @@ def bins_from_yaml(path: Path) -> HistBins:
     Raises:
         ConfigError: unreadable, or a bad key or value (each named).
     """
-    from fiomon.config import parse_latency_ns, read_yaml  # noqa: PLC0415
+    from fiomon.config import read_yaml  # noqa: PLC0415
+    from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     data = read_yaml(path)
     if not isinstance(data, dict):
