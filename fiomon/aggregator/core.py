@@ -652,7 +652,12 @@ class AggregatorCore:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
             self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
         self.buckets = BucketHistogram(
-            layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])
+            layout,
+            bucket_edges_s(
+                layout,
+                [r.threshold_ns for r in self.cfg.sla],
+                self.cfg.export.buckets_per_octave,
+            ),
         )
         self.gauges.buckets = self.buckets
 
@@ -746,6 +751,7 @@ class AggregatorCore:
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,
             python=platform.python_version(),
+            cell=self.cfg.cell or "",
         )
         snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
         status = status_of(

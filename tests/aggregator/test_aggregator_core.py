@@ -195,6 +195,27 @@ def test_bucket_counts_equal_the_histogram_at_each_edge() -> None:
     assert np.all(np.diff(got) >= -1e-9)
 
 
+@pytest.mark.parametrize(("per_octave", "widest"), [(4, 0.197), (16, 0.046)])
+def test_bucket_resolution_and_its_error_bound(per_octave: int, widest: float) -> None:
+    # The bound docs/metrics.md and deploy/README.md state for histogram_quantile: one
+    # bucket's width, 2**(1/k) - 1 plus the rounding of the le labels.
+    edges = bucket_edges_s(LAY, [5e6, 1.234e6], per_octave)
+    assert {0.005, 0.001234} <= set(edges.tolist())  # SLA thresholds are exact edges
+    widths = edges[1:] / edges[:-1] - 1
+    assert widths.max() <= widest
+    assert widths.max() >= 2 ** (1 / per_octave) - 1 - 1e-9  # the bound is not loose
+    assert edges[0] == 1e-6
+    assert edges[-1] < LAY.edges_ns()[1][-1] / 1e9
+    assert len(edges) == 24 * per_octave + 2 + 1  # 24 octaves from 1 us, the thresholds
+
+
+def test_default_bucket_edges_are_unchanged() -> None:
+    # Dashboards and recorded series key on le labels: the default stays what it was.
+    edges = bucket_edges_s(LAY, [5e6])
+    assert len(edges) == 98
+    assert edges[:4].tolist() == [1e-06, 1.19e-06, 1.41e-06, 1.68e-06]
+
+
 def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
     clock = Clock(T0)
     c = core(clock, sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),))
