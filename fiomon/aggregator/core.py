@@ -658,6 +658,7 @@ class AggregatorCore:
                 [r.threshold_ns for r in self.cfg.sla],
                 self.cfg.export.buckets_per_octave,
             ),
+            ALL_DIRECTIONS,
         )
         self.gauges.buckets = self.buckets
 

@@ -101,13 +101,24 @@ class BucketHistogram:
     Args:
         layout: the engine's bin layout.
         edges_s: bucket edges (seconds).
+        directions: directions exported at 0 from the start. ``rate()`` and ``increase()``
+            count nothing of a series' first sample: a series that appeared with the
+            first closed quantum's counts would lose that quantum from every rate, and
+            from every sum across cells (each cell losing a different share).
     """
 
     layout: BinLayout
     edges_s: F64
+    directions: tuple[str, ...] = ()
     counts: dict[str, F64] = field(default_factory=dict)
     total: dict[str, float] = field(default_factory=dict)
     sum_s: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for d in self.directions:
+            self.counts.setdefault(d, np.zeros(len(self.edges_s)))
+            self.total.setdefault(d, 0.0)
+            self.sum_s.setdefault(d, 0.0)
 
     def add(self, direction: str, hist: F64, mean_ns: float) -> None:
         """Add one closed quantum's histogram."""
