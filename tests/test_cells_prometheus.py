@@ -170,6 +170,7 @@ async def test_cells_sum_exactly_and_prometheus_percentiles_are_within_the_bound
                 f"remote_clientid bridge-single-{c}\ntopic fiomon/# in 1\n"
             )
     procs: list[asyncio.subprocess.Process] = []
+    cell_procs: dict[str, asyncio.subprocess.Process] = {}
 
     async def start(*cmd: str) -> None:
         procs.append(
@@ -206,6 +207,7 @@ async def test_cells_sum_exactly_and_prometheus_percentiles_are_within_the_bound
                     str(aggregator(f"{c}-{k}", brokers[c].port, k, c)),
                     "--final",
                 )
+                cell_procs[f"{c}-{k}"] = procs[-1]
         await start(
             sys.executable,
             "-m",
@@ -390,6 +392,21 @@ async def test_cells_sum_exactly_and_prometheus_percentiles_are_within_the_bound
             assert not query(prom[k], 'ALERTS{alertname=~"FiomonCell.*"}')
             assert scalar(prom[k], "count(fiomon_cell_info)") == 2
         exact_buckets = {n: buckets(metrics[n]) for n in ("cell-a-16", "cell-b-16", "single")}
+
+        # A cell that goes down, and one that is up but cut off from its broker, leave the
+        # sums partial, and say so: the completeness alert goes pending at once (it fires
+        # after its `for: 1m`, which fiomon-cells.rules_test.yml checks).
+        def missing(k: int) -> bool:
+            pending = query(prom[k], 'ALERTS{alertname="FiomonCellsMissing"}')
+            return scalar(prom[k], "cluster:fiomon_cells_reporting:count") == 1 and bool(pending)
+
+        cell_procs["cell-b-16"].terminate()
+        await cell_procs["cell-b-16"].wait()
+        await poll(lambda: missing(16), "FiomonCellsMissing once cell-b's aggregator is down")
+        assert scalar(prom[4], "cluster:fiomon_cells_reporting:count") == 2
+        brokers["cell-a"].stop()  # cell-a's aggregators keep running, disconnected
+        await poll(lambda: missing(4), "FiomonCellsMissing once cell-a's broker is down")
+        assert scalar(prom[4], 'up{cell="cell-a"}') == 1
     finally:
         for p in procs:
             if p.returncode is None:
