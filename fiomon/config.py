@@ -674,7 +674,8 @@ class ExportConfig:
             linearly inside a bucket, so its worst relative error is one bucket's width,
             about ``2 ** (1 / buckets_per_octave) - 1``: 19.7 % at 4, 4.6 % at 16 (with
             the rounding of the labels). fio's range is 24 octaves above 1 us: each bucket
-            per octave adds 24 series per direction (98 edges at 4, 386 at 16).
+            per octave adds 24 series per direction (97 edges at 4, 385 at 16, plus one per
+            SLA threshold).
     """
 
     buckets_per_octave: int = 4
