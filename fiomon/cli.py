@@ -1037,6 +1037,9 @@ def _check_config(args: argparse.Namespace) -> int:
             for warning in watch_warnings(agent):
                 print(f"{args.file}: warning: {warning}", file=sys.stderr)
             text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
+            if agent.cell is not None:
+                b = agent.broker
+                text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
         else:
             agg = aggregator_config_from(data, source=str(args.file))
             problems = readable_files(agg.broker)
@@ -1044,6 +1047,8 @@ def _check_config(args: argparse.Namespace) -> int:
                 f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
                 f"/metrics on {agg.listen})"
             )
+            if agg.cell is not None:
+                text += f"; cell {agg.cell}"
         if problems:
             raise ConfigError([f"{args.file}: {p}" for p in problems])
     except ConfigError as exc:

@@ -15,6 +15,7 @@ default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fiomon.align import Align, parse_align
+from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
@@ -107,6 +109,9 @@ class AgentConfig:
         max_document_bytes: a larger json+ document is skipped and counted.
         rename_grace_ms: a file renamed to a name ``watch`` does not match is still
             followed until it has been quiet this long.
+        cell: the cell this host publishes to, when the file lists ``cells`` (named by
+            ``cell:`` or picked by :func:`fiomon.cells.assign_cell`); ``broker`` and
+            ``topic_prefix`` are then that cell's. None: no cells listed.
     """
 
     watch: tuple[str, ...]
@@ -124,6 +129,23 @@ class AgentConfig:
     max_line_bytes: int = 1024**2
     max_document_bytes: int = 32 * 1024**2
     rename_grace_ms: int = 60_000
+    cell: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CellConfig:
+    """One cell of a multi-cell deployment: its broker and topic prefix.
+
+    Args:
+        name: the cell's name (a label value: letters, digits, ``_ . -``).
+        broker: its broker (the agent's top-level ``broker`` keys, overridden key by key
+            by the cell's own).
+        topic_prefix: its topic prefix (default: the agent's ``topic_prefix``).
+    """
+
+    name: str
+    broker: BrokerConfig
+    topic_prefix: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +210,23 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ExportConfig:
+    """The exported bucket histogram (``fiomon_cluster_io_latency_seconds``).
+
+    Args:
+        buckets_per_octave: ``le`` edges per doubling of latency, from 1 us to fio's cap
+            (plus every SLA threshold, exactly). ``histogram_quantile`` interpolates
+            linearly inside a bucket, so its worst relative error is one bucket's width,
+            about ``2 ** (1 / buckets_per_octave) - 1``: 19.7 % at 4, 4.6 % at 16 (with
+            the rounding of the labels). fio's range is 24 octaves above 1 us: each bucket
+            per octave adds 24 series per direction (97 edges at 4, 385 at 16, plus one per
+            SLA threshold).
+    """
+
+    buckets_per_octave: int = 4
+
+
+@dataclass(frozen=True, slots=True)
 class AggregatorConfig:
     """The aggregator's configuration (``fiomon aggregator --config FILE``).
 
@@ -227,6 +266,8 @@ class AggregatorConfig:
         log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
             ``--log-level`` (default info). Reloaded on SIGHUP, with the SLA rules and the
             webhook.
+        cell: the name of the cell this aggregator serves (``fiomon_cell_info``), or None.
+        export: the exported bucket histogram's resolution.
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -256,6 +297,8 @@ class AggregatorConfig:
     fit_tail: bool = False
     host_timeout_ms: int = 30_000
     log_level: str | None = None
+    cell: str | None = None
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
         if not self.alert_topic:  # the one place its default is written: it follows the prefix
@@ -539,8 +582,15 @@ _AGENT_KEYS: Table = {
     "max_line_size": ("max_line_bytes", _size(64 * 1024)),
     "max_document_size": ("max_document_bytes", _size(1024**2)),
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
+    "cell": ("cell", _rule_name),
 }
-_AGENT_SECTIONS = ("broker",)
+_AGENT_SECTIONS = ("broker", "cells")
+
+_CELL_KEYS: Table = {
+    "name": ("name", _rule_name),
+    "topic_prefix": ("topic_prefix", _topic_prefix),
+}
+_CELL_SECTIONS = ("broker",)
 
 _SLA_KEYS: Table = {
     "name": ("name", _rule_name),
@@ -587,8 +637,13 @@ _AGGREGATOR_KEYS: Table = {
     "fit_tail": ("fit_tail", _bool),
     "host_timeout": ("host_timeout_ms", _duration_ms(1000)),
     "log_level": ("log_level", _choice(*LOG_LEVELS)),
+    "cell": ("cell", _rule_name),
 }
-_AGGREGATOR_SECTIONS = ("broker", "sla", "webhook")
+_AGGREGATOR_SECTIONS = ("broker", "sla", "webhook", "export")
+
+_EXPORT_KEYS: Table = {
+    "buckets_per_octave": ("buckets_per_octave", _int_in(1, 32)),
+}
 
 
 def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
@@ -613,6 +668,43 @@ def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig
     return BrokerConfig(tls=tls, **values)
 
 
+def _default(cls: type, name: str) -> Any:
+    """The plain default of dataclass ``cls``'s field ``name`` (the one place it is written)."""
+    (f,) = (f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default
+
+
+def _cells(r: _Reader, top: dict[str, Any], prefix: str) -> tuple[CellConfig, ...]:
+    """The ``cells`` list: each ``{name, broker, topic_prefix}`` over the top-level keys."""
+    data = top.get("cells")
+    if data is None:
+        return ()
+    if not isinstance(data, list) or not data:
+        r.problems.append(f"cells: expected a list of {{name, broker, topic_prefix}}, got {data!r}")
+        return ()
+    given = top.get("broker")
+    base: dict[str, Any] = given if isinstance(given, dict) else {}
+    cells: list[CellConfig] = []
+    for i, item in enumerate(data):
+        path = f"cells[{i}]"
+        c = r.section(item, path, {*_CELL_KEYS, *_CELL_SECTIONS})
+        r.require(c, path, "name")
+        values: dict[str, Any] = {"name": "", "topic_prefix": prefix}
+        values.update(r.fields(c, path, _CELL_KEYS))
+        if values["name"] in (x.name for x in cells):
+            r.problems.append(f"{path}.name: duplicate cell name {values['name']!r}")
+        own = c.get("broker")
+        if own is not None and not isinstance(own, dict):
+            r.problems.append(f"{path}.broker: expected a mapping, got {own!r}")
+            own = None
+        # Problems in a cell's broker keys are reported under the cell's path.
+        sub = _Reader()
+        broker = _broker(sub, {**base, **(own or {})})
+        r.problems += [f"{path}.{p}" for p in sub.problems]
+        cells.append(CellConfig(broker=broker, **values))
+    return tuple(cells)
+
+
 def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     """Validate a parsed YAML document as the agent's configuration.
 
@@ -626,6 +718,19 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     broker = _broker(r, top.get("broker"))
     # Stand-ins for a missing watch or state_dir (already a problem), so the checks below run.
     values: dict[str, Any] = {"watch": (), "state_dir": Path(), **r.fields(top, "", _AGENT_KEYS)}
+    cells = _cells(r, top, values.get("topic_prefix", _default(AgentConfig, "topic_prefix")))
+    cell = values.get("cell")
+    if cell is not None and not cells:
+        r.problems.append("cell: names a cell, but no cells are listed")
+    if cells:
+        names = [c.name for c in cells]
+        if cell is None:
+            cell = values["cell"] = assign_cell(values.get("host") or _default_host(), names)
+        elif cell not in names:
+            r.problems.append(f"cell: {cell!r} is not among the cells ({', '.join(names)})")
+        chosen = next((c for c in cells if c.name == cell), None)
+        if chosen is not None:
+            broker, values["topic_prefix"] = chosen.broker, chosen.topic_prefix
     cfg = AgentConfig(broker=broker, **values)
     if cfg.max_message_bytes > cfg.spool_bytes:
         r.problems.append("max_message_size: must not exceed spool_size")
@@ -704,6 +809,9 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     cfg = AggregatorConfig(
         broker=_broker(r, top.get("broker"), client_id=False),
         webhook=_webhook(r, top.get("webhook")),
+        export=ExportConfig(
+            **r.fields(r.section(top.get("export"), "export", _EXPORT_KEYS), "export", _EXPORT_KEYS)
+        ),
         **values,
     )
     # The rules are checked against the percentiles and the level the file ends up with.

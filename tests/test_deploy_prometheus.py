@@ -142,3 +142,40 @@ def _grafana_to_promql(
         .replace("$direction", direction)
         .replace("$host", host)
     )
+
+
+# -- cells (deploy/README.md, "Cells: past one aggregator") -------------------------------
+
+
+def test_cells_rules_check_and_unit_tests_pass(promtool: str) -> None:
+    out = _run(promtool, "check", "rules", "fiomon-cells.rules.yml", cwd=DEPLOY / "prometheus")
+    assert "SUCCESS: 9 rules found" in out
+    # a down cell, a disconnected cell, all cells gone -> FiomonCellsMissing; healthy
+    # cells -> no alert and the p99 of the summed buckets; a mislabelled target.
+    out = _run(promtool, "test", "rules", "fiomon-cells.rules_test.yml", cwd=DEPLOY / "prometheus")
+    assert "SUCCESS" in out
+
+
+def test_cells_config_checks_and_labels_every_target(promtool: str, tmp_path: Path) -> None:
+    for name in ("prometheus-cells.yml", "fiomon.rules.yml", "fiomon-cells.rules.yml"):
+        shutil.copy(DEPLOY / "prometheus" / name, tmp_path / name)
+    out = _run(promtool, "check", "config", "prometheus-cells.yml", cwd=tmp_path)
+    assert "SUCCESS: 2 rule files found" in out
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-cells.yml").read_text())
+    (job,) = cfg["scrape_configs"]  # one job: the rules count its targets as the cells
+    assert job["job_name"] == "fiomon"
+    cells = [s["labels"]["cell"] for s in job["static_configs"]]
+    assert len(cells) >= 2 and len(set(cells)) == len(cells)
+    single = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert job["scrape_interval"] == single["scrape_configs"][0]["scrape_interval"]
+
+
+def test_cells_alerts_have_a_severity_and_a_runbook() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "fiomon-cells.rules.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert [r["alert"] for r in alerts] == ["FiomonCellsMissing", "FiomonCellMislabelled"]
+    runbook = (DEPLOY.parent / "docs" / "metrics.md").read_text().lower()
+    for r in alerts:
+        assert r["labels"]["severity"] in ("page", "ticket"), r["alert"]
+        assert r["annotations"]["runbook_url"].endswith("#" + r["alert"].lower()), r["alert"]
+        assert f"### {r['alert'].lower()}" in runbook, f"no runbook for {r['alert']}"

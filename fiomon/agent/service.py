@@ -250,7 +250,12 @@ class Agent:
                 async with client:
                     self.counters.connects += 1
                     backoff.reset()
-                    log.info("connected to %s:%d", self.cfg.broker.host, self.cfg.broker.port)
+                    log.info(
+                        "connected to %s:%d%s",
+                        self.cfg.broker.host,
+                        self.cfg.broker.port,
+                        f" (cell {self.cfg.cell})" if self.cfg.cell else "",
+                    )
                     await self._send_status(client, "online")
                     await self._drain(client)
                     await self._send_status(client, "offline")

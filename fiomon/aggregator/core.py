@@ -145,7 +145,12 @@ class AggregatorCore:
             self.state_path = cfg.state_dir / "state.json"
         self.quanta: QuantaFile | None = None
         self.writer: QuantaWriter | None = None
-        self.buckets: BucketHistogram | None = None
+        # Exported at 0 from the start, with fio's standard bins (records with other bins
+        # replace it when the engine starts): rate() and increase() see a series' growth
+        # only from its first scrape on, so a series born with the first quantum's counts
+        # would lose that quantum, a different share in every cell of a cross-cell sum.
+        self.buckets: BucketHistogram | None = self._new_buckets(BinLayout())
+        self.gauges.buckets = self.buckets
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
@@ -651,10 +656,16 @@ class AggregatorCore:
         if self.writer is not None and self.state_path is not None:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
             self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
-        self.buckets = BucketHistogram(
-            layout, bucket_edges_s(layout, [r.threshold_ns for r in self.cfg.sla])
+        if self.buckets is None or self.buckets.layout != layout:
+            self.buckets = self._new_buckets(layout)
+            self.gauges.buckets = self.buckets
+
+    def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
+        """The exported bucket histogram, every direction at 0."""
+        edges = bucket_edges_s(
+            layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
         )
-        self.gauges.buckets = self.buckets
+        return BucketHistogram(layout, edges, ALL_DIRECTIONS)
 
     def flush(self) -> list[ClosedQuantum]:
         """Merge what is queued and close everything still open (a final stop)."""
@@ -746,6 +757,7 @@ class AggregatorCore:
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,
             python=platform.python_version(),
+            cell=self.cfg.cell or "",
         )
         snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
         status = status_of(

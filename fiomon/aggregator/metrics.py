@@ -80,6 +80,14 @@ BUILD_INFO = (
     "Always 1; the labels say which fiomon and Python run.",
     ("version", "python"),
 )
+# The configured cell name. Not ``cell``: Prometheus' target label of the multi-cell
+# config is ``cell``, and a clash would rename this one ``exported_cell``; the rules
+# compare the two (FiomonCellMislabelled).
+CELL_INFO = (
+    "fiomon_cell_info",
+    "Always 1; the cell this aggregator serves (its cell setting).",
+    ("name",),
+)
 SLA_THRESHOLD = (
     "fiomon_sla_threshold_seconds",
     "The SLA rule's threshold (the aggregator's configuration, for dashboards).",
@@ -176,6 +184,7 @@ class Health:
         last_seen_s: host label -> when its last records or online status came (epoch s).
         version: fiomon's version (``fiomon_build_info``).
         python: the interpreter's version.
+        cell: the cell this aggregator serves (``fiomon_cell_info``), "" for none.
     """
 
     hosts_up: int = 0
@@ -187,6 +196,7 @@ class Health:
     last_seen_s: Mapping[str, float] = field(default_factory=dict)
     version: str = ""
     python: str = ""
+    cell: str = ""
 
 
 @dataclass(slots=True)
@@ -383,6 +393,8 @@ def build_snapshot(
             (r.name, r.direction, pct_key(r.percentile)): r.threshold_ns / 1e9 for r in alerts.rules
         },
     }
+    if health.cell:
+        gauges_out[CELL_INFO] = {(health.cell,): 1.0}
     if health.active:
         # Idle withdraws these: a benchmark that ended has no "current" percentile.
         gauges_out[SATURATED] = dict(gauges.saturated)

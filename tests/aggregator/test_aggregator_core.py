@@ -19,10 +19,11 @@ from fiomon.aggregator.alerts import AlertState, Phase, evaluate
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
 from fiomon.aggregator.exporter import FiomonCollector, Snapshot, bucket_edges_s
+from fiomon.aggregator.metrics import CELL_INFO
 from fiomon.aggregator.quantafile import QuantaFile
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, SlaRule
+from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import cumulative_at
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.wire import encode
@@ -193,6 +194,55 @@ def test_bucket_counts_equal_the_histogram_at_each_edge() -> None:
         frac = np.clip((e - lower) / (upper - lower), 0, 1)
         assert g == pytest.approx(float((hist * frac).sum()), rel=1e-12, abs=1e-9)
     assert np.all(np.diff(got) >= -1e-9)
+
+
+@pytest.mark.parametrize(("per_octave", "widest"), [(4, 0.197), (16, 0.046)])
+def test_bucket_resolution_and_its_error_bound(per_octave: int, widest: float) -> None:
+    # The bound docs/metrics.md and deploy/README.md state for histogram_quantile: one
+    # bucket's width, 2**(1/k) - 1 plus the rounding of the le labels.
+    edges = bucket_edges_s(LAY, [5e6, 1.234e6], per_octave)
+    assert {0.005, 0.001234} <= set(edges.tolist())  # SLA thresholds are exact edges
+    widths = edges[1:] / edges[:-1] - 1
+    assert widths.max() <= widest
+    assert widths.max() >= 2 ** (1 / per_octave) - 1 - 1e-9  # the bound is not loose
+    assert edges[0] == 1e-6
+    assert edges[-1] < LAY.edges_ns()[1][-1] / 1e9
+    assert len(edges) == 24 * per_octave + 2 + 1  # 24 octaves from 1 us, the thresholds
+
+
+def test_default_bucket_edges_are_unchanged() -> None:
+    # Dashboards and recorded series key on le labels: the default stays what it was.
+    edges = bucket_edges_s(LAY, [5e6])
+    assert len(edges) == 98
+    assert edges[:4].tolist() == [1e-06, 1.19e-06, 1.41e-06, 1.68e-06]
+
+
+def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> None:
+    # rate() counts a series' growth from its first scrape: born with the first quantum's
+    # counts, it would lose that quantum (in each cell of a cross-cell sum differently).
+    clock = Clock(T0)
+    c = core(clock, cell="cell-a", export=ExportConfig(buckets_per_octave=16))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: c.snapshot))
+    for d in ("read", "write", "trim", "all"):
+        labels = {"direction": d}
+        assert registry.get_sample_value("fiomon_cluster_io_latency_seconds_count", labels) == 0
+        labels["le"] = "+Inf"
+        assert registry.get_sample_value("fiomon_cluster_io_latency_seconds_bucket", labels) == 0
+    assert len(c.snapshot.edges_s) == 24 * 16 + 1
+    assert registry.get_sample_value("fiomon_cell_info", {"name": "cell-a"}) == 1.0
+    # ... and the records' counts then add to those same series.
+    c.on_records("h1", encode("h1", "s@1", 0, batch([T0 + 1000 * i for i in range(1, 4)])))
+    clock.advance(10_000)
+    assert c.tick()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: c.snapshot))
+    count = registry.get_sample_value(
+        "fiomon_cluster_io_latency_seconds_count", {"direction": "read"}
+    )
+    assert count == pytest.approx(3 * 200)
+    assert registry.get_sample_value("fiomon_cell_info", {"name": "cell-a"}) == 1.0
+    assert core(clock).snapshot.gauges.get(CELL_INFO) is None  # no cell: no series
 
 
 def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
