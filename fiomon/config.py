@@ -594,6 +594,45 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialsConfig:
+    """A cell's link to the exact root (the aggregator's ``partials`` section).
+
+    Args:
+        cell: this cell's name, unique among the root's cells (a topic level).
+        broker: the root's broker.
+        topic_prefix: the root's topic prefix (partials go to
+            ``<prefix>/v1/_partials/<cell>``).
+        client_id: MQTT client id of the cell's connection to the root's broker.
+        max_message_bytes: a close bigger than this is split into several messages.
+    """
+
+    cell: str
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic_prefix: str = "fiomon"
+    client_id: str = ""
+    max_message_bytes: int = 1024**2
+
+    def __post_init__(self) -> None:
+        if not self.client_id:
+            object.__setattr__(self, "client_id", f"fiomon-cell-{self.cell}")
+
+
+@dataclass(frozen=True, slots=True)
+class RootConfig:
+    """The exact root's own settings (the aggregator's ``root`` section).
+
+    Args:
+        cells: the cells the root expects (names); a cell not listed is taken too, and
+            reported.
+        cell_timeout_ms: a cell with no message for this long is gone: reported, and not
+            waited for (its quanta close on the root's lateness).
+    """
+
+    cells: tuple[str, ...] = ()
+    cell_timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
 class AggregatorConfig:
     """The aggregator's configuration (``fiomon aggregator --config FILE``).
 
@@ -633,6 +672,9 @@ class AggregatorConfig:
         log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
             ``--log-level`` (default info). Reloaded on SIGHUP, with the SLA rules and the
             webhook.
+        partials: this aggregator is a cell and sends its closed quanta to a root (needs
+            ``state_dir``: the outbox lives there), or None.
+        root: settings of ``fiomon root`` (ignored by ``fiomon aggregator``), or None.
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -662,6 +704,8 @@ class AggregatorConfig:
     fit_tail: bool = False
     host_timeout_ms: int = 30_000
     log_level: str | None = None
+    partials: PartialsConfig | None = None
+    root: RootConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.alert_topic:
@@ -881,7 +925,11 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         fit_tail=r.get(top, "", "fit_tail", _bool, False),
         host_timeout_ms=r.get(top, "", "host_timeout", _duration_ms(1000), 30_000),
         log_level=r.get(top, "", "log_level", _choice(*LOG_LEVELS), None),
+        partials=partials_config_from(r, top.get("partials")),
+        root=root_config_from(r, top.get("root")),
     )
+    if cfg.partials is not None and cfg.state_dir is None:
+        r.problems.append("partials: needs state_dir (the outbox of unsent partials)")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
     if r.problems:
@@ -890,6 +938,48 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def partials_config_from(r: _Reader, data: object) -> PartialsConfig | None:
+    """The ``partials`` section (a cell's link to the root), or None when absent."""
+    if data is None:
+        return None
+    known = {"cell", "broker", "topic_prefix", "client_id", "max_message_size"}
+    p = r.section(data, "partials", known)
+    r.require(p, "partials", "cell")
+    return PartialsConfig(
+        cell=r.get(p, "partials", "cell", _cell_name, "cell"),
+        broker=_broker(r, p.get("broker"), client_id=False),
+        topic_prefix=r.get(p, "partials", "topic_prefix", _topic_prefix, "fiomon"),
+        client_id=r.get(p, "partials", "client_id", _str, ""),
+        max_message_bytes=r.get(p, "partials", "max_message_size", _size(4096), 1024**2),
+    )
+
+
+def root_config_from(r: _Reader, data: object) -> RootConfig | None:
+    """The ``root`` section (``fiomon root``'s cells and cell timeout), or None."""
+    if data is None:
+        return None
+    s = r.section(data, "root", {"cells", "cell_timeout"})
+    cells: tuple[str, ...] = ()
+    raw = s.get("cells")
+    if raw is not None:
+        if not isinstance(raw, list):
+            r.problems.append(f"root.cells: expected a list of cell names, got {raw!r}")
+        else:
+            try:
+                cells = tuple(_cell_name(c, f"root.cells[{i}]") for i, c in enumerate(raw))
+            except ConfigError as exc:
+                r.problems.extend(exc.problems)
+    return RootConfig(
+        cells=cells,
+        cell_timeout_ms=r.get(s, "root", "cell_timeout", _duration_ms(1000), 30_000),
+    )
+
+
+_cell_name = _matching(
+    re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z"), "1..64 letters, digits, '_', '.', '-'"
+)
 
 
 def _http_url(value: object, where: str) -> str:

@@ -49,6 +49,8 @@ from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.aggregator.journal import GridState, Journal, StateLock
 from fiomon.aggregator.live import LiveFeed, status_of
 from fiomon.aggregator.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
+from fiomon.aggregator.outbox import Outbox
+from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import Watermark
 from fiomon.align import auto_phase, phase_for
@@ -146,6 +148,10 @@ class AggregatorCore:
         self.quanta: QuantaFile | None = None
         self.writer: QuantaWriter | None = None
         self.buckets: BucketHistogram | None = None
+        # A cell's partials for the root (cfg.partials), on disk before the state says
+        # they were published; the last quantum whose closing it has recorded.
+        self.outbox: Outbox | None = None
+        self._marker_q: int | None = None
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
@@ -187,6 +193,10 @@ class AggregatorCore:
                 self.counts.state_errors["lock"] += 1
                 raise StateLockedError(cfg.state_dir, _holder(cfg.state_dir)) from None
             self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+            if cfg.partials is not None:
+                self.outbox = Outbox(
+                    cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
+                )
         if cfg.quanta_file is not None:
             self.quanta = QuantaFile(
                 cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
@@ -551,6 +561,8 @@ class AggregatorCore:
                     self.watermark.reason,
                 )
                 self._closed(rows, now, mark)
+            else:
+                self._send_partials([], mark)  # the closed marker (and heartbeat)
             self._release()
             self._report_late(now)
         self._idle_check(now)
@@ -639,6 +651,7 @@ class AggregatorCore:
             # bounded by bytes, not only by count: a lagging intake holds quanta open.
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
+            keep_partials=self.cfg.partials is not None,
             # Room for every host's rows over the lateness, without copies as it fills.
             capacity_rows=min(
                 1 << 17,
@@ -672,6 +685,7 @@ class AggregatorCore:
         self.counts.quanta_closed += len(ends)
         self.close_delays_ms.extend(now - e for e in ends)
         through = max(mark, ends[-1])
+        self._send_partials(rows, through)  # before the state can say "published"
         if self.writer is not None:
             skip = None
             if self._skip is not None and self._skip[0] <= ends[-1]:
@@ -685,6 +699,29 @@ class AggregatorCore:
             log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
+
+    def _send_partials(self, rows: list[ClosedQuantum], through: int) -> None:
+        """Put what the engine closed (and the closed marker) in the cell's outbox.
+
+        ``rows`` are the closed-quantum rows of the same close (their late counts go on
+        the matching partial rows). A close with no groups is recorded only when it
+        passes a quantum boundary: the root learns those quanta are closed (empty here).
+        """
+        engine = self.engine
+        if self.outbox is None or engine is None:
+            return
+        parts, engine.partials = engine.partials, []
+        last_q = int(engine.quantum_of(np.array([through + 1], dtype=np.int64))[0]) - 1
+        if not parts and last_q == self._marker_q:
+            return
+        self._marker_q = last_q
+        late: dict[tuple[int, str, str | None, str], int] = {
+            (r.start_ms, r.scope, r.host, r.direction): r.late_records
+            for r in rows
+            if r.late_records
+        }
+        parts.sort(key=lambda p: p.start_ms)
+        self.outbox.add(engine.layout, through, rows_of(parts, late))
 
     def _grid(self, closed_ms: int | None) -> GridState | None:
         """The grid state to save after the quanta file (None without a state directory)."""
@@ -849,6 +886,8 @@ class AggregatorCore:
                 self.writer.submit((), through, self._grid(self.published_ms))
             if not self.writer.close(timeout_s):
                 self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        if self.outbox is not None:
+            self.outbox.close()
         if self.journal is not None:
             # No release here: messages received since the last tick are journaled but
             # not yet judged (their ends are not noted), so no segment is known done.

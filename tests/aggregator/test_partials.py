@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,21 +129,15 @@ def test_refusals_name_their_reason() -> None:
         "inconsistent": (raw + b"\x00", None),
     }
     for reason, (payload, limit) in cases.items():
-        try:
+        with pytest.raises(WireFormatError) as caught:
             decode(payload, max_bytes=limit or 1 << 24)
-        except WireFormatError as exc:
-            assert exc.reason == reason, (reason, exc)
-        else:
-            raise AssertionError(reason)
+        assert caught.value.reason == reason
     # A hostile string count is refused before any loop of that size.
     head = bytearray(raw)
     struct.pack_into("<I", head, 28, 2**20)
-    try:
+    with pytest.raises(WireFormatError) as caught:
         decode(bytes(head))
-    except WireFormatError as exc:
-        assert exc.reason == "truncated"
-    else:
-        raise AssertionError("string count")
+    assert caught.value.reason == "truncated"
 
 
 @settings(max_examples=60, deadline=None)

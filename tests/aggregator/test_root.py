@@ -1,0 +1,120 @@
+"""The root's merge: cells' partials give exactly the rows of one engine fed every record."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fiomon.aggregator.partials import PartialsMessage, decode, encode, rows_of
+from fiomon.aggregator.root import RootMerger
+from fiomon.bins import BinLayout
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.windows import ClosedQuantum, QuantumEngine
+
+LAY = BinLayout()
+Q = 1000
+T0 = 1_795_000_000_000
+
+
+def records(rnd: random.Random, hosts: list[str], n: int) -> RecordBatch:
+    """``n`` random records over ``hosts`` (two jobs each), some spanning quanta."""
+    streams = tuple(StreamInfo(h, f"{h}.log:{j}") for h in hosts for j in range(2))
+    start: list[int] = []
+    bins: list[int] = []
+    counts: list[int] = []
+    indptr = [0]
+    for i in range(n):
+        s = T0 + rnd.randrange(0, 20 * Q)
+        start.append(s)
+        k = rnd.randint(0 if i else 1, 4)  # a record may carry no samples
+        b = sorted(rnd.sample(range(400, 1100), k))
+        bins.extend(b)
+        counts.extend(rnd.randint(1, 5000) for _ in b)
+        indptr.append(len(bins))
+    s_arr = np.array(start, np.int64)
+    return RecordBatch(
+        layout=LAY,
+        streams=streams,
+        stream_idx=np.array([rnd.randrange(len(streams)) for _ in range(n)], np.int32),
+        direction=np.array([rnd.randint(0, 2) for _ in range(n)], np.int8),
+        start_ms=s_arr,
+        end_ms=s_arr + np.array([rnd.choice([0, 250, 1000, 1700]) for _ in range(n)]),
+        nbytes=np.array([rnd.randint(0, 10**7) for _ in range(n)], np.int64),
+        indptr=np.array(indptr, np.int64),
+        bins=np.array(bins, np.int32),
+        counts=np.array(counts, np.int64),
+    )
+
+
+def engine(*, partials: bool) -> QuantumEngine:
+    return QuantumEngine(
+        layout=LAY, quantum_ms=Q, per_host=True, keep_partials=partials, keep_hists=True
+    )
+
+
+def key(r: ClosedQuantum) -> tuple[int, str, str | None, str]:
+    return (r.end_ms, r.scope, r.host, r.direction)
+
+
+def assert_same(got: list[ClosedQuantum], want: list[ClosedQuantum]) -> None:
+    g = {key(r): r.to_json() for r in got}
+    w = {key(r): r.to_json() for r in want}
+    assert g.keys() == w.keys()
+    worst = 0.0
+    for k, a in w.items():
+        b = g[k]
+        for f in ("samples", "min_ns", "mean_ns", "max_ns", "iops", "bytes_per_second"):
+            if a[f] is None:
+                assert b[f] is None
+                continue
+            worst = max(worst, abs(b[f] - a[f]) / max(abs(a[f]), 1e-300))
+        for p, v in a["percentiles_ns"].items():
+            worst = max(worst, abs(b["percentiles_ns"][p] - v) / max(abs(v), 1e-300))
+        assert (b["streams"], b["late_records"], b["saturated"]) == (
+            a["streams"],
+            a["late_records"],
+            a["saturated"],
+        )
+        assert b["percentiles_ci_ns"] == a["percentiles_ci_ns"]
+    assert worst <= 1e-9, worst
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(2, 4), st.integers(1, 400))
+def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: int, n: int) -> None:
+    hosts = [f"h{i}" for i in range(3 * ncells)]
+    batch = records(rnd, hosts, n)
+    one = engine(partials=False)
+    one.add(batch)
+    want = one.flush()
+    assert want  # the comparison below is not vacuous
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=one.percentiles,
+        confidence_level=one.confidence_level,
+        per_host=True,
+        cells=[f"c{i}" for i in range(ncells)],
+        cell_timeout_ms=30_000,
+        now_ms=0,
+    )
+    for c in range(ncells):
+        mine = {h for i, h in enumerate(hosts) if i % ncells == c}
+        sel = np.array([batch.streams[s].host in mine for s in batch.stream_idx])
+        cell = engine(partials=True)
+        cell.add(batch.select(sel))
+        rows = cell.flush()
+        late: dict[tuple[int, str, str | None, str], int] = {
+            (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
+        }
+        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 10**6, tuple(rows_of(cell.partials, late)))
+        payload = encode(msg)
+        root.receive(payload, 0)
+        root.receive(payload, 0)  # a resend changes nothing
+        assert decode(payload).cell == f"c{c}"
+    got = root.close(0)
+    assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
+    assert_same(got, want)
