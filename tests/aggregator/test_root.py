@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
+from fiomon.config import AggregatorConfig, PartialsConfig
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import ClosedQuantum, QuantumEngine
+from fiomon.wire import encode as encode_records
 
 LAY = BinLayout()
 Q = 1000
@@ -118,3 +123,79 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
     got = root.close(0)
     assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
     assert_same(got, want)
+
+
+# -- a cell's outbox, from the aggregator core ------------------------------------------
+
+
+class Clock:
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def _outbox_messages(folder: Path) -> list[PartialsMessage]:
+    raw = (folder / "partials.outbox").read_bytes()
+    out, at = [], 0
+    while at < len(raw):
+        n = int.from_bytes(raw[at : at + 4], "little")
+        out.append(decode(raw[at + 4 : at + 4 + n]))
+        at += 4 + n
+    return out
+
+
+def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
+    tmp_path: Path,
+) -> None:
+    clock = Clock(T0 + 30 * Q)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        state_dir=tmp_path,
+        quanta_file=tmp_path / "quanta.jsonl",
+        partials=PartialsConfig(cell="c1"),
+    )
+    rnd = random.Random(7)
+    batch = records(rnd, ["a"], 200)
+    one = engine(partials=False)
+    one.add(batch)
+    want = one.flush()
+    core = AggregatorCore(cfg, now_ms=clock)
+    core.restore()
+    core.on_records("a", encode_records("a", "s", 0, batch))
+    clock.t = T0 + 60 * Q
+    core.tick()  # closes everything on the clock (30 s past the records)
+    core.tick()
+    clock.t += 2 * Q
+    core.tick()  # a quantum boundary with nothing closed: a marker only
+    core.close()
+    msgs = _outbox_messages(tmp_path)
+    assert [m.seq for m in msgs] == list(range(len(msgs)))
+    assert msgs[-1].rows == ()
+    assert msgs[-1].closed_through_ms > msgs[-2].closed_through_ms
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level,
+        per_host=True,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=0,
+    )
+    for m in msgs:
+        root.take(m, 0)
+    assert_same(root.close(0), want)
+    # Nothing was acknowledged: a restart resends the whole outbox, in order.
+    again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
+    sent = []
+    while (nxt := again.peek()) is not None:
+        sent.append(decode(nxt[1]).seq)
+        again.ack(nxt[0])
+    assert sent == [m.seq for m in msgs]
+    again.close()
+    third = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
+    assert third.peek() is None  # all acknowledged: nothing is sent again
+    third.close()
