@@ -303,6 +303,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
     )
+    root = _service_parser(
+        sub,
+        "root",
+        help="merge the cells' closed quanta into exact cluster percentiles (the root)",
+        description="Subscribe to the cells' partials (<prefix>/v1/_partials/+) on the "
+        "root's broker, merge them into the same quanta one aggregator fed every record "
+        "would close, export /metrics, append to the quanta file and evaluate the SLA "
+        "rules. The config is an aggregator's, with a `root` section (cells, cell_timeout).",
+    )
+    root.add_argument(
+        "--final",
+        action="store_true",
+        help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
+    )
     cc = sub.add_parser(
         "check-config",
         help="validate a configuration file and list every problem",
@@ -632,7 +646,7 @@ def _service_parser(
     description: str,
 ) -> argparse.ArgumentParser:
     """The subcommand of a service: its config file, overrides and logging."""
-    listen = "\n  FIOMON_LISTEN       like --listen" if name == "aggregator" else ""
+    listen = "\n  FIOMON_LISTEN       like --listen" if name in {"aggregator", "root"} else ""
     p = sub.add_parser(
         name,
         help=help,
@@ -647,7 +661,7 @@ def _service_parser(
         help="MQTT broker, overriding broker.host (and broker.port, if given) of the file; "
         "IPv6 as [ADDR]:PORT",
     )
-    if name == "aggregator":
+    if name in {"aggregator", "root"}:
         p.add_argument(
             "--listen",
             metavar="HOST:PORT",
@@ -731,6 +745,10 @@ def _service(args: argparse.Namespace, name: str) -> int:
         from fiomon.agent.service import run_agent  # noqa: PLC0415
 
         main_coro = run_agent(cfg)
+    elif name == "root":
+        from fiomon.aggregator.root_service import run_root  # noqa: PLC0415
+
+        main_coro = run_root(cfg, final=args.final)
     else:
         from fiomon.aggregator.service import run_aggregator  # noqa: PLC0415
 
@@ -985,6 +1003,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _service(args, "agent")
     if args.command == "aggregator":
         return _service(args, "aggregator")
+    if args.command == "root":
+        return _service(args, "root")
     if args.command == "check-config":
         return _check_config(args)
     if args.command == "version":
