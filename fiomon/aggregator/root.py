@@ -39,6 +39,8 @@ from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, ci_dicts
 log = logging.getLogger("fiomon.root")
 
 _FAR = 2**62
+MAX_FUTURE_MS = 10 * 60_000  # rows of quanta ending further ahead of the root's clock: refused
+SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
 
 
@@ -75,7 +77,7 @@ class CellState:
 class RootCounts:
     """The root's counters (exported as ``fiomon_root_*``)."""
 
-    rows: Counter[str] = field(default_factory=Counter)  # merged, duplicate, late
+    rows: Counter[str] = field(default_factory=Counter)  # merged, duplicate, late, future
     invalid: Counter[str] = field(default_factory=Counter)  # by wire reason, grid, layout
     messages: Counter[str] = field(default_factory=Counter)  # by cell
     quanta_closed: int = 0
@@ -180,12 +182,15 @@ class RootMerger:
             if p.scope == "host" and not self.per_host:
                 continue
             key: GroupKey = (p.scope, p.host, p.direction)
-            if self.closed_ms is not None and p.end_ms <= self.closed_ms:
-                rows["late"] += 1
+            if p.end_ms > now_ms + MAX_FUTURE_MS:
+                rows["future"] += 1  # bounds what a wrong clock (or hostile cell) holds open
                 continue
             seen = self._seen.setdefault(p.end_ms, set())
             if (msg.cell, key) in seen:
-                rows["duplicate"] += 1
+                rows["duplicate"] += 1  # a resend (closed quanta are remembered a while)
+                continue
+            if self.closed_ms is not None and p.end_ms <= self.closed_ms:
+                rows["late"] += 1  # never merged: its quantum closed without it
                 continue
             seen.add((msg.cell, key))
             groups = self._open.setdefault(p.end_ms, {})
@@ -241,7 +246,10 @@ class RootMerger:
             if end <= by_clock and not (live and all(t is not None and t >= end for t in throughs)):
                 self.counts.closed_by_lateness += 1
             out.extend(self._close_one(end))
-        for end in [e for e in self._seen if e <= bound]:
+        # Rows of closed quanta are remembered for SEEN_QUANTA quanta, so a cell's resends
+        # after a restart count as duplicates, not late.
+        forget = bound - SEEN_QUANTA * self.quantum_ms
+        for end in [e for e in self._seen if e <= forget]:
             del self._seen[end]
         self.counts.quanta_closed += len(ready)
         self.closed_ms = bound

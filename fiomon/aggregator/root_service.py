@@ -140,10 +140,10 @@ class RootService:
         counters[
             (
                 "fiomon_root_partial_rows",
-                "Partial rows by outcome (merged, duplicate, late).",
+                "Partial rows by outcome (merged, duplicate, late, future).",
                 ("outcome",),
             )
-        ] = {(k,): float(m.rows[k]) for k in ("merged", "duplicate", "late")}
+        ] = {(k,): float(m.rows[k]) for k in ("merged", "duplicate", "late", "future")}
         counters[
             ("fiomon_root_invalid_partials", "Partials messages refused, by reason.", ("reason",))
         ] = {(k,): float(v) for k, v in m.invalid.items()}

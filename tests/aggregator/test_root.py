@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import PartialsMessage, decode, encode, rows_of
+from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, PartialsConfig
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ClosedQuantum, QuantumEngine
+from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
 from fiomon.wire import encode as encode_records
 
 LAY = BinLayout()
@@ -104,7 +104,7 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
         per_host=True,
         cells=[f"c{i}" for i in range(ncells)],
         cell_timeout_ms=30_000,
-        now_ms=0,
+        now_ms=T0,
     )
     for c in range(ncells):
         mine = {h for i, h in enumerate(hosts) if i % ncells == c}
@@ -117,10 +117,10 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
         }
         msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 10**6, tuple(rows_of(cell.partials, late)))
         payload = encode(msg)
-        root.receive(payload, 0)
-        root.receive(payload, 0)  # a resend changes nothing
+        root.receive(payload, T0)
+        root.receive(payload, T0)  # a resend changes nothing
         assert decode(payload).cell == f"c{c}"
-    got = root.close(0)
+    got = root.close(T0)
     assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
     assert_same(got, want)
 
@@ -183,11 +183,11 @@ def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
         per_host=True,
         cells=["c1"],
         cell_timeout_ms=30_000,
-        now_ms=0,
+        now_ms=T0,
     )
     for m in msgs:
-        root.take(m, 0)
-    assert_same(root.close(0), want)
+        root.take(m, T0)
+    assert_same(root.close(T0), want)
     # Nothing was acknowledged: a restart resends the whole outbox, in order.
     again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
     sent = []
@@ -199,3 +199,76 @@ def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
     third = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
     assert third.peek() is None  # all acknowledged: nothing is sent again
     third.close()
+
+
+def _one_row_message(cell: str, end: int, through: int, *, layout: BinLayout = LAY) -> bytes:
+    hist = np.zeros(layout.nbins)
+    hist[min(700, layout.nbins - 1)] = 10.0
+    part = RawPartial(
+        start_ms=end - Q,
+        end_ms=end,
+        scope="cluster",
+        host=None,
+        direction="read",
+        hist=hist,
+        lo_ms=end - Q,
+        hi_ms=end,
+        nbytes=4096.0,
+        streams=1,
+    )
+    return encode(PartialsMessage(cell, 0, layout, through, (PartialRow(part),)))
+
+
+def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> None:
+    now = T0
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50, 99),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1", "c2"],
+        cell_timeout_ms=5000,
+        now_ms=now,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
+    assert root.close(now) == []  # c2 (expected) has said nothing yet
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), now)
+    (row,) = root.close(now)
+    assert (row.end_ms, row.stats.samples, row.streams) == (T0 + Q, 20, 2)
+    # A resend of a closed quantum is a duplicate; a row never merged is late.
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
+    root.receive(_one_row_message("c3", T0 + Q, T0 + Q), now)
+    assert (root.counts.rows["duplicate"], root.counts.rows["late"]) == (1, 1)
+    # c3 appeared: it is waited for too; c2 goes silent and is not waited for forever.
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
+    root.receive(_one_row_message("c3", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
+    assert root.close(now + 1000) == []  # c2 is live and has not closed T0 + 2 s
+    assert root.live_cells(now + 5500) == ["c1", "c3"]
+    assert [r.end_ms for r in root.close(now + 5500)] == [T0 + 2 * Q]
+    # Nobody live: quanta close on the root's lateness alone.
+    root.receive(_one_row_message("c1", T0 + 3 * Q, T0 + 2 * Q), now + 5500)
+    assert root.close(now + 20_000) == []
+    assert [r.end_ms for r in root.close(T0 + 3 * Q + 60_000)] == [T0 + 3 * Q]
+    assert root.counts.closed_by_lateness == 1
+
+
+def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=[],
+        cell_timeout_ms=5000,
+        now_ms=T0,
+    )
+    root.receive(b"garbage!" * 8, T0)
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0)
+    root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0)  # off the grid
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(29, 4)), T0)
+    root.receive(_one_row_message("c1", T0 + 3_600_000, T0), T0)  # an hour ahead
+    assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
+    assert root.counts.rows == {"merged": 1, "future": 1}
+    assert root.open_quanta == 1
