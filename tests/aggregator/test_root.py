@@ -6,6 +6,8 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +16,8 @@ from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, PartialsConfig
+from fiomon.config import AggregatorConfig, PartialsConfig, aggregator_config_from
+from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
 from fiomon.wire import encode as encode_records
@@ -272,3 +275,18 @@ def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
     assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
     assert root.counts.rows == {"merged": 1, "future": 1}
     assert root.open_quanta == 1
+
+
+def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
+    text = (Path(__file__).parents[2] / "deploy" / "README.md").read_text()
+    section = text.split("## Exact cluster percentiles: the root", 1)[1]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    cell, root = (yaml.safe_load(b) for b in blocks)
+    cfg = aggregator_config_from({**cell, "state_dir": "s"})
+    assert cfg.partials is not None and cfg.partials.cell == "cell-a"
+    assert cfg.partials.broker.host == "root-broker"
+    rcfg = aggregator_config_from(root)
+    assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
+    assert rcfg.root.cell_timeout_ms == 30_000
+    with pytest.raises(ConfigError, match="partials: needs state_dir"):
+        aggregator_config_from(cell)
