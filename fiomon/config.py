@@ -930,6 +930,9 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     )
     if cfg.partials is not None and cfg.state_dir is None:
         r.problems.append("partials: needs state_dir (the outbox of unsent partials)")
+    if (cfg.partials is not None or cfg.root is not None) and cfg.align == "auto":
+        # Each cell would pick its own phase; the root merges only quanta on one grid.
+        r.problems.append("partials/root: need align epoch or a fixed offset, not auto")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
     if r.problems:

@@ -794,7 +794,30 @@ class AggregatorCore:
             rules=self.cfg.sla,
             alerts=self.alerts.snapshot(),
         )
-        return dataclasses.replace(snap, live=self.live.view(status))
+        snap = dataclasses.replace(snap, live=self.live.view(status))
+        return snap if self.outbox is None else self._with_outbox(snap)
+
+    def _with_outbox(self, snap: Snapshot) -> Snapshot:
+        """The cell's partials outbox on ``/metrics`` (backlog, sent, dropped)."""
+        assert self.outbox is not None  # noqa: S101 -- only called with an outbox
+        ob = self.outbox
+        gauges = dict(snap.gauges)
+        gauges[
+            (
+                "fiomon_partials_backlog_bytes",
+                "Partials in the outbox the root's broker has not acknowledged.",
+                (),
+            )
+        ] = {(): float(ob.backlog_bytes)}
+        counters = dict(snap.counters)
+        counters[
+            (
+                "fiomon_partials_messages",
+                "Partials messages to the root: sent (acknowledged) or dropped unsent.",
+                ("result",),
+            )
+        ] = {("sent",): float(ob.sent), ("dropped",): float(ob.dropped)}
+        return dataclasses.replace(snap, gauges=gauges, counters=counters)
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:
         """Rebuild the snapshot's counters between closes if the last is ``min_age_ms`` old."""

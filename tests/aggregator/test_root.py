@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +13,22 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.exporter import FiomonCollector
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
+from fiomon.aggregator.root_service import RootService
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, PartialsConfig, aggregator_config_from
+from fiomon.config import (
+    AggregatorConfig,
+    PartialsConfig,
+    RootConfig,
+    SlaRule,
+    aggregator_config_from,
+)
 from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
@@ -290,3 +302,60 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     assert rcfg.root.cell_timeout_ms == 30_000
     with pytest.raises(ConfigError, match="partials: needs state_dir"):
         aggregator_config_from(cell)
+
+
+def _promtool_clean(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: run .ci/run or apt-get install prometheus")
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
+    clock = Clock(T0 + 5000)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        quanta_file=tmp_path / "root.jsonl",
+        root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=60_000),
+        sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),),
+    )
+    svc = RootService(cfg, now_ms=clock)
+    svc.merger.receive(_one_row_message("c1", T0 + Q, T0 + Q), clock())
+    clock.t += 11_000  # c2 has said nothing (still waited for): the clock closes the quantum
+    (row,) = svc.tick()
+    svc.close()
+    assert json.loads((tmp_path / "root.jsonl").read_text())["end_ms"] == row.end_ms
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: svc.snapshot))
+    text = generate_latest(registry).decode()
+    assert registry.get_sample_value("fiomon_root_cells_up") == 2
+    assert registry.get_sample_value("fiomon_root_cells_expected") == 2
+    assert registry.get_sample_value("fiomon_root_cell_up", {"cell": "c2"}) == 1
+    assert registry.get_sample_value("fiomon_root_partial_rows_total", {"outcome": "merged"}) == 1
+    assert registry.get_sample_value("fiomon_root_quanta_closed_by_lateness_total") == 1
+    assert registry.get_sample_value(
+        "fiomon_cluster_latency_percentile_seconds", {"direction": "read", "percentile": "99"}
+    )
+    _promtool_clean(text)
+    # A cell's outbox on its own /metrics.
+    cell = AggregatorCore(
+        AggregatorConfig(align="epoch", state_dir=tmp_path / "cell", partials=PartialsConfig("c1")),
+        now_ms=clock,
+    )
+    cell.restore()
+    cell.on_records("a", encode_records("a", "s", 0, records(random.Random(3), ["a"], 30)))
+    clock.t += 60_000
+    cell.tick()
+    cell.tick()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: cell.snapshot))
+    text = generate_latest(registry).decode()
+    assert (registry.get_sample_value("fiomon_partials_backlog_bytes") or 0) > 0
+    assert registry.get_sample_value("fiomon_partials_messages_total", {"result": "sent"}) == 0
+    cell.close()
+    _promtool_clean(text)
