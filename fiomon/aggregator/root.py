@@ -130,14 +130,21 @@ class RootMerger:
 
     # -- intake -----------------------------------------------------------------------------
 
-    def receive(self, payload: bytes, now_ms: int, *, max_bytes: int = MAX_PARTIALS_BYTES) -> None:
-        """One partials message; a refused one is counted and logged, nothing else."""
+    def receive(
+        self, payload: bytes, now_ms: int, *, max_bytes: int = MAX_PARTIALS_BYTES
+    ) -> int | None:
+        """One partials message; a refused one is counted and logged, nothing else.
+
+        Returns the latest quantum end among its rows (None: refused or no rows), which
+        tells a journal when the message is no longer needed.
+        """
         try:
             msg = decode(payload, max_bytes=max_bytes)
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
-            return
+            return None
         self.take(msg, now_ms)
+        return max((r.part.end_ms for r in msg.rows), default=None)
 
     def _invalid(self, reason: str, text: str) -> None:
         self.counts.invalid[reason] += 1

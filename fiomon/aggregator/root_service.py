@@ -10,9 +10,11 @@ scope: the whole cluster) and serves ``/metrics`` like an aggregator (the same l
 families, plus ``fiomon_root_*``: cells up, rows merged/duplicate/late, refused
 messages).
 
-Not yet: the root keeps no journal. Partials of quanta open when the root dies are lost
-for those quanta (they close by lateness with what came after the restart); cells do not
-resend what the root's broker acknowledged.
+With a ``state_dir``, every message is journaled before it is acknowledged to the broker
+(manual PUBACK, as the aggregator does), and a restart replays the journal, so the quanta
+open when the root stopped (or was ``kill -9``-ed) are re-formed; a segment goes once the
+quanta file confirms every quantum its rows touch. Without one, partials of open quanta
+die with the process.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import aiomqtt
 from fiomon import __version__
 from fiomon.aggregator.alerts import AlertBook
 from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.aggregator.journal import Journal, StateLock
 from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
@@ -82,11 +85,43 @@ class RootService:
             now_ms=now_ms(),
             closed_ms=tail.end_ms if tail is not None else None,
         )
+        self.lock: StateLock | None = None
+        self.journal: Journal | None = None
+        if cfg.state_dir is not None:
+            try:
+                self.lock = StateLock(cfg.state_dir)
+            except BlockingIOError:
+                msg = f"another process uses the state directory {cfg.state_dir}"
+                raise RuntimeError(msg) from None
+            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+            self._replay()
         self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
         self.gauges = QuantumGauges(cfg.percentiles, fit_tail=False)
         self.buckets: BucketHistogram | None = None
         self.broker_connected = False
         self.snapshot = self._build()
+
+    def _replay(self) -> None:
+        """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
+        assert self.journal is not None  # noqa: S101 -- only called with a journal
+        n = 0
+        for segment, _, payload in self.journal.replay():
+            end = self.merger.receive(payload, self.now_ms())
+            self.journal.adopt(segment, end if end is not None else -(2**62))
+            n += 1
+        if n:
+            merged = self.merger.counts.rows["merged"]
+            self.merger.counts.rows.clear()  # replays are neither late nor duplicates
+            log.info(
+                "re-formed %d partial rows of open quanta from %d journaled messages", merged, n
+            )
+
+    def on_message(self, cell: str, payload: bytes) -> None:
+        """One message from the broker: journaled, then merged (the caller acknowledges)."""
+        segment = self.journal.append([(cell, payload)]) if self.journal is not None else -1
+        end = self.merger.receive(payload, self.now_ms(), max_bytes=self.cfg.max_message_bytes)
+        if self.journal is not None and end is not None:
+            self.journal.note(segment, end)
 
     def problem(self, kind: str, text: str) -> None:
         """A disk problem: logged and counted."""
@@ -108,6 +143,10 @@ class RootService:
                 )
                 self.gauges.buckets = self.buckets
             self.gauges.observe(rows, now)
+        if self.journal is not None and self.writer is not None:
+            confirmed = self.writer.confirmed_ms
+            if confirmed is not None:
+                self.journal.release(confirmed)
             for t in self.alerts.observe(rows):
                 log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
         self.snapshot = self._build()
@@ -160,6 +199,10 @@ class RootService:
         """Write what was closed (open quanta are dropped: the root keeps no journal)."""
         if self.writer is not None and not self.writer.close(timeout_s):
             self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        if self.journal is not None:
+            self.journal.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 async def run_root(
@@ -233,6 +276,9 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
     )
+    # Acknowledge only after journaling (aiomqtt has no manual-ack API: paho's switch).
+    paho = client._client
+    paho.manual_ack_set(True)
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not stop.is_set():
         try:
@@ -254,5 +300,8 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
 
 
 async def _read(svc: RootService, client: aiomqtt.Client) -> None:
+    paho = client._client
     async for m in client.messages:
-        svc.merger.receive(bytes(m.payload), svc.now_ms(), max_bytes=svc.cfg.max_message_bytes)
+        svc.on_message(str(m.topic).rsplit("/", 1)[-1], bytes(m.payload))
+        if m.qos > 0:
+            paho.ack(m.mid, m.qos)

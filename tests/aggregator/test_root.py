@@ -359,3 +359,35 @@ def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
     assert registry.get_sample_value("fiomon_partials_messages_total", {"result": "sent"}) == 0
     cell.close()
     _promtool_clean(text)
+
+
+def test_a_root_restart_re_forms_open_quanta_from_its_journal(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        quanta_file=tmp_path / "root.jsonl",
+        state_dir=tmp_path / "state",
+        root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=60_000),
+    )
+    first = RootService(cfg, now_ms=clock)
+    first.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q))
+    first.on_message("c2", _one_row_message("c2", T0 + Q, T0 + Q))
+    assert [r.end_ms for r in first.tick()] == [T0 + Q]
+    first.on_message("c1", _one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q))
+    assert first.tick() == []  # c2 has not closed T0 + 2 s
+    first.close()  # as after kill -9: the journal holds both messages of c1
+    second = RootService(cfg, now_ms=clock)
+    assert second.merger.open_quanta == 1  # T0 + 2 s re-formed; T0 + 1 s was published
+    second.on_message("c2", _one_row_message("c2", T0 + 2 * Q, T0 + 2 * Q))
+    second.on_message("c1", _one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q))  # a resend
+    (row,) = second.tick()
+    assert (row.end_ms, row.stats.samples, row.streams) == (T0 + 2 * Q, 20, 2)
+    assert second.merger.counts.rows["duplicate"] == 1
+    second.close()
+    lines = (tmp_path / "root.jsonl").read_text().splitlines()
+    assert [json.loads(x)["end_ms"] for x in lines] == [T0 + Q, T0 + 2 * Q]
+    # Replayed rows of published quanta are not merged again.
+    third = RootService(cfg, now_ms=clock)
+    assert third.merger.open_quanta == 0
+    third.close()

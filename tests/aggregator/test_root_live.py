@@ -46,6 +46,7 @@ class Cluster:
             "client_id: fiomon-root-test\nquantum: 1s\nlateness: 120s\nalign: epoch\n"
             f"listen: 127.0.0.1:{self.root_port}\nquanta_file: {self.root_quanta}\n"
             f"root: {{cells: [c1, c2], cell_timeout: {cell_timeout}}}\n"
+            f"state_dir: {tmp / 'root-state'}\n"
         )
         for cell, broker in self.brokers.items():
             (tmp / f"{cell}.yaml").write_text(
@@ -73,8 +74,11 @@ class Cluster:
             )
 
     async def root(self) -> asyncio.subprocess.Process:
+        since = len(self.root_broker.log_text())
         proc = await self.process("root", self.root_cfg, "root")
-        await self.root_broker.wait_for_log(f"fiomon-root-test 1 {ROOT_PREFIX}/v1/_partials/+")
+        await self.root_broker.wait_for_log(
+            f"fiomon-root-test 1 {ROOT_PREFIX}/v1/_partials/+", since=since
+        )
         return proc
 
     async def cell(self, cell: str) -> asyncio.subprocess.Process:
@@ -117,7 +121,7 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
         await asyncio.wait_for(p.wait(), DEADLINE_S)
 
 
-async def test_root_equals_one_aggregator_through_a_cell_kill_9(
+async def test_root_equals_one_aggregator_through_cell_and_root_kill_9(
     mosquitto: Mosquitto, mosquitto_bin: str, tmp_path: Path
 ) -> None:
     second = Mosquitto(mosquitto_bin, tmp_path / "mosquitto-b")
@@ -148,6 +152,18 @@ async def test_root_equals_one_aggregator_through_a_cell_kill_9(
             what="lines written while cell c2 is down",
         )
         cells["c2"] = await c.cell("c2")
+        # Then the root: its open quanta are in its journal, what comes meanwhile is
+        # queued by its broker for its session.
+        before = len(c.closed_ends())
+        await until(lambda: len(c.closed_ends()) > before, what="the root closed more quanta")
+        procs[0].kill()
+        await procs[0].wait()
+        at_kill = _lines(data)
+        await until(
+            lambda: _lines(data) >= at_kill + 12 or writer.done(),
+            what="lines written while the root is down",
+        )
+        procs[0] = await c.root()
         await writer
         await until(lambda: last_end in c.closed_ends(), what=f"the root closed {last_end}")
         procs += cells.values()
