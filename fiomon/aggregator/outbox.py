@@ -164,8 +164,12 @@ class Outbox:
         self._send_seq += 1
         self.sent += 1
         if self._send_at >= self._end and self._end > COMPACT_BYTES:
+            # The position first: dying between the two resends what was acknowledged
+            # (harmless), never points past the file.
+            self._send_at = 0
+            self._write_ack()
             self._file.truncate(0)
-            self._end = self._send_at = 0
+            self._end = 0
         now = time.monotonic()
         if self._send_at == 0 or now - self._ack_written >= ACK_EVERY_S:
             self._write_ack()

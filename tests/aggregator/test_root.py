@@ -391,3 +391,38 @@ def test_a_root_restart_re_forms_open_quanta_from_its_journal(tmp_path: Path) ->
     third = RootService(cfg, now_ms=clock)
     assert third.merger.open_quanta == 0
     third.close()
+
+
+def test_the_outbox_cuts_a_torn_record_and_empties_once_all_is_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fiomon.aggregator.outbox as outbox_mod  # noqa: PLC0415
+
+    problems: list[tuple[str, str]] = []
+    box = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    box.add(LAY, T0, [])
+    box.add(LAY, T0 + Q, [])
+    box.close()
+    with (tmp_path / "partials.outbox").open("ab") as fh:
+        fh.write(b"\x40\x00\x00\x00torn")  # kill -9 in the middle of a write
+    box = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    sent = []
+    while (nxt := box.peek()) is not None:
+        sent.append(decode(nxt[1]).closed_through_ms)
+        box.ack(nxt[0])
+    assert sent == [T0, T0 + Q]
+    monkeypatch.setattr(outbox_mod, "COMPACT_BYTES", 0)
+    box.add(LAY, T0 + 2 * Q, [])
+    nxt = box.peek()
+    assert nxt is not None
+    box.ack(nxt[0])  # everything acknowledged: the file is emptied
+    assert (tmp_path / "partials.outbox").stat().st_size == 0
+    assert box.backlog_bytes == 0
+    box.close()
+    again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    assert again.peek() is None
+    again.add(LAY, T0 + 3 * Q, [])
+    nxt = again.peek()
+    assert nxt is not None and decode(nxt[1]).seq == 3  # numbering goes on
+    again.close()
+    assert problems == []
