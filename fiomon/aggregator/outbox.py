@@ -200,27 +200,57 @@ def partials_topic(prefix: str, cell: str) -> str:
     return f"{prefix}/v1/_partials/{cell}"
 
 
-async def publish_partials(cfg: PartialsConfig, outbox: Outbox, stop: asyncio.Event) -> None:
-    """Send the outbox to the root's broker until ``stop``; reconnect on errors."""
+async def publish_partials(
+    cfg: PartialsConfig,
+    outbox: Outbox,
+    stop: asyncio.Event,
+    *,
+    closed: asyncio.Event | None = None,
+    grace_s: float = 10.0,
+) -> None:
+    """Send the outbox to the root's broker until ``stop``; reconnect on errors.
+
+    ``closed``: after ``stop``, wait for it (the final close is in the outbox) and send
+    what is left, for at most ``grace_s``; without it, stop at once (the rest waits in
+    the outbox for the next start).
+    """
     topic = partials_topic(cfg.topic_prefix, cfg.cell)
     client = make_client(cfg.broker, identifier=cfg.client_id)
     backoff = Backoff(base_s=0.25, cap_s=5.0)
-    while not stop.is_set():
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+
+    def finished() -> bool:
+        nonlocal deadline
+        if not stop.is_set():
+            return False
+        if closed is None:
+            return True
+        if deadline is None:
+            deadline = loop.time() + grace_s
+        return loop.time() > deadline or (closed.is_set() and outbox.peek() is None)
+
+    while not finished():
         try:
             async with client:
                 log.info("partials: connected to %s:%d", cfg.broker.host, cfg.broker.port)
                 backoff.reset()
-                while not stop.is_set():
+                while not finished():
                     nxt = outbox.peek()
                     if nxt is None:
                         outbox.wake.clear()
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(outbox.wake.wait(), 1.0)
+                            await asyncio.wait_for(outbox.wake.wait(), 0.2)
                         continue
                     after, payload = nxt
                     await client.publish(topic, payload, qos=1)  # returns on PUBACK
                     outbox.ack(after)
         except aiomqtt.MqttError as exc:
             log.warning("partials: broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
+        if not finished():
+            await asyncio.sleep(backoff.next())
+    if outbox.backlog_bytes:
+        log.warning(
+            "partials: %d bytes not sent to the root's broker: they go at the next start",
+            outbox.backlog_bytes,
+        )

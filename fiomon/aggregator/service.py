@@ -107,6 +107,7 @@ class _Service:
         self.forced = False
         self.metrics: MetricsProcess | None = None  # set once serving
         self.ready = False  # READY=1 sent: the first broker session was up and subscribed
+        self.closed = asyncio.Event()  # the close loop is done (a final close included)
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -229,8 +230,16 @@ async def run_aggregator(
             tg.create_task(_reload_loop(svc), name="fiomon.reload")
             if cfg.partials is not None and core.outbox is not None:
                 # A cell: its closed quanta go to the root's broker on their own task.
+                # A final stop sends the final close too (within the grace time).
                 tg.create_task(
-                    publish_partials(cfg.partials, core.outbox, stop), name="fiomon.partials"
+                    publish_partials(
+                        cfg.partials,
+                        core.outbox,
+                        stop,
+                        closed=svc.closed if final else None,
+                        grace_s=GRACE_S,
+                    ),
+                    name="fiomon.partials",
                 )
             # READY=1 comes from the MQTT task once the first session is subscribed; until
             # then STATUS= says what it waits for (systemctl status shows it).
@@ -310,6 +319,7 @@ async def _close_loop(svc: _Service) -> None:
         rows = svc.core.flush()
         log.info("final stop: closed %d open rows", len(rows))
         _alerts_out(svc)
+    svc.closed.set()
 
 
 async def _reload_loop(svc: _Service) -> None:

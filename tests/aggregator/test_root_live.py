@@ -8,13 +8,23 @@ mid-run; a cell stopped for good is reported and no longer holds quanta open.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import random
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import aiomqtt
+
+from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.partials import PartialsMessage, decode
+from fiomon.aggregator.root import RootMerger
+from fiomon.aggregator.service import run_aggregator
+from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.tools.simulate import write_cluster
+from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (
     _agent,
     assert_rows_equal,
@@ -22,6 +32,7 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
+from tests.aggregator.test_root import T0, assert_same, engine, records
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 
 ROOT_PREFIX = "fiomonroot"
@@ -239,3 +250,70 @@ async def test_a_cell_gone_for_good_is_reported_and_holds_nothing_open(
         r["host"] for r in c.root_rows() if r["host"] and int(str(r["end_ms"])) > killed_at + 10_000
     }
     assert late_hosts == {"client-01", "client-02", "client-03"}, said
+
+
+async def test_a_final_stop_sends_the_final_close_to_the_root(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """``--final`` closes what is open; those partials reach the root's broker before exit."""
+    now = time.time_ns() // 1_000_000 // 1000 * 1000
+    batch = records(random.Random(4), ["a"], 120)
+    batch = dataclasses.replace(
+        batch, start_ms=batch.start_ms - T0 + now, end_ms=batch.end_ms - T0 + now
+    )
+    one = engine(partials=False)
+    one.add(batch)
+    want = one.flush()
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix="fiomonlive",
+        client_id="fiomon-cell-final",
+        lateness_ms=120_000,  # nothing closes on the clock: the final stop closes it
+        align="epoch",
+        listen=f"127.0.0.1:{free_port()}",
+        state_dir=tmp_path / "cell",
+        partials=PartialsConfig(
+            cell="c1", broker=BrokerConfig(port=mosquitto.port), topic_prefix=ROOT_PREFIX
+        ),
+    )
+    got: list[PartialsMessage] = []
+    cores: list[AggregatorCore] = []
+    stop = asyncio.Event()
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="root-spy") as spy:
+        await spy.subscribe(f"{ROOT_PREFIX}/v1/_partials/+", qos=1)
+
+        async def collect() -> None:
+            async for m in spy.messages:
+                got.append(decode(bytes(m.payload)))
+
+        collector = asyncio.create_task(collect())
+        cell = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append, final=True))
+        await mosquitto.wait_for_log(subscription("fiomon-cell-final"))
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub") as pub:
+            await pub.publish("fiomonlive/v1/a/records", encode_records("a", "s", 0, batch), qos=1)
+        await until(lambda: cores[0].records["received"] == len(batch), what="records in")
+        await until(
+            lambda: cores[0].engine is not None and cores[0].engine.open_quanta > 0,
+            what="open quanta in the cell",
+        )
+        stop.set()
+        await asyncio.wait_for(cell, DEADLINE_S)
+        last = max(r.end_ms for r in want)
+        await until(
+            lambda: any(m.closed_through_ms >= last for m in got),
+            what="the final close at the root's broker",
+        )
+        collector.cancel()
+    root = RootMerger(
+        quantum_ms=1000,
+        lateness_ms=5000,
+        percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level,
+        per_host=True,
+        cells=["c1"],
+        cell_timeout_ms=60_000,
+        now_ms=now,
+    )
+    for m in got:
+        root.take(m, now)
+    assert_same(root.close(now), want)
