@@ -604,6 +604,8 @@ class PartialsConfig:
             ``<prefix>/v1/_partials/<cell>``).
         client_id: MQTT client id of the cell's connection to the root's broker.
         max_message_bytes: a close bigger than this is split into several messages.
+        host_rows: also send host-scope rows (False: cluster rows only, for a root
+            without host scope: a small fraction of the bytes and of the root's work).
     """
 
     cell: str
@@ -611,6 +613,7 @@ class PartialsConfig:
     topic_prefix: str = "fiomon"
     client_id: str = ""
     max_message_bytes: int = 1024**2
+    host_rows: bool = True
 
     def __post_init__(self) -> None:
         if not self.client_id:
@@ -947,7 +950,7 @@ def partials_config_from(r: _Reader, data: object) -> PartialsConfig | None:
     """The ``partials`` section (a cell's link to the root), or None when absent."""
     if data is None:
         return None
-    known = {"cell", "broker", "topic_prefix", "client_id", "max_message_size"}
+    known = {"cell", "broker", "topic_prefix", "client_id", "max_message_size", "host_rows"}
     p = r.section(data, "partials", known)
     r.require(p, "partials", "cell")
     return PartialsConfig(
@@ -956,6 +959,7 @@ def partials_config_from(r: _Reader, data: object) -> PartialsConfig | None:
         topic_prefix=r.get(p, "partials", "topic_prefix", _topic_prefix, "fiomon"),
         client_id=r.get(p, "partials", "client_id", _str, ""),
         max_message_bytes=r.get(p, "partials", "max_message_size", _size(4096), 1024**2),
+        host_rows=r.get(p, "partials", "host_rows", _bool, True),
     )
 
 

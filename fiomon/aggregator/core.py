@@ -711,6 +711,8 @@ class AggregatorCore:
         if self.outbox is None or engine is None:
             return
         parts, engine.partials = engine.partials, []
+        if self.cfg.partials is not None and not self.cfg.partials.host_rows:
+            parts = [p for p in parts if p.scope == "cluster"]
         last_q = int(engine.quantum_of(np.array([through + 1], dtype=np.int64))[0]) - 1
         if not parts and last_q == self._marker_q:
             return

@@ -300,6 +300,11 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    assert cfg.partials.host_rows
+    off = aggregator_config_from(
+        {**cell, "state_dir": "s", "partials": {**cell["partials"], "host_rows": False}}
+    )
+    assert off.partials is not None and not off.partials.host_rows
     with pytest.raises(ConfigError, match="partials: needs state_dir"):
         aggregator_config_from(cell)
 
@@ -426,3 +431,40 @@ def test_the_outbox_cuts_a_torn_record_and_empties_once_all_is_acknowledged(
     assert nxt is not None and decode(nxt[1]).seq == 3  # numbering goes on
     again.close()
     assert problems == []
+
+
+def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> None:
+    clock = Clock(T0 + 30 * Q)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        state_dir=tmp_path,
+        partials=PartialsConfig(cell="c1", host_rows=False),
+    )
+    batch = records(random.Random(9), ["a", "b"], 100)
+    one = engine(partials=False)
+    one.add(batch)
+    want = [r for r in one.flush() if r.scope == "cluster"]
+    core = AggregatorCore(cfg, now_ms=clock)
+    core.restore()
+    for host in ("a", "b"):
+        mine = np.array([batch.streams[s].host == host for s in batch.stream_idx])
+        core.on_records(host, encode_records(host, "s", 0, batch.select(mine)))
+    clock.t = T0 + 60 * Q
+    core.tick()
+    core.close()
+    msgs = _outbox_messages(tmp_path)
+    assert {r.part.scope for m in msgs for r in m.rows} == {"cluster"}
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level,
+        per_host=False,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    for m in msgs:
+        root.take(m, T0)
+    assert_same(root.close(T0), want)
