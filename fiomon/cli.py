@@ -897,7 +897,7 @@ def _service_parser(
     description: str,
 ) -> argparse.ArgumentParser:
     """The subcommand of a service: its config file, overrides and logging."""
-    listen = "\n  FIOMON_LISTEN       like --listen" if name == "aggregator" else ""
+    listen = "\n  FIOMON_LISTEN       like --listen" if name in {"aggregator", "root"} else ""
     p = sub.add_parser(
         name,
         help=help,
@@ -912,7 +912,7 @@ def _service_parser(
         help="MQTT broker, overriding broker.host (and broker.port, if given) of the file; "
         "IPv6 as [ADDR]:PORT",
     )
-    if name == "aggregator":
+    if name in {"aggregator", "root"}:
         p.add_argument(
             "--listen",
             metavar="HOST:PORT",
@@ -996,6 +996,10 @@ def _service(args: argparse.Namespace, name: str) -> int:
         from fiomon.agent.service import run_agent  # noqa: PLC0415
 
         main_coro = run_agent(cfg)
+    elif name == "root":
+        from fiomon.aggregator.root_service import run_root  # noqa: PLC0415
+
+        main_coro = run_root(cfg, final=args.final)
     else:
         from fiomon.aggregator.service import run_aggregator  # noqa: PLC0415
 
@@ -1090,12 +1094,34 @@ def _add_aggregator(sub: SubParsers) -> argparse.ArgumentParser:
     return p
 
 
+def _add_root(sub: SubParsers) -> argparse.ArgumentParser:
+    p = _service_parser(
+        sub,
+        "root",
+        help="merge the cells' closed quanta into exact cluster percentiles (the root)",
+        description="Subscribe to the cells' partials (<prefix>/v1/_partials/+) on the "
+        "root's broker, merge them into the same quanta one aggregator fed every record "
+        "would close, export /metrics, append to the quanta file and evaluate the SLA "
+        "rules. The config is an aggregator's, with a `root` section (cells, cell_timeout).",
+    )
+    p.add_argument(
+        "--final",
+        action="store_true",
+        help="on SIGTERM/SIGINT close every open quantum too (the end of a run)",
+    )
+    return p
+
+
 def _agent(args: argparse.Namespace) -> int:
     return _service(args, "agent")
 
 
 def _aggregator(args: argparse.Namespace) -> int:
     return _service(args, "aggregator")
+
+
+def _root(args: argparse.Namespace) -> int:
+    return _service(args, "root")
 
 
 # -- the table of subcommands ---------------------------------------------------------------
@@ -1117,6 +1143,7 @@ COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
     "fio": Command(_add_fio, _fio),
     "agent": Command(_add_agent, _agent),
     "aggregator": Command(_add_aggregator, _aggregator),
+    "root": Command(_add_root, _root),
     "check-config": Command(_add_check_config, _check_config),
     "version": Command(_add_version, _version),
 }

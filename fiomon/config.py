@@ -210,6 +210,49 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialsConfig:
+    """A cell's link to the exact root (the aggregator's ``partials`` section).
+
+    Args:
+        cell: this cell's name, unique among the root's cells (a topic level); default:
+            the aggregator's top-level ``cell``.
+        broker: the root's broker.
+        topic_prefix: the root's topic prefix (partials go to
+            ``<prefix>/v1/_partials/<cell>``).
+        client_id: MQTT client id of the cell's connection to the root's broker.
+        max_message_bytes: a close bigger than this is split into several messages.
+        host_rows: also send host-scope rows (False: cluster rows only, for a root
+            without host scope: a small fraction of the bytes and of the root's work).
+    """
+
+    cell: str
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic_prefix: str = "fiomon"
+    client_id: str = ""
+    max_message_bytes: int = 1024**2
+    host_rows: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.client_id:
+            object.__setattr__(self, "client_id", f"fiomon-cell-{self.cell}")
+
+
+@dataclass(frozen=True, slots=True)
+class RootConfig:
+    """The exact root's own settings (the aggregator's ``root`` section).
+
+    Args:
+        cells: the cells the root expects (names); a cell not listed is taken too, and
+            reported.
+        cell_timeout_ms: a cell with no message for this long is gone: reported, and not
+            waited for (its quanta close on the root's lateness).
+    """
+
+    cells: tuple[str, ...] = ()
+    cell_timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
 class ExportConfig:
     """The exported bucket histogram (``fiomon_cluster_io_latency_seconds``).
 
@@ -268,6 +311,9 @@ class AggregatorConfig:
             webhook.
         cell: the name of the cell this aggregator serves (``fiomon_cell_info``), or None.
         export: the exported bucket histogram's resolution.
+        partials: this aggregator is a cell and sends its closed quanta to a root (needs
+            ``state_dir``: the outbox lives there), or None.
+        root: settings of ``fiomon root`` (ignored by ``fiomon aggregator``), or None.
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -299,6 +345,8 @@ class AggregatorConfig:
     log_level: str | None = None
     cell: str | None = None
     export: ExportConfig = field(default_factory=ExportConfig)
+    partials: PartialsConfig | None = None
+    root: RootConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.alert_topic:  # the one place its default is written: it follows the prefix
@@ -639,7 +687,29 @@ _AGGREGATOR_KEYS: Table = {
     "log_level": ("log_level", _choice(*LOG_LEVELS)),
     "cell": ("cell", _rule_name),
 }
-_AGGREGATOR_SECTIONS = ("broker", "sla", "webhook", "export")
+_AGGREGATOR_SECTIONS = ("broker", "sla", "webhook", "export", "partials", "root")
+
+_PARTIALS_KEYS: Table = {
+    "cell": ("cell", _rule_name),
+    "topic_prefix": ("topic_prefix", _topic_prefix),
+    "client_id": ("client_id", _str),
+    "max_message_size": ("max_message_bytes", _size(4096)),
+    "host_rows": ("host_rows", _bool),
+}
+_PARTIALS_SECTIONS = ("broker",)
+
+
+def _cell_names(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        msg = f"{where}: expected a list of cell names, got {value!r}"
+        raise ConfigError([msg])
+    return tuple(_rule_name(c, f"{where}[{i}]") for i, c in enumerate(value))
+
+
+_ROOT_KEYS: Table = {
+    "cells": ("cells", _cell_names),
+    "cell_timeout": ("cell_timeout_ms", _duration_ms(1000)),
+}
 
 _EXPORT_KEYS: Table = {
     "buckets_per_octave": ("buckets_per_octave", _int_in(1, 32)),
@@ -797,6 +867,30 @@ def _webhook(r: _Reader, data: object) -> WebhookConfig | None:
     return webhook
 
 
+def _partials(r: _Reader, data: object, cell: str | None) -> PartialsConfig | None:
+    """The ``partials`` section (a cell's link to the root), or None when absent.
+
+    ``cell`` is the aggregator's top-level ``cell``: the default name of this cell.
+    """
+    if data is None:
+        return None
+    p = r.section(data, "partials", {*_PARTIALS_KEYS, *_PARTIALS_SECTIONS})
+    values = r.fields(p, "partials", _PARTIALS_KEYS)
+    if "cell" not in values:
+        if cell is None and p.get("cell") is None:
+            r.problems.append("partials.cell: required (or the top-level cell)")
+        values["cell"] = cell or "cell"  # a stand-in after a problem, so the checks run
+    return PartialsConfig(broker=_broker(r, p.get("broker"), client_id=False), **values)
+
+
+def _root(r: _Reader, data: object) -> RootConfig | None:
+    """The ``root`` section (``fiomon root``'s cells and cell timeout), or None."""
+    if data is None:
+        return None
+    s = r.section(data, "root", _ROOT_KEYS)
+    return RootConfig(**r.fields(s, "root", _ROOT_KEYS))
+
+
 def aggregator_config_from(data: object, *, source: str = "config") -> AggregatorConfig:
     """Validate a parsed YAML document as the aggregator's configuration.
 
@@ -812,10 +906,17 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         export=ExportConfig(
             **r.fields(r.section(top.get("export"), "export", _EXPORT_KEYS), "export", _EXPORT_KEYS)
         ),
+        partials=_partials(r, top.get("partials"), values.get("cell")),
+        root=_root(r, top.get("root")),
         **values,
     )
     # The rules are checked against the percentiles and the level the file ends up with.
     cfg = replace(cfg, sla=_sla_rules(r, top.get("sla"), cfg.percentiles, cfg.confidence_level))
+    if cfg.partials is not None and cfg.state_dir is None:
+        r.problems.append("partials: needs state_dir (the outbox of unsent partials)")
+    if (cfg.partials is not None or cfg.root is not None) and cfg.align == "auto":
+        # Each cell would pick its own phase; the root merges only quanta on one grid.
+        r.problems.append("partials/root: need align epoch or a fixed offset, not auto")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
     if r.problems:

@@ -118,6 +118,39 @@ class ClosedQuantum:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class RawPartial:
+    """One closed (quantum, scope, host, direction) group before statistics (a cell's partial).
+
+    Made only when the engine is asked to (``keep_partials``), for every group a close
+    forms, empty ones included, so a root merging groups of several engines reproduces
+    the :class:`ClosedQuantum` rows one engine fed every record would have closed.
+
+    Args:
+        start_ms: quantum start (exclusive), ms.
+        end_ms: quantum end (inclusive), ms.
+        scope: ``cluster`` or ``host``.
+        host: the host for host scope, else ``None``.
+        direction: ``read``, ``write``, ``trim`` or ``all``.
+        hist: float counts per bin of the engine's layout.
+        lo_ms: earliest covered time of the group's records, ms.
+        hi_ms: latest covered time, ms (``hi_ms - lo_ms`` is the covered span).
+        nbytes: bytes (overlap-weighted).
+        streams: number of streams that contributed.
+    """
+
+    start_ms: int
+    end_ms: int
+    scope: Scope
+    host: str | None
+    direction: str
+    hist: npt.NDArray[np.float64]
+    lo_ms: int
+    hi_ms: int
+    nbytes: float
+    streams: int
+
+
 def _num(x: float) -> float | int:
     """Integers stay integers; other values keep 12 significant digits (stable text)."""
     if float(x).is_integer() and abs(x) < 2**53:
@@ -264,6 +297,8 @@ class QuantumEngine:
             (``ClosedQuantum.ci_ns``); None: none.
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
             cost memory only once used; reserving avoids copying the store as it grows.
+        keep_partials: also keep every closed group as a :class:`RawPartial` in
+            :attr:`partials` (a cell publishing to a root takes them from there).
     """
 
     def __init__(
@@ -282,6 +317,7 @@ class QuantumEngine:
         keep_host_hists: bool = False,
         confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
+        keep_partials: bool = False,
     ) -> None:
         if quantum_ms <= 0:
             msg = f"quantum_ms must be positive, got {quantum_ms}"
@@ -305,6 +341,8 @@ class QuantumEngine:
             msg = f"confidence_level must be in (0, 1), got {confidence_level}"
             raise ValueError(msg)
         self.confidence_level = confidence_level
+        self.keep_partials = keep_partials
+        self.partials: list[RawPartial] = []  # with keep_partials; the taker empties it
         self._pct_keys = [pct_key(q) for q in self.percentiles]
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
@@ -769,6 +807,8 @@ class QuantumEngine:
             pg = k.row_gid[pair_pos]
             pm = pg >= 0
             g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
+            if self.keep_partials:
+                self._keep_partials(k, wanted, g_lo, g_hi, g_bytes, g_streams, first_bin)
             hists = k.hists[wanted]
             cis: list[dict[str, tuple[float | None, float | None]] | None]
             if self.confidence_level is None:
@@ -815,6 +855,35 @@ class QuantumEngine:
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))
         keyed.sort(key=lambda kr: kr[0])
         return [r for _, r in keyed]
+
+    def _keep_partials(  # noqa: PLR0917 -- the group columns _emit computed
+        self,
+        k: _Groups,
+        wanted: list[int],
+        g_lo: npt.NDArray[np.int64],
+        g_hi: npt.NDArray[np.int64],
+        g_bytes: npt.NDArray[Any],
+        g_streams: npt.NDArray[Any],
+        first_bin: int,
+    ) -> None:
+        """Keep the ``wanted`` groups of ``k`` as :class:`RawPartial` (empty ones too)."""
+        for i in wanted:
+            q = int(k.q[i])
+            start, end = self.quantum_bounds(q)
+            self.partials.append(
+                RawPartial(
+                    start_ms=start,
+                    end_ms=end,
+                    scope=k.scope,
+                    host=None if k.scope == "cluster" else self._host_names[int(k.host[i])],
+                    direction=k.label[i],
+                    hist=self._full(k.hists[i], first_bin),
+                    lo_ms=int(g_lo[i]),
+                    hi_ms=int(g_hi[i]),
+                    nbytes=float(g_bytes[i]),
+                    streams=int(g_streams[i]),
+                )
+            )
 
     def _full(self, part: npt.NDArray[np.float64], first_bin: int) -> npt.NDArray[np.float64]:
         """A histogram of the layout's every bin from the columns from ``first_bin`` on."""

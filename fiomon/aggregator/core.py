@@ -49,6 +49,8 @@ from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.aggregator.journal import GridState, Journal, StateLock
 from fiomon.aggregator.live import LiveFeed, status_of
 from fiomon.aggregator.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
+from fiomon.aggregator.outbox import Outbox
+from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import Watermark
 from fiomon.align import auto_phase, phase_for
@@ -151,6 +153,10 @@ class AggregatorCore:
         # would lose that quantum, a different share in every cell of a cross-cell sum.
         self.buckets: BucketHistogram | None = self._new_buckets(BinLayout())
         self.gauges.buckets = self.buckets
+        # A cell's partials for the root (cfg.partials), on disk before the state says
+        # they were published; the last quantum whose closing it has recorded.
+        self.outbox: Outbox | None = None
+        self._marker_q: int | None = None
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
@@ -192,6 +198,10 @@ class AggregatorCore:
                 self.counts.state_errors["lock"] += 1
                 raise StateLockedError(cfg.state_dir, _holder(cfg.state_dir)) from None
             self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+            if cfg.partials is not None:
+                self.outbox = Outbox(
+                    cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
+                )
         if cfg.quanta_file is not None:
             self.quanta = QuantaFile(
                 cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
@@ -556,6 +566,8 @@ class AggregatorCore:
                     self.watermark.reason,
                 )
                 self._closed(rows, now, mark)
+            else:
+                self._send_partials([], mark)  # the closed marker (and heartbeat)
             self._release()
             self._report_late(now)
         self._idle_check(now)
@@ -644,6 +656,7 @@ class AggregatorCore:
             # bounded by bytes, not only by count: a lagging intake holds quanta open.
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
+            keep_partials=self.cfg.partials is not None,
             # Room for every host's rows over the lateness, without copies as it fills.
             capacity_rows=min(
                 1 << 17,
@@ -683,6 +696,7 @@ class AggregatorCore:
         self.counts.quanta_closed += len(ends)
         self.close_delays_ms.extend(now - e for e in ends)
         through = max(mark, ends[-1])
+        self._send_partials(rows, through)  # before the state can say "published"
         if self.writer is not None:
             skip = None
             if self._skip is not None and self._skip[0] <= ends[-1]:
@@ -696,6 +710,31 @@ class AggregatorCore:
             log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
+
+    def _send_partials(self, rows: list[ClosedQuantum], through: int) -> None:
+        """Put what the engine closed (and the closed marker) in the cell's outbox.
+
+        ``rows`` are the closed-quantum rows of the same close (their late counts go on
+        the matching partial rows). A close with no groups is recorded only when it
+        passes a quantum boundary: the root learns those quanta are closed (empty here).
+        """
+        engine = self.engine
+        if self.outbox is None or engine is None:
+            return
+        parts, engine.partials = engine.partials, []
+        if self.cfg.partials is not None and not self.cfg.partials.host_rows:
+            parts = [p for p in parts if p.scope == "cluster"]
+        last_q = int(engine.quantum_of(np.array([through + 1], dtype=np.int64))[0]) - 1
+        if not parts and last_q == self._marker_q:
+            return
+        self._marker_q = last_q
+        late: dict[tuple[int, str, str | None, str], int] = {
+            (r.start_ms, r.scope, r.host, r.direction): r.late_records
+            for r in rows
+            if r.late_records
+        }
+        parts.sort(key=lambda p: p.start_ms)
+        self.outbox.add(engine.layout, through, rows_of(parts, late))
 
     def _grid(self, closed_ms: int | None) -> GridState | None:
         """The grid state to save after the quanta file (None without a state directory)."""
@@ -769,7 +808,30 @@ class AggregatorCore:
             rules=self.cfg.sla,
             alerts=self.alerts.snapshot(),
         )
-        return dataclasses.replace(snap, live=self.live.view(status))
+        snap = dataclasses.replace(snap, live=self.live.view(status))
+        return snap if self.outbox is None else self._with_outbox(snap)
+
+    def _with_outbox(self, snap: Snapshot) -> Snapshot:
+        """The cell's partials outbox on ``/metrics`` (backlog, sent, dropped)."""
+        assert self.outbox is not None  # noqa: S101 -- only called with an outbox
+        ob = self.outbox
+        gauges = dict(snap.gauges)
+        gauges[
+            (
+                "fiomon_partials_backlog_bytes",
+                "Partials in the outbox the root's broker has not acknowledged.",
+                (),
+            )
+        ] = {(): float(ob.backlog_bytes)}
+        counters = dict(snap.counters)
+        counters[
+            (
+                "fiomon_partials_messages",
+                "Partials messages to the root: sent (acknowledged) or dropped unsent.",
+                ("result",),
+            )
+        ] = {("sent",): float(ob.sent), ("dropped",): float(ob.dropped)}
+        return dataclasses.replace(snap, gauges=gauges, counters=counters)
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:
         """Rebuild the snapshot's counters between closes if the last is ``min_age_ms`` old."""
@@ -861,6 +923,8 @@ class AggregatorCore:
                 self.writer.submit((), through, self._grid(self.published_ms))
             if not self.writer.close(timeout_s):
                 self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        if self.outbox is not None:
+            self.outbox.close()
         if self.journal is not None:
             # No release here: messages received since the last tick are journaled but
             # not yet judged (their ends are not noted), so no segment is known done.

@@ -13,6 +13,8 @@ on one event loop:
   hands the alerts to the sinks without waiting for them.
 * ``fiomon.alertmanager``: posts to Alertmanager
   (:class:`~fiomon.aggregator.alerts.AlertDispatcher`).
+* ``fiomon.partials`` (a cell, ``partials:`` configured): sends the closed quanta from
+  the outbox to the root's broker (:mod:`fiomon.aggregator.outbox`).
 * ``fiomon.reload``: SIGHUP re-reads the configuration and applies what can change
   while running (SLA rules, webhook, log level, host timeout), logging what it did.
 * ``fiomon.systemd``: ``STATUS=`` and watchdog keep-alives.
@@ -49,6 +51,7 @@ from fiomon import __version__
 from fiomon.aggregator.alerts import AlertDispatcher
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
+from fiomon.aggregator.outbox import publish_partials
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
 from fiomon.mqtt import Backoff, Topics, make_client
@@ -104,6 +107,7 @@ class _Service:
         self.forced = False
         self.metrics: MetricsProcess | None = None  # set once serving
         self.ready = False  # READY=1 sent: the first broker session was up and subscribed
+        self.closed = asyncio.Event()  # the close loop is done (a final close included)
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -224,6 +228,19 @@ async def run_aggregator(
             tg.create_task(_close_loop(svc), name="fiomon.close")
             tg.create_task(svc.dispatcher.run(stop), name="fiomon.alertmanager")
             tg.create_task(_reload_loop(svc), name="fiomon.reload")
+            if cfg.partials is not None and core.outbox is not None:
+                # A cell: its closed quanta go to the root's broker on their own task.
+                # A final stop sends the final close too (within the grace time).
+                tg.create_task(
+                    publish_partials(
+                        cfg.partials,
+                        core.outbox,
+                        stop,
+                        closed=svc.closed if final else None,
+                        grace_s=GRACE_S,
+                    ),
+                    name="fiomon.partials",
+                )
             # READY=1 comes from the MQTT task once the first session is subscribed; until
             # then STATUS= says what it waits for (systemctl status shows it).
             tg.create_task(keep_alive(stop, svc.status), name="fiomon.systemd")
@@ -302,6 +319,7 @@ async def _close_loop(svc: _Service) -> None:
         rows = svc.core.flush()
         log.info("final stop: closed %d open rows", len(rows))
         _alerts_out(svc)
+    svc.closed.set()
 
 
 async def _reload_loop(svc: _Service) -> None:

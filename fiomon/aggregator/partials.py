@@ -1,0 +1,352 @@
+"""Partials v1: a cell's closed quanta as merged histograms, for the root (exact, checked).
+
+The specification, with a byte table, is in ``docs/wire-format.md`` ("Partials"). A cell
+publishes, for every quantum it closes, one *partial row* per scope, host and direction
+(``all`` included, empty groups too): the float counts per bin, the covered time span,
+bytes, streams and late records -- everything the root needs to form the same
+:class:`~fiomon.windows.ClosedQuantum` rows one aggregator fed every record would have
+formed. Every message also carries ``closed_through_ms``: the cell has closed every
+quantum ending at or before it, so a quantum it closed *with nothing in it* is closed too
+(a message with no rows is the cell's heartbeat and closed marker).
+
+Layout (little-endian): a fixed header (magic ``FIOP``, version, bin layout, sequence
+number, ``closed_through_ms``, string and row counts), a string table (the cell's name,
+then host names; u16 length + UTF-8), one 64-byte row each, then every row's bin indices
+(u16, strictly increasing within a row) and counts (float64). :func:`decode` accepts only
+what :func:`encode` could have written: anything else raises
+:class:`~fiomon.errors.WireFormatError` with a reason (:data:`fiomon.wire.REASONS`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.bins import BinLayout
+from fiomon.errors import WireFormatError
+from fiomon.windows import ALL_DIRECTIONS, RawPartial, Scope
+from fiomon.wire import MAX_ID_BYTES, MAX_TIME_MS, UNITS
+
+MAGIC = b"FIOP"
+VERSION = 1
+MAX_PARTIALS_BYTES = 16 * 1024 * 1024  # hard decoder limit; cells split bigger batches
+MAX_ROWS = 1 << 20
+MAX_STRINGS = 1 << 20
+SCOPES: tuple[Scope, ...] = ("cluster", "host")
+
+# magic, version, group_nr, coarseness, unit, seq, closed_through_ms, strings, rows
+_HEAD = struct.Struct("<4sBBBBxxxxQqII")
+_ROW = np.dtype(
+    [
+        ("start_ms", "<i8"),
+        ("end_ms", "<i8"),
+        ("lo_ms", "<i8"),
+        ("hi_ms", "<i8"),
+        ("nbytes", "<f8"),
+        ("late", "<u8"),
+        ("host", "<i4"),  # index into the string table (>= 1), -1 for cluster scope
+        ("streams", "<u4"),
+        ("nnz", "<u4"),
+        ("scope", "u1"),
+        ("direction", "u1"),  # index into ALL_DIRECTIONS
+        ("pad", "<u2"),
+    ]
+)
+assert _ROW.itemsize == 64  # noqa: S101 -- the documented row size
+
+
+@dataclass(frozen=True, slots=True)
+class PartialRow:
+    """One group of one closed quantum of one cell, as the root merges it.
+
+    Args:
+        part: the group (histogram, span, bytes, streams) as the cell's engine closed it.
+        late_records: late records the cell counted on this group's closed-quantum row
+            (0 for groups that formed no row).
+    """
+
+    part: RawPartial
+    late_records: int = 0
+
+    def key(self) -> tuple[int, str, str | None, str]:
+        """``(start_ms, scope, host, direction)``: with the cell, the row's identity."""
+        p = self.part
+        return (p.start_ms, p.scope, p.host, p.direction)
+
+
+@dataclass(frozen=True, slots=True)
+class PartialsMessage:
+    """A decoded partials message.
+
+    Args:
+        cell: the cell's name (unique among the root's cells).
+        seq: the cell's message number (its outbox counts them; for logs and gaps).
+        layout: the bin layout of every row's histogram.
+        closed_through_ms: every quantum ending at or before this is closed by the cell.
+        rows: the groups of the quanta closed since the previous message.
+    """
+
+    cell: str
+    seq: int
+    layout: BinLayout
+    closed_through_ms: int
+    rows: tuple[PartialRow, ...]
+
+
+def _put_str(out: list[bytes], text: str, what: str) -> None:
+    raw = text.encode("utf-8")
+    if not raw or len(raw) > MAX_ID_BYTES:
+        msg = f"{what} must be 1..{MAX_ID_BYTES} UTF-8 bytes, got {len(raw)}"
+        raise ValueError(msg)
+    out.append(struct.pack("<H", len(raw)))
+    out.append(raw)
+
+
+def encode(msg: PartialsMessage) -> bytes:
+    """The bytes of ``msg`` (counts are written as they are: exact float64).
+
+    Raises:
+        ValueError: a name out of bounds, a histogram of the wrong width, or a row that
+            :func:`decode` would refuse.
+    """
+    lay = msg.layout
+    hosts: dict[str, int] = {}
+    for r in msg.rows:
+        if r.part.host is not None and r.part.host not in hosts:
+            hosts[r.part.host] = len(hosts) + 1
+    if len(msg.rows) > MAX_ROWS or len(hosts) + 1 > MAX_STRINGS:
+        text = f"{len(msg.rows)} rows / {len(hosts)} hosts exceed one message"
+        raise ValueError(text)
+    parts = [
+        _HEAD.pack(
+            MAGIC,
+            VERSION,
+            lay.group_nr,
+            lay.coarseness,
+            UNITS.index(lay.unit),
+            msg.seq,
+            msg.closed_through_ms,
+            len(hosts) + 1,
+            len(msg.rows),
+        )
+    ]
+    _put_str(parts, msg.cell, "cell name")
+    for h in hosts:
+        _put_str(parts, h, "host name")
+    table = np.zeros(len(msg.rows), dtype=_ROW)
+    bins: list[npt.NDArray[np.int64]] = []
+    counts: list[npt.NDArray[np.float64]] = []
+    for i, r in enumerate(msg.rows):
+        p = r.part
+        if len(p.hist) != lay.nbins:
+            text = f"histogram of {len(p.hist)} bins, the layout has {lay.nbins}"
+            raise ValueError(text)
+        nz = np.flatnonzero(p.hist)
+        bins.append(nz)
+        counts.append(p.hist[nz])
+        table[i] = (
+            p.start_ms,
+            p.end_ms,
+            p.lo_ms,
+            p.hi_ms,
+            p.nbytes,
+            r.late_records,
+            -1 if p.host is None else hosts[p.host],
+            p.streams,
+            len(nz),
+            SCOPES.index(p.scope),
+            ALL_DIRECTIONS.index(p.direction),
+            0,
+        )
+    parts.append(table.tobytes())
+    if bins:
+        parts.append(np.concatenate(bins).astype("<u2").tobytes())
+        parts.append(np.concatenate(counts).astype("<f8").tobytes())
+    return b"".join(parts)
+
+
+def _refuse(text: str, reason: str = "invalid") -> NoReturn:
+    raise WireFormatError(text, reason)
+
+
+class _Cursor:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.data):
+            left = len(self.data) - self.pos
+            _refuse(f"truncated: {what} needs {n} bytes, {left} left", "truncated")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def text(self, what: str) -> str:
+        (length,) = struct.unpack("<H", self.take(2, f"{what} length"))
+        if not 0 < length <= MAX_ID_BYTES:
+            _refuse(f"{what} length {length} outside 1..{MAX_ID_BYTES}")
+        try:
+            return self.take(length, what).decode("utf-8")
+        except UnicodeDecodeError:
+            _refuse(f"{what} is not UTF-8")
+
+
+def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMessage:
+    """The message in ``payload``; anything :func:`encode` could not have written is refused.
+
+    Raises:
+        WireFormatError: with ``reason`` oversized, truncated, not-fiomon, version, layout,
+            inconsistent or invalid. Nothing else escapes.
+    """
+    if len(payload) > max_bytes:
+        _refuse(f"oversized: {len(payload)} bytes > {max_bytes}", "oversized")
+    if len(payload) < _HEAD.size:
+        _refuse(f"truncated: {len(payload)} bytes, no header", "truncated")
+    magic, version, group_nr, coarseness, unit, seq, through, nstr, nrows = _HEAD.unpack_from(
+        payload
+    )
+    if magic != MAGIC:
+        _refuse(f"not a partials message (magic {magic!r})", "not-fiomon")
+    if version != VERSION:
+        _refuse(f"partials version {version}, this root reads {VERSION}", "version")
+    try:
+        layout = BinLayout(group_nr, coarseness, UNITS[unit])  # type: ignore[arg-type]
+    except (ValueError, IndexError) as exc:
+        _refuse(f"bad bin layout: {exc}", "layout")
+    if not 1 <= nstr <= MAX_STRINGS or nrows > MAX_ROWS:
+        _refuse(f"{nstr} strings / {nrows} rows out of bounds")
+    if abs(through) > MAX_TIME_MS:
+        _refuse(f"closed_through_ms {through} out of range")
+    cur = _Cursor(payload)
+    cur.pos = _HEAD.size
+    # Each string takes at least 3 bytes: a count the payload cannot hold is refused
+    # before a loop the size of a hostile count.
+    if 3 * nstr > len(payload) - cur.pos:
+        _refuse(f"truncated: {nstr} strings in {len(payload)} bytes", "truncated")
+    strings = [cur.text("cell name")]
+    strings.extend(cur.text("host name") for _ in range(nstr - 1))
+    table = np.frombuffer(cur.take(nrows * _ROW.itemsize, "row table"), dtype=_ROW)
+    nnz = table["nnz"].astype(np.int64)
+    total = int(nnz.sum())
+    bins = np.frombuffer(cur.take(2 * total, "bin indices"), dtype="<u2").astype(np.int64)
+    vals = np.frombuffer(cur.take(8 * total, "counts"), dtype="<f8")
+    if cur.pos != len(payload):
+        _refuse(f"{len(payload) - cur.pos} bytes after the last count", "inconsistent")
+    _check_rows(table=table, nstr=nstr, nbins=layout.nbins, bins=bins, vals=vals, nnz=nnz)
+    rows: list[PartialRow] = []
+    at = 0
+    nbins = layout.nbins
+    for t, n in zip(table.tolist(), nnz.tolist(), strict=True):
+        start, end, lo, hi, nbytes, late, host, streams, _, scope, direction, _ = t
+        hist = np.zeros(nbins)
+        hist[bins[at : at + n]] = vals[at : at + n]
+        at += n
+        part = RawPartial(
+            start_ms=start,
+            end_ms=end,
+            scope=SCOPES[scope],
+            host=None if host < 0 else strings[host],
+            direction=ALL_DIRECTIONS[direction],
+            hist=hist,
+            lo_ms=lo,
+            hi_ms=hi,
+            nbytes=nbytes,
+            streams=streams,
+        )
+        rows.append(PartialRow(part, late))
+    return PartialsMessage(strings[0], seq, layout, through, tuple(rows))
+
+
+def _check_rows(
+    *,
+    table: npt.NDArray[np.void],
+    nstr: int,
+    nbins: int,
+    bins: npt.NDArray[np.int64],
+    vals: npt.NDArray[np.float64],
+    nnz: npt.NDArray[np.int64],
+) -> None:
+    """Refuse rows :func:`encode` could not have written (vectorised over rows)."""
+    if not len(table):
+        return
+    start, end = table["start_ms"], table["end_ms"]
+    if np.any(start >= end) or np.any(np.abs(start) > MAX_TIME_MS) or np.any(end > MAX_TIME_MS):
+        _refuse("a quantum with start >= end or out of range")
+    lo, hi = table["lo_ms"], table["hi_ms"]
+    if np.any(lo > hi) or np.any(np.abs(lo) > MAX_TIME_MS) or np.any(np.abs(hi) > MAX_TIME_MS):
+        _refuse("a covered span with lo > hi or out of range")
+    nb = table["nbytes"]
+    if not np.all(np.isfinite(nb)) or np.any(nb < 0):
+        _refuse("bytes not finite or negative")
+    if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(ALL_DIRECTIONS)):
+        _refuse("unknown scope or direction")
+    if np.any(table["pad"] != 0):
+        _refuse("non-zero padding", "inconsistent")
+    host = table["host"]
+    is_host = table["scope"] == 1
+    if np.any(is_host & ((host < 1) | (host >= nstr))) or np.any(~is_host & (host != -1)):
+        _refuse("a host index that does not match the scope or the string table")
+    if np.any(nnz > nbins):
+        _refuse("more counts than bins in a row", "inconsistent")
+    if len(bins):
+        if np.any(bins >= nbins):
+            _refuse("a bin index beyond the layout", "layout")
+        if not np.all(np.isfinite(vals)) or np.any(vals <= 0):
+            _refuse("a count not finite and positive")
+        # Strictly increasing within each row: a drop is allowed only where a row starts.
+        ends = np.cumsum(nnz)
+        starts = ends - nnz
+        step = np.diff(bins) > 0
+        row_start = np.zeros(len(bins), dtype=np.bool_)
+        row_start[starts[nnz > 0]] = True
+        if not np.all(step | row_start[1:]):
+            _refuse("bin indices not strictly increasing within a row", "inconsistent")
+
+
+def rows_of(
+    parts: Sequence[RawPartial], late: dict[tuple[int, str, str | None, str], int]
+) -> list[PartialRow]:
+    """Partial rows of ``parts``, each with the late count its closed-quantum row has."""
+    return [PartialRow(p, late.get((p.start_ms, p.scope, p.host, p.direction), 0)) for p in parts]
+
+
+def split(
+    *,
+    cell: str,
+    first_seq: int,
+    layout: BinLayout,
+    closed_through_ms: int,
+    rows: Sequence[PartialRow],
+    max_bytes: int,
+) -> list[PartialsMessage]:
+    """``rows`` as messages of at most about ``max_bytes`` each, numbered from ``first_seq``.
+
+    A quantum's rows may span messages; only the last message carries
+    ``closed_through_ms`` (the others carry the previous quantum's start, which closes
+    nothing new), so the root never closes a quantum before it has all of its rows.
+    """
+    out: list[PartialsMessage] = []
+    chunk: list[PartialRow] = []
+    size = _HEAD.size + 2 + len(cell.encode())
+    budget = max(max_bytes, 4096)
+    for r in rows:
+        host = 0 if r.part.host is None else 2 + len(r.part.host.encode())
+        need = _ROW.itemsize + 10 * int(np.count_nonzero(r.part.hist)) + host
+        if chunk and size + need > budget:
+            held = min(x.part.start_ms for x in chunk)
+            out.append(
+                PartialsMessage(
+                    cell, first_seq + len(out), layout, min(held, closed_through_ms), tuple(chunk)
+                )
+            )
+            chunk, size = [], _HEAD.size + 2 + len(cell.encode())
+        chunk.append(r)
+        size += need
+    out.append(PartialsMessage(cell, first_seq + len(out), layout, closed_through_ms, tuple(chunk)))
+    return out

@@ -1,0 +1,330 @@
+"""The exact root: cells' partials in, the cluster's closed quanta out (no I/O).
+
+Each cell closes its hosts' quanta and sends, per quantum, every group its engine formed
+(:mod:`fiomon.aggregator.partials`). A host belongs to one cell, so summing the cells'
+groups of one ``(quantum, scope, host, direction)`` gives exactly the group one engine fed
+every record would have formed: counts per bin add, the covered span is the union (min
+of starts, max of ends), bytes, streams and late records add. :class:`RootMerger` makes
+the same :class:`~fiomon.windows.ClosedQuantum` rows from them, with the engine's
+statistics functions, so the root's quanta file equals one aggregator's (and the
+offline report's) to rounding of the float sums.
+
+Exactly once: a row is merged once per ``(cell, quantum, scope, host, direction)``;
+repeats (a cell resending its outbox after a restart) are counted and dropped, and rows
+for quanta the root already closed are counted as late.
+
+Closing: a quantum closes when every live cell has closed it (their
+``closed_through_ms``), or when the root's clock is ``lateness_ms`` past its end. A cell
+is live while it sent anything within ``cell_timeout_ms`` (expected cells count as
+heard from at the root's start); a gone cell is reported and not waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.aggregator.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
+from fiomon.bins import BinLayout
+from fiomon.confidence import summarize_with_bounds
+from fiomon.errors import WireFormatError
+from fiomon.histogram import pct_key, summarize_many
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, ci_dicts
+
+log = logging.getLogger("fiomon.root")
+
+_FAR = 2**62
+MAX_FUTURE_MS = 10 * 60_000  # rows of quanta ending further ahead of the root's clock: refused
+SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
+GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
+
+
+@dataclass(slots=True)
+class _Group:
+    """One (quantum, scope, host, direction) summed over cells."""
+
+    hist: npt.NDArray[np.float64]
+    lo_ms: int = _FAR
+    hi_ms: int = -_FAR
+    nbytes: float = 0.0
+    streams: int = 0
+    late: int = 0
+
+
+@dataclass(slots=True)
+class CellState:
+    """What the root knows of one cell.
+
+    Args:
+        last_seen_ms: root clock of its last message (or the root's start, if expected).
+        through_ms: it closed every quantum ending at or before this (None: not yet said).
+        seq: its last message number.
+        up: live at the last check (for the log lines on changes).
+    """
+
+    last_seen_ms: int
+    through_ms: int | None = None
+    seq: int = -1
+    up: bool = True
+
+
+@dataclass(slots=True)
+class RootCounts:
+    """The root's counters (exported as ``fiomon_root_*``)."""
+
+    rows: Counter[str] = field(default_factory=Counter)  # merged, duplicate, late, future
+    invalid: Counter[str] = field(default_factory=Counter)  # by wire reason, grid, layout
+    messages: Counter[str] = field(default_factory=Counter)  # by cell
+    quanta_closed: int = 0
+    closed_by_lateness: int = 0
+
+
+class RootMerger:
+    """Merges partials and closes quanta like one aggregator fed every record.
+
+    Args:
+        quantum_ms: the quantum (every cell must use it, on one grid).
+        lateness_ms: a quantum closes at the latest this long after its end (root clock).
+        percentiles: percentiles to compute.
+        confidence_level: level of the percentile intervals, or None.
+        per_host: emit host rows.
+        cells: the cells expected (waited for from the start).
+        cell_timeout_ms: a cell silent this long is gone.
+        now_ms: the root's clock at start.
+        closed_ms: quanta ending at or before this are published already (a restart).
+    """
+
+    def __init__(
+        self,
+        *,
+        quantum_ms: int,
+        lateness_ms: int,
+        percentiles: Sequence[float],
+        confidence_level: float | None,
+        per_host: bool,
+        cells: Sequence[str],
+        cell_timeout_ms: int,
+        now_ms: int,
+        closed_ms: int | None = None,
+    ) -> None:
+        self.quantum_ms = quantum_ms
+        self.lateness_ms = lateness_ms
+        self.percentiles = tuple(percentiles)
+        self.confidence_level = confidence_level
+        self.per_host = per_host
+        self.cell_timeout_ms = cell_timeout_ms
+        self.cells: dict[str, CellState] = {c: CellState(now_ms) for c in cells}
+        self.expected = frozenset(cells)
+        self.closed_ms = closed_ms
+        self.layout: BinLayout | None = None
+        self.phase_ms: int | None = None if closed_ms is None else closed_ms % quantum_ms
+        self.counts = RootCounts()
+        self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
+        self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
+        self._keys = [pct_key(q) for q in self.percentiles]
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def receive(
+        self, payload: bytes, now_ms: int, *, max_bytes: int = MAX_PARTIALS_BYTES
+    ) -> int | None:
+        """One partials message; a refused one is counted and logged, nothing else.
+
+        Returns the latest quantum end among its rows (None: refused or no rows), which
+        tells a journal when the message is no longer needed.
+        """
+        try:
+            msg = decode(payload, max_bytes=max_bytes)
+        except WireFormatError as exc:
+            self._invalid(exc.reason, str(exc))
+            return None
+        self.take(msg, now_ms)
+        return max((r.part.end_ms for r in msg.rows), default=None)
+
+    def _invalid(self, reason: str, text: str) -> None:
+        self.counts.invalid[reason] += 1
+        n = self.counts.invalid[reason]
+        if n <= 5 or n % 1000 == 0:
+            log.warning("partials refused (%s, %d so far): %s", reason, n, text)
+
+    def take(self, msg: PartialsMessage, now_ms: int) -> None:
+        """Merge a decoded message's rows and note the cell's progress."""
+        if self.layout is None:
+            self.layout = msg.layout
+        elif msg.layout != self.layout:
+            self._invalid("layout", f"cell {msg.cell}: layout {msg.layout} != {self.layout}")
+            return
+        q = self.quantum_ms
+        for r in msg.rows:
+            p = r.part
+            if p.end_ms - p.start_ms != q or (
+                self.phase_ms is not None and p.end_ms % q != self.phase_ms
+            ):
+                self._invalid(
+                    "grid",
+                    f"cell {msg.cell}: quantum ({p.start_ms}, {p.end_ms}] is not on the root's "
+                    f"grid ({q} ms, phase {self.phase_ms})",
+                )
+                return
+            if self.phase_ms is None:
+                self.phase_ms = p.end_ms % q
+        cell = self.cells.get(msg.cell)
+        if cell is None:
+            cell = self.cells[msg.cell] = CellState(now_ms)
+            how = "" if not self.expected else " (not in root.cells)"
+            log.info("cell %s: first message%s", msg.cell, how)
+        cell.last_seen_ms = now_ms
+        cell.seq = msg.seq
+        self.counts.messages[msg.cell] += 1
+        if cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
+            cell.through_ms = msg.closed_through_ms
+        rows = self.counts.rows
+        for r in msg.rows:
+            p = r.part
+            if p.scope == "host" and not self.per_host:
+                continue
+            key: GroupKey = (p.scope, p.host, p.direction)
+            if p.end_ms > now_ms + MAX_FUTURE_MS:
+                rows["future"] += 1  # bounds what a wrong clock (or hostile cell) holds open
+                continue
+            seen = self._seen.setdefault(p.end_ms, set())
+            if (msg.cell, key) in seen:
+                rows["duplicate"] += 1  # a resend (closed quanta are remembered a while)
+                continue
+            if self.closed_ms is not None and p.end_ms <= self.closed_ms:
+                rows["late"] += 1  # never merged: its quantum closed without it
+                continue
+            seen.add((msg.cell, key))
+            groups = self._open.setdefault(p.end_ms, {})
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = _Group(np.zeros_like(p.hist))
+            g.hist += p.hist
+            g.lo_ms = min(g.lo_ms, p.lo_ms)
+            g.hi_ms = max(g.hi_ms, p.hi_ms)
+            g.nbytes += p.nbytes
+            g.streams += p.streams
+            g.late += r.late_records
+            rows["merged"] += 1
+
+    # -- cells ------------------------------------------------------------------------------
+
+    def live_cells(self, now_ms: int) -> list[str]:
+        """Cells heard from within the cell timeout (logs each change of state)."""
+        out = []
+        for name, c in sorted(self.cells.items()):
+            up = now_ms - c.last_seen_ms < self.cell_timeout_ms
+            if up != c.up:
+                c.up = up
+                if up:
+                    log.info("cell %s is back", name)
+                else:
+                    log.warning(
+                        "cell %s is gone: nothing from it for %d ms; its quanta close on the "
+                        "root's lateness (%d ms) without it",
+                        name,
+                        now_ms - c.last_seen_ms,
+                        self.lateness_ms,
+                    )
+            if up:
+                out.append(name)
+        return out
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self, now_ms: int) -> list[ClosedQuantum]:
+        """Close every quantum all live cells closed, or ``lateness_ms`` old; oldest first."""
+        live = self.live_cells(now_ms)
+        by_clock = now_ms - self.lateness_ms
+        bound = by_clock
+        throughs = [self.cells[c].through_ms for c in live]
+        if live and all(t is not None for t in throughs):
+            bound = max(bound, min(t for t in throughs if t is not None))
+        if self.closed_ms is not None and bound <= self.closed_ms:
+            return []
+        ready = sorted(e for e in self._open if e <= bound)
+        out: list[ClosedQuantum] = []
+        for end in ready:
+            if end <= by_clock and not (live and all(t is not None and t >= end for t in throughs)):
+                self.counts.closed_by_lateness += 1
+            out.extend(self._close_one(end))
+        # Rows of closed quanta are remembered for SEEN_QUANTA quanta, so a cell's resends
+        # after a restart count as duplicates, not late.
+        forget = bound - SEEN_QUANTA * self.quantum_ms
+        for end in [e for e in self._seen if e <= forget]:
+            del self._seen[end]
+        self.counts.quanta_closed += len(ready)
+        self.closed_ms = bound
+        return out
+
+    def flush(self) -> list[ClosedQuantum]:
+        """Close everything open (a final stop)."""
+        out: list[ClosedQuantum] = []
+        for end in sorted(self._open):
+            out.extend(self._close_one(end))
+        self.counts.quanta_closed += len({r.end_ms for r in out})
+        if self._open or self._seen:
+            last = max([*self._open, *self._seen])
+            self.closed_ms = max(self.closed_ms or last, last)
+        self._open.clear()
+        self._seen.clear()
+        return out
+
+    @property
+    def open_quanta(self) -> int:
+        """Quanta holding rows and not yet closed."""
+        return len(self._open)
+
+    def _close_one(self, end: int) -> list[ClosedQuantum]:
+        """The rows of quantum ``end``: cluster, then hosts by name; directions in order."""
+        groups = self._open.pop(end)
+        assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
+        order = {d: i for i, d in enumerate(ALL_DIRECTIONS)}
+        keys = sorted(
+            groups,
+            key=lambda k: (k[0] != "cluster", k[1] or "", order[k[2]]),
+        )
+        hists = np.stack([groups[k].hist for k in keys])
+        # Only the columns between the first and last bin with a count (as the engine
+        # does): one workload fills a few hundred of fio's 1856 bins.
+        used = np.flatnonzero(hists.any(axis=0))
+        lo, hi = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 1)
+        cols = hists[:, lo:hi]
+        cis: list[dict[str, tuple[float | None, float | None]] | None]
+        if self.confidence_level is None:
+            stats = summarize_many(cols, self.layout, self.percentiles, first_bin=lo)
+            cis = [None] * len(stats)
+        else:
+            stats, low, high = summarize_with_bounds(
+                cols, self.layout, self.percentiles, level=self.confidence_level, first_bin=lo
+            )
+            cis = ci_dicts(self._keys, low, high)
+        out = []
+        for k, st, ci in zip(keys, stats, cis, strict=True):
+            if st is None:
+                continue  # empty groups form no row (they only widened no span here)
+            g = groups[k]
+            covered_s = (g.hi_ms - g.lo_ms) / 1000.0
+            scope, host, direction = k
+            out.append(
+                ClosedQuantum(
+                    start_ms=end - self.quantum_ms,
+                    end_ms=end,
+                    scope=scope,
+                    host=host,
+                    direction=direction,
+                    stats=st,
+                    iops=st.samples / covered_s if covered_s > 0 else None,
+                    bytes_per_second=g.nbytes / covered_s if covered_s > 0 else None,
+                    streams=g.streams,
+                    late_records=g.late,
+                    hist=g.hist if scope == "cluster" else None,
+                    ci_ns=ci,
+                )
+            )
+        return out

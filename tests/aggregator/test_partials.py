@@ -1,0 +1,165 @@
+"""Partials v1: exact round trips, hostile payloads refused with a reason, splitting."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fiomon.aggregator.partials import (
+    PartialRow,
+    PartialsMessage,
+    decode,
+    encode,
+    split,
+)
+from fiomon.bins import BinLayout
+from fiomon.errors import WireFormatError
+from fiomon.windows import ALL_DIRECTIONS, RawPartial
+from fiomon.wire import MAX_TIME_MS, REASONS
+
+LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us")]
+names = st.text(min_size=1, max_size=12).filter(lambda s: len(s.encode()) <= 512)
+
+
+@st.composite
+def rows(draw: st.DrawFn, layout: BinLayout) -> PartialRow:
+    start = draw(st.integers(-(10**12), MAX_TIME_MS - 10**7))
+    end = start + draw(st.integers(1, 10**6))
+    host = draw(st.one_of(st.none(), names))
+    hist = np.zeros(layout.nbins)
+    for b in draw(st.sets(st.integers(0, layout.nbins - 1), max_size=10)):
+        hist[b] = draw(
+            st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)
+        )
+    lo = draw(st.integers(start - 10**6, end))
+    part = RawPartial(
+        start_ms=start,
+        end_ms=end,
+        scope="cluster" if host is None else "host",
+        host=host,
+        direction=draw(st.sampled_from(ALL_DIRECTIONS)),
+        hist=hist,
+        lo_ms=lo,
+        hi_ms=draw(st.integers(lo, end)),
+        nbytes=draw(st.floats(min_value=0, max_value=1e18)),
+        streams=draw(st.integers(0, 2**32 - 1)),
+    )
+    return PartialRow(part, draw(st.integers(0, 2**63)))
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> PartialsMessage:
+    layout = draw(st.sampled_from(LAYOUTS))
+    return PartialsMessage(
+        cell=draw(names),
+        seq=draw(st.integers(0, 2**64 - 1)),
+        layout=layout,
+        closed_through_ms=draw(st.integers(-MAX_TIME_MS, MAX_TIME_MS)),
+        rows=tuple(draw(st.lists(rows(layout), max_size=6))),
+    )
+
+
+def same(a: PartialsMessage, b: PartialsMessage) -> None:
+    assert (a.cell, a.seq, a.layout, a.closed_through_ms) == (
+        b.cell,
+        b.seq,
+        b.layout,
+        b.closed_through_ms,
+    )
+    assert len(a.rows) == len(b.rows)
+    for x, y in zip(a.rows, b.rows, strict=True):
+        px, py = x.part, y.part
+        assert x.late_records == y.late_records
+        assert x.key() == y.key()
+        assert (px.end_ms, px.lo_ms, px.hi_ms, px.nbytes, px.streams) == (
+            py.end_ms,
+            py.lo_ms,
+            py.hi_ms,
+            py.nbytes,
+            py.streams,
+        )
+        assert np.array_equal(px.hist, py.hist)  # bit-exact float counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages())
+def test_round_trip_is_exact(msg: PartialsMessage) -> None:
+    same(decode(encode(msg)), msg)
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages(), st.data())
+def test_every_corruption_is_refused_with_a_reason_or_decodes(
+    msg: PartialsMessage, data: st.DataObject
+) -> None:
+    """Flipped bytes and cuts never escape as anything but WireFormatError."""
+    raw = bytearray(encode(msg))
+    cut = data.draw(st.integers(0, len(raw)))
+    for _ in range(data.draw(st.integers(1, 4))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    for payload in (bytes(raw), bytes(raw[:cut])):
+        try:
+            decode(payload)
+        except WireFormatError as exc:
+            assert exc.reason in REASONS
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_are_refused(payload: bytes) -> None:
+    try:
+        decode(b"FIOP\x01" + payload)
+    except WireFormatError as exc:
+        assert exc.reason in REASONS
+
+
+def test_refusals_name_their_reason() -> None:
+    msg = PartialsMessage("cell-a", 7, BinLayout(), 1000, ())
+    raw = encode(msg)
+    cases = {
+        "oversized": (raw, 10),
+        "not-fiomon": (b"FIOM" + raw[4:], None),
+        "version": (raw[:4] + b"\x02" + raw[5:], None),
+        "truncated": (raw[:20], None),
+        "inconsistent": (raw + b"\x00", None),
+    }
+    for reason, (payload, limit) in cases.items():
+        with pytest.raises(WireFormatError) as caught:
+            decode(payload, max_bytes=limit or 1 << 24)
+        assert caught.value.reason == reason
+    # A hostile string count is refused before any loop of that size.
+    head = bytearray(raw)
+    struct.pack_into("<I", head, 28, 2**20)
+    with pytest.raises(WireFormatError) as caught:
+        decode(bytes(head))
+    assert caught.value.reason == "truncated"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(rows(BinLayout()), min_size=1, max_size=12), st.integers(0, 3000))
+def test_split_keeps_every_row_and_closes_only_at_the_end(
+    parts: list[PartialRow], budget: int
+) -> None:
+    ordered = sorted(parts, key=lambda r: r.part.start_ms)
+    through = max(r.part.end_ms for r in ordered)
+    out = split(
+        cell="c",
+        first_seq=5,
+        layout=BinLayout(),
+        closed_through_ms=through,
+        rows=ordered,
+        max_bytes=budget,
+    )
+    assert [m.seq for m in out] == list(range(5, 5 + len(out)))
+    assert [r for m in out for r in m.rows] == ordered
+    assert out[-1].closed_through_ms == through
+    for m in out[:-1]:
+        # An early message closes none of its own quanta.
+        assert all(m.closed_through_ms < r.part.end_ms for r in m.rows)
+    for m in out:
+        same(decode(encode(m)), m)

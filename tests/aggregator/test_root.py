@@ -1,0 +1,470 @@
+"""The root's merge: cells' partials give exactly the rows of one engine fed every record."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+
+from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.exporter import FiomonCollector
+from fiomon.aggregator.outbox import Outbox
+from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
+from fiomon.aggregator.root import RootMerger
+from fiomon.aggregator.root_service import RootService
+from fiomon.bins import BinLayout
+from fiomon.config import (
+    AggregatorConfig,
+    PartialsConfig,
+    RootConfig,
+    SlaRule,
+    aggregator_config_from,
+)
+from fiomon.errors import ConfigError
+from fiomon.model import RecordBatch, StreamInfo
+from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
+from fiomon.wire import encode as encode_records
+
+LAY = BinLayout()
+Q = 1000
+T0 = 1_795_000_000_000
+
+
+def records(rnd: random.Random, hosts: list[str], n: int) -> RecordBatch:
+    """``n`` random records over ``hosts`` (two jobs each), some spanning quanta."""
+    streams = tuple(StreamInfo(h, f"{h}.log:{j}") for h in hosts for j in range(2))
+    start: list[int] = []
+    bins: list[int] = []
+    counts: list[int] = []
+    indptr = [0]
+    for i in range(n):
+        s = T0 + rnd.randrange(0, 20 * Q)
+        start.append(s)
+        k = rnd.randint(0 if i else 1, 4)  # a record may carry no samples
+        b = sorted(rnd.sample(range(400, 1100), k))
+        bins.extend(b)
+        counts.extend(rnd.randint(1, 5000) for _ in b)
+        indptr.append(len(bins))
+    s_arr = np.array(start, np.int64)
+    return RecordBatch(
+        layout=LAY,
+        streams=streams,
+        stream_idx=np.array([rnd.randrange(len(streams)) for _ in range(n)], np.int32),
+        direction=np.array([rnd.randint(0, 2) for _ in range(n)], np.int8),
+        start_ms=s_arr,
+        end_ms=s_arr + np.array([rnd.choice([0, 250, 1000, 1700]) for _ in range(n)]),
+        nbytes=np.array([rnd.randint(0, 10**7) for _ in range(n)], np.int64),
+        indptr=np.array(indptr, np.int64),
+        bins=np.array(bins, np.int32),
+        counts=np.array(counts, np.int64),
+    )
+
+
+def engine(*, partials: bool) -> QuantumEngine:
+    return QuantumEngine(
+        layout=LAY, quantum_ms=Q, per_host=True, keep_partials=partials, keep_hists=True
+    )
+
+
+def key(r: ClosedQuantum) -> tuple[int, str, str | None, str]:
+    return (r.end_ms, r.scope, r.host, r.direction)
+
+
+def assert_same(got: list[ClosedQuantum], want: list[ClosedQuantum]) -> None:
+    g = {key(r): r.to_json() for r in got}
+    w = {key(r): r.to_json() for r in want}
+    assert g.keys() == w.keys()
+    worst = 0.0
+    for k, a in w.items():
+        b = g[k]
+        for f in ("samples", "min_ns", "mean_ns", "max_ns", "iops", "bytes_per_second"):
+            if a[f] is None:
+                assert b[f] is None
+                continue
+            worst = max(worst, abs(b[f] - a[f]) / max(abs(a[f]), 1e-300))
+        for p, v in a["percentiles_ns"].items():
+            worst = max(worst, abs(b["percentiles_ns"][p] - v) / max(abs(v), 1e-300))
+        assert (b["streams"], b["late_records"], b["saturated"]) == (
+            a["streams"],
+            a["late_records"],
+            a["saturated"],
+        )
+        assert b["percentiles_ci_ns"] == a["percentiles_ci_ns"]
+    assert worst <= 1e-9, worst
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(2, 4), st.integers(1, 400))
+def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: int, n: int) -> None:
+    hosts = [f"h{i}" for i in range(3 * ncells)]
+    batch = records(rnd, hosts, n)
+    one = engine(partials=False)
+    one.add(batch)
+    want = one.flush()
+    assert want  # the comparison below is not vacuous
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=one.percentiles,
+        confidence_level=one.confidence_level,
+        per_host=True,
+        cells=[f"c{i}" for i in range(ncells)],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    for c in range(ncells):
+        mine = {h for i, h in enumerate(hosts) if i % ncells == c}
+        sel = np.array([batch.streams[s].host in mine for s in batch.stream_idx])
+        cell = engine(partials=True)
+        cell.add(batch.select(sel))
+        rows = cell.flush()
+        late: dict[tuple[int, str, str | None, str], int] = {
+            (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
+        }
+        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 10**6, tuple(rows_of(cell.partials, late)))
+        payload = encode(msg)
+        root.receive(payload, T0)
+        root.receive(payload, T0)  # a resend changes nothing
+        assert decode(payload).cell == f"c{c}"
+    got = root.close(T0)
+    assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
+    assert_same(got, want)
+
+
+# -- a cell's outbox, from the aggregator core ------------------------------------------
+
+
+class Clock:
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def _outbox_messages(folder: Path) -> list[PartialsMessage]:
+    raw = (folder / "partials.outbox").read_bytes()
+    out, at = [], 0
+    while at < len(raw):
+        n = int.from_bytes(raw[at : at + 4], "little")
+        out.append(decode(raw[at + 4 : at + 4 + n]))
+        at += 4 + n
+    return out
+
+
+def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
+    tmp_path: Path,
+) -> None:
+    clock = Clock(T0 + 30 * Q)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        state_dir=tmp_path,
+        quanta_file=tmp_path / "quanta.jsonl",
+        partials=PartialsConfig(cell="c1"),
+    )
+    rnd = random.Random(7)
+    batch = records(rnd, ["a"], 200)
+    one = engine(partials=False)
+    one.add(batch)
+    want = one.flush()
+    core = AggregatorCore(cfg, now_ms=clock)
+    core.restore()
+    core.on_records("a", encode_records("a", "s", 0, batch))
+    clock.t = T0 + 60 * Q
+    core.tick()  # closes everything on the clock (30 s past the records)
+    core.tick()
+    clock.t += 2 * Q
+    core.tick()  # a quantum boundary with nothing closed: a marker only
+    core.close()
+    msgs = _outbox_messages(tmp_path)
+    assert [m.seq for m in msgs] == list(range(len(msgs)))
+    assert msgs[-1].rows == ()
+    assert msgs[-1].closed_through_ms > msgs[-2].closed_through_ms
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level,
+        per_host=True,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    for m in msgs:
+        root.take(m, T0)
+    assert_same(root.close(T0), want)
+    # Nothing was acknowledged: a restart resends the whole outbox, in order.
+    again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
+    sent = []
+    while (nxt := again.peek()) is not None:
+        sent.append(decode(nxt[1]).seq)
+        again.ack(nxt[0])
+    assert sent == [m.seq for m in msgs]
+    again.close()
+    third = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
+    assert third.peek() is None  # all acknowledged: nothing is sent again
+    third.close()
+
+
+def _one_row_message(cell: str, end: int, through: int, *, layout: BinLayout = LAY) -> bytes:
+    hist = np.zeros(layout.nbins)
+    hist[min(700, layout.nbins - 1)] = 10.0
+    part = RawPartial(
+        start_ms=end - Q,
+        end_ms=end,
+        scope="cluster",
+        host=None,
+        direction="read",
+        hist=hist,
+        lo_ms=end - Q,
+        hi_ms=end,
+        nbytes=4096.0,
+        streams=1,
+    )
+    return encode(PartialsMessage(cell, 0, layout, through, (PartialRow(part),)))
+
+
+def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> None:
+    now = T0
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50, 99),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1", "c2"],
+        cell_timeout_ms=5000,
+        now_ms=now,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
+    assert root.close(now) == []  # c2 (expected) has said nothing yet
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), now)
+    (row,) = root.close(now)
+    assert (row.end_ms, row.stats.samples, row.streams) == (T0 + Q, 20, 2)
+    # A resend of a closed quantum is a duplicate; a row never merged is late.
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
+    root.receive(_one_row_message("c3", T0 + Q, T0 + Q), now)
+    assert (root.counts.rows["duplicate"], root.counts.rows["late"]) == (1, 1)
+    # c3 appeared: it is waited for too; c2 goes silent and is not waited for forever.
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
+    root.receive(_one_row_message("c3", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
+    assert root.close(now + 1000) == []  # c2 is live and has not closed T0 + 2 s
+    assert root.live_cells(now + 5500) == ["c1", "c3"]
+    assert [r.end_ms for r in root.close(now + 5500)] == [T0 + 2 * Q]
+    # Nobody live: quanta close on the root's lateness alone.
+    root.receive(_one_row_message("c1", T0 + 3 * Q, T0 + 2 * Q), now + 5500)
+    assert root.close(now + 20_000) == []
+    assert [r.end_ms for r in root.close(T0 + 3 * Q + 60_000)] == [T0 + 3 * Q]
+    assert root.counts.closed_by_lateness == 1
+
+
+def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=[],
+        cell_timeout_ms=5000,
+        now_ms=T0,
+    )
+    root.receive(b"garbage!" * 8, T0)
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0)
+    root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0)  # off the grid
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(29, 4)), T0)
+    root.receive(_one_row_message("c1", T0 + 3_600_000, T0), T0)  # an hour ahead
+    assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
+    assert root.counts.rows == {"merged": 1, "future": 1}
+    assert root.open_quanta == 1
+
+
+def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
+    text = (Path(__file__).parents[2] / "deploy" / "README.md").read_text()
+    section = text.split("Exact cluster percentiles: the root", 1)[1]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    cell, root = (yaml.safe_load(b) for b in blocks)
+    cfg = aggregator_config_from({**cell, "state_dir": "s"})
+    assert cfg.partials is not None and cfg.partials.cell == "cell-a"
+    assert cfg.partials.broker.host == "root-broker"
+    rcfg = aggregator_config_from(root)
+    assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
+    assert rcfg.root.cell_timeout_ms == 30_000
+    assert cfg.partials.host_rows
+    off = aggregator_config_from(
+        {**cell, "state_dir": "s", "partials": {**cell["partials"], "host_rows": False}}
+    )
+    assert off.partials is not None and not off.partials.host_rows
+    with pytest.raises(ConfigError, match="partials: needs state_dir"):
+        aggregator_config_from(cell)
+
+
+def _promtool_clean(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: run .ci/run or apt-get install prometheus")
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
+    clock = Clock(T0 + 5000)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        quanta_file=tmp_path / "root.jsonl",
+        root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=60_000),
+        sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),),
+    )
+    svc = RootService(cfg, now_ms=clock)
+    svc.merger.receive(_one_row_message("c1", T0 + Q, T0 + Q), clock())
+    clock.t += 11_000  # c2 has said nothing (still waited for): the clock closes the quantum
+    (row,) = svc.tick()
+    svc.close()
+    assert json.loads((tmp_path / "root.jsonl").read_text())["end_ms"] == row.end_ms
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: svc.snapshot))
+    text = generate_latest(registry).decode()
+    assert registry.get_sample_value("fiomon_root_cells_up") == 2
+    assert registry.get_sample_value("fiomon_root_cells_expected") == 2
+    assert registry.get_sample_value("fiomon_root_cell_up", {"cell": "c2"}) == 1
+    assert registry.get_sample_value("fiomon_root_partial_rows_total", {"outcome": "merged"}) == 1
+    assert registry.get_sample_value("fiomon_root_quanta_closed_by_lateness_total") == 1
+    assert registry.get_sample_value(
+        "fiomon_cluster_latency_percentile_seconds", {"direction": "read", "percentile": "99"}
+    )
+    _promtool_clean(text)
+    # A cell's outbox on its own /metrics.
+    cell = AggregatorCore(
+        AggregatorConfig(align="epoch", state_dir=tmp_path / "cell", partials=PartialsConfig("c1")),
+        now_ms=clock,
+    )
+    cell.restore()
+    cell.on_records("a", encode_records("a", "s", 0, records(random.Random(3), ["a"], 30)))
+    clock.t += 60_000
+    cell.tick()
+    cell.tick()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: cell.snapshot))
+    text = generate_latest(registry).decode()
+    assert (registry.get_sample_value("fiomon_partials_backlog_bytes") or 0) > 0
+    assert registry.get_sample_value("fiomon_partials_messages_total", {"result": "sent"}) == 0
+    cell.close()
+    _promtool_clean(text)
+
+
+def test_a_root_restart_re_forms_open_quanta_from_its_journal(tmp_path: Path) -> None:
+    clock = Clock(T0)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        quanta_file=tmp_path / "root.jsonl",
+        state_dir=tmp_path / "state",
+        root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=60_000),
+    )
+    first = RootService(cfg, now_ms=clock)
+    first.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q))
+    first.on_message("c2", _one_row_message("c2", T0 + Q, T0 + Q))
+    assert [r.end_ms for r in first.tick()] == [T0 + Q]
+    first.on_message("c1", _one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q))
+    assert first.tick() == []  # c2 has not closed T0 + 2 s
+    first.close()  # as after kill -9: the journal holds both messages of c1
+    second = RootService(cfg, now_ms=clock)
+    assert second.merger.open_quanta == 1  # T0 + 2 s re-formed; T0 + 1 s was published
+    second.on_message("c2", _one_row_message("c2", T0 + 2 * Q, T0 + 2 * Q))
+    second.on_message("c1", _one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q))  # a resend
+    (row,) = second.tick()
+    assert (row.end_ms, row.stats.samples, row.streams) == (T0 + 2 * Q, 20, 2)
+    assert second.merger.counts.rows["duplicate"] == 1
+    second.close()
+    lines = (tmp_path / "root.jsonl").read_text().splitlines()
+    assert [json.loads(x)["end_ms"] for x in lines] == [T0 + Q, T0 + 2 * Q]
+    # Replayed rows of published quanta are not merged again.
+    third = RootService(cfg, now_ms=clock)
+    assert third.merger.open_quanta == 0
+    third.close()
+
+
+def test_the_outbox_cuts_a_torn_record_and_empties_once_all_is_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fiomon.aggregator.outbox as outbox_mod  # noqa: PLC0415
+
+    problems: list[tuple[str, str]] = []
+    box = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    box.add(LAY, T0, [])
+    box.add(LAY, T0 + Q, [])
+    box.close()
+    with (tmp_path / "partials.outbox").open("ab") as fh:
+        fh.write(b"\x40\x00\x00\x00torn")  # kill -9 in the middle of a write
+    box = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    sent = []
+    while (nxt := box.peek()) is not None:
+        sent.append(decode(nxt[1]).closed_through_ms)
+        box.ack(nxt[0])
+    assert sent == [T0, T0 + Q]
+    monkeypatch.setattr(outbox_mod, "COMPACT_BYTES", 0)
+    box.add(LAY, T0 + 2 * Q, [])
+    nxt = box.peek()
+    assert nxt is not None
+    box.ack(nxt[0])  # everything acknowledged: the file is emptied
+    assert (tmp_path / "partials.outbox").stat().st_size == 0
+    assert box.backlog_bytes == 0
+    box.close()
+    again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: problems.append((k, t)))
+    assert again.peek() is None
+    again.add(LAY, T0 + 3 * Q, [])
+    nxt = again.peek()
+    assert nxt is not None and decode(nxt[1]).seq == 3  # numbering goes on
+    again.close()
+    assert problems == []
+
+
+def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> None:
+    clock = Clock(T0 + 30 * Q)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        state_dir=tmp_path,
+        partials=PartialsConfig(cell="c1", host_rows=False),
+    )
+    batch = records(random.Random(9), ["a", "b"], 100)
+    one = engine(partials=False)
+    one.add(batch)
+    want = [r for r in one.flush() if r.scope == "cluster"]
+    core = AggregatorCore(cfg, now_ms=clock)
+    core.restore()
+    for host in ("a", "b"):
+        mine = np.array([batch.streams[s].host == host for s in batch.stream_idx])
+        core.on_records(host, encode_records(host, "s", 0, batch.select(mine)))
+    clock.t = T0 + 60 * Q
+    core.tick()
+    core.close()
+    msgs = _outbox_messages(tmp_path)
+    assert {r.part.scope for m in msgs for r in m.rows} == {"cluster"}
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level,
+        per_host=False,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    for m in msgs:
+        root.take(m, T0)
+    assert_same(root.close(T0), want)
