@@ -132,3 +132,14 @@ def test_check_config_prints_the_chosen_cell(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "; cell north" in r.stdout
+
+
+def test_a_cells_partials_take_its_name_from_the_top_level_cell() -> None:
+    base = {"align": "epoch", "state_dir": "/tmp/x", "partials": {"broker": {"host": "root"}}}
+    cfg = aggregator_config_from({**base, "cell": "north"})
+    assert cfg.partials is not None
+    assert (cfg.partials.cell, cfg.partials.client_id) == ("north", "fiomon-cell-north")
+    own = aggregator_config_from({**base, "cell": "north", "partials": {"cell": "n2"}})
+    assert own.partials is not None and own.partials.cell == "n2"
+    with pytest.raises(ConfigError, match=r"partials\.cell: required \(or the top-level cell\)"):
+        aggregator_config_from(base)
