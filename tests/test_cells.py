@@ -135,7 +135,7 @@ def test_check_config_prints_the_chosen_cell(tmp_path: Path) -> None:
 
 
 def test_a_cells_partials_take_its_name_from_the_top_level_cell() -> None:
-    base = {"align": "epoch", "state_dir": "/tmp/x", "partials": {"broker": {"host": "root"}}}
+    base = {"align": "epoch", "state_dir": "state", "partials": {"broker": {"host": "root"}}}
     cfg = aggregator_config_from({**base, "cell": "north"})
     assert cfg.partials is not None
     assert (cfg.partials.cell, cfg.partials.client_id) == ("north", "fiomon-cell-north")
