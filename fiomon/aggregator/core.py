@@ -52,7 +52,7 @@ from fiomon.aggregator.metrics import OTHER_HOST, Counts, Health, QuantumGauges,
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import Watermark
 from fiomon.align import auto_phase, phase_for
-from fiomon.bins import BinLayout
+from fiomon.bins import BinLayout, merged_layout
 from fiomon.config import AggregatorConfig
 from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
@@ -491,11 +491,12 @@ class AggregatorCore:
         if base is None:
             self._first_layout = layout
             return layout
-        if layout.group_nr != base.group_nr or layout.unit != base.unit:
+        try:
+            merged = merged_layout(base, layout)
+        except LayoutError:
             return None
-        if layout.coarseness > base.coarseness:
-            return None
-        return base
+        # The engine's layout is fixed once it runs: a coarser batch cannot merge into it.
+        return base if merged == base else None
 
     def _host_label(self, host: str) -> str:
         labels = self.counts.host_labels
