@@ -21,6 +21,7 @@ from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.offline.output import FORMATS, Format
+from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import (
     HOST_FROM_HELP,
@@ -790,8 +791,10 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions, list[Path]] | int:
-    """The options and inputs of ``report`` or ``plot``, or the exit code of a bad call."""
+def _report_options(
+    args: argparse.Namespace, name: str
+) -> tuple[QuantaOptions, ReportOptions, list[Path]] | int:
+    """The options (computing, output) and inputs of ``report`` or ``plot``, or an exit code."""
     try:
         align = parse_align(args.align)
     except ConfigError as exc:
@@ -839,17 +842,20 @@ def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions,
         # mixed ("all") row.
         percentiles = tuple(sorted({50.0, *percentiles}))
         directions = args.directions or ("all",)
-    opts = ReportOptions(
+    view = ReportOptions(
+        fmt=fmt,
+        directions_given=args.directions is not None,
+        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
+        progress=args.progress,
+    )
+    opts = QuantaOptions(
         quantum_ms=args.quantum,
         align=align,
         percentiles=percentiles,
         directions=directions,
-        directions_given=args.directions is not None,
         per_host=args.per_host,
         host_from=args.host_from,
-        fmt=fmt,
         confidence_level=args.confidence_level,
-        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
         target_error=args.target_error,
         target_percentile=target_pct,
         max_span_ms=args.max_span,
@@ -860,22 +866,21 @@ def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions,
             strict=args.strict,
         ),
         workers=args.jobs,
-        progress=args.progress,
     )
     picked = _inputs(args, name)
     if picked is None:
         return 2
     logs, skips = picked
     opts = dataclasses.replace(opts, source=dataclasses.replace(opts.source, skip_jobs=skips))
-    return opts, logs
+    return opts, view, logs
 
 
 def _report(args: argparse.Namespace) -> int:
     got = _report_options(args, "report")
     if isinstance(got, int):
         return got
-    opts, logs = got
-    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout))
+    opts, view, logs = got
+    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout, opts=view))
 
 
 def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
@@ -913,7 +918,7 @@ def _plot(args: argparse.Namespace) -> int:
     got = _report_options(args, "plot")
     if isinstance(got, int):
         return got
-    opts, logs = got
+    opts, _, logs = got
     title = args.title or (
         logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
     )
