@@ -33,9 +33,6 @@ from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 
-# What json.dumps(row, separators=(",", ":")) does (the report's JSON lines), without
-# building an encoder for every row.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
 RowKey = tuple[str, str, str]  # (scope, host or "", direction)
 Skip = tuple[int, frozenset[RowKey]]  # a quantum's end and the rows of it already written
 ProblemSink = Callable[[str, str], None]
@@ -123,9 +120,9 @@ class QuantaFile:
 
         Returns the rows written. Raises OSError (the caller reports and counts it).
         """
-        encode = _ENCODER.encode
+        # The report's own line (one serializer: the report == aggregator contract).
         text = "".join(
-            encode(r.to_json()) + "\n"
+            r.to_json_line()
             for r in rows
             if skip is None or r.end_ms != skip[0] or row_key(r) not in skip[1]
         )
