@@ -101,10 +101,6 @@ class BinLayout:
         """Lower edge of the last bin: every latency at or above it is clamped there."""
         return float(self.edges_ns()[0][-1])
 
-    def coarsen_index(self, fine_idx: IntArray) -> IntArray:
-        """Map fine-bin indices of the same group_nr to this layout's bin indices."""
-        return np.right_shift(fine_idx, self.coarseness)
-
     def describe(self) -> str:
         """Short human description, e.g. ``1856 bins (GROUP_NR 29, coarseness 0, ns)``."""
         return (

@@ -82,7 +82,6 @@ class QuantaFile:
         self._repair(problems or (lambda kind, text: None))
         self._fh = path.open("a", encoding="utf-8")
         self.rows = 0
-        self.failures = 0
 
     def _repair(self, problems: ProblemSink) -> None:
         """Cut a torn last line (no newline: the writer died mid-line)."""
@@ -252,11 +251,6 @@ class QuantaWriter:
             self._pending_rows += len(rows)
         self._jobs.put(_Job(rows, closed_ms, grid, skip))
 
-    @property
-    def pending_rows(self) -> int:
-        """Rows waiting for the disk."""
-        return self._pending_rows
-
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
@@ -271,7 +265,6 @@ class QuantaWriter:
             try:
                 self.quanta.write(job.rows, job.skip)
             except OSError as exc:
-                self.quanta.failures += 1
                 self.problems(
                     "quanta-file-write",
                     f"{self.quanta.path}: {exc.strerror or exc} ({len(job.rows)} rows through "

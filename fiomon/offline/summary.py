@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
-from fiomon.histogram import cumulative_at, pct_key, summarize
+from fiomon.histogram import cumulative_at, summarize
 from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.offline.sources import FileSource, SourceOptions, host_labels
 from fiomon.problems import ProblemLog
@@ -373,11 +373,6 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
         if s.below or s.above:
             out.write(f"  outside the histogram: {s.below:,.0f} below, {s.above:,.0f} above\n")
         out.write("\n")
-
-
-def percent_keys(qs: Sequence[float]) -> list[str]:
-    """Percentile keys as the output names them."""
-    return [pct_key(q) for q in qs]
 
 
 def main_summary(
