@@ -35,7 +35,7 @@ import logging
 import platform
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -118,13 +118,11 @@ class AggregatorCore:
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
         self.transitions: list[Transition] = []
-        self.close_delays_ms: deque[int] = deque(maxlen=10_000)
         self.session_taken_over = False
         self.broker_connected = False  # the service sets it as its MQTT session comes and goes
         self.last_record_ms: int | None = None  # wall ms of the newest record received
         self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
         self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
-        self.fit_skipped = 0
         self.replayed = 0
         self.published_ms: int | None = None  # every quantum ending by then is published
         self._alive: dict[str, int] = {}  # host -> wall ms of its last records or status
@@ -671,7 +669,6 @@ class AggregatorCore:
     def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
         ends = sorted({r.end_ms for r in rows})
         self.counts.quanta_closed += len(ends)
-        self.close_delays_ms.extend(now - e for e in ends)
         through = max(mark, ends[-1])
         if self.writer is not None:
             skip = None
@@ -719,7 +716,7 @@ class AggregatorCore:
                 fitted = fit_histogram(r.hist, self.engine.layout)
             except FitError as exc:
                 log.debug("tail fit skipped: %s", exc)
-                self.fit_skipped += 1
+                self.counts.fits_skipped += 1
                 continue
             out[r.direction] = (fitted.tail_share, fitted.alpha)
         return out

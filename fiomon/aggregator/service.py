@@ -47,7 +47,7 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.aggregator.alerts import AlertDispatcher
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
@@ -259,7 +259,7 @@ def _step(svc: _Service) -> None:
     core = svc.core
     rows = core.tick()
     if not rows:
-        core.refresh_snapshot(min_age_ms=1000)
+        core.refresh_snapshot(min_age_ms=SNAPSHOT_EVERY_MS)
     _alerts_out(svc)
 
 
