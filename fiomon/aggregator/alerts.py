@@ -453,6 +453,10 @@ class AlertDispatcher:
         self.webhook = webhook
         self._wake.set()
 
+    def wake(self) -> None:
+        """Deliver now, not at the next second (the stop sequence's last delivery)."""
+        self._wake.set()
+
     def offer(self, book: AlertBook, transitions: list[Transition]) -> None:
         """Queue the current alerts when something changed, or when a resend is due."""
         hook = self.webhook
