@@ -95,6 +95,17 @@ class HistLogParser:
         self._last_end: dict[int, int] = {}
         self._segment = 0
 
+    kind: Literal["hist"] = "hist"  # fiomon.parsers.RecordParser
+
+    @property
+    def slack_ms(self) -> int:
+        """How far a later record may start before the latest end seen, ms.
+
+        Directions of one hist log interleave with stamps up to an interval apart, and a
+        record starts one interval before its end.
+        """
+        return 2 * int(self.interval_ms or DEFAULT_INTERVAL_MS)
+
     @property
     def stream(self) -> StreamInfo:
         """The current stream (a new one starts when a relative log restarts)."""
