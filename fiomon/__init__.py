@@ -34,6 +34,7 @@ from fiomon.fiojson import JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.histogram import HistStats, pct_key, summarize
 from fiomon.model import Direction, RecordBatch, StreamInfo
+from fiomon.parsers import RecordParser, open_parser, sniff
 from fiomon.windows import ClosedQuantum, QuantumEngine
 from fiomon.wire import Message, decode, encode
 
@@ -59,6 +60,7 @@ __all__ = [
     "QuantaOptions",
     "QuantumEngine",
     "RecordBatch",
+    "RecordParser",
     "StreamInfo",
     "WireFormatError",
     "__version__",
@@ -67,7 +69,9 @@ __all__ = [
     "encode",
     "iter_quanta",
     "merged_layout",
+    "open_parser",
     "pct_key",
+    "sniff",
     "summarize",
 ]
 

@@ -102,6 +102,9 @@ LIBRARY_API = {
     "summarize",
     "pct_key",
     # Parsers of fio's outputs.
+    "sniff",
+    "open_parser",
+    "RecordParser",
     "HistLogParser",
     "HistLogOptions",
     "JsonStatusParser",
