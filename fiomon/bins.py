@@ -101,10 +101,6 @@ class BinLayout:
         """Lower edge of the last bin: every latency at or above it is clamped there."""
         return float(self.edges_ns()[0][-1])
 
-    def coarsen_index(self, fine_idx: IntArray) -> IntArray:
-        """Map fine-bin indices of the same group_nr to this layout's bin indices."""
-        return np.right_shift(fine_idx, self.coarseness)
-
     def describe(self) -> str:
         """Short human description, e.g. ``1856 bins (GROUP_NR 29, coarseness 0, ns)``."""
         return (
@@ -223,6 +219,25 @@ def detect_layout(
     return layout
 
 
+def merged_layout(a: BinLayout, b: BinLayout) -> BinLayout:
+    """The layout histograms of ``a`` and ``b`` both merge into exactly: the coarser one.
+
+    This is fiomon's one layout-merge rule: the same ``group_nr`` and unit are needed
+    (bins of different groups or units have no common edges), and a finer histogram is
+    summed into the coarser one's bins (:func:`coarsen_counts`), never the other way.
+
+    Raises:
+        LayoutError: the layouts differ in group_nr or unit; the message names both.
+    """
+    if a.group_nr != b.group_nr or a.unit != b.unit:
+        msg = (
+            f"bin layouts {a.describe()} and {b.describe()} cannot merge exactly "
+            "(GROUP_NR and unit must match)"
+        )
+        raise LayoutError(msg)
+    return a if a.coarseness >= b.coarseness else b
+
+
 def coarsen_counts(bins: IntArray, source: BinLayout, target: BinLayout) -> IntArray:
     """Map bin indices of ``source`` onto the coarser ``target`` (same group_nr and unit).
 
@@ -234,11 +249,7 @@ def coarsen_counts(bins: IntArray, source: BinLayout, target: BinLayout) -> IntA
     """
     if source == target:
         return bins
-    if (
-        source.group_nr != target.group_nr
-        or source.unit != target.unit
-        or target.coarseness < source.coarseness
-    ):
+    if merged_layout(source, target) != target:
         msg = f"cannot merge histograms of {source.describe()} into {target.describe()}"
         raise LayoutError(msg)
     return np.right_shift(bins, target.coarseness - source.coarseness)

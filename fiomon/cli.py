@@ -28,6 +28,7 @@ from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.offline.output import FORMATS, Format
+from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import (
     HOST_FROM_HELP,
@@ -648,8 +649,10 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
     return paths, source
 
 
-def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions, list[Path]] | int:
-    """The options and inputs of ``report`` or ``plot``, or the exit code of a bad call."""
+def _report_options(
+    args: argparse.Namespace, name: str
+) -> tuple[QuantaOptions, ReportOptions, list[Path]] | int:
+    """The options (computing, output) and inputs of ``report`` or ``plot``, or an exit code."""
     try:
         align = parse_align(args.align)
     except ConfigError as exc:
@@ -688,33 +691,35 @@ def _report_options(args: argparse.Namespace, name: str) -> tuple[ReportOptions,
     if isinstance(picked, int):
         return picked
     logs, source = picked
-    opts = ReportOptions(
+    view = ReportOptions(
+        fmt=fmt,
+        directions_given=args.directions is not None,
+        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
+        progress=args.progress,
+    )
+    opts = QuantaOptions(
         quantum_ms=args.quantum,
         align=align,
         percentiles=percentiles,
         directions=directions,
-        directions_given=args.directions is not None,
         per_host=args.per_host,
         host_from=args.host_from,
-        fmt=fmt,
         confidence_level=args.confidence_level,
-        show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
         target_error=args.target_error,
         target_percentile=target_pct,
         max_span_ms=args.max_span,
         source=source,
         workers=args.jobs,
-        progress=args.progress,
     )
-    return opts, logs
+    return opts, view, logs
 
 
 def _report(args: argparse.Namespace) -> int:
     got = _report_options(args, "report")
     if isinstance(got, int):
         return got
-    opts, logs = got
-    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout))
+    opts, view, logs = got
+    return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout, opts=view))
 
 
 def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
@@ -746,7 +751,7 @@ def _plot(args: argparse.Namespace) -> int:
     got = _report_options(args, "plot")
     if isinstance(got, int):
         return got
-    opts, logs = got
+    opts, _, logs = got
     title = args.title or (
         logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
     )

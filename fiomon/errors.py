@@ -63,7 +63,3 @@ class WireFormatError(FiomonError, ValueError):
     def __init__(self, message: str, reason: str = "invalid") -> None:
         super().__init__(message)
         self.reason = reason
-
-
-class BrokerError(FiomonError, ConnectionError):
-    """Raised when the MQTT broker cannot be reached or refuses us, after retries."""

@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -194,6 +194,14 @@ class JsonStatusParser:
         self.first_ms: int | None = None  # earliest time its I/Os cover
         self.last_ms: int | None = None  # its last dump
         self._interval_ms = 0  # largest spacing of dumps seen
+
+    kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
+    slack_ms = 0  # dumps come in time order
+
+    @property
+    def time_kind(self) -> Literal["epoch"] | None:
+        """json+ stamps are always epoch (None until records came)."""
+        return "epoch" if self.records else None
 
     def declaration(self, stream: str) -> Declaration:
         """What this stream says about the hist logs of its jobs (:mod:`fiomon.overlap`)."""

@@ -21,7 +21,6 @@ incomplete last line for the next call, and returns the records of the complete 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,7 +37,6 @@ from fiomon.problems import ProblemLog
 EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
 DEFAULT_INTERVAL_MS = 1000
 MAX_LINE_BYTES = 1 << 20  # a 1859-column line is at most ~40 kB; 1 MiB leaves room for any GROUP_NR
-READ_CHUNK = 4 << 20
 
 TimeKind = Literal["epoch", "relative"]
 I64 = npt.NDArray[np.int64]
@@ -96,7 +94,17 @@ class HistLogParser:
         self._skipping = False  # inside a line over max_line_bytes: drop bytes to its newline
         self._last_end: dict[int, int] = {}
         self._segment = 0
-        self._segment_max = -1
+
+    kind: Literal["hist"] = "hist"  # fiomon.parsers.RecordParser
+
+    @property
+    def slack_ms(self) -> int:
+        """How far a later record may start before the latest end seen, ms.
+
+        Directions of one hist log interleave with stamps up to an interval apart, and a
+        record starts one interval before its end.
+        """
+        return 2 * int(self.interval_ms or DEFAULT_INTERVAL_MS)
 
     @property
     def stream(self) -> StreamInfo:
@@ -362,13 +370,6 @@ def _median_spacing(times: I64, dirs: I64) -> int | None:
     if not len(allgaps):
         return None
     return max(1, round(float(np.median(allgaps))))
-
-
-def read_chunks(path: Path, size: int = READ_CHUNK) -> Iterator[bytes]:
-    """The bytes of ``path`` in chunks of about ``size``."""
-    with path.open("rb") as fh:
-        while chunk := fh.read(size):
-            yield chunk
 
 
 def interval_from_job_file(path: Path) -> int | None:

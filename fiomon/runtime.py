@@ -1,4 +1,8 @@
-"""Service plumbing shared by agent and aggregator: systemd notification and watchdog.
+"""Service plumbing shared by agent and aggregator: signals, systemd notification, watchdog.
+
+:func:`stop_on_signals` is both services' signal rule: SIGTERM or SIGINT starts the
+ordered stop, a second one cuts it short (a second SIGINT exits at once unless the service
+says otherwise), SIGHUP reloads where the service can.
 
 ``Type=notify`` units learn from fiomon itself when it is ready (``READY=1``), what it is
 doing (``STATUS=...``) and that its event loop still turns (``WATCHDOG=1`` at half of
@@ -13,11 +17,65 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("fiomon")
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    stop: asyncio.Event,
+    *,
+    again: Callable[[str], None] | None = None,
+    reload: Callable[[], None] | None = None,
+    logger: logging.Logger = log,
+    stopping: str = "stopping",
+) -> Iterator[None]:
+    """While inside: SIGTERM/SIGINT set ``stop``; a second one cuts the stop short.
+
+    Args:
+        stop: the event the service's stop sequence waits on.
+        again: called with the signal's name when a signal comes while stopping; without
+            it a second SIGINT raises KeyboardInterrupt out of the event loop (exit now)
+            and a second SIGTERM is only logged.
+        reload: SIGHUP calls it (without it SIGHUP keeps its default action).
+        logger: where the stop is logged.
+        stopping: the log text after the signal's name.
+
+    The handlers are removed on leaving. Where the loop cannot take signal handlers (not
+    the main thread), nothing is installed and ``stop`` is the only way to stop.
+    """
+    loop = asyncio.get_running_loop()
+
+    def on_stop(sig: signal.Signals) -> None:
+        if stop.is_set():
+            if again is not None:
+                again(sig.name)
+                return
+            if sig == signal.SIGINT:
+                raise KeyboardInterrupt
+        logger.info("%s: %s", sig.name, stopping)
+        stop.set()
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGTERM: lambda: on_stop(signal.SIGTERM),
+        signal.SIGINT: lambda: on_stop(signal.SIGINT),
+    }
+    if reload is not None:
+        handlers[signal.SIGHUP] = reload
+    installed = []
+    for sig, fn in handlers.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, fn)
+            installed.append(sig)
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 def sd_notify(*states: str) -> bool:

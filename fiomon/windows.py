@@ -23,6 +23,7 @@ reads only the engine's fixed settings, so any thread may call it. :meth:`~Quant
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,8 @@ OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
 FOLDED_HOST = -2  # host id of slots that sum every host (no host scope requested)
 _FAR = 2**62
 CLOSE_ROWS = 2048  # stored rows closed together at most (bounds the memory of a close)
+# Compact separators, as json.dumps(obj, separators=(",", ":")); one encoder, not one per row.
+_LINE_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,14 @@ class ClosedQuantum:
         if self.target_met is not None:
             out["target_met"] = self.target_met
         return out
+
+    def to_json_line(self) -> str:
+        """The closed-quantum JSON line of DESIGN.md, newline included.
+
+        The one serializer of the report == aggregator contract: ``fiomon report --format
+        jsonl`` and the aggregator's quanta file both write exactly this.
+        """
+        return _LINE_ENCODER.encode(self.to_json()) + "\n"
 
 
 @dataclass(frozen=True, slots=True)

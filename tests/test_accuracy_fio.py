@@ -15,8 +15,6 @@ windows, in 7 of 9 runs on this 2-core machine, with or without extra load.
 
 from __future__ import annotations
 
-import io
-import json
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -24,7 +22,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from fiomon.offline.report import ReportOptions, run_report
+from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from tests.groundtruth import (
     Truth,
     exact_interval,
@@ -73,18 +71,10 @@ Row = tuple[int, int, str, dict[str, float], float | None]
 
 
 def _report_rows(logs: list[Path], align: Literal["auto", "epoch"]) -> list[Row]:
-    out = io.StringIO()
-    opts = ReportOptions(
-        align=align,
-        fmt="jsonl",
-        directions=("read", "write"),
-        percentiles=(50.0, 90.0, 99.0),
-    )
-    run_report(logs, opts, out, io.StringIO())
-    rows = [json.loads(x) for x in out.getvalue().splitlines()]
+    opts = QuantaOptions(align=align, directions=("read", "write"), percentiles=(50.0, 90.0, 99.0))
     return [
-        (r["start_ms"], r["end_ms"], r["direction"], r["percentiles_ns"], r["samples"])
-        for r in rows
+        (r.start_ms, r.end_ms, r.direction, r.to_json()["percentiles_ns"], r.to_json()["samples"])
+        for r in iter_quanta(logs, opts)
     ]
 
 
@@ -161,12 +151,10 @@ def test_intervals_contain_the_exact_window_percentile(fio_run: Path) -> None:
     # interval's half-width.
     logs = sorted(fio_run.glob("run_clat_hist.*.log"))
     truth = Truth.load(sorted(fio_run.glob("run_clat.*.log")))
-    out = io.StringIO()
-    opts = ReportOptions(fmt="jsonl", directions=("read", "write"), percentiles=(50, 90, 99))
-    run_report(logs, opts, out, io.StringIO())
+    opts = QuantaOptions(directions=("read", "write"), percentiles=(50, 90, 99))
     inside: dict[str, list[bool]] = {"50": [], "90": [], "99": []}
     half: dict[str, list[float]] = {k: [] for k in inside}
-    for r in map(json.loads, out.getvalue().splitlines()):
+    for r in (q.to_json() for q in iter_quanta(logs, opts)):
         vals = truth.window(r["start_ms"], r["end_ms"], r["direction"])
         if len(vals) < 500 or abs(r["samples"] - len(vals)) > 0.05 * len(vals):
             continue  # too few I/Os, or a window the hist logs do not cover (fio's last)

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from fiomon.bins import (
     BinLayout,
     candidate_layouts,
+    coarsen_counts,
     detect_layout,
     fine_lower_upper,
+    merged_layout,
     plat_idx_to_val,
     plat_val_to_idx,
 )
@@ -130,3 +132,34 @@ def test_invalid_layouts_are_refused() -> None:
         BinLayout(7)
     with pytest.raises(ValueError, match="coarseness"):
         BinLayout(29, 9)
+
+
+def test_merged_layout_is_the_coarser_of_two_compatible_layouts() -> None:
+    fine, coarse = BinLayout(29, 0), BinLayout(29, 3)
+    assert merged_layout(fine, coarse) == coarse
+    assert merged_layout(coarse, fine) == coarse
+    assert merged_layout(fine, fine) == fine
+    fio2 = BinLayout(19, 0, "us")
+    assert merged_layout(fio2, BinLayout(19, 1, "us")) == BinLayout(19, 1, "us")
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [(BinLayout(29, 0), BinLayout(30, 0)), (BinLayout(19, 0, "us"), BinLayout(19, 0, "ns"))],
+)
+def test_merged_layout_refuses_other_groups_and_units_naming_both(
+    a: BinLayout, b: BinLayout
+) -> None:
+    with pytest.raises(LayoutError) as exc:
+        merged_layout(a, b)
+    assert a.describe() in str(exc.value)
+    assert b.describe() in str(exc.value)
+    with pytest.raises(LayoutError):
+        coarsen_counts(np.zeros(1, np.int64), a, b)
+
+
+def test_coarsen_counts_refuses_a_finer_target() -> None:
+    with pytest.raises(LayoutError, match="cannot merge histograms"):
+        coarsen_counts(np.zeros(1, np.int64), BinLayout(29, 2), BinLayout(29, 1))
+    got = coarsen_counts(np.array([0, 7, 8], np.int64), BinLayout(29, 1), BinLayout(29, 3))
+    assert got.tolist() == [0, 1, 2]

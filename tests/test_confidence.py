@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 from fiomon.bins import BinLayout
 from fiomon.confidence import bounds, percentile_bounds, rank_bounds, summarize_with_bounds
 from fiomon.histogram import summarize_many
-from fiomon.offline.report import ReportOptions, run_report
+from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import format_line
 from tests.latencydists import DISTRIBUTIONS, fio_quanta, lognormal, true_quantile
@@ -148,20 +146,10 @@ def test_report_carries_the_intervals_and_nulls(tmp_path: Path) -> None:
     log.write_text(
         "".join(format_line(t0 + 1000 * (i + 1), 0, 4096, row) for i, row in enumerate(h))
     )
-    out = io.StringIO()
-    run_report(
-        [log],
-        ReportOptions(
-            fmt="jsonl",
-            align="epoch",
-            directions=("read",),
-            source=SourceOptions(interval_ms=1000),
-            progress=False,
-        ),
-        out,
-        io.StringIO(),
+    opts = QuantaOptions(
+        align="epoch", directions=("read",), source=SourceOptions(interval_ms=1000)
     )
-    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    rows = [q.to_json() for q in iter_quanta([log], opts)]
     assert len(rows) == 600
     assert all(r["samples"] == 200 for r in rows)
     for key, q in (("50", 0.5), ("90", 0.9)):

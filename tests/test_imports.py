@@ -10,6 +10,7 @@ for the modules a user imports alone, in a fresh interpreter.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,8 @@ def _modules() -> list[tuple[str, Path]]:
 
 @pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
 def test_no_side_imports_another(module: str, path: Path) -> None:
-    if module.rsplit(".", maxsplit=1)[-1] in TOP and _side(module) == "core":
+    # The top: cli, __main__ and the package's own __init__ (its lazy offline API).
+    if path.stem in TOP and _side(module) == "core":
         return
     side = _side(module)
     bad = sorted(m for m in _imports(path) if _side(m) in FORBIDDEN.get(side, set()))
@@ -84,3 +86,65 @@ def test_modules_import_alone_without_what_they_do_not_need(module: str, absent:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False", f"importing {module} loads {absent}"
+
+
+LIBRARY_API = {
+    # The model, layouts and the quantum engine.
+    "BinLayout",
+    "detect_layout",
+    "merged_layout",
+    "RecordBatch",
+    "StreamInfo",
+    "Direction",
+    "QuantumEngine",
+    "ClosedQuantum",
+    "HistStats",
+    "summarize",
+    "pct_key",
+    # Parsers of fio's outputs.
+    "sniff",
+    "open_parser",
+    "RecordParser",
+    "HistLogParser",
+    "HistLogOptions",
+    "JsonStatusParser",
+    # Closed quanta from files.
+    "iter_quanta",
+    "QuantaOptions",
+    # The wire format.
+    "encode",
+    "decode",
+    "Message",
+    # Errors.
+    "FiomonError",
+    "ConfigError",
+    "LayoutError",
+    "ParseError",
+    "OverlapError",
+    "WireFormatError",
+}
+
+
+def test_the_package_exports_the_library_api_and_loads_no_service_code() -> None:
+    # In a fresh interpreter: `import fiomon` alone loads no MQTT, no Prometheus client and
+    # no side package; `from fiomon import *` then gives every name of the API (the
+    # offline ones loaded on first use).
+    code = (
+        "import sys, json, fiomon\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('aiomqtt', 'paho', 'prometheus_client', 'yaml') or m.split('.')[:2] in "
+        "(['fiomon', 'agent'], ['fiomon', 'aggregator'], ['fiomon', 'offline'], "
+        "['fiomon', 'tools']))\n"
+        "ns = {}\n"
+        "exec('from fiomon import *', ns)\n"
+        "print(json.dumps([heavy, sorted(k for k in ns if not k.startswith('__'))]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    heavy, names = json.loads(r.stdout)
+    assert heavy == [], f"import fiomon loads {heavy}"
+    assert set(names) >= LIBRARY_API, f"missing: {sorted(LIBRARY_API - set(names))}"
+    import fiomon  # noqa: PLC0415 - after the fresh-interpreter check, in this one
+
+    assert set(fiomon.__all__) - {"__version__"} == LIBRARY_API
+    assert callable(fiomon.iter_quanta)

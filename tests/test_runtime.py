@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
-from fiomon.runtime import cancel_and_wait
+import pytest
+
+from fiomon.runtime import cancel_and_wait, stop_on_signals
+from tests.conftest import DEADLINE_S, until
 
 
 async def test_a_task_that_swallowed_one_cancellation_is_still_stopped() -> None:
@@ -23,3 +28,34 @@ async def test_a_task_that_swallowed_one_cancellation_is_still_stopped() -> None
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(task, every_s=0.05), 10)
     assert swallowed.is_set() and task.done()
+
+
+async def test_a_signal_sets_stop_a_second_one_cuts_short_and_sighup_reloads() -> None:
+    stop = asyncio.Event()
+    again: list[str] = []
+    reloads: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_on_signals(stop, again=again.append, reload=lambda: reloads.append(1)):
+        os.kill(os.getpid(), signal.SIGHUP)
+        await until(lambda: reloads, what="SIGHUP reloads")
+        assert not stop.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(stop.wait(), DEADLINE_S)
+        os.kill(os.getpid(), signal.SIGINT)
+        await until(lambda: again, what="the second signal is handed to `again`")
+    assert again == ["SIGINT"]
+    # Left: the handlers are gone (SIGTERM has its previous action again).
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_without_again_a_second_sigint_exits_at_once() -> None:
+    async def service() -> None:
+        stop = asyncio.Event()
+        with stop_on_signals(stop):
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.wait_for(stop.wait(), DEADLINE_S)
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(DEADLINE_S)  # the stop sequence, hanging
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(service())

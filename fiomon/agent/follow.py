@@ -61,10 +61,11 @@ from fiomon.agent.fileprint import HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.clientlog import client_log_host
-from fiomon.fiojson import JsonStatusParser, looks_like_json
-from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
+from fiomon.fiojson import JsonStatusParser
+from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions
 from fiomon.model import RecordBatch
 from fiomon.overlap import Declaration, covering
+from fiomon.parsers import Kind, ParserOptions, RecordParser, open_parser, sniff
 from fiomon.problems import Problem, ProblemLog
 from fiomon.wire import MAX_TIME_MS, encode, wire_id
 
@@ -102,8 +103,8 @@ class _Stream:
     skip_below: int = 0  # records already sent (or acknowledged, after a restart)
     acked_floor: int = 0  # acknowledged before this run (saved positions)
     time_offset_ms: int | None = None
-    parser: HistLogParser | JsonStatusParser | None = None
-    kind: str | None = None  # "json" or "hist", from the first bytes
+    parser: RecordParser | None = None
+    kind: Kind | None = None  # from the first bytes (fiomon.parsers.sniff)
     head_ws: bytes = b""  # leading whitespace read before the kind was known
     started: bool = False  # a parser was chosen
     decided: bool = False  # whether it is published is settled
@@ -753,24 +754,25 @@ class Follower:
         s.started = True
         if s.covered_by is not None:
             return  # a copy, or a hist log another stream covers: followed, never parsed
-        if looks_like_json(first):
-            s.kind = "json"
+        s.kind = "json" if sniff(first) == "json" else "hist"
+        if s.kind == "json":
             s.decided = True
-            s.parser = JsonStatusParser(s.path, host=self.agent, problems=s.problems)
-            s.parser.splitter.max_document_bytes = self.max_document_bytes
-            return
-        s.kind = "hist"
-        if s.time_offset_ms is None:
+        elif s.time_offset_ms is None:
             s.time_offset_ms = self._relative_offset(s)
-        s.parser = HistLogParser(
+        s.parser = open_parser(
+            first,
             s.path,
-            host=self.agent,
-            options=HistLogOptions(
-                interval_ms=self.log_hist_msec,
-                time_offset_ms=s.time_offset_ms or 0,
-                max_line_bytes=self.max_line_bytes,
+            s.problems,
+            ParserOptions(
+                host=self.agent,
+                hist=HistLogOptions(
+                    interval_ms=self.log_hist_msec,
+                    time_offset_ms=s.time_offset_ms or 0,
+                    max_line_bytes=self.max_line_bytes,
+                ),
+                max_document_bytes=self.max_document_bytes,
+                client_logs=False,  # refused by name before they are opened
             ),
-            problems=s.problems,
         )
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
@@ -789,7 +791,7 @@ class Follower:
     def _decide(self, s: _Stream, batch: RecordBatch) -> bool:
         """Settle whether ``s`` (a hist log) is published; True if it is covered."""
         s.decided = True
-        epoch = isinstance(s.parser, HistLogParser) and s.parser.time_kind == "epoch"
+        epoch = s.parser is not None and s.parser.time_kind == "epoch"
         span = (int(batch.start_ms.min()), int(batch.end_ms.max())) if epoch else None
         decls = [d for o in self._open.values() if (d := o.declaration()) is not None]
         decls += [_declaration(c.resume) for c in self._closed.values() if c.resume.declares]
@@ -1012,15 +1014,13 @@ def _sniff_path(path: str) -> str | None:
         os.close(fd)
 
 
-def _sniff(fd: int) -> str | None:
+def _sniff(fd: int) -> Kind | None:
     """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
     try:
         head = os.pread(fd, 4096, 0)
     except OSError:
         return None
-    if not head.strip():
-        return None
-    return "json" if looks_like_json(head) else "hist"
+    return sniff(head)
 
 
 def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import threading
 import time
 import uuid
@@ -46,7 +45,7 @@ from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
 from fiomon.config import AgentConfig, watch_warnings
 from fiomon.mqtt import Backoff, Topics, make_client
-from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 
 log = logging.getLogger("fiomon.agent")
 
@@ -426,18 +425,5 @@ class Agent:
 async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
     """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(sig: signal.Signals) -> None:
-        if stop.is_set() and sig == signal.SIGINT:
-            raise KeyboardInterrupt
-        log.info("%s: stopping", sig.name)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
+    with stop_on_signals(stop, logger=log):
         await Agent(cfg).run(stop)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)

@@ -197,8 +197,9 @@ class AlertBook:
 
     Args:
         rules: the SLA rules.
-        max_hosts: host-scope states kept per rule (more hosts are not evaluated and are
-            counted in ``hosts_over_cap``).
+        max_hosts: host-scope states kept per rule (more hosts are not evaluated; the
+            aggregator's engine has the same cap and counts the hosts beyond it in
+            ``fiomon_hosts_over_cap_total``).
     """
 
     def __init__(self, rules: tuple[SlaRule, ...], max_hosts: int = 1000) -> None:
@@ -206,7 +207,6 @@ class AlertBook:
         self.max_hosts = max_hosts
         self.states: dict[tuple[str, str | None], AlertState] = {}
         self.breaches: dict[str, int] = {r.name: 0 for r in rules}
-        self.hosts_over_cap = 0
         self._hosts: Counter[str] = Counter()
 
     def observe(self, rows: list[ClosedQuantum]) -> list[Transition]:
@@ -231,7 +231,6 @@ class AlertBook:
             if old is None:
                 if r.host is not None:
                     if self._hosts[rule.name] >= self.max_hosts:
-                        self.hosts_over_cap += 1
                         continue
                     self._hosts[rule.name] += 1
                 old = AlertState()
@@ -452,6 +451,10 @@ class AlertDispatcher:
     def reconfigure(self, webhook: WebhookConfig | None) -> None:
         """A reload changed the webhook (pending alerts go to the new one)."""
         self.webhook = webhook
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Deliver now, not at the next second (the stop sequence's last delivery)."""
         self._wake.set()
 
     def offer(self, book: AlertBook, transitions: list[Transition]) -> None:

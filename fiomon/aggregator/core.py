@@ -35,7 +35,7 @@ import logging
 import platform
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -54,7 +54,7 @@ from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import Watermark
 from fiomon.align import auto_phase, phase_for
-from fiomon.bins import BinLayout
+from fiomon.bins import BinLayout, merged_layout
 from fiomon.config import AggregatorConfig
 from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
@@ -120,13 +120,11 @@ class AggregatorCore:
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
         self.transitions: list[Transition] = []
-        self.close_delays_ms: deque[int] = deque(maxlen=10_000)
         self.session_taken_over = False
         self.broker_connected = False  # the service sets it as its MQTT session comes and goes
         self.last_record_ms: int | None = None  # wall ms of the newest record received
         self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
         self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
-        self.fit_skipped = 0
         self.replayed = 0
         self.published_ms: int | None = None  # every quantum ending by then is published
         self._alive: dict[str, int] = {}  # host -> wall ms of its last records or status
@@ -506,11 +504,12 @@ class AggregatorCore:
         if base is None:
             self._first_layout = layout
             return layout
-        if layout.group_nr != base.group_nr or layout.unit != base.unit:
+        try:
+            merged = merged_layout(base, layout)
+        except LayoutError:
             return None
-        if layout.coarseness > base.coarseness:
-            return None
-        return base
+        # The engine's layout is fixed once it runs: a coarser batch cannot merge into it.
+        return base if merged == base else None
 
     def _host_label(self, host: str) -> str:
         labels = self.counts.host_labels
@@ -694,7 +693,6 @@ class AggregatorCore:
     def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
         ends = sorted({r.end_ms for r in rows})
         self.counts.quanta_closed += len(ends)
-        self.close_delays_ms.extend(now - e for e in ends)
         through = max(mark, ends[-1])
         self._send_partials(rows, through)  # before the state can say "published"
         if self.writer is not None:
@@ -768,7 +766,7 @@ class AggregatorCore:
                 fitted = fit_histogram(r.hist, self.engine.layout)
             except FitError as exc:
                 log.debug("tail fit skipped: %s", exc)
-                self.fit_skipped += 1
+                self.counts.fits_skipped += 1
                 continue
             out[r.direction] = (fitted.tail_share, fitted.alpha)
         return out

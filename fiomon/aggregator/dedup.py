@@ -118,10 +118,3 @@ class SeqTracker:
             st.next = hi
         duplicates = count - int(new.sum())
         return Verdict(new, duplicates=duplicates, lost=lost, recovered=recovered)
-
-    def forget(self, agent: str) -> int:
-        """Drop every stream of ``agent`` (e.g. a retired host); returns how many."""
-        keys = [k for k in self._streams if k[0] == agent]
-        for k in keys:
-            del self._streams[k]
-        return len(keys)

@@ -413,13 +413,11 @@ class Exposition:
         self._gzipped: bytes | None = None
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self.renders = 0
-        self.scrapes = 0
 
     def body(self, *, gzipped: bool = False) -> bytes:
         """The text of the current snapshot (gzip-compressed if asked)."""
         snap = self.current()
         with self._lock:
-            self.scrapes += 1
             if snap is not self._rendered:
                 self._body = render(snap, self._prefixes)
                 self._gzipped = None

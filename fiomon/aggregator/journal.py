@@ -177,7 +177,6 @@ class Journal:
         self._ends: dict[int, int] = {}  # segment -> latest record end noted
         self._size = 0
         self._fd: int | None = None
-        self.failed_writes = 0
 
     def _scan(self) -> dict[int, Path]:
         out: dict[int, Path] = {}
@@ -186,11 +185,6 @@ class Journal:
                 with contextlib.suppress(ValueError):
                     out[int(p.stem.split("-", 1)[1])] = p
         return out
-
-    @property
-    def segments(self) -> list[int]:
-        """Segment numbers on disk (replayed or written by this process)."""
-        return sorted(self._paths)
 
     # -- replay ---------------------------------------------------------------------------
 
@@ -315,10 +309,6 @@ class Journal:
             f"{path}: record at byte {pos} {what}; {tail} bytes skipped; {detail}; {fate}",
         )
 
-    def adopt(self, number: int, max_end_ms: int) -> None:
-        """Note a replayed message's latest record end (its segment is kept until then)."""
-        self.note(number, max_end_ms)
-
     # -- writing --------------------------------------------------------------------------
 
     def append(self, items: Sequence[tuple[str, bytes]]) -> int:
@@ -344,7 +334,6 @@ class Journal:
             while view:
                 view = view[os.write(self._fd, view) :]
         except OSError as exc:
-            self.failed_writes += 1
             self._problem(
                 "journal-write",
                 f"cannot journal {len(items)} messages in {self.folder}: {exc.strerror or exc}"

@@ -146,6 +146,7 @@ class Counts:
         quanta_closed: quanta closed.
         hosts_over_cap: hosts beyond ``max_hosts``.
         forced_closes: quanta closed early by ``max_open_quanta``.
+        fits_skipped: tail fits (``fit_tail``) that failed on a quantum's histogram.
         session_takeovers: times the broker handed our MQTT session to another client.
         metrics_server_restarts: times the ``/metrics`` server process died and was
             replaced (written by its feeding thread only).
@@ -164,6 +165,7 @@ class Counts:
     quanta_closed: int = 0
     hosts_over_cap: int = 0
     forced_closes: int = 0
+    fits_skipped: int = 0
     session_takeovers: int = 0
     metrics_server_restarts: int = 0
     host_labels: set[str] = field(default_factory=set)
@@ -337,6 +339,11 @@ def build_snapshot(
         ("fiomon_forced_closes", "Quanta closed early by max_open_quanta.", ()): {
             (): float(counts.forced_closes)
         },
+        (
+            "fiomon_tail_fits_skipped",
+            "Tail fits (fit_tail) that failed on a quantum's histogram (too few I/Os, ...).",
+            (),
+        ): {(): float(counts.fits_skipped)},
         (
             "fiomon_state_errors",
             "Problems with the state directory, journal or quanta file, by kind.",

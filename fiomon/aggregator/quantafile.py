@@ -33,9 +33,6 @@ from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 
-# What json.dumps(row, separators=(",", ":")) does (the report's JSON lines), without
-# building an encoder for every row.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
 RowKey = tuple[str, str, str]  # (scope, host or "", direction)
 Skip = tuple[int, frozenset[RowKey]]  # a quantum's end and the rows of it already written
 ProblemSink = Callable[[str, str], None]
@@ -85,7 +82,6 @@ class QuantaFile:
         self._repair(problems or (lambda kind, text: None))
         self._fh = path.open("a", encoding="utf-8")
         self.rows = 0
-        self.failures = 0
 
     def _repair(self, problems: ProblemSink) -> None:
         """Cut a torn last line (no newline: the writer died mid-line)."""
@@ -123,9 +119,9 @@ class QuantaFile:
 
         Returns the rows written. Raises OSError (the caller reports and counts it).
         """
-        encode = _ENCODER.encode
+        # The report's own line (one serializer: the report == aggregator contract).
         text = "".join(
-            encode(r.to_json()) + "\n"
+            r.to_json_line()
             for r in rows
             if skip is None or r.end_ms != skip[0] or row_key(r) not in skip[1]
         )
@@ -255,11 +251,6 @@ class QuantaWriter:
             self._pending_rows += len(rows)
         self._jobs.put(_Job(rows, closed_ms, grid, skip))
 
-    @property
-    def pending_rows(self) -> int:
-        """Rows waiting for the disk."""
-        return self._pending_rows
-
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
@@ -274,7 +265,6 @@ class QuantaWriter:
             try:
                 self.quanta.write(job.rows, job.skip)
             except OSError as exc:
-                self.quanta.failures += 1
                 self.problems(
                     "quanta-file-write",
                     f"{self.quanta.path}: {exc.strerror or exc} ({len(job.rows)} rows through "

@@ -107,7 +107,7 @@ class RootService:
         n = 0
         for segment, _, payload in self.journal.replay():
             end = self.merger.receive(payload, self.now_ms())
-            self.journal.adopt(segment, end if end is not None else -(2**62))
+            self.journal.note(segment, end if end is not None else -(2**62))
             n += 1
         if n:
             merged = self.merger.counts.rows["merged"]

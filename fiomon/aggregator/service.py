@@ -19,10 +19,12 @@ on one event loop:
   while running (SLA rules, webhook, log level, host timeout), logging what it did.
 * ``fiomon.systemd``: ``STATUS=`` and watchdog keep-alives.
 
-Stopping (SIGTERM, SIGINT): intake stops, nothing open is closed early (it is in the
-journal; the next start continues exactly as after ``kill -9``), what was closed is
-written, the grid saved; then the connection closes. ``final=True`` closes everything
-open instead (the end of a run). A second signal cuts the waiting short.
+Stopping (SIGTERM, SIGINT) goes in a written order (:func:`_shutdown`) under one
+``GRACE_S``: intake stops; nothing open is closed early (it is in the journal; the next
+start continues exactly as after ``kill -9``), or with ``final=True`` everything open
+closes (the end of a run); what was closed is written and the grid saved; the final alert
+state goes to Alertmanager and the broker; then the connection closes. A second signal
+cuts the waiting short.
 
 Two aggregators must not share a client id: the broker hands the session to whichever
 connected last, and each counts the other's records as lost. Each instance announces
@@ -38,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,19 +50,19 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.aggregator.alerts import AlertDispatcher
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.outbox import publish_partials
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
 from fiomon.mqtt import Backoff, Topics, make_client
-from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 
 log = logging.getLogger("fiomon.aggregator")
 
 BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
-GRACE_S = 10.0  # a stop waits this long for the disk and Alertmanager
+GRACE_S = 10.0  # the ordered stop waits this long at most (disk, Alertmanager, broker)
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
 # Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
 # sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
@@ -108,6 +109,11 @@ class _Service:
         self.metrics: MetricsProcess | None = None  # set once serving
         self.ready = False  # READY=1 sent: the first broker session was up and subscribed
         self.closed = asyncio.Event()  # the close loop is done (a final close included)
+        # The stop sequence's steps (_shutdown): the MQTT task takes no more messages;
+        # the last alerts are handed over; the MQTT task may close the connection.
+        self.intake_stopped = asyncio.Event()
+        self.alerts_final = asyncio.Event()
+        self.disconnect = asyncio.Event()
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -150,7 +156,6 @@ async def run_aggregator(
         fiomon.aggregator.StateLockedError: another aggregator holds the state directory.
     """
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
     core = AggregatorCore(cfg)
     core.restore()
     if cfg.log_level and not log_level_fixed:
@@ -202,55 +207,104 @@ async def run_aggregator(
     )
     main = asyncio.current_task()
 
-    def on_stop(signame: str) -> None:
-        if stop.is_set():
-            log.warning("%s again: not waiting any longer", signame)
-            svc.forced = True
-            if main is not None:
-                main.cancel()
-            return
-        log.info("%s: stopping (open quanta stay in the journal)", signame)
-        stop.set()
+    def cut_short(signame: str) -> None:
+        log.warning("%s again: not waiting any longer", signame)
+        svc.forced = True
+        if main is not None:
+            main.cancel()
 
-    handlers = {
-        signal.SIGTERM: lambda: on_stop("SIGTERM"),
-        signal.SIGINT: lambda: on_stop("SIGINT"),
-        signal.SIGHUP: svc.reload.set,
-    }
-    for sig, fn in handlers.items():
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, fn)
     if ready is not None:
         ready(core)
+    closed = False
     try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(_mqtt_loop(svc), name="fiomon.mqtt")
-            tg.create_task(_close_loop(svc), name="fiomon.close")
-            tg.create_task(svc.dispatcher.run(stop), name="fiomon.alertmanager")
-            tg.create_task(_reload_loop(svc), name="fiomon.reload")
-            if cfg.partials is not None and core.outbox is not None:
-                # A cell: its closed quanta go to the root's broker on their own task.
-                # A final stop sends the final close too (within the grace time).
-                tg.create_task(
-                    publish_partials(
-                        cfg.partials,
-                        core.outbox,
-                        stop,
-                        closed=svc.closed if final else None,
-                        grace_s=GRACE_S,
-                    ),
-                    name="fiomon.partials",
+        with stop_on_signals(
+            stop,
+            again=cut_short,
+            reload=svc.reload.set,
+            logger=log,
+            stopping="stopping (open quanta stay in the journal)"
+            if not final
+            else "stopping (open quanta close now: --final)",
+        ):
+            async with asyncio.TaskGroup() as tg:
+                mqtt = tg.create_task(_mqtt_loop(svc), name="fiomon.mqtt")
+                closer = tg.create_task(_close_loop(svc), name="fiomon.close")
+                alerts = tg.create_task(
+                    svc.dispatcher.run(svc.alerts_final), name="fiomon.alertmanager"
                 )
-            # READY=1 comes from the MQTT task once the first session is subscribed; until
-            # then STATUS= says what it waits for (systemctl status shows it).
-            tg.create_task(keep_alive(stop, svc.status), name="fiomon.systemd")
+                tg.create_task(_reload_loop(svc), name="fiomon.reload")
+                if cfg.partials is not None and core.outbox is not None:
+                    # A cell: its closed quanta go to the root's broker on their own task.
+                    # A final stop sends the final close too (within the grace time).
+                    tg.create_task(
+                        publish_partials(
+                            cfg.partials,
+                            core.outbox,
+                            stop,
+                            closed=svc.closed if final else None,
+                            grace_s=GRACE_S,
+                        ),
+                        name="fiomon.partials",
+                    )
+                # READY=1 comes from the MQTT task once the first session is subscribed;
+                # until then STATUS= says what it waits for (systemctl status shows it).
+                tg.create_task(keep_alive(stop, svc.status), name="fiomon.systemd")
+                await stop.wait()
+                closed = True  # _shutdown closes the core, whatever happens in it
+                await _shutdown(svc, mqtt=mqtt, closer=closer, alerts=alerts)
     finally:
-        for sig in handlers:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-        core.close(timeout_s=0.5 if svc.forced else GRACE_S)
+        if not closed:  # a task failed, or the stop was cut short before the sequence
+            core.close(timeout_s=0.5 if svc.forced else GRACE_S)
         metrics.close()
         log.info("stopped: %s", _final_counters(core))
+
+
+async def _shutdown(
+    svc: _Service,
+    *,
+    mqtt: asyncio.Task[None],
+    closer: asyncio.Task[None],
+    alerts: asyncio.Task[None],
+) -> None:
+    """The aggregator's stop, in this order, all within ``GRACE_S`` (``stop`` is set).
+
+    1. Intake stops: the MQTT task leaves its receive loop but stays connected; what it
+       has not taken stays unacknowledged, the broker's to redeliver at the next start.
+    2. The close loop ends; with ``final`` every open quantum closes and its alerts are
+       handed over.
+    3. Flush: the quanta file and the grid are written, the journal closed and the state
+       directory unlocked (:meth:`AggregatorCore.close`, in a thread: it waits for the disk).
+    4. The final alert state goes out: Alertmanager's last delivery and the MQTT outbox
+       (the retained alert state), while the connection is up.
+    5. Disconnect.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + GRACE_S
+
+    def left() -> float:
+        return max(0.0, end - loop.time())
+
+    try:
+        # Step 1: a batch taken as `stop` came is still journaled and acknowledged; the
+        # journal closes only after that (as long as the MQTT task needs, as before).
+        intake = asyncio.ensure_future(svc.intake_stopped.wait())
+        try:
+            await asyncio.wait({intake, mqtt}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            intake.cancel()
+        await closer  # step 2
+    finally:
+        # Even when cut short: what was closed is written and the directory unlocked.
+        timeout = 0.5 if svc.forced else max(0.5, left())
+        await asyncio.shield(asyncio.to_thread(svc.core.close, timeout))
+    svc.alerts_final.set()
+    svc.dispatcher.wake()
+    await asyncio.wait({alerts}, timeout=left())
+    if not mqtt.done():  # connected: the outbox drains, or the connection ends first
+        drained = asyncio.ensure_future(svc.outbox.join())
+        await asyncio.wait({drained, mqtt}, timeout=left(), return_when=asyncio.FIRST_COMPLETED)
+        drained.cancel()
+    svc.disconnect.set()
 
 
 def _final_counters(core: AggregatorCore) -> str:
@@ -276,7 +330,7 @@ def _step(svc: _Service) -> None:
     core = svc.core
     rows = core.tick()
     if not rows:
-        core.refresh_snapshot(min_age_ms=1000)
+        core.refresh_snapshot(min_age_ms=SNAPSHOT_EVERY_MS)
     _alerts_out(svc)
 
 
@@ -367,7 +421,18 @@ class _Queue(asyncio.Queue[aiomqtt.Message]):
 
 
 async def _mqtt_loop(svc: _Service) -> None:
-    """Receive until stop; reconnect on errors; stop for good if our session was taken."""
+    """Receive until stop; reconnect on errors; stop for good if our session was taken.
+
+    At ``stop`` it takes no more messages (``intake_stopped``) but keeps a connection that
+    is up until ``disconnect``, so the stop sequence can publish the final alert state.
+    """
+    try:
+        await _receive(svc)
+    finally:
+        svc.intake_stopped.set()
+
+
+async def _receive(svc: _Service) -> None:
     cfg, core = svc.cfg, svc.core
     client = make_client(
         cfg.broker,
@@ -416,6 +481,11 @@ async def _mqtt_loop(svc: _Service) -> None:
                         if svc.taken_over():
                             await _tell_conflict(client, svc)
                             break
+                    if svc.stop.is_set():
+                        # Intake has stopped; the final alert state still goes out on
+                        # this connection (_shutdown says when it may close).
+                        svc.intake_stopped.set()
+                        await svc.disconnect.wait()
                 finally:
                     for task in (publisher, announce):
                         await cancel_and_wait(task)
@@ -596,6 +666,7 @@ async def _tell_conflict(client: aiomqtt.Client, svc: _Service) -> None:
 
 
 async def _publish_outbox(client: aiomqtt.Client, svc: _Service) -> None:
+    """Publish the outbox (alert state, presence) in order; ``outbox.join()`` waits for it."""
     while True:
         topic, payload, retain = await svc.outbox.get()
         try:
@@ -603,3 +674,5 @@ async def _publish_outbox(client: aiomqtt.Client, svc: _Service) -> None:
         except aiomqtt.MqttError as exc:
             svc.core.counts.alert_deliveries[("mqtt", "failed")] += 1
             log.warning("cannot publish %s: %s", topic, exc)
+        finally:
+            svc.outbox.task_done()

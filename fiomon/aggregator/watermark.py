@@ -191,10 +191,6 @@ class Watermark:
         """The agent's status topic said online or offline."""
         self._offline[self._agent_id(agent)] = not online
 
-    def live_parts(self, now_ms: int) -> int:
-        """Parts currently holding quanta open."""
-        return int(self._live(now_ms).sum())
-
     def _live(self, now_ms: int) -> npt.NDArray[np.bool_]:
         n = self._used
         live: npt.NDArray[np.bool_] = self._seen[:n] >= now_ms - self.idle_ms

@@ -11,15 +11,14 @@ from typing import Literal, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.align import auto_phase
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
 from fiomon.fit import Fit, FitError, describe, fit_histogram
-from fiomon.model import DIRECTION_LABELS, RecordBatch
-from fiomon.offline.sources import FileSource, SourceOptions, host_labels
+from fiomon.model import DIRECTION_LABELS
+from fiomon.offline.quanta import QuantaOptions, QuantaReader
+from fiomon.offline.sources import SourceOptions, host_labels
 from fiomon.offline.summary import Filters, collect
 from fiomon.problems import ProblemLog
-from fiomon.windows import QuantumEngine
 
 Format = Literal["text", "json"]
 
@@ -109,32 +108,20 @@ def _per_quantum(
     problems: ProblemLog,
     quantum_ms: int,
 ) -> list[tuple[str, int | None, Fit | FitError]]:
-    batches: list[RecordBatch] = []
-    for path in paths:
-        src = FileSource(path, "", source)
-        try:
-            batches.extend(src.batches())
-        finally:
-            src.close()
-            problems.merge(src.problems)
-    if not batches:
-        msg = "no histogram records in the input"
-        raise FiomonError(msg)
-    layout = max((b.layout for b in batches), key=lambda lay: lay.coarseness)
-    merged = RecordBatch.concat([b.coarsened(layout) for b in batches])
-    phase = auto_phase(merged.end_ms, merged.samples().astype(np.float64), quantum_ms)
-    engine = QuantumEngine(
-        layout=layout,
-        quantum_ms=quantum_ms,
-        phase_ms=phase,
-        directions=tuple(directions),
-        keep_hists=True,
+    # The report's own engine: files read in step (bounded memory), layouts checked.
+    opts = QuantaOptions(
+        quantum_ms=quantum_ms, directions=tuple(directions), source=source, keep_hists=True
     )
-    engine.add(merged)
     out: list[tuple[str, int | None, Fit | FitError]] = []
-    for row in engine.flush():
-        if row.scope == "cluster" and row.hist is not None:
-            out.append((row.direction, row.end_ms, _try(row.hist, layout)))
+    reader = QuantaReader(paths, opts)
+    try:
+        with reader:
+            for rows in reader.chunks():
+                for row in rows:
+                    if row.scope == "cluster" and row.hist is not None:
+                        out.append((row.direction, row.end_ms, _try(row.hist, reader.layout)))
+    finally:
+        problems.merge(reader.problems())
     return out
 
 

@@ -16,7 +16,8 @@ from typing import Literal
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
 from fiomon.offline.plotdata import DEFAULT_MAX_POINTS, PlotData
-from fiomon.offline.report import ReportOptions, ReportSummary, run_report
+from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.report import ReportSummary, run_report
 from fiomon.webpage import page_html
 
 PlotKind = Literal["html", "png", "svg"]
@@ -42,7 +43,7 @@ def plot_kind(path: Path) -> PlotKind:
 
 def run_plot(
     paths: Sequence[Path],
-    opts: ReportOptions,
+    opts: QuantaOptions,
     output: Path,
     *,
     kind: PlotKind,

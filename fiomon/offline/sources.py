@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.clientlog import ClientLogUndo, client_log_host
+from fiomon.clientlog import client_log_host
 from fiomon.errors import ConfigError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
-from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, HistLogParser, TimeKind
+from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, TimeKind
 from fiomon.model import RecordBatch
 from fiomon.overlap import Declaration, covering, hist_log_name
+from fiomon.parsers import ParserOptions, RecordParser, open_parser
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -69,28 +70,18 @@ class FileSource:
         self.max_end_ms: int | None = None
         head = self._fh.read(64)
         self._fh.seek(0)
-        self.kind = "json" if looks_like_json(head) else "hist"
-        self.parser: HistLogParser | JsonStatusParser
-        if self.kind == "json":
-            self.parser = JsonStatusParser(
-                self.name,
+        self.parser: RecordParser = open_parser(
+            head,
+            self.name,
+            self.problems,
+            ParserOptions(
                 host=host,
-                problems=self.problems,
-                layout=BinLayout(options.group_nr) if options.group_nr else None,
+                hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
+                json_group_nr=options.group_nr,
                 skip_jobs=options.skip_jobs.get(self.name, frozenset()),
-            )
-        else:
-            self.parser = HistLogParser(
-                self.name,
-                host=host,
-                options=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
-                problems=self.problems,
-            )
-        self._undo = (
-            ClientLogUndo(self.name, self.problems)
-            if self.kind == "hist" and client_log_host(path) is not None
-            else None
+            ),
         )
+        self.kind = self.parser.kind
 
     @property
     def layout(self) -> BinLayout | None:
@@ -100,20 +91,12 @@ class FileSource:
     @property
     def time_kind(self) -> TimeKind | None:
         """``epoch`` or ``relative`` once known (json+ streams are always epoch)."""
-        if isinstance(self.parser, JsonStatusParser):
-            return "epoch" if self.parser.records else None
         return self.parser.time_kind
 
     @property
     def slack_ms(self) -> int:
-        """How far a later record of this file may start before :attr:`max_end_ms`.
-
-        Directions of one hist log interleave with stamps up to an interval apart, and a
-        record starts one interval before its end.
-        """
-        if isinstance(self.parser, HistLogParser):
-            return 2 * int(self.parser.interval_ms or 1000)
-        return 0
+        """How far a later record of this file may start before :attr:`max_end_ms`."""
+        return self.parser.slack_ms
 
     def next_batch(self) -> RecordBatch | None:
         """Parse the next chunk (the final call also finishes the parser)."""
@@ -127,8 +110,6 @@ class FileSource:
             self.done = True
             self._fh.close()
             batch = self.parser.finish()
-        if batch is not None and self._undo is not None:
-            batch = self._undo.apply(batch)
         if batch is not None and len(batch):
             end = int(batch.end_ms.max())
             self.max_end_ms = end if self.max_end_ms is None else max(self.max_end_ms, end)

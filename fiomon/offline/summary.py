@@ -28,9 +28,9 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.bins import BinLayout
-from fiomon.errors import ConfigError, FiomonError
-from fiomon.histogram import cumulative_at, pct_key, summarize
+from fiomon.bins import BinLayout, merged_layout
+from fiomon.errors import ConfigError, FiomonError, LayoutError
+from fiomon.histogram import cumulative_at, summarize
 from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.offline.sources import FileSource, SourceOptions, host_labels
 from fiomon.problems import ProblemLog
@@ -181,14 +181,13 @@ def collect(
             for batch in src.batches():
                 if layout is None:
                     layout = batch.layout
-                if batch.layout.group_nr != layout.group_nr or batch.layout.unit != layout.unit:
-                    msg = (
-                        f"{path}: layout {batch.layout.describe()} cannot merge with "
-                        f"{layout.describe()}"
-                    )
-                    raise FiomonError(msg)
-                if batch.layout.coarseness > layout.coarseness:
-                    layout = batch.layout
+                try:
+                    merged = merged_layout(layout, batch.layout)
+                except LayoutError as exc:
+                    msg = f"{path}: {exc}"
+                    raise LayoutError(msg) from None
+                if merged != layout:
+                    layout = merged
                     for a in acc.values():
                         a.hist = _coarsen_dense(a.hist, layout)
                 _add(acc, _filtered(batch, filters), layout)
@@ -374,11 +373,6 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
         if s.below or s.above:
             out.write(f"  outside the histogram: {s.below:,.0f} below, {s.above:,.0f} above\n")
         out.write("\n")
-
-
-def percent_keys(qs: Sequence[float]) -> list[str]:
-    """Percentile keys as the output names them."""
-    return [pct_key(q) for q in qs]
 
 
 def main_summary(

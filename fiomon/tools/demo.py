@@ -130,7 +130,6 @@ class _View:
     def __init__(self, out: TextIO, hosts: int) -> None:
         self.out = out
         self.hosts = hosts
-        self.lines = 0
 
     def header(self) -> None:
         self.out.write(
@@ -161,7 +160,6 @@ class _View:
                 f"{(al.iops or 0) if al else 0:7.0f} | {hosts:2d}/{self.hosts:<2d} | "
                 f"{late:4d} {lost:4d} | {phase.upper() if phase == 'firing' else phase}\n"
             )
-            self.lines += 1
         self.out.flush()
 
 

@@ -19,6 +19,7 @@ from fiomon.aggregator.service import run_aggregator
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import write_cluster
@@ -69,15 +70,10 @@ def offline_report(files: list[Path]) -> tuple[list[dict[str, object]], ReportSu
     out = io.StringIO()
     summary = run_report(
         files,
-        ReportOptions(
-            fmt="jsonl",
-            align="epoch",
-            per_host=True,
-            source=SourceOptions(interval_ms=1000),
-            progress=False,
-        ),
+        QuantaOptions(align="epoch", per_host=True, source=SourceOptions(interval_ms=1000)),
         out,
         io.StringIO(),
+        opts=ReportOptions(fmt="jsonl", progress=False),
     )
     return [json.loads(line) for line in out.getvalue().splitlines()], summary
 

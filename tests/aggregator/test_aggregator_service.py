@@ -23,6 +23,7 @@ from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule, WebhookConfig
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
+from tests.aggregator.test_aggregator_core import close_delays
 from tests.aggregator.test_aggregator_live import _agent, offline_report, replay_logs
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.metricskit import scrape
@@ -227,10 +228,11 @@ async def test_a_hanging_alertmanager_never_delays_a_quantum(
         for s in [*held, server]:
             s.close()
     core = cores[0]
-    delays = list(core.close_delays_ms)
-    print(f"close delays (ms): {delays}; webhook: {dict(core.counts.alert_deliveries)}")
+    delays = close_delays(core)
+    print(f"close delays: {delays}; webhook: {dict(core.counts.alert_deliveries)}")
     assert core.quanta_closed >= 9
-    assert max(delays[2:]) <= 1500 + 500, "no close waited for the webhook"
+    # The first two closes may wait for the start; no other waited for the webhook.
+    assert delays.n - delays.at_most(2.0) <= 2, "no close waited for the webhook"
     assert core.counts.alert_deliveries[("webhook", "failed")] >= 1
     assert held, "the webhook was called"
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import io
-import json
 from pathlib import Path
 
 import pytest
 
-from fiomon.offline.report import ReportOptions, run_report
+from fiomon.offline.quanta import QuantaOptions, QuantaReader
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import write_cluster
 
@@ -29,21 +27,12 @@ def test_parallel_report_conserves_every_sample(tmp_path: Path, per_host: bool) 
     paths = write_cluster(tmp_path, hosts=6, jobs_per_host=2, seconds=40, iops=300, seed=5)
     expected = _file_samples(paths)
     for _ in range(3):
-        out, err = io.StringIO(), io.StringIO()
-        opts = ReportOptions(
-            fmt="jsonl",
-            per_host=per_host,
-            workers=2,
-            source=SourceOptions(chunk_bytes=8192),
-            progress=False,
-        )
-        summary = run_report(paths, opts, out, err)
-        rows = [json.loads(line) for line in out.getvalue().splitlines()]
-        got = sum(r["samples"] for r in rows if r["scope"] == "cluster" and r["direction"] == "all")
-        assert summary.late_records == 0, err.getvalue()
+        opts = QuantaOptions(per_host=per_host, workers=2, source=SourceOptions(chunk_bytes=8192))
+        with QuantaReader(paths, opts) as reader:
+            rows = [r for chunk in reader.chunks() for r in chunk]
+        got = sum(r.stats.samples for r in rows if r.scope == "cluster" and r.direction == "all")
+        assert reader.late_records == 0
         assert got == pytest.approx(expected, rel=1e-12)
         if per_host:
-            hosts = sum(
-                r["samples"] for r in rows if r["scope"] == "host" and r["direction"] == "all"
-            )
+            hosts = sum(r.stats.samples for r in rows if r.scope == "host" and r.direction == "all")
             assert hosts == pytest.approx(expected, rel=1e-12)
