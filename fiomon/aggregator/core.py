@@ -462,10 +462,10 @@ class AggregatorCore:
             if not isinstance(t, int) or isinstance(t, bool):
                 return
             stamp = min(t, now)
-        if was is not True:
+        if was is not True and now - stamp <= self.cfg.host_timeout_ms:
             # Online and (maybe) no record yet: its first records may come later than the
             # others' (a slow start, a slow link); closing early would leave it out.
-            self.watermark.announced(topic_host, stamp)
+            self.watermark.announced(topic_host)
         if stamp > self._alive.get(topic_host, -_FAR):
             self._alive[topic_host] = stamp
         label = self._host_label(topic_host)

@@ -56,10 +56,12 @@ Two kinds of host are known without a record in hand:
   the backlog do not close a quantum without it; the first new record of that stream
   replaces it, and it turns idle in event time like any part.
 * A host that announced itself online (a fresh status) but sent no record yet
-  (:meth:`Watermark.announced`): its first records may be slower than another host's, so
-  no quantum closes early until it sends, goes offline or ``lateness`` passes after the
-  announcement. The clock bound still applies, so it never holds a quantum longer than
-  the lateness.
+  (:meth:`Watermark.announced`): its first records may come seconds after another
+  host's (a slow start on a loaded machine), so no quantum closes early until it sends,
+  goes offline, or ``lateness`` passes after the first record received after its
+  announcement (an agent that is online with no benchmark to follow pauses early
+  closing once per start of the input, for one lateness). The clock bound still
+  applies, so it never holds a quantum longer than the lateness.
 
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
@@ -173,6 +175,7 @@ class Watermark:
         self._stream_ids: dict[tuple[str, str], int] = {}
         self._restored: dict[int, int] = {}  # stream index -> its restored part's slot
         self._waiting: dict[int, int] = {}  # agent id -> wall ms it is waited for until
+        self._unstarted = False  # some wait has not started (_FAR: no record since)
         self._used = 0
         self._mark: int | None = None
         self._first_ms: int | None = None
@@ -249,6 +252,12 @@ class Watermark:
         if self._waiting:
             for aid in np.unique(self._agent[parts]).tolist():
                 self._waiting.pop(aid, None)
+            if self._unstarted:
+                # The input runs: announced agents' first records are due within lateness.
+                self._unstarted = False
+                for aid, until in self._waiting.items():
+                    if until == _FAR:
+                        self._waiting[aid] = now_ms + self.lateness_ms
         if self._restored:
             # A stream that sends again speaks for itself: its saved progress goes.
             for sid in np.unique(self._stream[parts]).tolist():
@@ -285,16 +294,15 @@ class Watermark:
         if not online:
             self._waiting.pop(aid, None)
 
-    def announced(self, agent: str, at_ms: int) -> None:
-        """The agent announced itself online at ``at_ms`` (wall ms) and sent no record yet.
+    def announced(self, agent: str) -> None:
+        """The agent announced itself online and may not have sent its first records yet.
 
         No quantum closes early until its first record arrives, it goes offline, or
-        ``lateness`` passes after ``at_ms``; the clock bound is unchanged.
+        ``lateness`` passes after the next record received from anyone (the input's
+        start); the clock bound is unchanged.
         """
-        until = at_ms + self.lateness_ms
-        aid = self._agent_id(agent)
-        if until > self._waiting.get(aid, -_FAR):
-            self._waiting[aid] = until
+        self._waiting[self._agent_id(agent)] = _FAR
+        self._unstarted = True
 
     def waiting(self, now_ms: int) -> int:
         """Announced agents whose first record is still awaited (see :meth:`announced`)."""
@@ -381,8 +389,9 @@ class Watermark:
         seen[seen > -_FAR] += ms
         if self._hold_until is not None:
             self._hold_until += ms
-        for aid in self._waiting:
-            self._waiting[aid] += ms
+        for aid, until in self._waiting.items():
+            if until != _FAR:
+                self._waiting[aid] = until + ms
 
     def hold(self, at_ms: int) -> None:
         """Hold the clock bound at ``at_ms`` (at most) until :meth:`connected` + lateness.

@@ -655,6 +655,9 @@ def test_early_close_waits_for_a_host_that_announced_itself_and_has_not_sent_yet
 def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_lateness(
     tmp_path: Path,
 ) -> None:
+    # time (s)  0: h3 announces online | 1.3 .. 24.3: h1's and h2's records every second
+    #           h3 never sends: early closing waits one lateness after the first record
+    #           (quanta 1..5 close on the clock), then goes on without h3
     clock = Clock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
@@ -669,6 +672,26 @@ def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_la
     delays = list(core.close_delays_ms)
     assert len(delays) == SECONDS, "every quantum closed"
     assert delays[0] > 3000, "quantum 1 waited for h3"
-    assert max(delays) <= 5000 + 175, "never held beyond the lateness"
+    # (plus the longest gap between two ticks here: 475 ms)
+    assert max(delays) <= 5000 + 475, "never held beyond the lateness"
     assert max(delays[-10:]) < 1000, "early closing resumes once the wait is over"
     finish(core)
+
+
+def test_only_a_fresh_online_status_makes_early_closing_wait() -> None:
+    clock = Clock(T0)
+    core = AggregatorCore(AggregatorConfig(lateness_ms=5000), now_ms=clock)
+    stale = {"state": "online", "agent": "h1", "time_ms": T0 - 31_000}  # host_timeout 30 s
+    core.on_status("h1", json.dumps(stale).encode(), retained=True)
+    assert core.watermark.waiting(clock.t) == 0
+    fresh = {"state": "online", "agent": "h2", "time_ms": T0 - 9_000}  # a heartbeat ago
+    core.on_status("h2", json.dumps(fresh).encode(), retained=True)
+    core.on_status("h2", json.dumps(fresh).encode(), retained=True)  # heartbeats: once
+    assert core.watermark.waiting(clock.t) == 1
+    core.on_status("h2", json.dumps({"state": "offline", "agent": "h2"}).encode())
+    assert core.watermark.waiting(clock.t) == 0, "offline: nothing to wait for"
+    core.on_status("h2", json.dumps({"state": "online", "agent": "h2"}).encode())
+    assert core.watermark.waiting(clock.t) == 1, "back online: waited for again"
+    core.receive([message(1, 1)])
+    core.tick()
+    assert core.watermark.waiting(clock.t) == 0, "its first record ends the wait"
