@@ -571,15 +571,15 @@ def run(args: argparse.Namespace) -> Result:
         log = (folder / "aggregator.log").open("ab")
 
         def start() -> subprocess.Popen[bytes]:
-            # --profile: the aggregator's main thread (intake, ticks) under cProfile,
-            # written at its (graceful) stop; CPU figures of such a run are inflated.
-            prof = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
+            # --profile: the aggregator's main thread (intake, ticks) under cProfile, by
+            # its own CPU time, written at its (graceful) stop; CPU figures are inflated.
+            run = ["-m", "fiomon"]
+            if args.profile:
+                run = [str(here.parent / "_cprofile.py"), str(args.profile)]
             p = subprocess.Popen(
                 [
                     sys.executable,
-                    *prof,
-                    "-m",
-                    "fiomon",
+                    *run,
                     "aggregator",
                     "--config",
                     str(cfg),

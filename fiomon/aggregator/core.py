@@ -348,8 +348,10 @@ class AggregatorCore:
                 self.records["refused"] += hi - lo
                 keep = _drop(keep, len(batch), lo, hi)
                 continue
-            self.records["duplicate"] += verdict.duplicates
-            self.duplicates[label] += verdict.duplicates
+            # Counters stay sparse (a zero entry per host would cost every snapshot).
+            if verdict.duplicates:
+                self.records["duplicate"] += verdict.duplicates
+                self.duplicates[label] += verdict.duplicates
             if verdict.lost:
                 self.lost[label] += verdict.lost
                 log.warning(
@@ -359,7 +361,8 @@ class AggregatorCore:
                     g.streams[k],
                     first[k] + int(np.argmax(verdict.new)),
                 )
-            self.recovered[label] += verdict.recovered
+            if verdict.recovered:
+                self.recovered[label] += verdict.recovered
             if not verdict.new.all():
                 keep = _drop(keep, len(batch), lo, hi, verdict.new)
         keep = self._sane(batch, keep, g, now)
