@@ -469,6 +469,19 @@ def wiped_quanta(state: Path, quanta: Path) -> set[int]:
     return out
 
 
+def quanta_lines(quanta: Path) -> list[str]:
+    """The quanta file's lines, the rotated files' first (oldest first).
+
+    A minute of 1000 hosts' rows with confidence intervals is more than the default
+    ``quanta_file_max_size`` (64 MiB): reading only the newest file missed most quanta.
+    """
+    rotated = sorted(
+        (p for p in quanta.parent.glob(f"{quanta.name}.*") if p.suffix[1:].isdigit()),
+        key=lambda p: -int(p.suffix[1:]),
+    )
+    return [line for p in [*rotated, quanta] if p.exists() for line in p.read_text().splitlines()]
+
+
 def compare(
     quanta: Path, truth: list[list[dict[str, Any]]], start_ms: int, seconds: int, r: Result
 ) -> None:
@@ -490,7 +503,7 @@ def compare(
     r.rows_expected = len(want)
     seen: set[tuple[Any, ...]] = set()
     bad_ends: set[int] = set()
-    for line in quanta.read_text().splitlines() if quanta.exists() else []:
+    for line in quanta_lines(quanta):
         d = json.loads(line)
         k = key(d)
         if k in seen:
