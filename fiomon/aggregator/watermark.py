@@ -477,7 +477,15 @@ class Watermark:
         self._used = len(sel)
         new_of_old = {int(o): i * DIRECTIONS for i, o in enumerate(old_first.tolist())}
         self._keys = {k: new_of_old[s] for k, s in self._keys.items() if s in new_of_old}
+        # Streams with no part left are forgotten too (a long-running aggregator sees a
+        # new stream id per fio run): number the remaining ones afresh.
+        kept_sids, self._stream = np.unique(self._stream, return_inverse=True)
+        new_sid = {int(o): i for i, o in enumerate(kept_sids.tolist())}
+        self._streams = [self._streams[o] for o in kept_sids.tolist()]
+        self._stream_ids = {k: i for i, k in enumerate(self._streams)}
         self._restored = {
-            sid: new_of_old[s] for sid, s in self._restored.items() if s in new_of_old
+            new_sid[sid]: new_of_old[s]
+            for sid, s in self._restored.items()
+            if s in new_of_old and sid in new_sid
         }
         self._tables.clear()

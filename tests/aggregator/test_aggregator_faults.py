@@ -695,3 +695,19 @@ def test_only_a_fresh_online_status_makes_early_closing_wait() -> None:
     core.receive([message(1, 1)])
     core.tick()
     assert core.watermark.waiting(clock.t) == 0, "its first record ends the wait"
+
+
+def test_forgotten_streams_leave_the_known_ones_intact() -> None:
+    from fiomon.aggregator.watermark import KnownStreams, Watermark  # noqa: PLC0415
+
+    w = Watermark(lateness_ms=1000)
+    w.restore_known(KnownStreams(T0 + 1000, (("r", "run1", T0 + 1000),)))
+    w.observe("a", "old", T0 + 1000, T0 + 1000)
+    w.observe("b", "new", T0 + 1000, T0 + 1000)
+    w.observe("b", "new", T0 + 30_000, T0 + 30_000)
+    w.close_through(T0 + 30_000)  # silent for ten idle periods: "a", "r" are forgotten
+    w.observe("c", "x", T0 + 30_500, T0 + 30_500)
+    w.observe("b", "new", T0 + 30_600, T0 + 30_600)
+    known = w.known()
+    assert known is not None
+    assert known.streams == (("b", "new", T0 + 30_600), ("c", "x", T0 + 30_500))
