@@ -211,6 +211,11 @@ class AggregatorCore:
             self.problem("state-unreadable", why)
         tail = self.quanta.tail() if self.quanta is not None else None
         self._learn_published(grid, tail)
+        if grid is not None and grid.known is not None:
+            # Hosts whose records all lie in confirmed quanta are not in the journal:
+            # without this the first hosts to come back could close a quantum without them.
+            self.watermark.restore_known(grid.known)
+            log.info("the previous run knew %d live streams", len(grid.known.streams))
         if grid is not None and grid.quantum_ms == cfg.quantum_ms:
             g, c, unit = grid.layout
             self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]
@@ -356,8 +361,10 @@ class AggregatorCore:
                 self.records["refused"] += hi - lo
                 keep = _drop(keep, len(batch), lo, hi)
                 continue
-            self.records["duplicate"] += verdict.duplicates
-            self.duplicates[label] += verdict.duplicates
+            # Counters stay sparse (a zero entry per host would cost every snapshot).
+            if verdict.duplicates:
+                self.records["duplicate"] += verdict.duplicates
+                self.duplicates[label] += verdict.duplicates
             if verdict.lost:
                 self.lost[label] += verdict.lost
                 log.warning(
@@ -367,7 +374,8 @@ class AggregatorCore:
                     g.streams[k],
                     first[k] + int(np.argmax(verdict.new)),
                 )
-            self.recovered[label] += verdict.recovered
+            if verdict.recovered:
+                self.recovered[label] += verdict.recovered
             if not verdict.new.all():
                 keep = _drop(keep, len(batch), lo, hi, verdict.new)
         keep = self._sane(batch, keep, g, now)
@@ -470,6 +478,10 @@ class AggregatorCore:
             if not isinstance(t, int) or isinstance(t, bool):
                 return
             stamp = min(t, now)
+        if was is not True and now - stamp <= self.cfg.host_timeout_ms:
+            # Online and (maybe) no record yet: its first records may come later than the
+            # others' (a slow start, a slow link); closing early would leave it out.
+            self.watermark.announced(topic_host)
         if stamp > self._alive.get(topic_host, -_FAR):
             self._alive[topic_host] = stamp
         label = self._host_label(topic_host)
@@ -744,6 +756,7 @@ class AggregatorCore:
             self.engine.phase_ms,
             (lay.group_nr, lay.coarseness, lay.unit),
             closed_ms,
+            self.watermark.known(),
         )
 
     def _release(self) -> None:

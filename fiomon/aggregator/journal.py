@@ -28,6 +28,7 @@ A lock file (``flock``) keeps a second aggregator off the same state directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fiomon.aggregator.watermark import KnownStreams
 from fiomon.wire import describe
 
 SEGMENT_BYTES = 32 * 1024 * 1024
@@ -75,26 +77,36 @@ class GridState:
         phase_ms: the quanta grid's phase.
         layout: ``(group_nr, coarseness, unit)`` of the merged histograms.
         closed_ms: every quantum ending at or before this is confirmed in the quanta file.
+        known: the streams the watermark knew (so a restart waits for hosts whose records
+            all lie in confirmed quanta); None in state files of older versions.
     """
 
     quantum_ms: int
     phase_ms: int
     layout: tuple[int, int, str]
     closed_ms: int | None
+    known: KnownStreams | None = None
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
-        return {
+        out: dict[str, object] = {
             "version": 1,
             "quantum_ms": self.quantum_ms,
             "phase_ms": self.phase_ms,
             "layout": list(self.layout),
             "closed_ms": self.closed_ms,
         }
+        if self.known is not None:
+            out["known"] = self.known.to_json()
+        return out
 
     @classmethod
     def load(cls, path: Path) -> tuple[GridState | None, str | None]:
-        """``(state, None)``; ``(None, None)`` if absent; ``(None, why)`` if unreadable."""
+        """``(state, None)``; ``(None, None)`` if absent; ``(None, why)`` if unreadable.
+
+        Garbled known streams alone give ``(state without them, why)``: the grid and what
+        was published are still good.
+        """
         try:
             text = path.read_bytes()
         except FileNotFoundError:
@@ -105,14 +117,21 @@ class GridState:
             d = json.loads(text)
             g, c, u = d["layout"]
             closed = d["closed_ms"]
-            return cls(
+            grid = cls(
                 int(d["quantum_ms"]),
                 int(d["phase_ms"]),
                 (int(g), int(c), str(u)),
                 None if closed is None else int(closed),
-            ), None
+            )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             return None, f"{path} is garbled ({type(exc).__name__}: {exc}; {len(text)} bytes)"
+        if "known" not in d:
+            return grid, None
+        try:
+            known = KnownStreams.from_json(d["known"])
+        except ValueError as exc:
+            return grid, f"{path}: the known streams are garbled and ignored ({exc})"
+        return dataclasses.replace(grid, known=known), None
 
     def save(self, path: Path) -> None:
         """Write atomically (the folder is created if it vanished)."""

@@ -169,6 +169,16 @@ class Counts:
     session_takeovers: int = 0
     metrics_server_restarts: int = 0
     host_labels: set[str] = field(default_factory=set)
+    # A 0 series per host label, built again only when labels were added (labels are
+    # never removed, so the count tells): a snapshot a second copies it, not rebuilds it.
+    _host_zeros: tuple[int, Table] = field(default=(0, {}), init=False, repr=False, compare=False)
+
+    def host_zeros(self) -> Table:
+        """``{(host,): 0.0}`` for every host label (shared: copy before changing it)."""
+        if self._host_zeros[0] != len(self.host_labels):
+            zeros: Table = dict.fromkeys(((h,) for h in self.host_labels), 0.0)
+            self._host_zeros = (len(self.host_labels), zeros)
+        return self._host_zeros[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +303,9 @@ class QuantumGauges:
             self.tail_alpha[(d,)] = alpha
 
 
-def _with_zeros(counts: Mapping[str, int], keys: Iterable[str]) -> Table:
-    out: Table = dict.fromkeys(((k,) for k in keys), 0.0)
+def _with_zeros(counts: Mapping[str, int], keys: Iterable[str] | Table) -> Table:
+    """``counts`` as a table, with a 0 for every key (or every key of a zero table)."""
+    out: Table = dict(keys) if isinstance(keys, dict) else dict.fromkeys(((k,) for k in keys), 0.0)
     out.update({(k,): float(v) for k, v in counts.items()})
     return out
 
@@ -303,7 +314,7 @@ def build_snapshot(
     counts: Counts, gauges: QuantumGauges, health: Health, alerts: AlertBook
 ) -> Snapshot:
     """Everything ``/metrics`` shows now, as an immutable snapshot (copies, not views)."""
-    hosts = counts.host_labels
+    hosts = counts.host_zeros()
     counters: dict[Key, Table] = {
         (
             "fiomon_records",

@@ -47,18 +47,91 @@ whose records wait in the broker or in our socket:
   step, CPU starvation, a VM pause): it does not count as input silence, so the clock
   bound does not jump to ``now - lateness`` over records that are waiting for us.
 
+Two kinds of host are known without a record in hand:
+
+* After a restart, a host whose records all lie in quanta already confirmed is not in the
+  journal. Its streams' progress is therefore saved with the grid state
+  (:meth:`Watermark.known` / :meth:`Watermark.restore_known`): each stream live at the
+  stop (in event time) comes back as one part at its latest end, so the first hosts of
+  the backlog do not close a quantum without it; the first new record of that stream
+  replaces it, and it turns idle in event time like any part.
+* A host that announced itself online (a fresh status) but sent no record yet
+  (:meth:`Watermark.announced`): its first records may come seconds after another
+  host's (a slow start on a loaded machine), so no quantum closes early until it sends,
+  goes offline, or ``lateness`` passes after the first record received after its
+  announcement (an agent that is online with no benchmark to follow pauses early
+  closing once per start of the input, for one lateness). The clock bound still
+  applies, so it never holds a quantum longer than the lateness.
+
 The watermark never moves back. Pure: the caller passes ``now_ms``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 _FAR = 2**62
 DIRECTIONS = 3  # slots per part key: one per fio direction
+_RESTORED = ("restored",)  # the key of a stream's progress saved by the previous run
+MAX_KNOWN_STREAMS = 1_000_000  # a saved state never restores more streams than this
+
+
+@dataclass(frozen=True, slots=True)
+class KnownStreams:
+    """The streams a watermark knows, for the grid state (survives a restart).
+
+    Args:
+        newest_end_ms: the newest record end received (epoch ms).
+        streams: ``(agent, stream, latest end ms)`` per stream live in event time: the
+            smallest latest end over its live parts, as the watermark judges it.
+    """
+
+    newest_end_ms: int
+    streams: tuple[tuple[str, str, int], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.streams) > MAX_KNOWN_STREAMS:
+            msg = f"{len(self.streams)} known streams (at most {MAX_KNOWN_STREAMS})"
+            raise ValueError(msg)
+
+    def to_json(self) -> dict[str, object]:
+        """``{"newest_end_ms": t, "streams": [[agent, stream, t - end], ...]}``."""
+        t = self.newest_end_ms
+        return {"newest_end_ms": t, "streams": [[a, s, t - e] for a, s, e in self.streams]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> KnownStreams:
+        """Parse :meth:`to_json`'s form.
+
+        Raises:
+            ValueError: not that form (also for wrong types).
+        """
+        if not isinstance(doc, dict):
+            msg = "known streams: not an object"
+            raise ValueError(msg)
+        t = doc.get("newest_end_ms")
+        rows = doc.get("streams")
+        if not isinstance(t, int) or isinstance(t, bool) or not isinstance(rows, list):
+            msg = "known streams: newest_end_ms or streams missing"
+            raise ValueError(msg)
+        out: list[tuple[str, str, int]] = []
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3):
+                msg = f"known streams: bad entry {str(row)[:80]}"
+                raise ValueError(msg)
+            a, s, back = row
+            if not (isinstance(a, str) and isinstance(s, str) and isinstance(back, int)):
+                msg = f"known streams: bad entry {str(row)[:80]}"
+                raise ValueError(msg)
+            if back < 0 or isinstance(back, bool):
+                msg = f"known streams: end after the newest end in {str(row)[:80]}"
+                raise ValueError(msg)
+            out.append((a, s, t - back))
+        return cls(t, tuple(out))
 
 
 class Watermark:
@@ -97,6 +170,12 @@ class Watermark:
         self._end = np.full(0, -_FAR, dtype=np.int64)
         self._seen = np.full(0, -_FAR, dtype=np.int64)
         self._agent = np.zeros(0, dtype=np.int64)
+        self._stream = np.zeros(0, dtype=np.int64)  # per slot: index into _streams
+        self._streams: list[tuple[str, str]] = []  # (agent, stream) of each stream index
+        self._stream_ids: dict[tuple[str, str], int] = {}
+        self._restored: dict[int, int] = {}  # stream index -> its restored part's slot
+        self._waiting: dict[int, int] = {}  # agent id -> wall ms it is waited for until
+        self._unstarted = False  # some wait has not started (_FAR: no record since)
         self._used = 0
         self._mark: int | None = None
         self._first_ms: int | None = None
@@ -124,9 +203,15 @@ class Watermark:
                 self._end = np.concatenate([self._end, np.full(grow, -_FAR, dtype=np.int64)])
                 self._seen = np.concatenate([self._seen, np.full(grow, -_FAR, dtype=np.int64)])
                 self._agent = np.concatenate([self._agent, np.zeros(grow, dtype=np.int64)])
+                self._stream = np.concatenate([self._stream, np.zeros(grow, dtype=np.int64)])
             slot = self._used
             self._used += DIRECTIONS
             self._agent[slot : slot + DIRECTIONS] = self._agent_id(agent)
+            sid = self._stream_ids.get((agent, stream))
+            if sid is None:
+                sid = self._stream_ids[(agent, stream)] = len(self._streams)
+                self._streams.append((agent, stream))
+            self._stream[slot : slot + DIRECTIONS] = sid
             self._keys[(agent, stream, key)] = slot
         return slot
 
@@ -164,6 +249,21 @@ class Watermark:
         self._seen[parts] = now_ms
         if self._offline.any():
             self._offline[np.unique(self._agent[parts])] = False
+        if self._waiting:
+            for aid in np.unique(self._agent[parts]).tolist():
+                self._waiting.pop(aid, None)
+            if self._unstarted:
+                # The input runs: announced agents' first records are due within lateness.
+                self._unstarted = False
+                for aid, until in self._waiting.items():
+                    if until == _FAR:
+                        self._waiting[aid] = now_ms + self.lateness_ms
+        if self._restored:
+            # A stream that sends again speaks for itself: its saved progress goes.
+            for sid in np.unique(self._stream[parts]).tolist():
+                slot = self._restored.pop(sid, None)
+                if slot is not None:
+                    self._end[slot] = self._seen[slot] = -_FAR
 
     def observe(
         self,
@@ -189,7 +289,73 @@ class Watermark:
 
     def set_online(self, agent: str, online: bool) -> None:
         """The agent's status topic said online or offline."""
-        self._offline[self._agent_id(agent)] = not online
+        aid = self._agent_id(agent)
+        self._offline[aid] = not online
+        if not online:
+            self._waiting.pop(aid, None)
+
+    def announced(self, agent: str) -> None:
+        """The agent announced itself online and may not have sent its first records yet.
+
+        No quantum closes early until its first record arrives, it goes offline, or
+        ``lateness`` passes after the next record received from anyone (the input's
+        start); the clock bound is unchanged.
+        """
+        self._waiting[self._agent_id(agent)] = _FAR
+        self._unstarted = True
+
+    def waiting(self, now_ms: int) -> int:
+        """Announced agents whose first record is still awaited (see :meth:`announced`)."""
+        for aid in [a for a, until in self._waiting.items() if until <= now_ms]:
+            del self._waiting[aid]
+        return len(self._waiting)
+
+    # -- a restart -------------------------------------------------------------------------
+
+    def known(self) -> KnownStreams | None:
+        """The progress of every stream live in event time, to save with the grid state.
+
+        A stream's progress is the smallest latest end over its parts within ``idle_ms``
+        of the newest record end (what holds quanta open); parts of agents marked offline
+        are left out. None before any record.
+        """
+        newest = self._newest_end
+        if newest is None:
+            return None
+        n = self._used
+        end = self._end[:n]
+        ok = end >= newest - self.idle_ms
+        if self._offline.any():
+            ok &= ~self._offline[self._agent[:n]]
+        if not ok.any():
+            return KnownStreams(newest, ())
+        sids = self._stream[:n][ok]
+        ends = end[ok]
+        order = np.lexsort((ends, sids))  # by stream, smallest end first
+        sids, ends = sids[order], ends[order]
+        first = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+        streams = self._streams
+        return KnownStreams(
+            newest,
+            tuple(
+                (*streams[sid], e)
+                for sid, e in zip(sids[first].tolist(), ends[first].tolist(), strict=True)
+            ),
+        )
+
+    def restore_known(self, known: KnownStreams) -> None:
+        """Take the streams a previous run saved (:meth:`known`), before any record.
+
+        Each comes back as one part at its saved end, live in event time only (never seen
+        on this run's clock): it holds quanta open as it did before the stop, until its
+        stream sends again (then its own parts take over) or turns idle in event time.
+        """
+        if self._newest_end is None or known.newest_end_ms > self._newest_end:
+            self._newest_end = known.newest_end_ms
+        for agent, stream, end in known.streams:
+            slot = self._slot(agent, stream, _RESTORED)
+            self._end[slot] = max(int(self._end[slot]), end)
+            self._restored[int(self._stream[slot])] = slot
 
     def _live(self, now_ms: int) -> npt.NDArray[np.bool_]:
         n = self._used
@@ -219,6 +385,9 @@ class Watermark:
         seen[seen > -_FAR] += ms
         if self._hold_until is not None:
             self._hold_until += ms
+        for aid, until in self._waiting.items():
+            if until != _FAR:
+                self._waiting[aid] = until + ms
 
     def hold(self, at_ms: int) -> None:
         """Hold the clock bound at ``at_ms`` (at most) until :meth:`connected` + lateness.
@@ -263,6 +432,12 @@ class Watermark:
             and self._first_end is not None
             and self._newest_end - self._first_end >= min(self.warmup_ms, 1000)
         )
+        if warm and self._waiting and self.waiting(now_ms):
+            # An agent announced itself and its first records are on the way: closing
+            # early on the others would leave it out (bounded: see announced()).
+            warm = False
+            if reason == "clock":
+                reason = f"clock (waiting for {len(self._waiting)} announced agents)"
         if warm and self._used:
             live = self._live(now_ms)
             if live.any():
@@ -294,7 +469,19 @@ class Watermark:
         self._end = self._end[sel].copy()
         self._seen = self._seen[sel].copy()
         self._agent = self._agent[sel].copy()
+        self._stream = self._stream[sel].copy()
         self._used = len(sel)
         new_of_old = {int(o): i * DIRECTIONS for i, o in enumerate(old_first.tolist())}
         self._keys = {k: new_of_old[s] for k, s in self._keys.items() if s in new_of_old}
+        # Streams with no part left are forgotten too (a long-running aggregator sees a
+        # new stream id per fio run): number the remaining ones afresh.
+        kept_sids, self._stream = np.unique(self._stream, return_inverse=True)
+        new_sid = {int(o): i for i, o in enumerate(kept_sids.tolist())}
+        self._streams = [self._streams[o] for o in kept_sids.tolist()]
+        self._stream_ids = {k: i for i, k in enumerate(self._streams)}
+        self._restored = {
+            new_sid[sid]: new_of_old[s]
+            for sid, s in self._restored.items()
+            if s in new_of_old and sid in new_sid
+        }
         self._tables.clear()

@@ -521,3 +521,193 @@ def test_a_stall_of_our_own_is_not_input_silence(
     assert core.engine is not None
     assert sum(core.engine.late_records.values()) == 0
     assert_exact(tmp_path, reference)
+
+
+def _confirmed_run(tmp: Path, clock: Clock) -> None:
+    """A first run that closed (early: every host reported) and confirmed every quantum
+    through CRASH_AT, then died (kill -9) after a tick had released the journal: no
+    record of any host is left to replay."""
+    core = AggregatorCore(config(tmp), now_ms=clock)
+    core.restore()
+    feed(core, clock, range(1, CRASH_AT + 1))
+    assert core.published_ms == T0 + 1000 * CRASH_AT, "every quantum closed early"
+    assert core.writer is not None
+    assert core.journal is not None
+    core.writer.close()  # what was handed to the disk is on it
+    assert core.writer.confirmed_ms == T0 + 1000 * CRASH_AT
+    core.journal.release(core.writer.confirmed_ms)  # what the next tick would do
+    crash(core)
+
+
+def test_a_restart_waits_for_known_hosts_whose_records_all_lie_in_confirmed_quanta(
+    tmp_path: Path, reference: dict[tuple[object, ...], dict[str, object]]
+) -> None:
+    # time (s)  1 ....... 12 | kill -9, restart | 13  14  15  16 | 17: h2, h3 back
+    # run 1     all hosts, quanta 1..12 closed   h1 comes back    with their backlog
+    #           and confirmed: journal empty     first, alone     (13..16 at once)
+    # The restart knows h2 and h3 only from the saved state: with nothing of theirs in
+    # the journal, h1 alone used to close 13..15 once warm, and h2's and h3's records of
+    # 13..15 turned late. They hold quanta open exactly as they did before the stop.
+    clock = Clock(T0)
+    _confirmed_run(tmp_path, clock)
+    clock.t += 500
+    again = AggregatorCore(config(tmp_path), now_ms=clock)
+    again.restore()
+    assert again.replayed == 0, "the journal held nothing"
+    again.watermark.hold(again.published_ms or clock.t)  # what run_aggregator does
+    again.watermark.connected(clock.t)
+    for s in range(CRASH_AT + 1, CRASH_AT + 5):
+        clock.t = T0 + 1000 * s + 300
+        again.receive([message(0, s)])
+        for _ in range(4):
+            again.tick()
+            clock.t += 175
+    assert again.published_ms == T0 + 1000 * CRASH_AT, "h2 and h3 hold quantum 13 open"
+    again.receive([message(h, s) for s in range(CRASH_AT + 1, CRASH_AT + 5) for h in (1, 2)])
+    again.tick()
+    feed(again, clock, range(CRASH_AT + 5, SECONDS + 1))
+    finish(again)
+    assert again.engine is not None
+    assert sum(again.engine.late_records.values()) == 0
+    assert_exact(tmp_path, reference)
+
+
+def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load(
+    tmp_path: Path,
+) -> None:
+    from fiomon.aggregator.journal import GridState  # noqa: PLC0415
+    from fiomon.aggregator.watermark import Watermark  # noqa: PLC0415
+
+    w = Watermark(lateness_ms=5000)
+    for h, end in (("h1", 20_000), ("h2", 17_000), ("h3", 14_000)):
+        w.observe(h, "s", T0 + end, T0 + 21_000)
+    w.set_online("h2", False)
+    known = w.known()
+    assert known is not None
+    # h3 is 6 s behind the newest end (idle), h2 offline: neither holds anything.
+    assert known.streams == (("h1", "s", T0 + 20_000),)
+    path = tmp_path / "state.json"
+    GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
+    grid, why = GridState.load(path)
+    assert why is None
+    assert grid is not None
+    assert grid.known == known
+    doc = json.loads(path.read_text())
+    del doc["known"]
+    path.write_text(json.dumps(doc))  # a state file of an older version
+    grid, why = GridState.load(path)
+    assert why is None
+    assert grid is not None
+    assert grid.known is None
+    assert grid.closed_ms == T0 + 19_000
+    doc["known"] = {"newest_end_ms": 5, "streams": [["h1", "s", -3]]}
+    path.write_text(json.dumps(doc))
+    grid, why = GridState.load(path)
+    assert grid is not None, "the grid is still good"
+    assert grid.known is None
+    assert why is not None
+    assert "known streams" in why
+
+    again = Watermark(lateness_ms=5000, warmup_ms=0)
+    again.restore_known(known)
+    again.observe("h9", "s", T0 + 22_000, T0 + 30_000)
+    again.observe("h9", "s", T0 + 23_000, T0 + 30_100)
+    assert again.close_through(T0 + 30_100) == T0 + 20_000, "h1 holds at its saved end"
+    again.observe("h9", "s", T0 + 25_001, T0 + 30_200)
+    assert again.close_through(T0 + 30_200) == T0 + 25_001, "h1 idle in event time"
+    again.observe("h1", "s", T0 + 26_000, T0 + 30_300)
+    now = again.known()
+    assert now is not None
+    assert {(a, s, e) for a, s, e in now.streams} == {
+        ("h1", "s", T0 + 26_000),  # its own part replaced the saved one
+        ("h9", "s", T0 + 25_001),
+    }
+
+
+def test_early_close_waits_for_a_host_that_announced_itself_and_has_not_sent_yet(
+    tmp_path: Path, reference: dict[tuple[object, ...], dict[str, object]]
+) -> None:
+    # time (s)  0: h1, h2, h3 announce online | 1.3: h1's and h2's first records, then
+    #           every second | 4.3: h3's first records (seconds 1..4: its fio started
+    #           slowly), then every second
+    # Warm at 3.3 s, h1 and h2 alone closed quanta 1..3 early: h3's records turned late
+    # (the live kill -9 test's first quantum, seen in CI under load).
+    clock = Clock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    for h in HOSTS:
+        core.on_status(h, json.dumps({"state": "online", "agent": h}).encode())
+    for s in range(1, SECONDS + 1):
+        clock.t = T0 + 1000 * s + 300
+        msgs = [message(0, s), message(1, s)]
+        if s >= 4:
+            msgs += [message(2, x) for x in range(1 if s == 4 else s, s + 1)]
+        core.receive(msgs)
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    finish(core)
+    assert core.engine is not None
+    assert sum(core.engine.late_records.values()) == 0
+    assert_exact(tmp_path, reference)
+
+
+def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_lateness(
+    tmp_path: Path,
+) -> None:
+    # time (s)  0: h3 announces online | 1.3 .. 24.3: h1's and h2's records every second
+    #           h3 never sends: early closing waits one lateness after the first record
+    #           (quanta 1..5 close on the clock), then goes on without h3
+    clock = Clock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    core.on_status("h3", json.dumps({"state": "online", "agent": "h3"}).encode())
+    for s in range(1, SECONDS + 1):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(0, s), message(1, s)])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+            assert core.watermark.close_through(clock.t) >= clock.t - 5000, "clock bound"
+    delays = list(core.close_delays_ms)
+    assert len(delays) == SECONDS, "every quantum closed"
+    assert delays[0] > 3000, "quantum 1 waited for h3"
+    # (plus the longest gap between two ticks here: 475 ms)
+    assert max(delays) <= 5000 + 475, "never held beyond the lateness"
+    assert max(delays[-10:]) < 1000, "early closing resumes once the wait is over"
+    finish(core)
+
+
+def test_only_a_fresh_online_status_makes_early_closing_wait() -> None:
+    clock = Clock(T0)
+    core = AggregatorCore(AggregatorConfig(lateness_ms=5000), now_ms=clock)
+    stale = {"state": "online", "agent": "h1", "time_ms": T0 - 31_000}  # host_timeout 30 s
+    core.on_status("h1", json.dumps(stale).encode(), retained=True)
+    assert core.watermark.waiting(clock.t) == 0
+    fresh = {"state": "online", "agent": "h2", "time_ms": T0 - 9_000}  # a heartbeat ago
+    core.on_status("h2", json.dumps(fresh).encode(), retained=True)
+    core.on_status("h2", json.dumps(fresh).encode(), retained=True)  # heartbeats: once
+    assert core.watermark.waiting(clock.t) == 1
+    core.on_status("h2", json.dumps({"state": "offline", "agent": "h2"}).encode())
+    assert core.watermark.waiting(clock.t) == 0, "offline: nothing to wait for"
+    core.on_status("h2", json.dumps({"state": "online", "agent": "h2"}).encode())
+    assert core.watermark.waiting(clock.t) == 1, "back online: waited for again"
+    core.receive([message(1, 1)])
+    core.tick()
+    assert core.watermark.waiting(clock.t) == 0, "its first record ends the wait"
+
+
+def test_forgotten_streams_leave_the_known_ones_intact() -> None:
+    from fiomon.aggregator.watermark import KnownStreams, Watermark  # noqa: PLC0415
+
+    w = Watermark(lateness_ms=1000)
+    w.restore_known(KnownStreams(T0 + 1000, (("r", "run1", T0 + 1000),)))
+    w.observe("a", "old", T0 + 1000, T0 + 1000)
+    w.observe("b", "new", T0 + 1000, T0 + 1000)
+    w.observe("b", "new", T0 + 30_000, T0 + 30_000)
+    w.close_through(T0 + 30_000)  # silent for ten idle periods: "a", "r" are forgotten
+    w.observe("c", "x", T0 + 30_500, T0 + 30_500)
+    w.observe("b", "new", T0 + 30_600, T0 + 30_600)
+    known = w.known()
+    assert known is not None
+    assert known.streams == (("b", "new", T0 + 30_600), ("c", "x", T0 + 30_500))

@@ -176,9 +176,10 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
     port = free_port()
     cfg.write_text(
         f"broker: {{port: {mosquitto.port}}}\ntopic_prefix: {PREFIX}\n"
-        # lateness 6 s: early closing starts one lateness after the first record, and on
-        # a loaded machine (CI, load 6) one agent's first records came > 3 s after
-        # another's, once closing the first quantum without that host.
+        # lateness 6 s: early closing waits for agents that announced themselves online
+        # until their first records arrive, at most one lateness after the first record
+        # received; on a loaded machine (CI, load 6) one agent's first records came > 3 s
+        # after another's.
         "client_id: fiomon-aggregator-kill\nquantum: 1s\nlateness: 6s\nalign: epoch\n"
         f"listen: 127.0.0.1:{port}\nquanta_file: {tmp_path / 'quanta.jsonl'}\n"
         f"state_dir: {tmp_path / 'aggregator-state'}\n"
