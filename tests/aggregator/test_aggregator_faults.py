@@ -662,14 +662,16 @@ def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_la
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
     core.on_status("h3", json.dumps({"state": "online", "agent": "h3"}).encode())
+    closed: dict[int, int] = {}
     for s in range(1, SECONDS + 1):
         clock.t = T0 + 1000 * s + 300
         core.receive([message(0, s), message(1, s)])
         for _ in range(4):
-            core.tick()
+            for row in core.tick():  # each quantum's close delay: its end to its close
+                closed.setdefault(row.end_ms, clock.t - row.end_ms)
             clock.t += 175
             assert core.watermark.close_through(clock.t) >= clock.t - 5000, "clock bound"
-    delays = list(core.close_delays_ms)
+    delays = [closed[end] for end in sorted(closed)]
     assert len(delays) == SECONDS, "every quantum closed"
     assert delays[0] > 3000, "quantum 1 waited for h3"
     # (plus the longest gap between two ticks here: 475 ms)
