@@ -1024,13 +1024,29 @@ def _service(args: argparse.Namespace, name: str) -> int:
     except (ConfigError, OSError, RuntimeError) as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except ExceptionGroup as group:  # the same, raised in one of the service's tasks
+        expected, other = group.split((ConfigError, OSError, RuntimeError))
+        if other is not None or expected is None:
+            raise
+        for leaf in _leaves(expected):
+            print(f"fiomon {name}: {leaf}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions of a (nested) exception group, in order."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def _check_config(args: argparse.Namespace) -> int:
     from fiomon.config import (  # noqa: PLC0415
         agent_config_from,
         aggregator_config_from,
+        aggregator_files,
         read_yaml,
         readable_files,
         state_dir_problems,
@@ -1051,7 +1067,7 @@ def _check_config(args: argparse.Namespace) -> int:
                 text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
         else:
             agg = aggregator_config_from(data, source=str(args.file))
-            problems = readable_files(agg.broker)
+            problems = aggregator_files(agg)
             text = (
                 f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
                 f"/metrics on {agg.listen})"

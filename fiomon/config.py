@@ -703,7 +703,12 @@ def _cell_names(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         msg = f"{where}: expected a list of cell names, got {value!r}"
         raise ConfigError([msg])
-    return tuple(_rule_name(c, f"{where}[{i}]") for i, c in enumerate(value))
+    names = tuple(_rule_name(c, f"{where}[{i}]") for i, c in enumerate(value))
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        msg = f"{where}: each cell once, got {', '.join(twice)} more than once"
+        raise ConfigError([msg])
+    return names
 
 
 _ROOT_KEYS: Table = {
@@ -716,15 +721,24 @@ _EXPORT_KEYS: Table = {
 }
 
 
-def _broker(r: _Reader, data: object, *, client_id: bool = True) -> BrokerConfig:
-    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere."""
+def _broker(
+    r: _Reader, data: object, *, client_id: bool = True, id_key: str = "client_id"
+) -> BrokerConfig:
+    """The ``broker`` section; ``client_id=False`` where the id is set elsewhere.
+
+    ``id_key`` names that other place in the problem when the section sets one anyway.
+    """
     keys = _BROKER_KEYS
     if not client_id:
         keys = {k: v for k, v in _BROKER_KEYS.items() if k != "client_id"}
         if isinstance(data, dict) and "client_id" in data:
             # The aggregator's persistent session is named by its top-level client_id.
             data = {k: v for k, v in data.items() if k != "client_id"}
-            r.problems.append("broker.client_id: the aggregator's id is the top-level client_id")
+            r.problems.append(
+                "broker.client_id: the aggregator's id is the top-level client_id"
+                if id_key == "client_id"
+                else f"broker.client_id: this connection's id is {id_key}"
+            )
     b = r.section(data, "broker", {*keys, *_BROKER_SECTIONS})
     tls: TlsConfig | None = None
     if b.get("tls") not in (None, False):
@@ -880,7 +894,17 @@ def _partials(r: _Reader, data: object, cell: str | None) -> PartialsConfig | No
         if cell is None and p.get("cell") is None:
             r.problems.append("partials.cell: required (or the top-level cell)")
         values["cell"] = cell or "cell"  # a stand-in after a problem, so the checks run
-    return PartialsConfig(broker=_broker(r, p.get("broker"), client_id=False), **values)
+    elif cell is not None and values["cell"] != cell:
+        # fiomon_cell_info would name one cell and the root another.
+        r.problems.append(
+            f"partials.cell: {values['cell']!r} differs from the top-level cell {cell!r} "
+            "(leave it out: it defaults to the top-level cell)"
+        )
+    # Problems in the root's broker keys are reported under partials' path.
+    sub = _Reader()
+    broker = _broker(sub, p.get("broker"), client_id=False, id_key="partials.client_id")
+    r.problems += [f"partials.{q}" for q in sub.problems]
+    return PartialsConfig(broker=broker, **values)
 
 
 def _root(r: _Reader, data: object) -> RootConfig | None:
@@ -924,6 +948,17 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     return cfg
 
 
+def aggregator_files(cfg: AggregatorConfig) -> list[str]:
+    """Problems with the files an aggregator's configuration names.
+
+    Its broker's password and TLS files and, on a cell, those of the root's broker.
+    """
+    problems = readable_files(cfg.broker)
+    if cfg.partials is not None:
+        problems += [f"partials.{p}" for p in readable_files(cfg.partials.broker)]
+    return problems
+
+
 def load_aggregator_config(path: Path) -> AggregatorConfig:
     """Read and validate the aggregator's YAML file, and the files it names.
 
@@ -932,7 +967,7 @@ def load_aggregator_config(path: Path) -> AggregatorConfig:
             unreadable (all listed at once).
     """
     cfg = aggregator_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker)
+    problems = aggregator_files(cfg)
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg

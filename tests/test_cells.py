@@ -139,7 +139,37 @@ def test_a_cells_partials_take_its_name_from_the_top_level_cell() -> None:
     cfg = aggregator_config_from({**base, "cell": "north"})
     assert cfg.partials is not None
     assert (cfg.partials.cell, cfg.partials.client_id) == ("north", "fiomon-cell-north")
-    own = aggregator_config_from({**base, "cell": "north", "partials": {"cell": "n2"}})
+    own = aggregator_config_from({**base, "partials": {"cell": "n2"}})  # no top-level cell
     assert own.partials is not None and own.partials.cell == "n2"
     with pytest.raises(ConfigError, match=r"partials\.cell: required \(or the top-level cell\)"):
         aggregator_config_from(base)
+
+
+def test_partials_and_root_problems_name_their_own_keys(tmp_path: Path) -> None:
+    base = {"align": "epoch", "state_dir": "state", "cell": "north"}
+    bad = {
+        **base,
+        "partials": {"cell": "south", "broker": {"port": 0, "client_id": "x"}},
+        "root": {"cells": ["a", "b", "a"]},
+    }
+    with pytest.raises(ConfigError) as info:
+        aggregator_config_from(bad)
+    text = "\n".join(info.value.problems)
+    assert "partials.broker.port: expected an integer in [1, 65535], got 0" in text
+    assert "partials.broker.client_id: this connection's id is partials.client_id" in text
+    assert "partials.cell: 'south' differs from the top-level cell 'north'" in text
+    assert "root.cells: each cell once, got a more than once" in text
+    # The root broker's password file is checked like the aggregator's own.
+    cfg = tmp_path / "cell.yaml"
+    cfg.write_text(
+        "align: epoch\nstate_dir: state\ncell: north\n"
+        f"partials: {{broker: {{host: root, password_file: {tmp_path / 'missing.pass'}}}}}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "fiomon", "check-config", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 2, r
+    assert "partials.broker.password_file" in r.stderr, r.stderr

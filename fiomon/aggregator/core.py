@@ -922,11 +922,12 @@ class AggregatorCore:
         self.snapshot = self._build()
         return done
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 10.0, *, outbox: bool = True) -> None:
         """Stop: write what was closed, save the grid, close the journal, unlock.
 
         Nothing open is closed (records are in the journal): the next start continues
-        where this one stopped.
+        where this one stopped. ``outbox=False`` leaves a cell's partials outbox open for
+        a task that may still be sending from it (its owner closes it after).
         """
         if self.writer is not None:
             if self.engine is not None:
@@ -934,7 +935,7 @@ class AggregatorCore:
                 self.writer.submit((), through, self._grid(self.published_ms))
             if not self.writer.close(timeout_s):
                 self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
-        if self.outbox is not None:
+        if outbox and self.outbox is not None:
             self.outbox.close()
         if self.journal is not None:
             # No release here: messages received since the last tick are journaled but

@@ -146,7 +146,7 @@ class Outbox:
             nxt = self.peek()
             if nxt is None:
                 break
-            self.ack(nxt[0])
+            self._advance(nxt[0])
             self.dropped += 1
         log.error("partials outbox over %d bytes: dropped the oldest", MAX_BACKLOG_BYTES)
 
@@ -159,10 +159,20 @@ class Outbox:
         return self._send_at + _LEN.size + n, self._file.read(n)
 
     def ack(self, after: int) -> None:
-        """The message ending at ``after`` reached the root's broker."""
+        """The message ending at ``after`` reached the root's broker.
+
+        An acknowledgement of a message already skipped (dropped while its publish was in
+        flight) is ignored: the position never moves back.
+        """
+        if after <= self._send_at:
+            return
+        self._advance(after)
+        self.sent += 1
+
+    def _advance(self, after: int) -> None:
+        """Move the send position past the message ending at ``after`` (sent or dropped)."""
         self._send_at = after
         self._send_seq += 1
-        self.sent += 1
         if self._send_at >= self._end and self._end > COMPACT_BYTES:
             # The position first: dying between the two resends what was acknowledged
             # (harmless), never points past the file.

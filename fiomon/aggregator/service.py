@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -233,10 +234,11 @@ async def run_aggregator(
                     svc.dispatcher.run(svc.alerts_final), name="fiomon.alertmanager"
                 )
                 tg.create_task(_reload_loop(svc), name="fiomon.reload")
+                partials: asyncio.Task[None] | None = None
                 if cfg.partials is not None and core.outbox is not None:
                     # A cell: its closed quanta go to the root's broker on their own task.
                     # A final stop sends the final close too (within the grace time).
-                    tg.create_task(
+                    partials = tg.create_task(
                         publish_partials(
                             cfg.partials,
                             core.outbox,
@@ -251,10 +253,12 @@ async def run_aggregator(
                 tg.create_task(keep_alive(stop, svc.status), name="fiomon.systemd")
                 await stop.wait()
                 closed = True  # _shutdown closes the core, whatever happens in it
-                await _shutdown(svc, mqtt=mqtt, closer=closer, alerts=alerts)
+                await _shutdown(svc, mqtt=mqtt, closer=closer, alerts=alerts, partials=partials)
     finally:
         if not closed:  # a task failed, or the stop was cut short before the sequence
             core.close(timeout_s=0.5 if svc.forced else GRACE_S)
+        elif core.outbox is not None:  # no task reads it any more
+            core.outbox.close()
         metrics.close()
         log.info("stopped: %s", _final_counters(core))
 
@@ -265,13 +269,16 @@ async def _shutdown(
     mqtt: asyncio.Task[None],
     closer: asyncio.Task[None],
     alerts: asyncio.Task[None],
+    partials: asyncio.Task[None] | None = None,
 ) -> None:
     """The aggregator's stop, in this order, all within ``GRACE_S`` (``stop`` is set).
 
     1. Intake stops: the MQTT task leaves its receive loop but stays connected; what it
        has not taken stays unacknowledged, the broker's to redeliver at the next start.
     2. The close loop ends; with ``final`` every open quantum closes and its alerts are
-       handed over.
+       handed over. A cell's partials task ends: with ``final`` once the final close
+       reached the root's broker (or the grace time is up: the rest waits in the outbox
+       for the next start), else after the message in flight.
     3. Flush: the quanta file and the grid are written, the journal closed and the state
        directory unlocked (:meth:`AggregatorCore.close`, in a thread: it waits for the disk).
     4. The final alert state goes out: Alertmanager's last delivery and the MQTT outbox
@@ -293,10 +300,16 @@ async def _shutdown(
         finally:
             intake.cancel()
         await closer  # step 2
+        if partials is not None:
+            await asyncio.wait({partials}, timeout=left())
     finally:
         # Even when cut short: what was closed is written and the directory unlocked.
+        # The outbox stays open: the partials task may still hold it (run_aggregator
+        # closes it once the task group is done).
         timeout = 0.5 if svc.forced else max(0.5, left())
-        await asyncio.shield(asyncio.to_thread(svc.core.close, timeout))
+        await asyncio.shield(
+            asyncio.to_thread(functools.partial(svc.core.close, timeout, outbox=False))
+        )
     svc.alerts_final.set()
     svc.dispatcher.wake()
     await asyncio.wait({alerts}, timeout=left())
