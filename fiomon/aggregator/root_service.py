@@ -392,8 +392,6 @@ async def run_root(
         svc.reload(config_path, log_level_fixed=log_level_fixed)
         metrics.poke()
 
-    if ready is not None:
-        ready(svc)
     try:
         with stop_on_signals(
             stop,
@@ -406,6 +404,8 @@ async def run_root(
             if cfg.state_dir is not None
             else "stopping (open quanta are dropped: no state_dir)",
         ):
+            if ready is not None:
+                ready(svc)  # the signal handlers are in place
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(_mqtt_loop(svc, stop), name="fiomon.root.mqtt")
                 tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
