@@ -13,8 +13,10 @@ messages).
 With a ``state_dir``, every message is journaled before it is acknowledged to the broker
 (manual PUBACK, as the aggregator does), and a restart replays the journal, so the quanta
 open when the root stopped (or was ``kill -9``-ed) are re-formed; a segment goes once the
-quanta file confirms every quantum its rows touch. Without one, partials of open quanta
-die with the process.
+quanta file confirms every quantum its rows touch, or, without a quanta file, once the
+root's closed-through mark (``<state_dir>/root-state.json``, written after each close) is
+past them, so a restart never closes a quantum twice. Without one, partials of open
+quanta die with the process.
 """
 
 from __future__ import annotations
@@ -25,28 +27,31 @@ import dataclasses
 import json
 import logging
 import platform
-import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiomqtt
 
 from fiomon import __version__
 from fiomon.aggregator.alerts import AlertBook
 from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
-from fiomon.aggregator.journal import Journal, StateLock
+from fiomon.aggregator.journal import Journal, StateLock, write_atomic
 from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
 from fiomon.aggregator.root import RootMerger
-from fiomon.config import AggregatorConfig, RootConfig
+from fiomon.bins import BinLayout
+from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config
+from fiomon.errors import ConfigError
 from fiomon.mqtt import Backoff, make_client
-from fiomon.runtime import cancel_and_wait
-from fiomon.windows import ClosedQuantum
+from fiomon.runtime import cancel_and_wait, stop_on_signals
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 
 GRACE_S = 10.0
+STATE_FILE = "root-state.json"  # the closed-through mark (used without a quanta file)
 
 
 def _now() -> int:
@@ -73,7 +78,20 @@ class RootService:
                 cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
             )
             self.writer = QuantaWriter(self.quanta, None, self.problem)
+        self.lock: StateLock | None = None
+        self.state_path: Path | None = None
+        if cfg.state_dir is not None:
+            try:
+                self.lock = StateLock(cfg.state_dir)
+            except BlockingIOError:
+                msg = f"another process uses the state directory {cfg.state_dir}"
+                raise RuntimeError(msg) from None
+            self.state_path = cfg.state_dir / STATE_FILE
+        # What was closed before: the quanta file's last quantum (the record of
+        # publication), else the mark in the state directory.
         tail = self.quanta.tail() if self.quanta is not None else None
+        closed = tail.end_ms if tail is not None else self._load_mark()
+        self._saved_ms = closed
         self.merger = RootMerger(
             quantum_ms=cfg.quantum_ms,
             lateness_ms=cfg.lateness_ms,
@@ -83,23 +101,68 @@ class RootService:
             cells=self.rc.cells,
             cell_timeout_ms=self.rc.cell_timeout_ms,
             now_ms=now_ms(),
-            closed_ms=tail.end_ms if tail is not None else None,
+            closed_ms=closed,
         )
-        self.lock: StateLock | None = None
-        self.journal: Journal | None = None
-        if cfg.state_dir is not None:
-            try:
-                self.lock = StateLock(cfg.state_dir)
-            except BlockingIOError:
-                msg = f"another process uses the state directory {cfg.state_dir}"
-                raise RuntimeError(msg) from None
-            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
-            self._replay()
         self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
         self.gauges = QuantumGauges(cfg.percentiles, fit_tail=False)
-        self.buckets: BucketHistogram | None = None
+        # At 0 from the start with fio's standard bins (as the aggregator's): rate() sees a
+        # series' growth only from its first scrape, so the first quantum must not create it.
+        self.buckets = self._new_buckets(BinLayout())
+        self.gauges.buckets = self.buckets
+        self.journal: Journal | None = None
+        if cfg.state_dir is not None:
+            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+            self._replay()
         self.broker_connected = False
         self.snapshot = self._build()
+
+    def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
+        """The exported bucket histogram, every direction at 0."""
+        edges = bucket_edges_s(
+            layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
+        )
+        return BucketHistogram(layout, edges, ALL_DIRECTIONS)
+
+    def _load_mark(self) -> int | None:
+        """The closed-through mark a previous run saved (None: none, or not usable)."""
+        if self.state_path is None:
+            return None
+        try:
+            d = json.loads(self.state_path.read_bytes())
+            quantum, closed = int(d["quantum_ms"]), d["closed_ms"]
+            closed = None if closed is None else int(closed)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            self.problem("state-unreadable", f"{self.state_path}: {exc}")
+            return None
+        if quantum != self.cfg.quantum_ms:
+            log.warning(
+                "quantum changed since the last run (%d ms, now %d ms): %s is ignored",
+                quantum,
+                self.cfg.quantum_ms,
+                self.state_path,
+            )
+            return None
+        return closed
+
+    def _save_mark(self) -> None:
+        """Save the closed-through mark (on the grid), once it moved past a quantum end."""
+        m = self.merger
+        if self.state_path is None or m.closed_ms is None or m.phase_ms is None:
+            return
+        q = m.quantum_ms
+        mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= closed_ms
+        if self._saved_ms is not None and mark <= self._saved_ms:
+            return
+        doc = {"version": 1, "quantum_ms": q, "closed_ms": mark}
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.state_path, json.dumps(doc).encode())
+        except OSError as exc:
+            self.problem("state-write", f"cannot write {self.state_path}: {exc}")
+            return
+        self._saved_ms = mark
 
     def _replay(self) -> None:
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
@@ -115,6 +178,7 @@ class RootService:
             log.info(
                 "re-formed %d partial rows of open quanta from %d journaled messages", merged, n
             )
+        self._release()
 
     def on_message(self, cell: str, payload: bytes) -> None:
         """One message from the broker: journaled, then merged (the caller acknowledges)."""
@@ -132,25 +196,77 @@ class RootService:
         """Close what can close; write, alert and export it."""
         now = self.now_ms()
         rows = self.merger.close(now)
+        self._closed(rows, now)
+        self.snapshot = self._build()
+        return rows
+
+    def flush(self) -> list[ClosedQuantum]:
+        """Close everything open (a final stop); written, alerted and exported as a tick."""
+        now = self.now_ms()
+        rows = self.merger.flush()
+        self._closed(rows, now)
+        self.snapshot = self._build()
+        return rows
+
+    def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
             if self.writer is not None:
                 self.writer.submit(rows, self.merger.closed_ms or 0, None)
-            if self.buckets is None and self.merger.layout is not None:
-                lay = self.merger.layout
-                self.buckets = BucketHistogram(
-                    lay, bucket_edges_s(lay, [r.threshold_ns for r in self.cfg.sla])
-                )
+            lay = self.merger.layout
+            if lay is not None and lay != self.buckets.layout:
+                self.buckets = self._new_buckets(lay)
                 self.gauges.buckets = self.buckets
             self.gauges.observe(rows, now)
-        if self.journal is not None and self.writer is not None:
-            confirmed = self.writer.confirmed_ms
-            if confirmed is not None:
-                self.journal.release(confirmed)
             for t in self.alerts.observe(rows):
                 log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+        self._save_mark()
+        self._release()
+
+    def _release(self) -> None:
+        """Let the journal drop what is done with.
+
+        With a quanta file: what it confirmed; without one: what the saved mark passed.
+        """
+        if self.journal is None:
+            return
+        done = self.writer.confirmed_ms if self.writer is not None else self._saved_ms
+        if done is not None:
+            self.journal.release(done)
+
+    def reload(self, path: Path | None, *, log_level_fixed: bool) -> None:
+        """SIGHUP: re-read ``path`` and take its SLA rules and log level (nothing else)."""
+        if path is None:
+            log.warning("SIGHUP: no configuration file to re-read; nothing reloaded")
+            return
+        try:
+            new = load_aggregator_config(path)
+        except ConfigError as exc:
+            for p in exc.problems:
+                log.error("SIGHUP: %s", p)
+            log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
+            return
+        done = []
+        missing = [r.name for r in new.sla if r.percentile not in self.cfg.percentiles]
+        if missing:
+            log.error(
+                "SIGHUP: rules %s need percentiles the root does not compute (a restart "
+                "changes percentiles); the running rules stay",
+                ", ".join(missing),
+            )
+        elif new.sla != self.cfg.sla:
+            done.append(self.alerts.replace_rules(new.sla))
+            self.cfg = dataclasses.replace(self.cfg, sla=new.sla)
+        if new.log_level and not log_level_fixed:
+            logging.getLogger().setLevel(new.log_level.upper())
+        elif new.log_level:
+            done.append("log_level kept (set by --log-level)")
         self.snapshot = self._build()
-        return rows
+        log.info(
+            "SIGHUP: reloaded %s (the root takes only its SLA rules and log level): %s",
+            path,
+            "; ".join(done) if done else "no changes",
+        )
 
     def _build(self) -> Snapshot:
         now = self.now_ms()
@@ -166,9 +282,17 @@ class RootService:
         snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
         known = sorted(self.merger.cells)
         gauges = dict(snap.gauges)
-        gauges[("fiomon_root_cells_up", "Cells heard from within root.cell_timeout.", ())] = {
-            (): float(len(live))
-        }
+        # With root.cells given, only listed cells count (an unlisted one is reported in
+        # fiomon_root_cell_up), so cells_up < cells_expected means a listed cell is missing.
+        expected = self.merger.expected
+        up = [c for c in live if c in expected] if expected else live
+        gauges[
+            (
+                "fiomon_root_cells_up",
+                "Cells heard from within root.cell_timeout (only those in root.cells, if given).",
+                (),
+            )
+        ] = {(): float(len(up))}
         gauges[("fiomon_root_cells_expected", "Cells listed in root.cells.", ())] = {
             (): float(len(self.merger.expected))
         }
@@ -196,9 +320,15 @@ class RootService:
         return dataclasses.replace(snap, gauges=gauges, counters=counters)
 
     def close(self, timeout_s: float = GRACE_S) -> None:
-        """Write what was closed (open quanta are dropped: the root keeps no journal)."""
+        """Write what was closed, save the mark, close the journal, unlock the directory.
+
+        Open quanta are not closed here: with a ``state_dir`` their partials stay in the
+        journal for the next start; without one they are lost (``flush`` closes them).
+        """
         if self.writer is not None and not self.writer.close(timeout_s):
             self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        self._save_mark()
+        self._release()
         if self.journal is not None:
             self.journal.close()
         if self.lock is not None:
@@ -211,18 +341,33 @@ async def run_root(
     stop: asyncio.Event | None = None,
     ready: Callable[[RootService], None] | None = None,
     final: bool = False,
+    config_path: Path | None = None,
+    log_level_fixed: bool = False,
 ) -> None:
-    """Run the root until SIGTERM/SIGINT (or ``stop``); ``final`` closes everything open."""
+    """Run the root until SIGTERM/SIGINT (or ``stop``).
+
+    Args:
+        cfg: the configuration.
+        stop: set it to stop (tests); signals set it too.
+        ready: called with the service once it is serving.
+        final: close every open quantum when stopping (the end of a run).
+        config_path: the file SIGHUP re-reads (SLA rules and log level only; None:
+            SIGHUP is logged and ignored).
+        log_level_fixed: the command line fixed the log level (the file's is ignored).
+    """
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
     svc = RootService(cfg)
-    if cfg.log_level:
+    if cfg.log_level and not log_level_fixed:
         logging.getLogger().setLevel(cfg.log_level.upper())
     addr, port = cfg.listen_addr
-    metrics = MetricsProcess(
-        addr, port, lambda: svc.snapshot, certfile=cfg.tls_cert, keyfile=cfg.tls_key
-    )
-    metrics.start()
+    try:
+        metrics = MetricsProcess(
+            addr, port, lambda: svc.snapshot, certfile=cfg.tls_cert, keyfile=cfg.tls_key
+        )
+        metrics.start()
+    except BaseException:
+        svc.close()
+        raise
     log.info(
         "fiomon root %s: /metrics on %s, broker %s:%d, cells %s, quantum %d ms, lateness %d ms",
         __version__,
@@ -233,30 +378,53 @@ async def run_root(
         cfg.quantum_ms,
         cfg.lateness_ms,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready(svc)
+    main = asyncio.current_task()
+    forced = False
+
+    def cut_short(signame: str) -> None:
+        nonlocal forced
+        log.warning("%s again: not waiting any longer", signame)
+        forced = True
+        if main is not None:
+            main.cancel()
+
+    def reload() -> None:
+        svc.reload(config_path, log_level_fixed=log_level_fixed)
+        metrics.poke()
+
     try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(_mqtt_loop(svc, stop), name="fiomon.root.mqtt")
-            tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
+        with stop_on_signals(
+            stop,
+            again=cut_short,
+            reload=reload,
+            logger=log,
+            stopping="stopping (open quanta close now: --final)"
+            if final
+            else "stopping (open quanta stay in the journal)"
+            if cfg.state_dir is not None
+            else "stopping (open quanta are dropped: no state_dir)",
+        ):
+            if ready is not None:
+                ready(svc)  # the signal handlers are in place
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_mqtt_loop(svc, stop), name="fiomon.root.mqtt")
+                tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
     finally:
-        if final:
-            rows = svc.merger.flush()
-            if rows and svc.writer is not None:
-                svc.writer.submit(rows, svc.merger.closed_ms or 0, None)
-        svc.close()
-        metrics.close()
-        m = svc.merger.counts
-        log.info(
-            "stopped: %d quanta closed (%d by lateness), rows %s, %d refused messages",
-            m.quanta_closed,
-            m.closed_by_lateness,
-            dict(m.rows),
-            sum(m.invalid.values()),
-        )
+        try:
+            if final and not forced:
+                rows = svc.flush()
+                log.info("final stop: closed %d open rows", len(rows))
+        finally:
+            svc.close(0.5 if forced else GRACE_S)
+            metrics.close()
+            m = svc.merger.counts
+            log.info(
+                "stopped: %d quanta closed (%d by lateness), rows %s, %d refused messages",
+                m.quanta_closed,
+                m.closed_by_lateness,
+                dict(m.rows),
+                sum(m.invalid.values()),
+            )
 
 
 async def _close_loop(svc: RootService, stop: asyncio.Event, metrics: MetricsProcess) -> None:
@@ -287,11 +455,19 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
                 svc.broker_connected = True
                 backoff.reset()
                 log.info("subscribed to %s on %s:%d", topic, cfg.broker.host, cfg.broker.port)
-                reader = asyncio.create_task(_read(svc, client))
+                reader = asyncio.create_task(_read(svc, client), name="fiomon.root.read")
+                stopper = asyncio.ensure_future(stop.wait())
                 try:
-                    await stop.wait()
+                    # The reader ends only with the connection (or a bug): then reconnect.
+                    await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
+                    stopper.cancel()
                     await cancel_and_wait(reader)
+                if not stop.is_set():
+                    exc = reader.exception() if not reader.cancelled() else None
+                    if isinstance(exc, aiomqtt.MqttError):
+                        raise exc
+                    log.error("the root's reader ended (%r): reconnecting", exc)
         except aiomqtt.MqttError as exc:
             log.warning("broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
         svc.broker_connected = False
@@ -302,6 +478,11 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
 async def _read(svc: RootService, client: aiomqtt.Client) -> None:
     paho = client._client
     async for m in client.messages:
-        svc.on_message(str(m.topic).rsplit("/", 1)[-1], bytes(m.payload))
+        topic = str(m.topic)
+        try:
+            svc.on_message(topic.rsplit("/", 1)[-1], bytes(m.payload))
+        except Exception:  # a bug must not stop intake: say so, count it, go on
+            svc.merger.counts.invalid["internal"] += 1
+            log.exception("cannot handle a partials message on %s", topic)
         if m.qos > 0:
             paho.ack(m.mid, m.qos)

@@ -300,6 +300,7 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    assert rcfg.state_dir is not None and rcfg.quanta_file is not None
     assert cfg.partials.host_rows
     off = aggregator_config_from(
         {**cell, "state_dir": "s", "partials": {**cell["partials"], "host_rows": False}}
