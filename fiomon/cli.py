@@ -1004,7 +1004,12 @@ def _service(args: argparse.Namespace, name: str) -> int:
     elif name == "root":
         from fiomon.aggregator.root_service import run_root  # noqa: PLC0415
 
-        main_coro = run_root(cfg, final=args.final)
+        main_coro = run_root(
+            cfg,
+            final=args.final,
+            config_path=args.config,
+            log_level_fixed=level is not None,  # a flag or FIOMON_LOG_LEVEL wins over the file
+        )
     else:
         from fiomon.aggregator.service import run_aggregator  # noqa: PLC0415
 
