@@ -89,16 +89,20 @@ class GridState:
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
-        out: dict[str, object] = {
+        out = self.to_json_base()
+        if self.known is not None:
+            out["known"] = self.known.to_json()
+        return out
+
+    def to_json_base(self) -> dict[str, object]:
+        """The state file's content without the known streams."""
+        return {
             "version": 1,
             "quantum_ms": self.quantum_ms,
             "phase_ms": self.phase_ms,
             "layout": list(self.layout),
             "closed_ms": self.closed_ms,
         }
-        if self.known is not None:
-            out["known"] = self.known.to_json()
-        return out
 
     @classmethod
     def load(cls, path: Path) -> tuple[GridState | None, str | None]:
@@ -134,9 +138,30 @@ class GridState:
         return dataclasses.replace(grid, known=known), None
 
     def save(self, path: Path) -> None:
-        """Write atomically (the folder is created if it vanished)."""
+        """Write atomically (the folder is created if it vanished).
+
+        The known streams are encoded once per :class:`KnownStreams` object: the core
+        passes the same one for several saves (their encoding is most of the cost).
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(self.to_json()).encode())
+        text = json.dumps(self.to_json_base())
+        if self.known is not None:
+            text = f'{text[:-1]}, "known": {_known_text(self.known)}}}'
+        write_atomic(path, text.encode())
+
+
+_last_known: tuple[KnownStreams, str] | None = None  # the last encoding (one writer thread)
+
+
+def _known_text(known: KnownStreams) -> str:
+    """``known`` as JSON, encoded once per object.
+
+    The core passes the same object to every save between two collections of it.
+    """
+    global _last_known  # noqa: PLW0603 -- a one-entry cache
+    if _last_known is None or _last_known[0] is not known:
+        _last_known = (known, json.dumps(known.to_json()))
+    return _last_known[1]
 
 
 class StateLock:

@@ -576,7 +576,7 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     tmp_path: Path,
 ) -> None:
     from fiomon.aggregator.journal import GridState  # noqa: PLC0415
-    from fiomon.aggregator.watermark import Watermark  # noqa: PLC0415
+    from fiomon.aggregator.watermark import KnownStreams, Watermark  # noqa: PLC0415
 
     w = Watermark(lateness_ms=5000)
     for h, end in (("h1", 20_000), ("h2", 17_000), ("h3", 14_000)):
@@ -592,6 +592,17 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     assert why is None
     assert grid is not None
     assert grid.known == known
+    assert json.loads(path.read_text()) == GridState(
+        1000, 0, (1, 1, "ns"), None, known
+    ).to_json() | {"closed_ms": T0 + 19_000}
+    # The encoding of the known streams is reused for the same object only.
+    later = KnownStreams(T0 + 30_000, (("h9", "s", T0 + 29_000),))
+    GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, later).save(path)
+    grid, _ = GridState.load(path)
+    assert grid is not None and grid.known == later
+    GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
+    grid, _ = GridState.load(path)
+    assert grid is not None and grid.known == known
     doc = json.loads(path.read_text())
     del doc["known"]
     path.write_text(json.dumps(doc))  # a state file of an older version
