@@ -752,6 +752,19 @@ def _broker(
     return BrokerConfig(tls=tls, **values)
 
 
+def _broker_under(
+    r: _Reader, path: str, data: object, *, client_id: bool = True, id_key: str = "client_id"
+) -> BrokerConfig:
+    """A ``broker`` section nested at ``path`` (a cell's, the root's).
+
+    Its problems are reported under that path (``cells[1].broker.port: ...``).
+    """
+    sub = _Reader()
+    broker = _broker(sub, data, client_id=client_id, id_key=id_key)
+    r.problems += [f"{path}.{p}" for p in sub.problems]
+    return broker
+
+
 def _default(cls: type, name: str) -> Any:
     """The plain default of dataclass ``cls``'s field ``name`` (the one place it is written)."""
     (f,) = (f for f in dataclasses.fields(cls) if f.name == name)
@@ -781,10 +794,7 @@ def _cells(r: _Reader, top: dict[str, Any], prefix: str) -> tuple[CellConfig, ..
         if own is not None and not isinstance(own, dict):
             r.problems.append(f"{path}.broker: expected a mapping, got {own!r}")
             own = None
-        # Problems in a cell's broker keys are reported under the cell's path.
-        sub = _Reader()
-        broker = _broker(sub, {**base, **(own or {})})
-        r.problems += [f"{path}.{p}" for p in sub.problems]
+        broker = _broker_under(r, path, {**base, **(own or {})})
         cells.append(CellConfig(broker=broker, **values))
     return tuple(cells)
 
@@ -900,10 +910,9 @@ def _partials(r: _Reader, data: object, cell: str | None) -> PartialsConfig | No
             f"partials.cell: {values['cell']!r} differs from the top-level cell {cell!r} "
             "(leave it out: it defaults to the top-level cell)"
         )
-    # Problems in the root's broker keys are reported under partials' path.
-    sub = _Reader()
-    broker = _broker(sub, p.get("broker"), client_id=False, id_key="partials.client_id")
-    r.problems += [f"partials.{q}" for q in sub.problems]
+    broker = _broker_under(
+        r, "partials", p.get("broker"), client_id=False, id_key="partials.client_id"
+    )
     return PartialsConfig(broker=broker, **values)
 
 
