@@ -278,6 +278,11 @@ class AggregatorConfig:
         topic_prefix: subscribes to ``<prefix>/v1/+/records`` and ``.../status``.
         client_id: fixed MQTT client id of the persistent session.
         session_expiry_ms: how long the broker keeps queuing for us while we are away.
+        max_inflight: messages the broker may send before we acknowledge them (MQTT 5
+            Receive Maximum). Messages are acknowledged after journaling, so this bounds
+            what waits in the aggregator's memory (at most ``max_inflight`` x
+            ``max_message_bytes``) when a backlog arrives at once (a session resumed after
+            a restart); the rest stays queued in the broker.
         quantum_ms: quantum length.
         lateness_ms: a quantum closes at the latest this long after its end.
         align: ``epoch``, ``auto`` or a fixed offset in ms.
@@ -320,6 +325,7 @@ class AggregatorConfig:
     topic_prefix: str = "fiomon"
     client_id: str = "fiomon-aggregator"
     session_expiry_ms: int = 3_600_000
+    max_inflight: int = 1000
     quantum_ms: int = 1000
     lateness_ms: int = 5000
     align: Align = "auto"
@@ -664,6 +670,7 @@ _AGGREGATOR_KEYS: Table = {
     "topic_prefix": ("topic_prefix", _topic_prefix),
     "client_id": ("client_id", _str),
     "session_expiry": ("session_expiry_ms", _duration_ms(1000)),
+    "max_inflight": ("max_inflight", _int_in(1, 65_535)),
     "quantum": ("quantum_ms", _duration_ms(1)),
     "lateness": ("lateness_ms", _duration_ms(0)),
     "align": ("align", _align),

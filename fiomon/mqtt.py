@@ -75,6 +75,7 @@ def make_client(
     will: aiomqtt.Will | None = None,
     timeout_s: float = 10.0,
     persistent_session_s: int | None = None,
+    receive_maximum: int | None = None,
     queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None,
 ) -> aiomqtt.Client:
     """A client for ``broker`` (call inside the running event loop).
@@ -87,6 +88,10 @@ def make_client(
         persistent_session_s: ask for a persistent MQTT 5 session kept this long while we
             are away (``clean_start=False`` plus a session expiry: aiomqtt's default
             clean-start option would discard the session on every reconnect).
+        receive_maximum: with ``persistent_session_s``, the most QoS 1 messages the broker
+            may send us unacknowledged (MQTT 5 Receive Maximum; the protocol's default is
+            65,535: a broker without its own in-flight cap would send a resumed session's
+            whole backlog at once).
         queue_type: the class of aiomqtt's incoming queue (the aggregator passes one it
             can drain in batches).
     """
@@ -94,6 +99,8 @@ def make_client(
     if persistent_session_s is not None:
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = persistent_session_s
+        if receive_maximum is not None:
+            props.ReceiveMaximum = receive_maximum
         extra = {
             "protocol": aiomqtt.ProtocolVersion.V5,
             "clean_start": False,

@@ -127,6 +127,7 @@ class AggregatorCore:
         self.transitions: list[Transition] = []
         self.session_taken_over = False
         self.broker_connected = False  # the service sets it as its MQTT session comes and goes
+        self.backlog_max = 0  # the service: most messages waiting unprocessed at once
         self.last_record_ms: int | None = None  # wall ms of the newest record received
         self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
         self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
@@ -818,6 +819,7 @@ class AggregatorCore:
             open_quanta=engine.open_quanta if engine is not None else None,
             session_taken_over=self.session_taken_over,
             broker_connected=self.broker_connected,
+            backlog_max=self.backlog_max,
             active=self.active,
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,

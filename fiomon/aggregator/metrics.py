@@ -191,6 +191,8 @@ class Health:
         open_quanta: quanta open now (None before the engine exists).
         session_taken_over: 1 while another client holds our MQTT session.
         broker_connected: whether the MQTT session is up now.
+        backlog_max: the most MQTT messages that waited in the aggregator unprocessed at
+            once since it started (bounded by ``max_inflight``).
         active: records arrived within the idle time (``2 x lateness``); while False
             the per-quantum series are left out (Prometheus marks them stale).
         last_seen_s: host label -> when its last records or online status came (epoch s).
@@ -204,6 +206,7 @@ class Health:
     open_quanta: int | None = None
     session_taken_over: bool = False
     broker_connected: bool = False
+    backlog_max: int = 0
     active: bool = False
     last_seen_s: Mapping[str, float] = field(default_factory=dict)
     version: str = ""
@@ -396,6 +399,12 @@ def build_snapshot(
             "1 while the aggregator's MQTT session with the broker is up.",
             (),
         ): {(): float(health.broker_connected)},
+        (
+            "fiomon_intake_backlog_messages_max",
+            "Most MQTT messages waiting unprocessed in the aggregator at once since start"
+            " (at most max_inflight; the broker holds the rest).",
+            (),
+        ): {(): float(health.backlog_max)},
         (
             "fiomon_benchmark_active",
             "1 while records arrive (within 2 x lateness); 0 when idle between runs.",

@@ -443,6 +443,7 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
         cfg.broker,
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
+        receive_maximum=cfg.max_inflight,
     )
     # Acknowledge only after journaling (aiomqtt has no manual-ack API: paho's switch).
     paho = client._client

@@ -451,6 +451,7 @@ async def _receive(svc: _Service) -> None:
         cfg.broker,
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
+        receive_maximum=cfg.max_inflight,
         queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", _Queue),
     )
     queue = _Queue.made[-1]
@@ -487,6 +488,8 @@ async def _receive(svc: _Service) -> None:
                 announce = asyncio.create_task(_announce(svc))
                 try:
                     async for batch in _batches(client, queue, svc.stop):
+                        # Unacknowledged until journaled: at most max_inflight wait here.
+                        core.backlog_max = max(core.backlog_max, len(batch) + queue.qsize())
                         _handle(svc, batch)
                         for m in batch:
                             if m.qos > 0:

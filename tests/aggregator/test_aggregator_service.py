@@ -26,7 +26,7 @@ from fiomon.wire import encode
 from tests.aggregator.test_aggregator_core import close_delays
 from tests.aggregator.test_aggregator_live import _agent, offline_report, replay_logs
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
-from tests.metricskit import scrape
+from tests.metricskit import scrape, total
 
 PREFIX = "fiomonsvc"
 
@@ -456,3 +456,65 @@ async def test_a_pause_longer_than_the_lateness_closes_no_quantum_early(
     assert late == 0
     assert len(cluster) >= 15
     assert all(r["samples"] == 3 * 300 for r in cluster.values()), "every quantum whole"
+
+
+async def test_a_backlog_after_a_restart_waits_in_the_broker_not_in_memory(
+    mosquitto_bin: str, tmp_path: Path
+) -> None:
+    # 400 hosts' records are published while the aggregator is stopped; the broker
+    # queues them in its persistent session. At the restart they must come at most
+    # `max_inflight` at a time (MQTT 5 Receive Maximum, acknowledged after journaling),
+    # not all at once into the aggregator's memory, and every record still arrives once.
+    # The broker has no in-flight cap of its own here (Mosquitto's max_inflight_messages
+    # 0; some brokers have none), so the aggregator's own limit is what holds.
+    mosquitto = Mosquitto(mosquitto_bin, tmp_path / "mqtt")
+    with mosquitto.conf.open("a") as fh:
+        fh.write("max_inflight_messages 0\n")
+    mosquitto.start()
+    hosts = [f"h{i:03d}" for i in range(400)]
+    cfg = tmp_path / "aggregator.yaml"
+    port = free_port()
+    cfg.write_text(
+        f"broker: {{port: {mosquitto.port}}}\ntopic_prefix: {PREFIX}\n"
+        "client_id: fiomon-aggregator-backlog\nquantum: 1s\nlateness: 60s\nalign: epoch\n"
+        f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\nmax_inflight: 20\n"
+    )
+    log = (tmp_path / "aggregator.log").open("ab")
+
+    async def aggregator() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fiomon", "aggregator", "--config", str(cfg), stderr=log
+        )
+        await _serving(port)
+        return proc
+
+    agg = await aggregator()
+    await mosquitto.wait_for_log(f"fiomon-aggregator-backlog 1 {PREFIX}/v1/+/records")
+    agg.terminate()
+    assert await asyncio.wait_for(agg.wait(), 30) == 0
+    end = int(time.time()) * 1000
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub-backlog") as c:
+        for h in hosts:
+            await c.publish(
+                f"{PREFIX}/v1/{h}/records", encode(h, "run.json@1", 0, _record(h, end)), qos=1
+            )
+    agg = await aggregator()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # until every queued record arrived
+            m = await asyncio.to_thread(scrape, port)
+            if total(m, "fiomon_records_total", result="received") >= 2 * len(hosts):
+                break
+            assert time.monotonic() < deadline, f"records received: {m}"
+            await asyncio.sleep(0.2)
+    finally:
+        agg.terminate()
+        await asyncio.wait_for(agg.wait(), 30)
+        log.close()
+        mosquitto.stop()
+    backlog = total(m, "fiomon_intake_backlog_messages_max")
+    print(f"backlog at most {backlog:g} messages of {len(hosts)} queued")
+    assert total(m, "fiomon_records_total", result="received") == 2 * len(hosts)
+    assert total(m, "fiomon_records_total", result="duplicate") == 0
+    assert sum(v for (name, _), v in m.items() if name == "fiomon_lost_records_total") == 0
+    assert 1 <= backlog <= 20, "the broker kept the backlog beyond max_inflight"
