@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import aiomqtt
 import numpy as np
@@ -56,6 +57,15 @@ async def _serving(port: int, timeout_s: float = DEADLINE_S) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def _start(cfg: Path, port: int, log: BinaryIO, *extra: str) -> asyncio.subprocess.Process:
+    """``fiomon aggregator --config cfg *extra`` (stderr to ``log``), once it serves ``port``."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fiomon", "aggregator", "--config", str(cfg), *extra, stderr=log
+    )
+    await _serving(port)
+    return proc
 
 
 def _record(host: str, end_ms: int) -> RecordBatch:
@@ -114,18 +124,7 @@ async def test_restarts_under_load_keep_the_quanta_file_exact(
     logs = (tmp_path / "aggregator.log").open("ab")
 
     async def aggregator(*extra: str) -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "fiomon",
-            "aggregator",
-            "--config",
-            str(cfg),
-            *extra,
-            stderr=logs,
-        )
-        await _serving(port)
-        return proc
+        return await _start(cfg, port, logs, *extra)
 
     agg = await aggregator()
     agents = [await _agent(tmp_path, f"client-{h:02d}", mosquitto.port) for h in (1, 2, 3)]
@@ -480,15 +479,7 @@ async def test_a_backlog_after_a_restart_waits_in_the_broker_not_in_memory(
         f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\nmax_inflight: 20\n"
     )
     log = (tmp_path / "aggregator.log").open("ab")
-
-    async def aggregator() -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fiomon", "aggregator", "--config", str(cfg), stderr=log
-        )
-        await _serving(port)
-        return proc
-
-    agg = await aggregator()
+    agg = await _start(cfg, port, log)
     await mosquitto.wait_for_log(f"fiomon-aggregator-backlog 1 {PREFIX}/v1/+/records")
     agg.terminate()
     assert await asyncio.wait_for(agg.wait(), 30) == 0
@@ -498,7 +489,7 @@ async def test_a_backlog_after_a_restart_waits_in_the_broker_not_in_memory(
             await c.publish(
                 f"{PREFIX}/v1/{h}/records", encode(h, "run.json@1", 0, _record(h, end)), qos=1
             )
-    agg = await aggregator()
+    agg = await _start(cfg, port, log)
     try:
         deadline = time.monotonic() + DEADLINE_S
         while True:  # until every queued record arrived
