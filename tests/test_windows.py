@@ -12,36 +12,10 @@ from hypothesis import strategies as st
 from fiomon.align import auto_phase
 from fiomon.bins import BinLayout
 from fiomon.errors import LayoutError
-from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import QuantumEngine
+from tests.batches import batch
 
 LAY = BinLayout()
-
-
-def batch(
-    recs: list[tuple[int, int, int, dict[int, int]]],
-    host: str = "",
-    stream: str = "s",
-    layout: BinLayout = LAY,
-) -> RecordBatch:
-    """Records as (start_ms, end_ms, direction, {bin: count})."""
-    lens = [len(r[3]) for r in recs]
-    indptr = np.zeros(len(recs) + 1, dtype=np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    bins = [b for r in recs for b in sorted(r[3])]
-    counts = [r[3][b] for r in recs for b in sorted(r[3])]
-    return RecordBatch(
-        layout=layout,
-        streams=(StreamInfo(host, stream),),
-        stream_idx=np.zeros(len(recs), np.int32),
-        direction=np.array([r[2] for r in recs], np.int8),
-        start_ms=np.array([r[0] for r in recs], np.int64),
-        end_ms=np.array([r[1] for r in recs], np.int64),
-        nbytes=np.array([sum(r[3].values()) * 4096 for r in recs], np.int64),
-        indptr=indptr,
-        bins=np.array(bins, np.int32),
-        counts=np.array(counts, np.int64),
-    )
 
 
 def engine(**kw: object) -> QuantumEngine:

@@ -28,10 +28,11 @@ from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import HistStats, cumulative_at
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import RecordBatch
 from fiomon.offline.output import JsonlWriter
 from fiomon.windows import ClosedQuantum
 from fiomon.wire import encode
+from tests.batches import batch as make_batch
 
 T0 = 1_795_000_000_000
 LAY = BinLayout()
@@ -53,19 +54,7 @@ class Clock:
 def batch(
     ends: list[int], *, direction: int = 0, bin_: int = 700, count: int = 200, label: str = "j"
 ) -> RecordBatch:
-    n = len(ends)
-    return RecordBatch(
-        layout=LAY,
-        streams=(StreamInfo("", label),),
-        stream_idx=np.zeros(n, np.int32),
-        direction=np.full(n, direction, np.int8),
-        start_ms=np.array([e - 1000 for e in ends], np.int64),
-        end_ms=np.array(ends, np.int64),
-        nbytes=np.full(n, count * 4096, np.int64),
-        indptr=np.arange(n + 1, dtype=np.int64),
-        bins=np.full(n, bin_, np.int32),
-        counts=np.full(n, count, np.int64),
-    )
+    return make_batch([(e - 1000, e, direction, {bin_: count}) for e in ends], "", label, LAY)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fiomon.aggregator.alerts import AlertState, Phase
@@ -17,6 +16,7 @@ from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.wire import encode
+from tests.batches import batch
 
 T0 = 1_795_000_000_000
 HOSTS = ("h1", "h2", "h3")
@@ -34,18 +34,12 @@ class Clock:
 
 def records(host: int, s: int) -> RecordBatch:
     """Second ``s`` of one host: a read and a write record, counts varying by second."""
-    return RecordBatch(
-        layout=BinLayout(),
-        streams=(StreamInfo("", "run.json:0:job0"),),
-        stream_idx=np.zeros(2, np.int32),
-        direction=np.array([0, 1], np.int8),
-        start_ms=np.full(2, T0 + 1000 * (s - 1), np.int64),
-        end_ms=np.full(2, T0 + 1000 * s, np.int64),
-        nbytes=np.full(2, 4096 * 50, np.int64),
-        indptr=np.array([0, 2, 4], np.int64),
-        bins=np.array([700 + host, 720 + s % 5, 650, 800 + host], np.int32),
-        counts=np.array([10 + s, 3 + host, 7, 1 + s % 3], np.int64),
-    )
+    start, end = T0 + 1000 * (s - 1), T0 + 1000 * s
+    recs = [
+        (start, end, 0, {700 + host: 10 + s, 720 + s % 5: 3 + host}),
+        (start, end, 1, {650: 7, 800 + host: 1 + s % 3}),
+    ]
+    return batch(recs, "", "run.json:0:job0", nbytes=4096 * 50)
 
 
 def message(host: int, s: int) -> tuple[str, bytes]:

@@ -11,19 +11,19 @@ import time
 from pathlib import Path
 
 import aiomqtt
-import numpy as np
 import pytest
 
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import RecordBatch
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
+from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.livedata import write_json_stream
 from tests.metricskit import scrape, scrape_or_none
@@ -397,18 +397,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
 
 
 def _one(end_ms: int, layout: BinLayout | None = None) -> RecordBatch:
-    return RecordBatch(
-        layout=layout or BinLayout(),
-        streams=(StreamInfo("", "job"),),
-        stream_idx=np.zeros(1, np.int32),
-        direction=np.zeros(1, np.int8),
-        start_ms=np.array([end_ms - 1000], np.int64),
-        end_ms=np.array([end_ms], np.int64),
-        nbytes=np.array([4096 * 10], np.int64),
-        indptr=np.array([0, 1], np.int64),
-        bins=np.array([700], np.int32),
-        counts=np.array([10], np.int64),
-    )
+    return batch([(end_ms - 1000, end_ms, 0, {700: 10})], "", "job", layout or BinLayout())
 
 
 async def test_bad_payloads_over_a_real_broker_are_counted_and_the_rest_flows(

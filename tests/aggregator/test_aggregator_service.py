@@ -15,17 +15,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 import aiomqtt
-import numpy as np
 
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
-from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule, WebhookConfig
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import RecordBatch
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
 from tests.aggregator.test_aggregator_core import close_delays
 from tests.aggregator.test_aggregator_live import _agent, offline_report, replay_logs
+from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.metricskit import scrape, total
 
@@ -69,18 +68,9 @@ async def _start(cfg: Path, port: int, log: BinaryIO, *extra: str) -> asyncio.su
 
 
 def _record(host: str, end_ms: int) -> RecordBatch:
-    return RecordBatch(
-        layout=BinLayout(),
-        streams=(StreamInfo(host, "job"),),
-        stream_idx=np.zeros(2, np.int32),
-        direction=np.array([0, 1], np.int8),
-        start_ms=np.full(2, end_ms - 1000, np.int64),
-        end_ms=np.full(2, end_ms, np.int64),
-        nbytes=np.full(2, 4096 * 10, np.int64),
-        indptr=np.array([0, 1, 2], np.int64),
-        bins=np.array([700, 710], np.int32),
-        counts=np.array([200, 100], np.int64),
-    )
+    start = end_ms - 1000
+    recs = [(start, end_ms, 0, {700: 200}), (start, end_ms, 1, {710: 100})]
+    return batch(recs, host, "job", nbytes=4096 * 10)
 
 
 async def _publish_seconds(port: int, hosts: list[str], seconds: int) -> int:

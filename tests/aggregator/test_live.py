@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-import numpy as np
 import pytest
 
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.live import LiveFeed, LiveStore, LiveView, status_of
 from fiomon.aggregator.metrics_server import since_ms
 from fiomon.aggregator.service import run_aggregator
-from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import RecordBatch
 from fiomon.wire import encode
+from tests.batches import batch
 from tests.browser import Browser
 from tests.conftest import Mosquitto, free_port, until
 from tests.offline.test_plot import _shots
@@ -99,18 +98,9 @@ def test_status_lists_every_rule_even_before_it_saw_data() -> None:
 def _record(host: str, end_ms: int) -> RecordBatch:
     """One second of reads and writes; the slow host's reads take ten times longer."""
     read_bin = 900 if host == SLOW else 700
-    return RecordBatch(
-        layout=BinLayout(),
-        streams=(StreamInfo(host, "job"),),
-        stream_idx=np.zeros(2, np.int32),
-        direction=np.array([0, 1], np.int8),
-        start_ms=np.full(2, end_ms - 1000, np.int64),
-        end_ms=np.full(2, end_ms, np.int64),
-        nbytes=np.full(2, 4096 * 300, np.int64),
-        indptr=np.array([0, 1, 2], np.int64),
-        bins=np.array([read_bin, 710], np.int32),
-        counts=np.array([200, 100], np.int64),
-    )
+    start = end_ms - 1000
+    recs = [(start, end_ms, 0, {read_bin: 200}), (start, end_ms, 1, {710: 100})]
+    return batch(recs, host, "job", nbytes=4096 * 300)
 
 
 async def _publish(port: int, stop: asyncio.Event) -> None:
