@@ -57,6 +57,7 @@ from fiomon.windows import ALL_DIRECTIONS, QuantumEngine
 
 CELL_NAMES = ("cell-a", "cell-b", "cell-c", "cell-d")
 ROOT_LATENESS_S = 30  # a fallback only: the cells' "closed through" marks close the root's quanta
+IN_TIME_S = ba.LATENESS_S + 1  # a close delay p99 above this: the intake fell behind
 WAIT_S = ba.LATENESS_S + 120  # after the load: a lagging intake may catch up this long
 
 
@@ -244,6 +245,11 @@ class CellResult:
             and x.lost == 0
             and x.quanta_closed >= x.quanta_expected
         )
+
+    @property
+    def in_time(self) -> bool:
+        """Every quantum closed within the lateness plus a second (the intake kept up)."""
+        return self.agg.delay_p99 <= IN_TIME_S
 
     @property
     def exact(self) -> bool:
@@ -613,7 +619,8 @@ def report(args: argparse.Namespace, results: list[RunResult]) -> None:
                 )
             )
             print(
-                f"      close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s; scrapes "
+                f"      close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s "
+                f"({'IN TIME' if c.in_time else f'BEHIND: over {IN_TIME_S} s'}); scrapes "
                 f"{x.scrapes} (failed {x.scrape_failures}), p50 {1e3 * x.scrape_p50:.0f} ms, "
                 f"p99 {1e3 * x.scrape_p99:.0f} ms; publisher lag <= {x.publisher_lag_ms:.0f} ms"
             )
@@ -672,7 +679,11 @@ def _usage_table(results: list[RunResult]) -> None:
             f"its /metrics child): {per_core:,.0f} records/s per core-second"
         )
     good = sum(r.ok for r in results)
-    print(f"  verdict: {good} of {len(results)} runs NO LOSS and EXACT everywhere")
+    timely = sum(r.ok and all(c.in_time for c in r.cells) for r in results)
+    print(
+        f"  verdict: {good} of {len(results)} runs NO LOSS and EXACT everywhere, {timely} of "
+        f"them also IN TIME (every cell's close delay p99 <= {IN_TIME_S} s)"
+    )
 
 
 def main() -> int:
