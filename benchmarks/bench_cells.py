@@ -222,10 +222,12 @@ def publish(argv: list[str]) -> None:
 
 @dataclass
 class Usage:
-    """One process's share over the load: CPU in per cent of one core, peak RSS in MB."""
+    """One process's share over the load: CPU in per cent of one core over the measured
+    span (the load's start to the last close everywhere), CPU seconds, peak RSS in MB."""
 
     cpu: float = float("nan")
     rss: float = float("nan")
+    cpu_s: float = float("nan")
 
 
 @dataclass
@@ -270,6 +272,7 @@ class RunResult:
     usage: dict[str, Usage] = field(default_factory=dict)  # root, root broker, root scraper
     load: tuple[float, float] = (float("nan"), float("nan"))
     seconds: int = 0
+    span_s: float = float("nan")  # measured: the load's start to the last close everywhere
 
     @property
     def summed_exact(self) -> bool:
@@ -482,14 +485,18 @@ def run(args: argparse.Namespace) -> RunResult:
             c1 = {k: cpu_seconds(p.pid) for k, p in watched.items()}
             k1 = {k: sum(map(cpu_seconds, v)) for k, v in metric_children.items()}
             usage = {
-                k: Usage(100 * (c1[k] - c0[k]) / (t1 - t0), peak_rss_mb(p.pid))
+                k: Usage(100 * (c1[k] - c0[k]) / (t1 - t0), peak_rss_mb(p.pid), c1[k] - c0[k])
                 for k, p in watched.items()
             }
             for k, v in metric_children.items():
                 rss = max((peak_rss_mb(pid) for pid in v), default=float("nan"))
-                usage[f"{k} /metrics child"] = Usage(100 * (k1[k] - k0[k]) / (t1 - t0), rss)
+                usage[f"{k} /metrics child"] = Usage(
+                    100 * (k1[k] - k0[k]) / (t1 - t0), rss, k1[k] - k0[k]
+                )
             for name, s in summaries.items():
-                usage[f"{name} publisher"] = Usage(100 * s["cpu_s"] / (t1 - t0), s["rss_mb"])
+                usage[f"{name} publisher"] = Usage(
+                    100 * s["cpu_s"] / (t1 - t0), s["rss_mb"], s["cpu_s"]
+                )
             ms = {name: ba.metrics(c["hport"]) for name, c in cells.items()}
             root_m = ba.metrics(rport) if root is not None else None
             scraped = {}
@@ -499,6 +506,7 @@ def run(args: argparse.Namespace) -> RunResult:
                 scraped[name] = json.loads(sout.splitlines()[-1])
             procs.stop()
             out.load = (load0, os.getloadavg()[0])
+            out.span_s = t1 - t0
             for name in cells:
                 cr = CellResult(name, hosts=summaries[name]["hosts"])
                 cr.usage = {k.split(" ", 1)[1]: u for k, u in usage.items() if k.startswith(name)}
@@ -662,22 +670,22 @@ def _usage_table(results: list[RunResult]) -> None:
         cpu_total += cpu
         print(f"  {k:<34} {cpu:>16.1f} {rss:>12.0f}")
     print(f"  {'all of the above':<34} {cpu_total:>16.1f}")
-    aggs = {
-        c.name: statistics.median(
-            r.cells[i].usage["aggregator"].cpu + r.cells[i].usage["aggregator /metrics child"].cpu
-            for r in results
-        )
-        for i, c in enumerate(results[0].cells)
-    }
+    # Records per CPU-second of a cell process (aggregator + its /metrics child): what a
+    # core sustains, whatever the share of the machine it got (a lagging cell catches up
+    # after the load, so its records are all in, and so is the CPU they took).
     for c in results[0].cells:
-        rate = statistics.median(
-            next(x for x in r.cells if x.name == c.name).agg.offered for r in results
-        )
-        per_core = rate / (aggs[c.name] / 100) if aggs[c.name] else float("nan")
+        per = [next(x for x in r.cells if x.name == c.name) for r in results]
+        rate = statistics.median(x.agg.offered for x in per)
+        cpu_s = [
+            x.usage["aggregator"].cpu_s + x.usage["aggregator /metrics child"].cpu_s for x in per
+        ]
+        per_core = statistics.median(x.agg.received / s for x, s in zip(per, cpu_s, strict=True))
         print(
-            f"  {c.name}: {rate:,.0f} records/s on {aggs[c.name]:.0f} % of a core (aggregator and "
-            f"its /metrics child): {per_core:,.0f} records/s per core-second"
+            f"  {c.name}: {rate:,.0f} records/s offered; {per_core:,.0f} records per CPU-second "
+            "of its aggregator (and /metrics child)"
         )
+    span = statistics.median(r.span_s for r in results)
+    print(f"  measured over {span:.0f} s (the load and the wait for the last close)")
     good = sum(r.ok for r in results)
     timely = sum(r.ok and all(c.in_time for c in r.cells) for r in results)
     print(
