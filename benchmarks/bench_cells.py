@@ -172,9 +172,31 @@ def children(pid: int) -> list[int]:
     """The direct children of a process (from /proc)."""
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(t) for t in text]
+        try:
+            out += [int(t) for t in (task / "children").read_text().split()]
+        except OSError:  # a thread that ended meanwhile
+            continue
     return out
+
+
+def start_fiomon(command: str, cfg: Path, log: Path, log_level: str) -> subprocess.Popen[bytes]:
+    """``fiomon <command> --config <cfg>``, its stderr appended to ``log``."""
+    with log.open("ab") as err:
+        argv = [sys.executable, "-m", "fiomon", command, "--config", str(cfg)]
+        return subprocess.Popen([*argv, "--log-level", log_level], stderr=err)
+
+
+@dataclass
+class Cell:
+    """One cell's running parts: its folder, broker (and port), aggregator (and its
+    ``/metrics`` port)."""
+
+    name: str
+    folder: Path
+    broker: subprocess.Popen[bytes]
+    mqtt_port: int
+    http_port: int
+    agg: subprocess.Popen[bytes]
 
 
 def publish(argv: list[str]) -> None:
@@ -368,22 +390,12 @@ def run(args: argparse.Namespace) -> RunResult:
                     f"root: {{cells: [{names}], cell_timeout: 60s}}\n"
                 )
                 root = procs.add(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "fiomon",
-                            "root",
-                            "--config",
-                            str(folder / "root.yaml"),
-                            "--log-level",
-                            args.log_level,
-                        ],
-                        stderr=(folder / "root" / "root.log").open("ab"),
+                    start_fiomon(
+                        "root", folder / "root.yaml", folder / "root" / "root.log", args.log_level
                     )
                 )
                 partials = f"partials: {{broker: {{port: {rbport}}}, topic_prefix: {ba.PREFIX}}}\n"
-            cells: dict[str, dict[str, Any]] = {}
+            cells: dict[str, Cell] = {}
             for name in assigned:
                 d = folder / name
                 d.mkdir()
@@ -398,29 +410,18 @@ def run(args: argparse.Namespace) -> RunResult:
                     f"state_dir: {d / 'state'}\nconfidence_level: {level}\n{partials}"
                 )
                 agg = procs.add(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "fiomon",
-                            "aggregator",
-                            "--config",
-                            str(d / "aggregator.yaml"),
-                            "--log-level",
-                            args.log_level,
-                        ],
-                        stderr=(d / "aggregator.log").open("ab"),
+                    start_fiomon(
+                        "aggregator", d / "aggregator.yaml", d / "aggregator.log", args.log_level
                     )
                 )
-                cells[name] = {"dir": d, "broker": broker, "mport": mport, "hport": hport}
-                cells[name]["agg"] = agg
+                cells[name] = Cell(name, d, broker, mport, hport, agg)
             for name, c in cells.items():
-                _serving(c["hport"], c["agg"], f"the aggregator of {name}")
+                _serving(c.http_port, c.agg, f"the aggregator of {name}")
             if root is not None:
                 _serving(rport, root, "the root")
             start_ms = (int(time.time()) + 3) * 1000
             lasting = str(args.seconds + WAIT_S + 60)
-            scrape_ports = [(name, c["hport"]) for name, c in cells.items()]
+            scrape_ports = [(name, c.http_port) for name, c in cells.items()]
             if root is not None:
                 scrape_ports.append(("root", rport))
             scrapers = {
@@ -432,14 +433,15 @@ def run(args: argparse.Namespace) -> RunResult:
                 )
                 for name, p in scrape_ports
             }
+            pubs = {}
             for name, c in cells.items():
-                c["pub"] = procs.add(
+                pubs[name] = procs.add(
                     subprocess.Popen(
                         [
                             sys.executable,
                             str(here),
                             "_publish",
-                            str(c["mport"]),
+                            str(c.mqtt_port),
                             str(args.hosts),
                             str(args.jobs),
                             str(args.seconds),
@@ -454,8 +456,8 @@ def run(args: argparse.Namespace) -> RunResult:
             # Everything measured over the load: from its first second to the last close.
             watched: dict[str, subprocess.Popen[bytes]] = {}
             for name, c in cells.items():
-                watched[f"{name} aggregator"] = c["agg"]
-                watched[f"{name} broker"] = c["broker"]
+                watched[f"{name} aggregator"] = c.agg
+                watched[f"{name} broker"] = c.broker
                 watched[f"{name} scraper"] = scrapers[name]
             if root is not None and root_broker is not None:
                 watched["root"] = root
@@ -471,12 +473,12 @@ def run(args: argparse.Namespace) -> RunResult:
             c0 = {k: cpu_seconds(p.pid) for k, p in watched.items()}
             k0 = {k: sum(map(cpu_seconds, v)) for k, v in metric_children.items()}
             summaries = {}
-            for name, c in cells.items():
-                sout, _ = c["pub"].communicate(timeout=args.seconds + 300)
+            for name, pub in pubs.items():
+                sout, _ = pub.communicate(timeout=args.seconds + 300)
                 summaries[name] = json.loads(sout)
             last_end = start_ms + 1000 * args.seconds
             deadline = time.monotonic() + WAIT_S
-            ports = [c["hport"] for c in cells.values()] + ([rport] if root is not None else [])
+            ports = [c.http_port for c in cells.values()] + ([rport] if root is not None else [])
             while time.monotonic() < deadline:
                 if all(_quantum_end_ms(p) >= last_end for p in ports):
                     break
@@ -497,7 +499,7 @@ def run(args: argparse.Namespace) -> RunResult:
                 usage[f"{name} publisher"] = Usage(
                     100 * s["cpu_s"] / (t1 - t0), s["rss_mb"], s["cpu_s"]
                 )
-            ms = {name: ba.metrics(c["hport"]) for name, c in cells.items()}
+            ms = {name: ba.metrics(c.http_port) for name, c in cells.items()}
             root_m = ba.metrics(rport) if root is not None else None
             scraped = {}
             for name, p in scrapers.items():
@@ -524,7 +526,7 @@ def run(args: argparse.Namespace) -> RunResult:
                         level=args.confidence_level,
                     )
                     ba.compare(
-                        cells[cr.name]["dir"] / "quanta.jsonl",
+                        cells[cr.name].folder / "quanta.jsonl",
                         truth,
                         start_ms,
                         args.seconds,
@@ -541,7 +543,7 @@ def run(args: argparse.Namespace) -> RunResult:
                 whole = cluster_rows(every, args.seconds)
                 out.summed_expected = len(whole)
                 out.summed_worst, out.summed_compared, out.summed_missing = sum_cells(
-                    [c["dir"] / "quanta.jsonl" for c in cells.values()], whole
+                    [c.folder / "quanta.jsonl" for c in cells.values()], whole
                 )
                 if root_m is not None:
                     out.root = ba.Result()
