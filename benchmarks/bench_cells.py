@@ -23,7 +23,12 @@ quanta file compared with the all-records ground truth row by row (cluster and h
 Per process, over the load (from its start to the moment the last quantum closed
 everywhere): CPU in per cent of one core and peak RSS, for every aggregator (and its
 ``/metrics`` child), broker, publisher, scraper and the root, so it shows what the cores
-were spent on; the machine's load average at the start and the end of each run.
+were spent on; the machine's load average at the start and the end of each run. "IN
+TIME": every cell's close delay p99 within the lateness plus a second (the intake kept
+up). Per cell, records per CPU-second of its aggregator and ``/metrics`` child (all the
+records over all the CPU they took, catching up included: what a core of that process
+sustains, whatever share of the machine it got). The exit status is 0 only if every run
+was NO LOSS and EXACT everywhere.
 
 Usage::
 
