@@ -127,23 +127,31 @@ class RootMerger:
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
         self._keys = [pct_key(q) for q in self.percentiles]
+        self._late_by_cell: Counter[str] = Counter()
+        self._late_logged: dict[str, int] = {}  # cell -> root clock of its last late warning
 
     # -- intake -----------------------------------------------------------------------------
 
     def receive(
-        self, payload: bytes, now_ms: int, *, max_bytes: int = MAX_PARTIALS_BYTES
+        self,
+        payload: bytes,
+        now_ms: int,
+        *,
+        max_bytes: int = MAX_PARTIALS_BYTES,
+        replay: bool = False,
     ) -> int | None:
         """One partials message; a refused one is counted and logged, nothing else.
 
         Returns the latest quantum end among its rows (None: refused or no rows), which
-        tells a journal when the message is no longer needed.
+        tells a journal when the message is no longer needed. ``replay``: from the
+        journal at a start (its rows of closed quanta are expected, not worth a warning).
         """
         try:
             msg = decode(payload, max_bytes=max_bytes)
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
             return None
-        self.take(msg, now_ms)
+        self.take(msg, now_ms, replay=replay)
         return max((r.part.end_ms for r in msg.rows), default=None)
 
     def _invalid(self, reason: str, text: str) -> None:
@@ -152,7 +160,7 @@ class RootMerger:
         if n <= 5 or n % 1000 == 0:
             log.warning("partials refused (%s, %d so far): %s", reason, n, text)
 
-    def take(self, msg: PartialsMessage, now_ms: int) -> None:
+    def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
         """Merge a decoded message's rows and note the cell's progress."""
         if self.layout is None:
             self.layout = msg.layout
@@ -184,6 +192,7 @@ class RootMerger:
         if cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
             cell.through_ms = msg.closed_through_ms
         rows = self.counts.rows
+        late_before = rows["late"]
         for r in msg.rows:
             p = r.part
             if p.scope == "host" and not self.per_host:
@@ -211,6 +220,25 @@ class RootMerger:
             g.streams += p.streams
             g.late += r.late_records
             rows["merged"] += 1
+        if rows["late"] > late_before and not replay:
+            self._log_late(msg.cell, rows["late"] - late_before, now_ms)
+
+    def _log_late(self, cell: str, n: int, now_ms: int) -> None:
+        """Say (at most every 10 s per cell) that a cell's rows came after their close."""
+        self._late_by_cell[cell] += n
+        if now_ms - self._late_logged.get(cell, -_FAR) < 10_000:
+            return
+        self._late_logged[cell] = now_ms
+        log.warning(
+            "cell %s: %d partial rows (%d so far) came after the root closed their quanta "
+            "(closed through %s) and are left out; the root's lateness (%d ms) must exceed "
+            "the cells' lateness plus the clock skew between cell and root",
+            cell,
+            n,
+            self._late_by_cell[cell],
+            self.closed_ms,
+            self.lateness_ms,
+        )
 
     # -- cells ------------------------------------------------------------------------------
 

@@ -300,6 +300,8 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    # The root closes on its clock only after the cells (their default lateness) did.
+    assert rcfg.lateness_ms > AggregatorConfig().lateness_ms
     assert rcfg.state_dir is not None and rcfg.quanta_file is not None
     assert cfg.partials.host_rows
     off = aggregator_config_from(
@@ -469,3 +471,26 @@ def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> Non
     for m in msgs:
         root.take(m, T0)
     assert_same(root.close(T0), want)
+
+
+def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A root whose lateness is not above the cells' closes by its clock first (seen live)."""
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0 + Q)
+    assert root.close(T0 + 2 * Q + 5000) != []  # by the root's clock, through T0 + 2 s
+    with caplog.at_level("WARNING", logger="fiomon.root"):
+        root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), T0 + 2 * Q + 5010)
+    assert root.counts.rows["late"] == 1
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "cell c1" in warning and "lateness" in warning, warning
