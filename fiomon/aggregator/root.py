@@ -231,8 +231,9 @@ class RootMerger:
         self._late_logged[cell] = now_ms
         log.warning(
             "cell %s: %d partial rows (%d so far) came after the root closed their quanta "
-            "(closed through %s) and are left out; the root's lateness (%d ms) must exceed "
-            "the cells' lateness plus the clock skew between cell and root",
+            "(closed through %s) and are left out: the cell was down or cut off longer than "
+            "the root's lateness (%d ms), or that lateness is not above the cells' plus the "
+            "clock skew between cell and root",
             cell,
             n,
             self._late_by_cell[cell],
