@@ -189,7 +189,15 @@ class RootMerger:
         cell.last_seen_ms = now_ms
         cell.seq = msg.seq
         self.counts.messages[msg.cell] += 1
-        if cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
+        if msg.closed_through_ms > now_ms + MAX_FUTURE_MS:
+            # The mark only grows: believed, it would stop the root waiting for this cell
+            # for good (a clock that jumped ahead, a forged message). Its rows still count.
+            self._invalid(
+                "future-mark",
+                f"cell {msg.cell}: closed through {msg.closed_through_ms}, more than "
+                f"{MAX_FUTURE_MS} ms ahead of the root's clock ({now_ms}); mark ignored",
+            )
+        elif cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
             cell.through_ms = msg.closed_through_ms
         rows = self.counts.rows
         late_before = rows["late"]

@@ -130,7 +130,8 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
         late: dict[tuple[int, str, str | None, str], int] = {
             (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
         }
-        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 10**6, tuple(rows_of(cell.partials, late)))
+        # Closed through past every record (within MAX_FUTURE_MS of the root's clock).
+        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 60_000, tuple(rows_of(cell.partials, late)))
         payload = encode(msg)
         root.receive(payload, T0)
         root.receive(payload, T0)  # a resend changes nothing
@@ -494,3 +495,25 @@ def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
     assert root.counts.rows["late"] == 1
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "cell c1" in warning and "lateness" in warning, warning
+
+
+def test_a_closed_mark_far_ahead_of_the_roots_clock_is_not_believed() -> None:
+    """One message saying "closed through an hour from now" (a cell's clock that jumped,
+    or a forged message) made the root stop waiting for that cell for good: the mark only
+    ever grows. Seen on loopback: 114 rows of the cell late after its next kill -9."""
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1", "c2"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0 + 3_600_000), T0)
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
+    assert root.close(T0) == [], "c1 has not closed T0 + 1 s: it is waited for"
+    assert root.counts.invalid["future-mark"] == 1
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + Q), T0 + Q)
+    assert [r.end_ms for r in root.close(T0 + Q)] == [T0 + Q]
