@@ -40,6 +40,8 @@ log = logging.getLogger("fiomon.root")
 
 _FAR = 2**62
 MAX_FUTURE_MS = 10 * 60_000  # rows of quanta ending further ahead of the root's clock: refused
+REWINDS = 3  # message-number rewinds within REWIND_WINDOW_MS that suggest two cells
+REWIND_WINDOW_MS = 60_000
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
 
@@ -65,12 +67,16 @@ class CellState:
         through_ms: it closed every quantum ending at or before this (None: not yet said).
         seq: its last message number.
         up: live at the last check (for the log lines on changes).
+        rewinds: root clock of its recent message-number rewinds (two cells, one name?).
+        rewind_logged_ms: root clock of the last warning about them.
     """
 
     last_seen_ms: int
     through_ms: int | None = None
     seq: int = -1
     up: bool = True
+    rewinds: list[int] = field(default_factory=list)  # root clock of recent seq rewinds
+    rewind_logged_ms: int = -_FAR
 
 
 @dataclass(slots=True)
@@ -187,6 +193,8 @@ class RootMerger:
             how = "" if not self.expected else " (not in root.cells)"
             log.info("cell %s: first message%s", msg.cell, how)
         cell.last_seen_ms = now_ms
+        if msg.seq < cell.seq and not replay:
+            self._rewound(msg.cell, cell, msg.seq, now_ms)
         cell.seq = msg.seq
         self.counts.messages[msg.cell] += 1
         if msg.closed_through_ms > now_ms + MAX_FUTURE_MS:
@@ -230,6 +238,29 @@ class RootMerger:
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
             self._log_late(msg.cell, rows["late"] - late_before, now_ms)
+
+    def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
+        """A cell's message number went back: once per restart (a resend), or two cells.
+
+        One cell's messages come in order (one MQTT publisher, QoS 1) and go back only when
+        it restarts and resends from its last acknowledged message. Two cells sending under
+        one name interleave their numbers, which go back at nearly every message: their
+        rows are then taken for resends of each other's and dropped as duplicates.
+        """
+        cell.rewinds = [t for t in cell.rewinds if now_ms - t < REWIND_WINDOW_MS] + [now_ms]
+        if len(cell.rewinds) < REWINDS or now_ms - cell.rewind_logged_ms < REWIND_WINDOW_MS:
+            return
+        cell.rewind_logged_ms = now_ms
+        log.warning(
+            "cell %s: its message numbers went back %d times within %d s (now %d after %d): "
+            "two cells may be sending under this name (check each cell's `cell:`); the "
+            "root takes one's rows for resends of the other's and leaves them out",
+            name,
+            len(cell.rewinds),
+            REWIND_WINDOW_MS // 1000,
+            seq,
+            cell.seq,
+        )
 
     def _log_late(self, cell: str, n: int, now_ms: int) -> None:
         """Say (at most every 10 s per cell) that a cell's rows came after their close."""
