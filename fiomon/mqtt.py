@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from fiomon.config import BrokerConfig
 from fiomon.errors import ConfigError
@@ -77,6 +79,7 @@ def make_client(
     persistent_session_s: int | None = None,
     receive_maximum: int | None = None,
     queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None,
+    mqtt5: bool = False,
 ) -> aiomqtt.Client:
     """A client for ``broker`` (call inside the running event loop).
 
@@ -94,8 +97,12 @@ def make_client(
             whole backlog at once).
         queue_type: the class of aiomqtt's incoming queue (the aggregator passes one it
             can drain in batches).
+        mqtt5: speak MQTT 5 with a clean start (implied by ``persistent_session_s``): only
+            MQTT 5 acknowledgements carry a reason code (:class:`CheckedPublisher`).
     """
     extra: dict[str, Any] = {}
+    if mqtt5:
+        extra = {"protocol": aiomqtt.ProtocolVersion.V5}
     if persistent_session_s is not None:
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = persistent_session_s
@@ -153,3 +160,69 @@ class Backoff:
         bound = min(self.cap_s, self.base_s * 2**self.attempt)
         self.attempt = min(self.attempt + 1, 30)
         return self._rng.uniform(bound / 2, bound)
+
+
+class PublishRefusedError(aiomqtt.MqttError):
+    """The broker acknowledged a QoS 1 publish with a failure reason code (not delivered).
+
+    Args:
+        topic: the topic of the refused message.
+        reason: the PUBACK's reason code, e.g. "Not authorized" (an ACL denial).
+    """
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"the broker refused a publish on {topic}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+class CheckedPublisher:
+    """QoS 1 publishes that fail when the broker's PUBACK says they were not delivered.
+
+    Mosquitto acknowledges a publish its ACL denies like any other; only an MQTT 5 PUBACK
+    says so, with a reason code (0x87 "Not authorized"), and aiomqtt 2.5 ignores it. This
+    wraps the client's paho callbacks to keep each acknowledged message id's reason code.
+    Create it once per client (made with ``mqtt5=True``); one task publishes at a time.
+
+    Args:
+        client: the aiomqtt client (not yet connected or connected).
+    """
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.client = client
+        self._codes: dict[int, ReasonCode] = {}
+        self._mid: int | None = None
+        paho = client._client
+        inner_on_publish: Callable[..., None] | None = paho.on_publish  # aiomqtt's
+        inner_publish: Callable[..., Any] = paho.publish
+
+        def on_publish(c: object, u: object, mid: int, rc: ReasonCode, props: object) -> None:
+            self._codes[mid] = rc  # before aiomqtt wakes the publisher
+            if inner_on_publish is not None:
+                inner_on_publish(c, u, mid, rc, props)
+
+        def publish(*args: Any, **kwargs: Any) -> Any:
+            info = inner_publish(*args, **kwargs)
+            self._mid = info.mid
+            return info
+
+        paho.on_publish = on_publish
+        setattr(paho, "publish", publish)  # noqa: B010 -- an instance override of a method
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        """Publish with QoS 1; returns once the broker acknowledged delivery.
+
+        Raises:
+            PublishRefusedError: the broker's PUBACK carried a failure reason code.
+            aiomqtt.MqttError: the connection failed.
+        """
+        self._mid = None
+        await self.client.publish(topic, payload, qos=1)
+        rc = self._code()
+        if rc is not None and rc.is_failure:
+            raise PublishRefusedError(topic, str(rc))
+
+    def _code(self) -> ReasonCode | None:
+        """The reason code of the last publish's PUBACK (None: not seen)."""
+        mid, self._mid = self._mid, None
+        return None if mid is None else self._codes.pop(mid, None)

@@ -31,7 +31,7 @@ import aiomqtt
 import pytest
 
 from fiomon.config import BrokerConfig, TlsConfig
-from fiomon.mqtt import make_client
+from fiomon.mqtt import CheckedPublisher, make_client
 from tests.conftest import DEADLINE_S, free_port, until
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -228,3 +228,33 @@ async def test_the_stock_persistence_stays_in_force(stock_broker: Broker) -> Non
     stock_broker.proc.send_signal(signal.SIGUSR1)
     await until(stock_broker.db.exists, what=f"{stock_broker.db} saved")
     assert "Error" not in stock_broker.log.read_text()
+
+
+async def test_the_roots_broker_from_step_1_lets_cells_send_partials(
+    stock_broker: Broker,
+) -> None:
+    """Section 7: the root's broker is step 1's; the cells log in as ``aggregator`` there.
+
+    The shipped ACL must let them publish ``fiomon/v1/_partials/<cell>`` and the root (also
+    ``aggregator``) read it. A denial would be PUBACKed all the same; with MQTT 5 the
+    reason code says so (:class:`~fiomon.mqtt.CheckedPublisher` raises).
+    """
+    b = stock_broker
+    login = BrokerConfig(
+        host="localhost",
+        port=b.port,
+        tls=TlsConfig(ca_file=b.etc_fiomon / "ca.crt"),
+        username="aggregator",
+        password_file=b.etc_fiomon / "mqtt.pass",
+    )
+    got: list[tuple[str, bytes]] = []
+    async with make_client(login, identifier="fiomon-root") as root:
+        await root.subscribe("fiomon/v1/_partials/+", qos=1)
+        cell = make_client(login, identifier="fiomon-cell-cell-a", mqtt5=True)
+        async with cell:
+            await CheckedPublisher(cell).publish("fiomon/v1/_partials/cell-a", b"partials")
+        async with asyncio.timeout(DEADLINE_S):
+            async for m in root.messages:
+                got.append((m.topic.value, bytes(m.payload)))
+                break
+    assert got == [("fiomon/v1/_partials/cell-a", b"partials")]

@@ -149,7 +149,7 @@ def _grafana_to_promql(
 
 def test_cells_rules_check_and_unit_tests_pass(promtool: str) -> None:
     out = _run(promtool, "check", "rules", "fiomon-cells.rules.yml", cwd=DEPLOY / "prometheus")
-    assert "SUCCESS: 9 rules found" in out
+    assert "SUCCESS: 10 rules found" in out
     # a down cell, a disconnected cell, all cells gone -> FiomonCellsMissing; healthy
     # cells -> no alert and the p99 of the summed buckets; a mislabelled target.
     out = _run(promtool, "test", "rules", "fiomon-cells.rules_test.yml", cwd=DEPLOY / "prometheus")
@@ -173,7 +173,11 @@ def test_cells_config_checks_and_labels_every_target(promtool: str, tmp_path: Pa
 def test_cells_alerts_have_a_severity_and_a_runbook() -> None:
     rules = yaml.safe_load((DEPLOY / "prometheus" / "fiomon-cells.rules.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
-    assert [r["alert"] for r in alerts] == ["FiomonCellsMissing", "FiomonCellMislabelled"]
+    assert [r["alert"] for r in alerts] == [
+        "FiomonCellsMissing",
+        "FiomonCellMislabelled",
+        "FiomonCellBucketsDiffer",
+    ]
     runbook = (DEPLOY.parent / "docs" / "metrics.md").read_text().lower()
     for r in alerts:
         assert r["labels"]["severity"] in ("page", "ticket"), r["alert"]

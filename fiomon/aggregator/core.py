@@ -855,10 +855,15 @@ class AggregatorCore:
         counters[
             (
                 "fiomon_partials_messages",
-                "Partials messages to the root: sent (acknowledged) or dropped unsent.",
+                "Partials messages to the root: sent (acknowledged), dropped unsent, or "
+                "refused by the root's broker (kept and retried).",
                 ("result",),
             )
-        ] = {("sent",): float(ob.sent), ("dropped",): float(ob.dropped)}
+        ] = {
+            ("sent",): float(ob.sent),
+            ("dropped",): float(ob.dropped),
+            ("refused",): float(ob.refused),
+        }
         return dataclasses.replace(snap, gauges=gauges, counters=counters)
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:

@@ -31,7 +31,7 @@ import aiomqtt
 from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
-from fiomon.mqtt import Backoff, make_client
+from fiomon.mqtt import Backoff, CheckedPublisher, PublishRefusedError, make_client
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -66,6 +66,7 @@ class Outbox:
         self.wake = asyncio.Event()
         self.dropped = 0  # messages dropped unsent (backlog bound)
         self.sent = 0
+        self.refused = 0  # publishes the root's broker acknowledged as not delivered (ACL)
         self._acked_at = 0
         self._next_seq = 0
         self._ack_written = 0.0
@@ -225,10 +226,13 @@ async def publish_partials(
     the outbox for the next start).
     """
     topic = partials_topic(cfg.topic_prefix, cfg.cell)
-    client = make_client(cfg.broker, identifier=cfg.client_id)
+    # MQTT 5: a broker's ACL denial comes back as a PUBACK reason code, not a silent ack.
+    client = make_client(cfg.broker, identifier=cfg.client_id, mqtt5=True)
+    publisher = CheckedPublisher(client)
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     loop = asyncio.get_running_loop()
     deadline: float | None = None
+    refusing = False
 
     def finished() -> bool:
         nonlocal deadline
@@ -244,7 +248,8 @@ async def publish_partials(
         try:
             async with client:
                 log.info("partials: connected to %s:%d", cfg.broker.host, cfg.broker.port)
-                backoff.reset()
+                if not refusing:  # a refusing broker is retried at the backoff's cap
+                    backoff.reset()
                 while not finished():
                     nxt = outbox.peek()
                     if nxt is None:
@@ -253,8 +258,23 @@ async def publish_partials(
                             await asyncio.wait_for(outbox.wake.wait(), 0.2)
                         continue
                     after, payload = nxt
-                    await client.publish(topic, payload, qos=1)  # returns on PUBACK
+                    await publisher.publish(topic, payload)  # returns on a successful PUBACK
                     outbox.ack(after)
+                    refusing = False
+        except PublishRefusedError as exc:
+            # Kept in the outbox and retried: an ACL fixed on the root's broker lets it go.
+            outbox.refused += 1
+            refusing = True
+            say = log.error if outbox.refused % 60 == 1 else log.debug
+            say(
+                "partials: %s:%d refused the partials (%s): the root's broker must let user "
+                "%s publish on %s (deploy/README.md, section 7); kept in the outbox, retrying",
+                cfg.broker.host,
+                cfg.broker.port,
+                exc.reason,
+                cfg.broker.username or "(anonymous)",
+                topic,
+            )
         except aiomqtt.MqttError as exc:
             log.warning("partials: broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
         if not finished():

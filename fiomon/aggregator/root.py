@@ -40,6 +40,8 @@ log = logging.getLogger("fiomon.root")
 
 _FAR = 2**62
 MAX_FUTURE_MS = 10 * 60_000  # rows of quanta ending further ahead of the root's clock: refused
+REWINDS = 3  # message-number rewinds within REWIND_WINDOW_MS that suggest two cells
+REWIND_WINDOW_MS = 60_000
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
 
@@ -65,12 +67,16 @@ class CellState:
         through_ms: it closed every quantum ending at or before this (None: not yet said).
         seq: its last message number.
         up: live at the last check (for the log lines on changes).
+        rewinds: root clock of its recent message-number rewinds (two cells, one name?).
+        rewind_logged_ms: root clock of the last warning about them.
     """
 
     last_seen_ms: int
     through_ms: int | None = None
     seq: int = -1
     up: bool = True
+    rewinds: list[int] = field(default_factory=list)  # root clock of recent seq rewinds
+    rewind_logged_ms: int = -_FAR
 
 
 @dataclass(slots=True)
@@ -127,23 +133,31 @@ class RootMerger:
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
         self._keys = [pct_key(q) for q in self.percentiles]
+        self._late_by_cell: Counter[str] = Counter()
+        self._late_logged: dict[str, int] = {}  # cell -> root clock of its last late warning
 
     # -- intake -----------------------------------------------------------------------------
 
     def receive(
-        self, payload: bytes, now_ms: int, *, max_bytes: int = MAX_PARTIALS_BYTES
+        self,
+        payload: bytes,
+        now_ms: int,
+        *,
+        max_bytes: int = MAX_PARTIALS_BYTES,
+        replay: bool = False,
     ) -> int | None:
         """One partials message; a refused one is counted and logged, nothing else.
 
         Returns the latest quantum end among its rows (None: refused or no rows), which
-        tells a journal when the message is no longer needed.
+        tells a journal when the message is no longer needed. ``replay``: from the
+        journal at a start (its rows of closed quanta are expected, not worth a warning).
         """
         try:
             msg = decode(payload, max_bytes=max_bytes)
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
             return None
-        self.take(msg, now_ms)
+        self.take(msg, now_ms, replay=replay)
         return max((r.part.end_ms for r in msg.rows), default=None)
 
     def _invalid(self, reason: str, text: str) -> None:
@@ -152,7 +166,7 @@ class RootMerger:
         if n <= 5 or n % 1000 == 0:
             log.warning("partials refused (%s, %d so far): %s", reason, n, text)
 
-    def take(self, msg: PartialsMessage, now_ms: int) -> None:
+    def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
         """Merge a decoded message's rows and note the cell's progress."""
         if self.layout is None:
             self.layout = msg.layout
@@ -179,11 +193,22 @@ class RootMerger:
             how = "" if not self.expected else " (not in root.cells)"
             log.info("cell %s: first message%s", msg.cell, how)
         cell.last_seen_ms = now_ms
+        if msg.seq < cell.seq and not replay:
+            self._rewound(msg.cell, cell, msg.seq, now_ms)
         cell.seq = msg.seq
         self.counts.messages[msg.cell] += 1
-        if cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
+        if msg.closed_through_ms > now_ms + MAX_FUTURE_MS:
+            # The mark only grows: believed, it would stop the root waiting for this cell
+            # for good (a clock that jumped ahead, a forged message). Its rows still count.
+            self._invalid(
+                "future-mark",
+                f"cell {msg.cell}: closed through {msg.closed_through_ms}, more than "
+                f"{MAX_FUTURE_MS} ms ahead of the root's clock ({now_ms}); mark ignored",
+            )
+        elif cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
             cell.through_ms = msg.closed_through_ms
         rows = self.counts.rows
+        late_before = rows["late"]
         for r in msg.rows:
             p = r.part
             if p.scope == "host" and not self.per_host:
@@ -211,6 +236,49 @@ class RootMerger:
             g.streams += p.streams
             g.late += r.late_records
             rows["merged"] += 1
+        if rows["late"] > late_before and not replay:
+            self._log_late(msg.cell, rows["late"] - late_before, now_ms)
+
+    def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
+        """A cell's message number went back: once per restart (a resend), or two cells.
+
+        One cell's messages come in order (one MQTT publisher, QoS 1) and go back only when
+        it restarts and resends from its last acknowledged message. Two cells sending under
+        one name interleave their numbers, which go back at nearly every message: their
+        rows are then taken for resends of each other's and dropped as duplicates.
+        """
+        cell.rewinds = [t for t in cell.rewinds if now_ms - t < REWIND_WINDOW_MS] + [now_ms]
+        if len(cell.rewinds) < REWINDS or now_ms - cell.rewind_logged_ms < REWIND_WINDOW_MS:
+            return
+        cell.rewind_logged_ms = now_ms
+        log.warning(
+            "cell %s: its message numbers went back %d times within %d s (now %d after %d): "
+            "two cells may be sending under this name (check each cell's `cell:`); the "
+            "root takes one's rows for resends of the other's and leaves them out",
+            name,
+            len(cell.rewinds),
+            REWIND_WINDOW_MS // 1000,
+            seq,
+            cell.seq,
+        )
+
+    def _log_late(self, cell: str, n: int, now_ms: int) -> None:
+        """Say (at most every 10 s per cell) that a cell's rows came after their close."""
+        self._late_by_cell[cell] += n
+        if now_ms - self._late_logged.get(cell, -_FAR) < 10_000:
+            return
+        self._late_logged[cell] = now_ms
+        log.warning(
+            "cell %s: %d partial rows (%d so far) came after the root closed their quanta "
+            "(closed through %s) and are left out: the cell was down or cut off longer than "
+            "the root's lateness (%d ms), or that lateness is not above the cells' plus the "
+            "clock skew between cell and root",
+            cell,
+            n,
+            self._late_by_cell[cell],
+            self.closed_ms,
+            self.lateness_ms,
+        )
 
     # -- cells ------------------------------------------------------------------------------
 

@@ -169,7 +169,7 @@ class RootService:
         assert self.journal is not None  # noqa: S101 -- only called with a journal
         n = 0
         for segment, _, payload in self.journal.replay():
-            end = self.merger.receive(payload, self.now_ms())
+            end = self.merger.receive(payload, self.now_ms(), replay=True)
             self.journal.note(segment, end if end is not None else -(2**62))
             n += 1
         if n:

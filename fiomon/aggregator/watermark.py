@@ -19,7 +19,9 @@ Early closing starts ``warmup_ms`` after the first record, on the clock and in t
 records' own time: until then the set of streams is not known (agents start, and
 reconnect after an aggregator restart, at different times; a lagging intake meets them
 later), and closing on the first few would make every other host's records late.
-Agents publish every second, so a couple of seconds suffice.
+Agents publish every second, so a couple of seconds suffice. The same holds when records
+arrive again after an idle input (none for ``2 x lateness``: the next run of a benchmark),
+so the warm-up starts over then.
 
 The wall clock only speaks for input we could have received: while the aggregator is
 disconnected from the broker, and for ``lateness`` after it (re)connects, the clock bound
@@ -239,6 +241,12 @@ class Watermark:
             self._first_ms = now_ms
         if not len(parts):
             return
+        if self._newest_at > -_FAR and now_ms - self._newest_at >= 2 * self.lateness_ms:
+            # The first records after an idle input (2 x lateness, as the core's idle): a
+            # new run, whose hosts start at different times just as the first run's did,
+            # so early closing waits for the warm-up again.
+            self._first_ms = now_ms
+            self._first_end = None
         top = int(ends.max())
         if self._newest_end is None or top > self._newest_end:
             self._newest_end = top

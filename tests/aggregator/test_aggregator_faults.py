@@ -718,3 +718,26 @@ def test_forgotten_streams_leave_the_known_ones_intact() -> None:
     known = w.known()
     assert known is not None
     assert known.streams == (("b", "new", T0 + 30_600), ("c", "x", T0 + 30_500))
+
+
+def test_a_run_after_an_idle_input_warms_up_again_before_closing_early() -> None:
+    # time (s)  1..20: run 1, h1 and h2 every second | 20..36: nothing (idle: 2 x lateness)
+    #           36.3: run 2, h1's first record (35, 36] | 38.3: h2's first records
+    #           (35, 38]: its agent published late (seen live on loopback, the second run
+    #           of two cells: two records of client-04 late at its cell)
+    # Like the first run's, the second run's hosts start at different times: early
+    # closing on h1 alone made h2's (35, 36] late.
+    from fiomon.aggregator.watermark import Watermark  # noqa: PLC0415
+
+    w = Watermark(lateness_ms=5000)
+    for s in range(1, 21):
+        for h in ("h1", "h2"):
+            w.observe(h, "run1", T0 + 1000 * s, T0 + 1000 * s + 300)
+        w.close_through(T0 + 1000 * s + 300)
+    assert w.close_through(T0 + 20_300) == T0 + 20_000, "run 1 closed early (warm)"
+    for t in range(36_300, 38_300, 100):
+        if t % 1000 == 300:
+            w.observe("h1", "run2", T0 + t - 300, T0 + t)
+        assert w.close_through(T0 + t) <= T0 + 35_000, f"closed past h2's first record at {t}"
+    w.observe("h2", "run2", T0 + 38_000, T0 + 38_300)
+    assert w.close_through(T0 + 44_000) >= T0 + 38_000, "warm again: early closing resumes"

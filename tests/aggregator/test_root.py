@@ -130,7 +130,8 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
         late: dict[tuple[int, str, str | None, str], int] = {
             (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
         }
-        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 10**6, tuple(rows_of(cell.partials, late)))
+        # Closed through past every record (within MAX_FUTURE_MS of the root's clock).
+        msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 60_000, tuple(rows_of(cell.partials, late)))
         payload = encode(msg)
         root.receive(payload, T0)
         root.receive(payload, T0)  # a resend changes nothing
@@ -300,6 +301,8 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    # The root closes on its clock only after the cells (their default lateness) did.
+    assert rcfg.lateness_ms > AggregatorConfig().lateness_ms
     assert rcfg.state_dir is not None and rcfg.quanta_file is not None
     assert cfg.partials.host_rows
     off = aggregator_config_from(
@@ -469,3 +472,79 @@ def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> Non
     for m in msgs:
         root.take(m, T0)
     assert_same(root.close(T0), want)
+
+
+def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A root whose lateness is not above the cells' closes by its clock first (seen live)."""
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0 + Q)
+    assert root.close(T0 + 2 * Q + 5000) != []  # by the root's clock, through T0 + 2 s
+    with caplog.at_level("WARNING", logger="fiomon.root"):
+        root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), T0 + 2 * Q + 5010)
+    assert root.counts.rows["late"] == 1
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "cell c1" in warning and "lateness" in warning, warning
+
+
+def test_a_closed_mark_far_ahead_of_the_roots_clock_is_not_believed() -> None:
+    """One message saying "closed through an hour from now" (a cell's clock that jumped,
+    or a forged message) made the root stop waiting for that cell for good: the mark only
+    ever grows. Seen on loopback: 114 rows of the cell late after its next kill -9."""
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=60_000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1", "c2"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    root.receive(_one_row_message("c1", T0 + Q, T0 + 3_600_000), T0)
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
+    assert root.close(T0) == [], "c1 has not closed T0 + 1 s: it is waited for"
+    assert root.counts.invalid["future-mark"] == 1
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + Q), T0 + Q)
+    assert [r.end_ms for r in root.close(T0 + Q)] == [T0 + Q]
+
+
+def _marker(cell: str, seq: int, through: int) -> bytes:
+    return encode(PartialsMessage(cell, seq, LAY, through, ()))
+
+
+def test_two_cells_sending_under_one_name_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Their message numbers interleave; one cell's go back only once per restart.
+
+    Seen on loopback (a copied configuration): the root took one cell's rows for resends
+    of the other's and said nothing but ``duplicate``.
+    """
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["c1", "c2"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+    )
+    with caplog.at_level("WARNING", logger="fiomon.root"):
+        # A restart resends from the last acknowledged message: one step back, no warning.
+        for t, seq in enumerate([10, 11, 12, 11, 12, 13, 14]):
+            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q)
+        assert not caplog.records
+        for t, seq in enumerate([500, 20, 501, 21, 502, 22], start=7):
+            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "c1" in warning and "two cells" in warning, warning

@@ -317,3 +317,62 @@ async def test_a_final_stop_sends_the_final_close_to_the_root(
     for m in got:
         root.take(m, now)
     assert_same(root.close(now), want)
+
+
+async def test_partials_the_root_broker_refuses_stay_in_the_outbox(
+    mosquitto: Mosquitto, mosquitto_bin: str, tmp_path: Path
+) -> None:
+    """A root broker whose ACL denies the partials topic: nothing counts as sent.
+
+    Mosquitto acknowledges a denied QoS 1 publish all the same (with MQTT 5, with reason
+    code 0x87 "Not authorized"): a cell that took any PUBACK as delivery would drop every
+    partial for good while its log, its outbox and its counters said all was well.
+    """
+    root_broker = Mosquitto(mosquitto_bin, tmp_path / "mosquitto-root")
+    acl = tmp_path / "root.acl"
+    acl.write_text(f"topic read {ROOT_PREFIX}/#\n")  # no write on the partials topic
+    with root_broker.conf.open("a") as f:
+        f.write(f"acl_file {acl}\nlog_type debug\n")  # debug: "Denied PUBLISH from ..."
+    root_broker.start()
+    now = time.time_ns() // 1_000_000 // 1000 * 1000
+    batch = records(random.Random(4), ["a"], 120)
+    batch = dataclasses.replace(
+        batch, start_ms=batch.start_ms - T0 + now, end_ms=batch.end_ms - T0 + now
+    )
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix="fiomonlive",
+        client_id="fiomon-cell-refused",
+        lateness_ms=120_000,
+        align="epoch",
+        listen=f"127.0.0.1:{free_port()}",
+        state_dir=tmp_path / "cell",
+        partials=PartialsConfig(
+            cell="c1", broker=BrokerConfig(port=root_broker.port), topic_prefix=ROOT_PREFIX
+        ),
+    )
+    cores: list[AggregatorCore] = []
+    stop = asyncio.Event()
+    cell = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
+    try:
+        await mosquitto.wait_for_log(subscription("fiomon-cell-refused"))
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub") as pub:
+            await pub.publish("fiomonlive/v1/a/records", encode_records("a", "s", 0, batch), qos=1)
+        denied = "Denied PUBLISH from fiomon-cell-c1"
+        # Two denials: the first publish's round trip ended before the second began.
+        await until(
+            lambda: root_broker.log_text().count(denied) >= 2,
+            what="the root's broker denied two partials publishes",
+        )
+        outbox = cores[0].outbox
+        assert outbox is not None
+        assert outbox.sent == 0, "a refused message was taken as delivered"
+        assert outbox.backlog_bytes > 0
+        await until(lambda: outbox.refused >= 1, what="the refusal counted")
+        cores[0].refresh_snapshot()
+        counted = {k[0]: v for k, v in cores[0].snapshot.counters.items()}
+        assert counted["fiomon_partials_messages"][("refused",)] >= 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(cell, DEADLINE_S)
+        root_broker.stop()
