@@ -50,6 +50,7 @@ from typing import ClassVar, cast
 import aiomqtt
 
 from fiomon import __version__
+from fiomon.aggregator import mqttread
 from fiomon.aggregator.alerts import AlertDispatcher
 from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
@@ -458,6 +459,8 @@ async def _receive(svc: _Service) -> None:
     # (REFERENCE §4; aiomqtt #345); paho's own switch on its client is the way.
     paho = client._client
     paho.manual_ack_set(True)
+    # paho's per-packet reading and MQTT 5 properties cost a third of intake: read in bulk.
+    mqttread.install(paho)
     # The broker restarts in seconds; one client, so no herd to spread: reconnect fast.
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not svc.stop.is_set() and not svc.taken_over():
