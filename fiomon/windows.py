@@ -800,6 +800,15 @@ class QuantumEngine:
         self._pair_row, self._pair_sid = [pair_row[~closing]], [pair_sid[~closing]]
         pair_pos, pair_sid = pair_pos[closing], pair_sid[closing]
         nsid = len(self._stream_ids) + 1
+        # Streams per group, from two sorts for every kind (not one per kind): a stream has
+        # one host, so within one direction it lands in one row of a (quantum, direction)
+        # and the distinct (row, stream) pairs count each group's streams; across
+        # directions (``all``) the distinct (quantum, stream) pairs do.
+        u = np.unique(pair_pos * nsid + pair_sid)
+        u_pos = u // nsid
+        u_sid = u - u_pos * nsid
+        _, first = np.unique(self._row_q[rows][u_pos] * nsid + u_sid, return_index=True)
+        qs_pos = u_pos[first]
         lo, hi, nbytes = self._row_lo[rows], self._row_hi[rows], self._row_nbytes[rows]
         late_total = sum(self._late_since_close.values())
         keyed: list[tuple[tuple[int, int, int], ClosedQuantum]] = []
@@ -815,9 +824,8 @@ class QuantumEngine:
             g_hi = np.full(ng, -_FAR, dtype=np.int64)
             np.maximum.at(g_hi, g, hi[m])
             g_bytes = np.bincount(g, weights=nbytes[m], minlength=ng)
-            pg = k.row_gid[pair_pos]
-            pm = pg >= 0
-            g_streams = np.bincount(np.unique(pg[pm] * nsid + pair_sid[pm]) // nsid, minlength=ng)
+            pg = k.row_gid[qs_pos if k.label and k.label[0] == "all" else u_pos]
+            g_streams = np.bincount(pg[pg >= 0], minlength=ng)
             if self.keep_partials:
                 self._keep_partials(k, wanted, g_lo, g_hi, g_bytes, g_streams, first_bin)
             hists = k.hists[wanted]
