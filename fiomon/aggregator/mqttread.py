@@ -32,7 +32,9 @@ version still works, only slower.
 from __future__ import annotations
 
 import logging
+import struct
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -45,6 +47,8 @@ log = logging.getLogger("fiomon.aggregator")
 
 RECV_BYTES = 1 << 18  # one recv: many messages of a few kB, or a quarter of a large one
 _PUBLISH = 0x30
+_PUBACK = 0x40
+_PUBACK_PACKET = struct.Struct("!BBH")  # PUBACK, remaining length 2, packet id
 _NEEDS = (
     "_sock_recv",
     "_packet_handle",
@@ -58,6 +62,7 @@ _NEEDS = (
     "_easy_log",
     "_sock",
     "_last_bytes_received",
+    "_packet_queue",
 )
 
 
@@ -215,3 +220,23 @@ def install(client: paho.Client) -> _Reader | None:
     target: Any = client
     target._packet_read = reader.read
     return reader
+
+
+def ack_many(client: paho.Client, messages: Sequence[tuple[int, int]]) -> None:
+    """Acknowledge ``(mid, qos)`` messages (manual acknowledgement) with one socket write.
+
+    paho's ``ack`` queues one 4-byte PUBACK per message and writes each with its own
+    ``send`` (and event-loop round); this queues the same PUBACK packets, in the same
+    order, as one write. QoS 2 (never subscribed by the aggregator) and a paho without
+    the queue method go through paho's ``ack`` one by one.
+    """
+    if not hasattr(client, "_packet_queue"):
+        for mid, qos in messages:
+            client.ack(mid, qos)
+        return
+    blob = b"".join([_PUBACK_PACKET.pack(_PUBACK, 2, mid) for mid, qos in messages if qos == 1])
+    if blob:
+        client._packet_queue(_PUBACK, blob, 0, 1)
+    for mid, qos in messages:
+        if qos == 2:
+            client.ack(mid, qos)

@@ -491,9 +491,7 @@ async def _receive(svc: _Service) -> None:
                 try:
                     async for batch in _batches(client, queue, svc.stop):
                         _handle(svc, batch)
-                        for m in batch:
-                            if m.qos > 0:
-                                paho.ack(m.mid, m.qos)
+                        mqttread.ack_many(paho, [(m.mid, m.qos) for m in batch if m.qos > 0])
                         if svc.taken_over():
                             await _tell_conflict(client, svc)
                             break
