@@ -7,8 +7,10 @@ on one event loop:
 
 * ``fiomon.mqtt``: a persistent MQTT 5 session (a restart receives what the broker queued
   meanwhile), reconnecting with capped, jittered backoff. Messages are taken in batches:
-  the core journals a batch with one write, then each message is acknowledged (manual
-  PUBACK), so a message is always either journaled or the broker's to redeliver.
+  the core journals a batch with one write, then the batch is acknowledged (manual
+  PUBACKs, one socket write per batch), so a message is always either journaled or the
+  broker's to redeliver. paho reads through :mod:`fiomon.aggregator.mqttread` (one
+  ``recv`` for many packets, plain PUBLISH parsed without MQTT 5 property objects).
 * ``fiomon.close``: ticks the core a few times per quantum (decode, merge, close), then
   hands the alerts to the sinks without waiting for them.
 * ``fiomon.alertmanager``: posts to Alertmanager
@@ -69,9 +71,10 @@ STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a st
 # Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
 # sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
 # max_inflight_messages 100; a session never acknowledged gets 100). Our SUBACK comes
-# after it, and paho reads one packet per loop turn: with a minute of backlog (hundreds of
-# MB) the default 10 s timeout expired, we reconnected, the broker sent it all again, and
-# a restarted aggregator retried for two minutes (4.8 GB of RSS). So wait that long.
+# after it, and paho read one packet per loop turn (before mqttread): with a minute of
+# backlog (hundreds of MB) the default 10 s timeout expired, we reconnected, the broker
+# sent it all again, and a restarted aggregator retried for two minutes (4.8 GB of RSS).
+# So wait that long.
 SUBSCRIBE_TIMEOUT_S = 120.0
 
 
