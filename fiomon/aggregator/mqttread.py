@@ -74,8 +74,8 @@ class _Reader:
     def __init__(self, client: paho.Client) -> None:
         self.client = client
         self.buf = bytearray()
-        # Reads land in one fixed chunk, then are appended to the buffer: a fresh 256 kB
-        # bytes per recv, shrunk to what came, fragmented the heap (peak RSS doubled).
+        # Reads land in one fixed chunk, then are appended to the buffer: no fresh 256 kB
+        # bytes object per recv (then shrunk to what came) for the allocator to place.
         self.chunk = memoryview(bytearray(RECV_BYTES))
         self.view = memoryview(b"")  # the buffer while its packets are handled
         self.sock: object = None  # the socket the buffer's bytes came from
