@@ -278,11 +278,12 @@ class AggregatorConfig:
         topic_prefix: subscribes to ``<prefix>/v1/+/records`` and ``.../status``.
         client_id: fixed MQTT client id of the persistent session.
         session_expiry_ms: how long the broker keeps queuing for us while we are away.
-        max_inflight: messages the broker may send before we acknowledge them (MQTT 5
-            Receive Maximum). Messages are acknowledged after journaling, so this bounds
-            what waits in the aggregator's memory (at most ``max_inflight`` x
-            ``max_message_bytes``) when a backlog arrives at once (a session resumed after
-            a restart); the rest stays queued in the broker.
+        max_inflight: messages waiting unprocessed in the aggregator at most: asked of the
+            broker (MQTT 5 Receive Maximum; acknowledged after journaling) and enforced by
+            not reading the socket beyond it (Mosquitto 2.0.11 sends a resumed session's
+            whole backlog once anything was acknowledged). Bounds the intake's memory when a
+            backlog arrives at once (after a restart) to about ``max_inflight`` x the
+            message size; the rest stays queued in the broker.
         quantum_ms: quantum length.
         lateness_ms: a quantum closes at the latest this long after its end.
         align: ``epoch``, ``auto`` or a fixed offset in ms.

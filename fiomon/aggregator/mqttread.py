@@ -35,7 +35,7 @@ import logging
 import ssl
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -71,8 +71,10 @@ _NEEDS = (
 class _Reader:
     """The replacement ``_packet_read`` of one paho client (see the module docstring)."""
 
-    def __init__(self, client: paho.Client) -> None:
+    def __init__(self, client: paho.Client, hold: Callable[[], bool] | None = None) -> None:
         self.client = client
+        self.hold = hold
+        self.held = False  # a hold stopped reading or handing on: resume() goes on
         self.buf = bytearray()
         # Reads land in one fixed chunk, then are appended to the buffer: no fresh 256 kB
         # bytes object per recv (then shrunk to what came) for the allocator to place.
@@ -100,6 +102,11 @@ class _Reader:
         if c._sock is not self.sock:  # a new connection: bytes of the old one are void
             self.sock = c._sock
             self.buf.clear()
+        if self.hold is not None and self.hold():
+            # The consumer is behind: leave the rest in the kernel and the broker (TCP
+            # pushes back) until it calls :meth:`resume`.
+            self.held = True
+            return self._handle_buffered(MQTTErrorCode.MQTT_ERR_AGAIN)
         try:
             n = self._recv()
         except BlockingIOError:
@@ -113,6 +120,18 @@ class _Reader:
         with c._msgtime_mutex:
             c._last_bytes_received = self.clock()
         return self._handle_buffered(MQTTErrorCode.MQTT_ERR_SUCCESS)
+
+    def resume(self) -> None:
+        """After the consumer drained messages: go on where a hold stopped.
+
+        The socket may not become readable again (the broker sent everything already), so
+        the event loop would not call us: read now through paho's ``loop_read``, which
+        handles what the buffer holds (a read that finds nothing is not an error) and
+        any error as a read from the event loop would.
+        """
+        if self.held and self.client._sock is not None:
+            self.held = False
+            self.client.loop_read()
 
     def _recv(self) -> int:
         """Read into :attr:`chunk`; bytes read (0: closed). paho's ``_sock_recv`` errors.
@@ -163,6 +182,9 @@ class _Reader:
                 end = i + length
                 if end > n:
                     return rc
+                if header & 0xF0 == _PUBLISH and self.hold is not None and self.hold():
+                    self.held = True
+                    return rc  # held: this message waits in the buffer (finally keeps it)
                 pos = end
                 self.packets += 1
                 if header & 0xF0 == _PUBLISH:
@@ -228,11 +250,14 @@ class _Reader:
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
-def install(client: paho.Client) -> _Reader | None:
+def install(client: paho.Client, hold: Callable[[], bool] | None = None) -> _Reader | None:
     """Give ``client`` the buffered reader (before it connects); None if paho differs.
 
     Args:
         client: a paho client that has not connected yet (aiomqtt's ``_client``).
+        hold: while it returns True, no PUBLISH is handed on and the socket is not read
+            (backpressure: the messages wait in the kernel's buffers and the broker's
+            queue); whoever drains the messages calls :meth:`_Reader.resume` after.
 
     Returns:
         The reader (its counters are for tests), or None when this paho lacks a method
@@ -246,7 +271,7 @@ def install(client: paho.Client) -> _Reader | None:
             ", ".join(missing),
         )
         return None
-    reader = _Reader(client)
+    reader = _Reader(client, hold)
     target: Any = client
     target._packet_read = reader.read
     return reader

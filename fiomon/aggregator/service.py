@@ -464,7 +464,18 @@ async def _receive(svc: _Service) -> None:
     paho = client._client
     paho.manual_ack_set(True)
     # paho's per-packet reading and MQTT 5 properties cost a third of intake: read in bulk.
-    mqttread.install(paho)
+    # Messages waiting unprocessed are bounded by max_inflight: asked of the broker (MQTT 5
+    # Receive Maximum) and held here, as Mosquitto 2.0.11 sends a resumed session's whole
+    # backlog regardless once we acknowledge a message, which would land in memory. Held
+    # only while the batches below are consumed: before that, a hold would also hold the
+    # SUBACKs we wait for behind the messages (until then the broker keeps to the limit).
+    consuming = False
+
+    def hold() -> bool:
+        # (one less: the consumer may be taking one out of the queue as we read)
+        return consuming and queue.qsize() >= max(1, cfg.max_inflight - 1)
+
+    reader = mqttread.install(paho, hold=hold)
     # The broker restarts in seconds; one client, so no herd to spread: reconnect fast.
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not svc.stop.is_set() and not svc.taken_over():
@@ -493,11 +504,14 @@ async def _receive(svc: _Service) -> None:
                 publisher = asyncio.create_task(_publish_outbox(client, svc))
                 announce = asyncio.create_task(_announce(svc))
                 try:
+                    consuming = True
                     async for batch in _batches(client, queue, svc.stop):
                         # Unacknowledged until journaled: at most max_inflight wait here.
                         core.backlog_max = max(core.backlog_max, len(batch) + queue.qsize())
                         _handle(svc, batch)
                         mqttread.ack_many(paho, [(m.mid, m.qos) for m in batch if m.qos > 0])
+                        if reader is not None:
+                            reader.resume()
                         if svc.taken_over():
                             await _tell_conflict(client, svc)
                             break
@@ -507,6 +521,7 @@ async def _receive(svc: _Service) -> None:
                         svc.intake_stopped.set()
                         await svc.disconnect.wait()
                 finally:
+                    consuming = False
                     for task in (publisher, announce):
                         await cancel_and_wait(task)
         except aiomqtt.MqttError as exc:
