@@ -167,6 +167,35 @@ class HostPayload:
         return bytes(self.buf)
 
 
+def publish_seconds(
+    pub: RawPublisher, payloads: list[HostPayload], due: list[int], seconds: int, start_ms: int
+) -> tuple[int, int, float]:
+    """Each second, each host's message at its offset ``due`` (ms) after the second ends.
+
+    Returns records and messages sent, and the worst lag behind schedule (ms).
+    """
+    records = messages = 0
+    worst_lag = 0.0
+    n = len(payloads)
+    for s in range(seconds):
+        end = start_ms + 1000 * (s + 1)
+        i = 0
+        while i < n:
+            now = time.time() * 1000
+            if now < end + due[i]:
+                time.sleep(min(0.01, (end + due[i] - now) / 1000))
+                continue
+            j = i
+            while j < n and end + due[j] <= now:
+                j += 1
+            worst_lag = max(worst_lag, now - end - due[i])
+            pub.send([pub.packet(payloads[k].topic, payloads[k].at(s, end)) for k in range(i, j)])
+            records += sum(payloads[k].records for k in range(i, j))
+            messages += j - i
+            i = j
+    return records, messages, worst_lag
+
+
 def publish(argv: list[str]) -> None:
     """The publisher process (port, hosts, jobs, seconds, start_ms, seed): a JSON summary."""
     port, hosts, jobs, seconds, start_ms, seed = (int(a) for a in argv)
@@ -174,24 +203,7 @@ def publish(argv: list[str]) -> None:
     payloads = [HostPayload.make(h, tpls[h % TEMPLATES]) for h in range(hosts)]
     due = [h * SPREAD_MS // hosts for h in range(hosts)]
     pub = RawPublisher(port, "bench-load")
-    records = messages = 0
-    worst_lag = 0.0
-    for s in range(seconds):
-        end = start_ms + 1000 * (s + 1)
-        i = 0
-        while i < hosts:
-            now = time.time() * 1000
-            if now < end + due[i]:
-                time.sleep(min(0.01, (end + due[i] - now) / 1000))
-                continue
-            j = i
-            while j < hosts and end + due[j] <= now:
-                j += 1
-            worst_lag = max(worst_lag, now - end - due[i])
-            pub.send([pub.packet(payloads[h].topic, payloads[h].at(s, end)) for h in range(i, j)])
-            records += sum(payloads[h].records for h in range(i, j))
-            messages += j - i
-            i = j
+    records, messages, worst_lag = publish_seconds(pub, payloads, due, seconds, start_ms)
     acked = pub.wait_acked(120)
     pub.close()
     print(

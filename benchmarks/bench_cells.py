@@ -219,32 +219,14 @@ def publish(argv: list[str]) -> None:
     payloads = [ba.HostPayload.make(h, tpls[h % ba.TEMPLATES]) for h in mine]
     due = [h * ba.SPREAD_MS // hosts for h in mine]
     pub = RawPublisher(port, f"bench-load-{cell}")
-    records = messages = 0
-    worst_lag = 0.0
-    n = len(mine)
     cpu0 = time.process_time()
-    for s in range(seconds):
-        end = start_ms + 1000 * (s + 1)
-        i = 0
-        while i < n:
-            now = time.time() * 1000
-            if now < end + due[i]:
-                time.sleep(min(0.01, (end + due[i] - now) / 1000))
-                continue
-            j = i
-            while j < n and end + due[j] <= now:
-                j += 1
-            worst_lag = max(worst_lag, now - end - due[i])
-            pub.send([pub.packet(payloads[k].topic, payloads[k].at(s, end)) for k in range(i, j)])
-            records += sum(payloads[k].records for k in range(i, j))
-            messages += j - i
-            i = j
+    records, messages, worst_lag = ba.publish_seconds(pub, payloads, due, seconds, start_ms)
     cpu = time.process_time() - cpu0
     acked = pub.wait_acked(120)
     pub.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"records": records, "messages": messages, "acked": acked, "lag_ms": worst_lag}
-    print(json.dumps({**out, "hosts": n, "cpu_s": cpu, "rss_mb": rss}))
+    print(json.dumps({**out, "hosts": len(mine), "cpu_s": cpu, "rss_mb": rss}))
 
 
 @dataclass
