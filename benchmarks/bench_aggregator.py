@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,16 +213,22 @@ def publish(argv: list[str]) -> None:
 
 
 def expected_rows(
-    hosts: int, jobs: int, seed: int, start_ms: int, max_hosts: int, *, level: float | None = 0.95
+    hosts: int | Sequence[int],
+    jobs: int,
+    seed: int,
+    start_ms: int,
+    max_hosts: int,
+    *,
+    level: float | None = 0.95,
 ) -> list[list[dict[str, Any]]]:
-    """Ground truth: the rows the engine gives offline for second 0, 1, 2 (then repeating)."""
+    """Ground truth: the rows the engine gives offline for second 0, 1, 2 (then repeating)
+    of hosts ``h0 .. h<hosts - 1>``, or of the host indices given (a cell's hosts)."""
+    ids = range(hosts) if isinstance(hosts, int) else hosts
     tpls = templates(jobs, seed)
     out = []
     for s in range(FACTORS):
         end = start_ms + 1000 * (s + 1)
-        batch = RecordBatch.concat(
-            [second(tpls[h % TEMPLATES], end, 1 + s, f"h{h}") for h in range(hosts)]
-        )
+        batch = RecordBatch.concat([second(tpls[h % TEMPLATES], end, 1 + s, f"h{h}") for h in ids])
         engine = QuantumEngine(
             layout=BinLayout(),
             quantum_ms=1000,

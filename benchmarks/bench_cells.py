@@ -55,10 +55,7 @@ from typing import Any
 import bench_aggregator as ba
 from _support import RawPublisher, cpu_seconds, free_port, peak_rss_mb, scrape, start_broker
 
-from fiomon.bins import BinLayout
 from fiomon.cells import assign_cell
-from fiomon.model import RecordBatch
-from fiomon.windows import ALL_DIRECTIONS, QuantumEngine
 
 CELL_NAMES = ("cell-a", "cell-b", "cell-c", "cell-d")
 ROOT_LATENESS_S = 30  # a fallback only: the cells' "closed through" marks close the root's quanta
@@ -75,32 +72,6 @@ def cell_hosts(hosts: int, cells: int) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {c: [] for c in names}
     for h in range(hosts):
         out[assign_cell(f"h{h}", names)].append(h)
-    return out
-
-
-def truth_rows(
-    hosts: list[int], jobs: int, seed: int, start_ms: int, *, max_hosts: int, level: float | None
-) -> list[list[dict[str, Any]]]:
-    """``bench_aggregator.expected_rows`` for a subset of hosts: the rows one engine gives
-    offline for second 0, 1 and 2 (then repeating) of exactly these hosts' records."""
-    tpls = ba.templates(jobs, seed)
-    out = []
-    for s in range(ba.FACTORS):
-        end = start_ms + 1000 * (s + 1)
-        batch = RecordBatch.concat(
-            [ba.second(tpls[h % ba.TEMPLATES], end, 1 + s, f"h{h}") for h in hosts]
-        )
-        engine = QuantumEngine(
-            layout=BinLayout(),
-            quantum_ms=1000,
-            percentiles=(50, 90, 99, 99.9),
-            directions=ALL_DIRECTIONS,
-            per_host=True,
-            max_hosts=max_hosts,
-            confidence_level=level,
-        )
-        engine.add(batch)
-        out.append([r.to_json() for r in engine.flush()])
     return out
 
 
@@ -504,12 +475,12 @@ def run(args: argparse.Namespace) -> RunResult:
             out.usage = {k: u for k, u in usage.items() if k.startswith("root")}
             if args.verify:
                 for cr in out.cells:
-                    truth = truth_rows(
+                    truth = ba.expected_rows(
                         assigned[cr.name],
                         args.jobs,
                         args.seed,
                         start_ms,
-                        max_hosts=max_hosts,
+                        max_hosts,
                         level=args.confidence_level,
                     )
                     ba.compare(
@@ -519,12 +490,12 @@ def run(args: argparse.Namespace) -> RunResult:
                         args.seconds,
                         cr.agg,
                     )
-                every = truth_rows(
-                    list(range(args.hosts)),
+                every = ba.expected_rows(
+                    args.hosts,
                     args.jobs,
                     args.seed,
                     start_ms,
-                    max_hosts=max_hosts,
+                    max_hosts,
                     level=args.confidence_level,
                 )
                 whole = cluster_rows(every, args.seconds)
