@@ -111,15 +111,10 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
     one.add(batch)
     want = one.flush()
     assert want  # the comparison below is not vacuous
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=5000,
+    root = _merger(
+        [f"c{i}" for i in range(ncells)],
         percentiles=one.percentiles,
         confidence_level=one.confidence_level,
-        per_host=True,
-        cells=[f"c{i}" for i in range(ncells)],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
     )
     for c in range(ncells):
         mine = {h for i, h in enumerate(hosts) if i % ncells == c}
@@ -150,6 +145,29 @@ class Clock:
 
     def __call__(self) -> int:
         return self.t
+
+
+def _merger(
+    cells: list[str],
+    *,
+    lateness_ms: int = 5000,
+    percentiles: tuple[float, ...] = (50,),
+    confidence_level: float | None = None,
+    per_host: bool = True,
+    cell_timeout_ms: int = 30_000,
+    now_ms: int = T0,
+) -> RootMerger:
+    """A root on 1 s quanta (the tests' defaults: lateness 5 s, p50, host scope)."""
+    return RootMerger(
+        quantum_ms=Q,
+        lateness_ms=lateness_ms,
+        percentiles=percentiles,
+        confidence_level=confidence_level,
+        per_host=per_host,
+        cells=cells,
+        cell_timeout_ms=cell_timeout_ms,
+        now_ms=now_ms,
+    )
 
 
 def _outbox_messages(folder: Path) -> list[PartialsMessage]:
@@ -191,16 +209,7 @@ def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
     assert [m.seq for m in msgs] == list(range(len(msgs)))
     assert msgs[-1].rows == ()
     assert msgs[-1].closed_through_ms > msgs[-2].closed_through_ms
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=5000,
-        percentiles=cfg.percentiles,
-        confidence_level=cfg.confidence_level,
-        per_host=True,
-        cells=["c1"],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
-    )
+    root = _merger(["c1"], percentiles=cfg.percentiles, confidence_level=cfg.confidence_level)
     for m in msgs:
         root.take(m, T0)
     assert_same(root.close(T0), want)
@@ -237,15 +246,8 @@ def _one_row_message(cell: str, end: int, through: int, *, layout: BinLayout = L
 
 def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> None:
     now = T0
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=60_000,
-        percentiles=(50, 99),
-        confidence_level=None,
-        per_host=True,
-        cells=["c1", "c2"],
-        cell_timeout_ms=5000,
-        now_ms=now,
+    root = _merger(
+        ["c1", "c2"], lateness_ms=60_000, percentiles=(50, 99), cell_timeout_ms=5000, now_ms=now
     )
     root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
     assert root.close(now) == []  # c2 (expected) has said nothing yet
@@ -270,16 +272,7 @@ def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> No
 
 
 def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=60_000,
-        percentiles=(50,),
-        confidence_level=None,
-        per_host=True,
-        cells=[],
-        cell_timeout_ms=5000,
-        now_ms=T0,
-    )
+    root = _merger([], lateness_ms=60_000, cell_timeout_ms=5000)
     root.receive(b"garbage!" * 8, T0)
     root.receive(_one_row_message("c1", T0 + Q, T0), T0)
     root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0)  # off the grid
@@ -459,15 +452,8 @@ def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> Non
     core.close()
     msgs = _outbox_messages(tmp_path)
     assert {r.part.scope for m in msgs for r in m.rows} == {"cluster"}
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=5000,
-        percentiles=cfg.percentiles,
-        confidence_level=cfg.confidence_level,
-        per_host=False,
-        cells=["c1"],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
+    root = _merger(
+        ["c1"], percentiles=cfg.percentiles, confidence_level=cfg.confidence_level, per_host=False
     )
     for m in msgs:
         root.take(m, T0)
@@ -478,16 +464,7 @@ def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A root whose lateness is not above the cells' closes by its clock first (seen live)."""
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=5000,
-        percentiles=(50,),
-        confidence_level=None,
-        per_host=True,
-        cells=["c1"],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
-    )
+    root = _merger(["c1"])
     root.receive(_one_row_message("c1", T0 + Q, T0), T0 + Q)
     assert root.close(T0 + 2 * Q + 5000) != []  # by the root's clock, through T0 + 2 s
     with caplog.at_level("WARNING", logger="fiomon.root"):
@@ -501,16 +478,7 @@ def test_a_closed_mark_far_ahead_of_the_roots_clock_is_not_believed() -> None:
     """One message saying "closed through an hour from now" (a cell's clock that jumped,
     or a forged message) made the root stop waiting for that cell for good: the mark only
     ever grows. Seen on loopback: 114 rows of the cell late after its next kill -9."""
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=60_000,
-        percentiles=(50,),
-        confidence_level=None,
-        per_host=True,
-        cells=["c1", "c2"],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
-    )
+    root = _merger(["c1", "c2"], lateness_ms=60_000)
     root.receive(_one_row_message("c1", T0 + Q, T0 + 3_600_000), T0)
     root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
     assert root.close(T0) == [], "c1 has not closed T0 + 1 s: it is waited for"
@@ -529,16 +497,7 @@ def test_two_cells_sending_under_one_name_are_logged(caplog: pytest.LogCaptureFi
     Seen on loopback (a copied configuration): the root took one cell's rows for resends
     of the other's and said nothing but ``duplicate``.
     """
-    root = RootMerger(
-        quantum_ms=Q,
-        lateness_ms=5000,
-        percentiles=(50,),
-        confidence_level=None,
-        per_host=True,
-        cells=["c1", "c2"],
-        cell_timeout_ms=30_000,
-        now_ms=T0,
-    )
+    root = _merger(["c1", "c2"])
     with caplog.at_level("WARNING", logger="fiomon.root"):
         # A restart resends from the last acknowledged message: one step back, no warning.
         for t, seq in enumerate([10, 11, 12, 11, 12, 13, 14]):
