@@ -471,28 +471,30 @@ async def test_a_backlog_after_a_restart_waits_in_the_broker_not_in_memory(
         f"listen: 127.0.0.1:{port}\nstate_dir: {tmp_path / 'state'}\nmax_inflight: 20\n"
     )
     log = (tmp_path / "aggregator.log").open("ab")
-    agg = await _start(cfg, port, log)
-    await mosquitto.wait_for_log(f"fiomon-aggregator-backlog 1 {PREFIX}/v1/+/records")
-    agg.terminate()
-    assert await asyncio.wait_for(agg.wait(), 30) == 0
-    end = int(time.time()) * 1000
-    async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub-backlog") as c:
-        for h in hosts:
-            await c.publish(
-                f"{PREFIX}/v1/{h}/records", encode(h, "run.json@1", 0, _record(h, end)), qos=1
-            )
-    agg = await _start(cfg, port, log)
+    agg: asyncio.subprocess.Process | None = None
     try:
+        agg = await _start(cfg, port, log)
+        await mosquitto.wait_for_log(f"fiomon-aggregator-backlog 1 {PREFIX}/v1/+/records")
+        agg.terminate()
+        assert await asyncio.wait_for(agg.wait(), 30) == 0
+        end = int(time.time()) * 1000
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub-backlog") as c:
+            for h in hosts:
+                payload = encode(h, "run.json@1", 0, _record(h, end))
+                await c.publish(f"{PREFIX}/v1/{h}/records", payload, qos=1)
+        agg = await _start(cfg, port, log)
         deadline = time.monotonic() + DEADLINE_S
         while True:  # until every queued record arrived
             m = await asyncio.to_thread(scrape, port)
-            if total(m, "fiomon_records_total", result="received") >= 2 * len(hosts):
+            received = total(m, "fiomon_records_total", result="received")
+            if received >= 2 * len(hosts):
                 break
-            assert time.monotonic() < deadline, f"records received: {m}"
+            assert time.monotonic() < deadline, f"{received:g} of {2 * len(hosts)} records"
             await asyncio.sleep(0.2)
-    finally:
-        agg.terminate()
-        await asyncio.wait_for(agg.wait(), 30)
+    finally:  # no process outlives the test, whatever failed
+        if agg is not None and agg.returncode is None:
+            agg.terminate()
+            await asyncio.wait_for(agg.wait(), 30)
         log.close()
         mosquitto.stop()
     backlog = total(m, "fiomon_intake_backlog_messages_max")
