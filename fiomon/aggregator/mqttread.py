@@ -25,7 +25,7 @@ the connection dropped on a malformed length. MQTT 5 messages without properties
 one empty ``Properties`` object (read-only by contract).
 
 This reaches into paho's private methods: :func:`install` checks that they exist (paho
-2.x as tested) and otherwise leaves the client alone and returns False, so another paho
+2.x as tested) and otherwise leaves the client alone and returns None, so another paho
 version still works, only slower.
 """
 
@@ -182,12 +182,13 @@ class _Reader:
                 end = i + length
                 if end > n:
                     return rc
-                if header & 0xF0 == _PUBLISH and self.hold is not None and self.hold():
+                publish = header & 0xF0 == _PUBLISH
+                if publish and self.hold is not None and self.hold():
                     self.held = True
                     return rc  # held: this message waits in the buffer (finally keeps it)
                 pos = end
                 self.packets += 1
-                if header & 0xF0 == _PUBLISH:
+                if publish:
                     got = self._publish(header, i, end)
                 else:
                     got = self._paho(header, bytes(self.view[i:end]))
