@@ -69,6 +69,8 @@ class CellState:
         up: live at the last check (for the log lines on changes).
         rewinds: root clock of its recent message-number rewinds (two cells, one name?).
         rewind_logged_ms: root clock of the last warning about them.
+        late_rows: its rows that came after their quantum closed (for the warnings).
+        late_logged_ms: root clock of the last warning about them.
     """
 
     last_seen_ms: int
@@ -77,6 +79,8 @@ class CellState:
     up: bool = True
     rewinds: list[int] = field(default_factory=list)  # root clock of recent seq rewinds
     rewind_logged_ms: int = -_FAR
+    late_rows: int = 0
+    late_logged_ms: int = -_FAR
 
 
 @dataclass(slots=True)
@@ -133,8 +137,6 @@ class RootMerger:
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
         self._keys = [pct_key(q) for q in self.percentiles]
-        self._late_by_cell: Counter[str] = Counter()
-        self._late_logged: dict[str, int] = {}  # cell -> root clock of its last late warning
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -237,7 +239,7 @@ class RootMerger:
             g.late += r.late_records
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
-            self._log_late(msg.cell, rows["late"] - late_before, now_ms)
+            self._log_late(msg.cell, cell, rows["late"] - late_before, now_ms)
 
     def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
         """A cell's message number went back: once per restart (a resend), or two cells.
@@ -262,20 +264,20 @@ class RootMerger:
             cell.seq,
         )
 
-    def _log_late(self, cell: str, n: int, now_ms: int) -> None:
+    def _log_late(self, name: str, cell: CellState, n: int, now_ms: int) -> None:
         """Say (at most every 10 s per cell) that a cell's rows came after their close."""
-        self._late_by_cell[cell] += n
-        if now_ms - self._late_logged.get(cell, -_FAR) < 10_000:
+        cell.late_rows += n
+        if now_ms - cell.late_logged_ms < 10_000:
             return
-        self._late_logged[cell] = now_ms
+        cell.late_logged_ms = now_ms
         log.warning(
             "cell %s: %d partial rows (%d so far) came after the root closed their quanta "
             "(closed through %s) and are left out: the cell was down or cut off longer than "
             "the root's lateness (%d ms), or that lateness is not above the cells' plus the "
             "clock skew between cell and root",
-            cell,
+            name,
             n,
-            self._late_by_cell[cell],
+            cell.late_rows,
             self.closed_ms,
             self.lateness_ms,
         )
