@@ -23,6 +23,7 @@ from fiomon.aggregator.partials import PartialsMessage, decode
 from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
+from fiomon.model import RecordBatch
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (
@@ -252,30 +253,41 @@ async def test_a_cell_gone_for_good_is_reported_and_holds_nothing_open(
     assert late_hosts == {"client-01", "client-02", "client-03"}, said
 
 
+def _records_at(now: int) -> RecordBatch:
+    """Two minutes of host ``a``'s records, moved to start at ``now`` (ms) as T0."""
+    batch = records(random.Random(4), ["a"], 120)
+    return dataclasses.replace(
+        batch, start_ms=batch.start_ms - T0 + now, end_ms=batch.end_ms - T0 + now
+    )
+
+
+def _cell_c1(client_id: str, port: int, root_port: int, state_dir: Path) -> AggregatorConfig:
+    """Cell ``c1`` in-process on the broker at ``port``, its partials to ``root_port``;
+    nothing closes on the clock (lateness 2 min): only its final stop closes quanta."""
+    return AggregatorConfig(
+        broker=BrokerConfig(port=port),
+        topic_prefix="fiomonlive",
+        client_id=client_id,
+        lateness_ms=120_000,
+        align="epoch",
+        listen=f"127.0.0.1:{free_port()}",
+        state_dir=state_dir,
+        partials=PartialsConfig(
+            cell="c1", broker=BrokerConfig(port=root_port), topic_prefix=ROOT_PREFIX
+        ),
+    )
+
+
 async def test_a_final_stop_sends_the_final_close_to_the_root(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
     """``--final`` closes what is open; those partials reach the root's broker before exit."""
     now = time.time_ns() // 1_000_000 // 1000 * 1000
-    batch = records(random.Random(4), ["a"], 120)
-    batch = dataclasses.replace(
-        batch, start_ms=batch.start_ms - T0 + now, end_ms=batch.end_ms - T0 + now
-    )
+    batch = _records_at(now)
     one = engine(partials=False)
     one.add(batch)
     want = one.flush()
-    cfg = AggregatorConfig(
-        broker=BrokerConfig(port=mosquitto.port),
-        topic_prefix="fiomonlive",
-        client_id="fiomon-cell-final",
-        lateness_ms=120_000,  # nothing closes on the clock: the final stop closes it
-        align="epoch",
-        listen=f"127.0.0.1:{free_port()}",
-        state_dir=tmp_path / "cell",
-        partials=PartialsConfig(
-            cell="c1", broker=BrokerConfig(port=mosquitto.port), topic_prefix=ROOT_PREFIX
-        ),
-    )
+    cfg = _cell_c1("fiomon-cell-final", mosquitto.port, mosquitto.port, tmp_path / "cell")
     got: list[PartialsMessage] = []
     cores: list[AggregatorCore] = []
     stop = asyncio.Event()
@@ -335,22 +347,8 @@ async def test_partials_the_root_broker_refuses_stay_in_the_outbox(
         f.write(f"acl_file {acl}\nlog_type debug\n")  # debug: "Denied PUBLISH from ..."
     root_broker.start()
     now = time.time_ns() // 1_000_000 // 1000 * 1000
-    batch = records(random.Random(4), ["a"], 120)
-    batch = dataclasses.replace(
-        batch, start_ms=batch.start_ms - T0 + now, end_ms=batch.end_ms - T0 + now
-    )
-    cfg = AggregatorConfig(
-        broker=BrokerConfig(port=mosquitto.port),
-        topic_prefix="fiomonlive",
-        client_id="fiomon-cell-refused",
-        lateness_ms=120_000,
-        align="epoch",
-        listen=f"127.0.0.1:{free_port()}",
-        state_dir=tmp_path / "cell",
-        partials=PartialsConfig(
-            cell="c1", broker=BrokerConfig(port=root_broker.port), topic_prefix=ROOT_PREFIX
-        ),
-    )
+    batch = _records_at(now)
+    cfg = _cell_c1("fiomon-cell-refused", mosquitto.port, root_broker.port, tmp_path / "cell")
     cores: list[AggregatorCore] = []
     stop = asyncio.Event()
     cell = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
