@@ -11,6 +11,7 @@ import asyncio
 import json
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from tests.conftest import DEADLINE_S
 
@@ -59,7 +60,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
 
 
-def query(port: int, expr: str, at: float | None = None) -> list[dict[str, object]]:
+def query(port: int, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     """A Prometheus instant query on ``port``, now or ``at`` a Unix time (s)."""
     params: dict[str, str | float] = {"query": expr}
     if at is not None:
@@ -68,7 +69,7 @@ def query(port: int, expr: str, at: float | None = None) -> list[dict[str, objec
     with urllib.request.urlopen(url, timeout=10) as r:
         doc = json.loads(r.read())
     assert doc["status"] == "success", (expr, doc)
-    result: list[dict[str, object]] = doc["data"]["result"]
+    result: list[dict[str, Any]] = doc["data"]["result"]
     return result
 
 

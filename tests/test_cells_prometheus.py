@@ -25,8 +25,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from fiomon.cells import assign_cell
 from fiomon.config import agent_config_from
 from fiomon.offline.sources import FileSource, SourceOptions
 from tests.conftest import DEADLINE_S, Mosquitto, free_port
+from tests.metricskit import query, scrape, total
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 CELLS = ("cell-a", "cell-b")  # as deploy/prometheus/prometheus-cells.yml names them
@@ -67,22 +66,6 @@ def split_hosts(per_cell: int) -> dict[str, str]:
     raise AssertionError(msg)
 
 
-def get(url: str) -> Any:
-    assert url.startswith("http://127.0.0.1:")
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 -- loopback http only
-        return r.read()
-
-
-def query(port: int, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-    """An instant query, at ``at`` (Unix seconds) if given, else now."""
-    args = {"query": expr} | ({} if at is None else {"time": f"{at:.3f}"})
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(args)
-    doc = json.loads(get(url))
-    assert doc["status"] == "success", (expr, doc)
-    result: list[dict[str, Any]] = doc["data"]["result"]
-    return result
-
-
 def scalar(port: int, expr: str, at: float | None = None) -> float | None:
     rows = query(port, expr, at)
     return float(rows[0]["value"][1]) if rows else None
@@ -90,27 +73,16 @@ def scalar(port: int, expr: str, at: float | None = None) -> float | None:
 
 def buckets(port: int) -> dict[tuple[str, str, str], float]:
     """``(series, direction, le) -> value`` of an aggregator's latency histogram."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    text = get(f"http://127.0.0.1:{port}/metrics").decode()
     return {
-        (s.name, s.labels["direction"], s.labels.get("le", "")): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name.startswith("fiomon_cluster_io_latency_seconds")
+        (name, d["direction"], d.get("le", "")): v
+        for (name, labels), v in scrape(port).items()
+        if name.startswith("fiomon_cluster_io_latency_seconds")
+        for d in [dict(labels)]
     }
 
 
 def metric(port: int, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    text = get(f"http://127.0.0.1:{port}/metrics").decode()
-    return sum(
-        s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
+    return total(scrape(port), name, **labels)
 
 
 async def poll(predicate: Any, what: str) -> None:

@@ -216,9 +216,9 @@ async def test_end_to_end_on_real_parts(mosquitto: Mosquitto, tmp_path: Path, fi
     cluster = [r for r in rows if r["scope"] == "cluster" and r["direction"] == "read"]
     p99_ms = [round(r["percentiles_ns"]["99"] / 1e6, 2) for r in cluster]
     print(f"e2e: cluster read p99 per quantum (ms): {p99_ms}")
-    assert float(total[0]["value"][1]) == 1.0, p99_ms  # type: ignore[index]
-    assert float(now[0]["value"][1]) == 0.0  # type: ignore[index]
-    assert fired and float(fired[0]["value"][1]) == 1.0, "Prometheus saw the alert fire"  # type: ignore[index]
+    assert float(total[0]["value"][1]) == 1.0, p99_ms
+    assert float(now[0]["value"][1]) == 0.0
+    assert fired and float(fired[0]["value"][1]) == 1.0, "Prometheus saw the alert fire"
     assert not stale, "per-quantum series are stale once idle"
     # The heatmap counts each I/O once whatever the Direction: All ("all") and read + write
     # + trim give the same I/Os, which are the histogram's own count; no panel doubles.
