@@ -48,7 +48,14 @@ from fiomon.aggregator.dedup import SeqTracker
 from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.aggregator.journal import GridState, Journal, StateLock
 from fiomon.aggregator.live import LiveFeed, status_of
-from fiomon.aggregator.metrics import OTHER_HOST, Counts, Health, QuantumGauges, build_snapshot
+from fiomon.aggregator.metrics import (
+    OTHER_HOST,
+    Counts,
+    Health,
+    QuantumGauges,
+    build_snapshot,
+    with_outbox,
+)
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
@@ -837,34 +844,16 @@ class AggregatorCore:
             alerts=self.alerts.snapshot(),
         )
         snap = dataclasses.replace(snap, live=self.live.view(status))
-        return snap if self.outbox is None else self._with_outbox(snap)
-
-    def _with_outbox(self, snap: Snapshot) -> Snapshot:
-        """The cell's partials outbox on ``/metrics`` (backlog, sent, dropped)."""
-        assert self.outbox is not None  # noqa: S101 -- only called with an outbox
+        if self.outbox is None:
+            return snap
         ob = self.outbox
-        gauges = dict(snap.gauges)
-        gauges[
-            (
-                "fiomon_partials_backlog_bytes",
-                "Partials in the outbox the root's broker has not acknowledged.",
-                (),
-            )
-        ] = {(): float(ob.backlog_bytes)}
-        counters = dict(snap.counters)
-        counters[
-            (
-                "fiomon_partials_messages",
-                "Partials messages to the root: sent (acknowledged), dropped unsent, or "
-                "refused by the root's broker (kept and retried).",
-                ("result",),
-            )
-        ] = {
-            ("sent",): float(ob.sent),
-            ("dropped",): float(ob.dropped),
-            ("refused",): float(ob.refused),
-        }
-        return dataclasses.replace(snap, gauges=gauges, counters=counters)
+        return with_outbox(
+            snap,
+            backlog_bytes=ob.backlog_bytes,
+            sent=ob.sent,
+            dropped=ob.dropped,
+            refused=ob.refused,
+        )
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:
         """Rebuild the snapshot's counters between closes if the last is ``min_age_ms`` old."""

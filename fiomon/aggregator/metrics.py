@@ -23,6 +23,7 @@ the names before issue 12)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -125,6 +126,46 @@ THROUGHPUT = (
     "fiomon_cluster_throughput_bytes_per_second",
     "Bytes per second of the last closed quantum, cluster-wide.",
     ("direction",),
+)
+
+
+# A cell's partials outbox (issue 16; only with a ``partials`` section).
+PARTIALS_BACKLOG = (
+    "fiomon_partials_backlog_bytes",
+    "Partials in the outbox the root's broker has not acknowledged.",
+    (),
+)
+PARTIALS_MESSAGES = (
+    "fiomon_partials_messages",
+    "Partials messages to the root: sent (acknowledged), dropped unsent, or "
+    "refused by the root's broker (kept and retried).",
+    ("result",),
+)
+# The root's own families (``fiomon root``). With root.cells given, only listed cells
+# count in cells_up (an unlisted one shows in cell_up), so cells_up < cells_expected
+# means a listed cell is missing.
+ROOT_CELLS_UP = (
+    "fiomon_root_cells_up",
+    "Cells heard from within root.cell_timeout (only those in root.cells, if given).",
+    (),
+)
+ROOT_CELLS_EXPECTED = ("fiomon_root_cells_expected", "Cells listed in root.cells.", ())
+ROOT_CELL_UP = ("fiomon_root_cell_up", "1 while the cell is heard from, else 0.", ("cell",))
+ROOT_ROW_OUTCOMES = ("merged", "duplicate", "late", "future")
+ROOT_PARTIAL_ROWS = (
+    "fiomon_root_partial_rows",
+    "Partial rows by outcome (merged, duplicate, late, future).",
+    ("outcome",),
+)
+ROOT_INVALID_PARTIALS = (
+    "fiomon_root_invalid_partials",
+    "Partials messages refused, by reason.",
+    ("reason",),
+)
+ROOT_CLOSED_BY_LATENESS = (
+    "fiomon_root_quanta_closed_by_lateness",
+    "Quanta the root closed on its lateness, not every live cell's word.",
+    (),
 )
 
 
@@ -465,3 +506,58 @@ def build_snapshot(
         counters=counters,
         gauges=gauges_out,
     )
+
+
+def with_outbox(
+    snap: Snapshot, *, backlog_bytes: int, sent: int, dropped: int, refused: int
+) -> Snapshot:
+    """``snap`` plus a cell's partials outbox (issue 16): backlog, and messages by result.
+
+    Args:
+        snap: the cell's snapshot.
+        backlog_bytes: partials the root's broker has not acknowledged (bytes).
+        sent: messages the root's broker acknowledged.
+        dropped: messages dropped unsent (outbox over its bound).
+        refused: messages the root's broker refused (kept and retried).
+    """
+    gauges = dict(snap.gauges)
+    gauges[PARTIALS_BACKLOG] = {(): float(backlog_bytes)}
+    counters = dict(snap.counters)
+    counters[PARTIALS_MESSAGES] = {
+        ("sent",): float(sent),
+        ("dropped",): float(dropped),
+        ("refused",): float(refused),
+    }
+    return dataclasses.replace(snap, gauges=gauges, counters=counters)
+
+
+def with_root(
+    snap: Snapshot,
+    *,
+    cells_up: int,
+    cells_expected: int,
+    cell_up: Mapping[str, bool],
+    rows: Mapping[str, int],
+    invalid: Mapping[str, int],
+    closed_by_lateness: int,
+) -> Snapshot:
+    """``snap`` plus the root's own families (``fiomon root``, issue 16).
+
+    Args:
+        snap: the root's snapshot.
+        cells_up: live cells (only those in ``root.cells``, if given).
+        cells_expected: cells listed in ``root.cells``.
+        cell_up: every cell the root knows -> heard from within ``root.cell_timeout``.
+        rows: partial rows by outcome (merged, duplicate, late, future).
+        invalid: partials messages refused, by reason.
+        closed_by_lateness: quanta closed on the root's lateness.
+    """
+    gauges = dict(snap.gauges)
+    gauges[ROOT_CELLS_UP] = {(): float(cells_up)}
+    gauges[ROOT_CELLS_EXPECTED] = {(): float(cells_expected)}
+    gauges[ROOT_CELL_UP] = {(c,): float(up) for c, up in sorted(cell_up.items())}
+    counters = dict(snap.counters)
+    counters[ROOT_PARTIAL_ROWS] = {(k,): float(rows.get(k, 0)) for k in ROOT_ROW_OUTCOMES}
+    counters[ROOT_INVALID_PARTIALS] = {(k,): float(v) for k, v in invalid.items()}
+    counters[ROOT_CLOSED_BY_LATENESS] = {(): float(closed_by_lateness)}
+    return dataclasses.replace(snap, gauges=gauges, counters=counters)

@@ -37,7 +37,7 @@ from fiomon import __version__
 from fiomon.aggregator.alerts import AlertBook
 from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
 from fiomon.aggregator.journal import Journal, StateLock, write_atomic
-from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot
+from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
 from fiomon.aggregator.root import RootMerger
@@ -280,44 +280,16 @@ class RootService:
             python=platform.python_version(),
         )
         snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
-        known = sorted(self.merger.cells)
-        gauges = dict(snap.gauges)
-        # With root.cells given, only listed cells count (an unlisted one is reported in
-        # fiomon_root_cell_up), so cells_up < cells_expected means a listed cell is missing.
         expected = self.merger.expected
-        up = [c for c in live if c in expected] if expected else live
-        gauges[
-            (
-                "fiomon_root_cells_up",
-                "Cells heard from within root.cell_timeout (only those in root.cells, if given).",
-                (),
-            )
-        ] = {(): float(len(up))}
-        gauges[("fiomon_root_cells_expected", "Cells listed in root.cells.", ())] = {
-            (): float(len(self.merger.expected))
-        }
-        gauges[("fiomon_root_cell_up", "1 while the cell is heard from, else 0.", ("cell",))] = {
-            (c,): float(c in live) for c in known
-        }
-        counters = dict(snap.counters)
-        counters[
-            (
-                "fiomon_root_partial_rows",
-                "Partial rows by outcome (merged, duplicate, late, future).",
-                ("outcome",),
-            )
-        ] = {(k,): float(m.rows[k]) for k in ("merged", "duplicate", "late", "future")}
-        counters[
-            ("fiomon_root_invalid_partials", "Partials messages refused, by reason.", ("reason",))
-        ] = {(k,): float(v) for k, v in m.invalid.items()}
-        counters[
-            (
-                "fiomon_root_quanta_closed_by_lateness",
-                "Quanta the root closed on its lateness, not every live cell's word.",
-                (),
-            )
-        ] = {(): float(m.closed_by_lateness)}
-        return dataclasses.replace(snap, gauges=gauges, counters=counters)
+        return with_root(
+            snap,
+            cells_up=len([c for c in live if c in expected] if expected else live),
+            cells_expected=len(expected),
+            cell_up={c: c in live for c in self.merger.cells},
+            rows=m.rows,
+            invalid=m.invalid,
+            closed_by_lateness=m.closed_by_lateness,
+        )
 
     def close(self, timeout_s: float = GRACE_S) -> None:
         """Write what was closed, save the mark, close the journal, unlock the directory.
