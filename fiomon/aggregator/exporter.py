@@ -68,6 +68,20 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CLUSTER_LATENCY = "fiomon_cluster_latency_percentile_seconds"
 HOST_LATENCY = "fiomon_host_latency_percentile_seconds"
 LATENCY_HISTOGRAM = "fiomon_cluster_io_latency_seconds"
+QUANTUM_END = "fiomon_quantum_end_timestamp_seconds"
+SLA_BREACH = "fiomon_sla_breach"
+SLA_BREACHES = "fiomon_sla_breaches"  # a counter: rendered with ``_total``
+# Help texts of the families above, shared by both renderings (collector and render()).
+HELP = {
+    CLUSTER_LATENCY: "Cluster-wide latency percentile of the last closed quantum.",
+    HOST_LATENCY: "Per-host latency percentile of the last closed quantum (hosts capped).",
+    LATENCY_HISTOGRAM: (
+        "Cluster-wide I/O latencies since the aggregator started, from fio's histograms."
+    ),
+    QUANTUM_END: "End of the quantum the latency gauges describe (Unix time).",
+    SLA_BREACH: "1 while the SLA rule fires.",
+    SLA_BREACHES: "Times the SLA rule started firing.",
+}
 
 
 def bucket_edges_s(
@@ -190,46 +204,32 @@ class FiomonCollector:
         """The metric families of the current snapshot."""
         s = self.current()
         g = GaugeMetricFamily(
-            CLUSTER_LATENCY,
-            "Cluster-wide latency percentile of the last closed quantum.",
-            labels=["direction", "percentile"],
+            CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile"]
         )
         for (d, q), v in sorted(s.cluster.items()):
             g.add_metric([d, q], v)
         yield g
         h = GaugeMetricFamily(
-            HOST_LATENCY,
-            "Per-host latency percentile of the last closed quantum (hosts capped).",
-            labels=["host", "direction", "percentile"],
+            HOST_LATENCY, HELP[HOST_LATENCY], labels=["host", "direction", "percentile"]
         )
         for (host, d, q), v in sorted(s.hosts.items()):
             h.add_metric([host, d, q], v)
         yield h
         if s.quantum_end_s is not None:
-            yield GaugeMetricFamily(
-                "fiomon_quantum_end_timestamp_seconds",
-                "End of the quantum the latency gauges describe (Unix time).",
-                value=s.quantum_end_s,
-            )
+            yield GaugeMetricFamily(QUANTUM_END, HELP[QUANTUM_END], value=s.quantum_end_s)
         hist = HistogramMetricFamily(
-            LATENCY_HISTOGRAM,
-            "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
-            labels=["direction"],
+            LATENCY_HISTOGRAM, HELP[LATENCY_HISTOGRAM], labels=["direction"]
         )
         for d, (counts, total, sum_s) in sorted(s.buckets.items()):
             buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
             buckets.append(("+Inf", total))
             hist.add_metric([d], buckets, sum_value=sum_s)
         yield hist
-        breach = GaugeMetricFamily(
-            "fiomon_sla_breach", "1 while the SLA rule fires.", labels=["rule", "host"]
-        )
+        breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host"])
         for (rule, host), v in sorted(s.sla_breach.items()):
             breach.add_metric([rule, host], v)
         yield breach
-        breaches = CounterMetricFamily(
-            "fiomon_sla_breaches", "Times the SLA rule started firing.", labels=["rule"]
-        )
+        breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule"])
         for rule, v in sorted(s.sla_breaches.items()):
             breaches.add_metric([rule], v)
         yield breaches
@@ -345,40 +345,24 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
         prefixes: a cache of series prefixes to reuse between renders (optional).
     """
     w = _Writer({} if prefixes is None else prefixes, max_prefixes=1_000_000)
-    w.head(
-        CLUSTER_LATENCY,
-        "gauge",
-        "Cluster-wide latency percentile of the last closed quantum.",
-    )
+    w.head(CLUSTER_LATENCY, "gauge", HELP[CLUSTER_LATENCY])
     w.samples(CLUSTER_LATENCY, ("direction", "percentile"), sorted(s.cluster.items()))
-    w.head(
-        HOST_LATENCY,
-        "gauge",
-        "Per-host latency percentile of the last closed quantum (hosts capped).",
-    )
+    w.head(HOST_LATENCY, "gauge", HELP[HOST_LATENCY])
     w.samples(HOST_LATENCY, ("host", "direction", "percentile"), sorted(s.hosts.items()))
     if s.quantum_end_s is not None:
-        w.head(
-            "fiomon_quantum_end_timestamp_seconds",
-            "gauge",
-            "End of the quantum the latency gauges describe (Unix time).",
-        )
-        w.samples("fiomon_quantum_end_timestamp_seconds", (), [((), s.quantum_end_s)])
+        w.head(QUANTUM_END, "gauge", HELP[QUANTUM_END])
+        w.samples(QUANTUM_END, (), [((), s.quantum_end_s)])
     name = LATENCY_HISTOGRAM
-    w.head(
-        name,
-        "histogram",
-        "Cluster-wide I/O latencies since the aggregator started, from fio's histograms.",
-    )
+    w.head(name, "histogram", HELP[name])
     for d, (counts, total, sum_s) in sorted(s.buckets.items()):
         w.histogram(
             name, ("direction",), (d,), edges=s.edges_s, counts=counts, total=total, sum_value=sum_s
         )
-    w.head("fiomon_sla_breach", "gauge", "1 while the SLA rule fires.")
-    w.samples("fiomon_sla_breach", ("rule", "host"), sorted(s.sla_breach.items()))
-    w.head("fiomon_sla_breaches_total", "counter", "Times the SLA rule started firing.")
+    w.head(SLA_BREACH, "gauge", HELP[SLA_BREACH])
+    w.samples(SLA_BREACH, ("rule", "host"), sorted(s.sla_breach.items()))
+    w.head(f"{SLA_BREACHES}_total", "counter", HELP[SLA_BREACHES])
     w.samples(
-        "fiomon_sla_breaches_total",
+        f"{SLA_BREACHES}_total",
         ("rule",),
         [((k,), v) for k, v in sorted(s.sla_breaches.items())],
     )
