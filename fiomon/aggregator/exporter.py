@@ -1,13 +1,11 @@
 """Prometheus exposition: an immutable snapshot, rendered once, served to any number of scrapers.
 
 The aggregator builds a new :class:`Snapshot` when a quantum closes (and at most once a
-second between closes, for its counters) and swaps one reference. :class:`Exposition`
-renders the current snapshot to the text format once (:func:`render`, a few ms for
-thousands of hosts) and serves those bytes, gzipped once too when the scraper asks for
-it, to every scrape until the next snapshot: a scrape costs no Python work over the
-series, so a scrape storm cannot starve intake of the interpreter lock.
-:func:`serve_metrics` serves it from threads with a bounded number of concurrent scrapes
-and a deep listen backlog (waiting scrapers queue in the kernel, not in Python).
+second between closes, for its counters) and hands it to the ``/metrics`` child process
+(:mod:`fiomon.aggregator.metrics_server`), which renders it to the text format once
+(:func:`render`, a few ms for thousands of hosts) and serves those bytes, gzipped once
+too, to every scrape until the next snapshot: a scrape costs no Python work over the
+series, and none of it in the aggregator's interpreter.
 
 :class:`FiomonCollector` builds ``prometheus_client`` families from the same snapshot; the
 tests check that :func:`render` gives byte for byte what ``generate_latest`` gives for it.
@@ -34,15 +32,8 @@ percentiles are interpolated, so the bucket counts are the exact histogram's val
 
 from __future__ import annotations
 
-import gzip
-import logging
-import socket
-import ssl
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,7 +53,6 @@ if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads w
     from fiomon.aggregator.live import LiveView
 
 F64 = npt.NDArray[np.float64]
-log = logging.getLogger("fiomon.aggregator.exporter")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The per-quantum families (docs/metrics.md; the README's migration note has the old names).
 CLUSTER_LATENCY = "fiomon_cluster_latency_percentile_seconds"
@@ -375,176 +365,3 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
         w.head(base, "histogram", text)
         w.histogram(base, (), (), edges=edges, counts=counts, total=n, sum_value=total)
     return "".join(w.out).encode("utf-8")
-
-
-class Exposition:
-    """The current snapshot's text, rendered once and shared by every scrape.
-
-    The aggregator calls :meth:`publish` from the event loop (a reference swap); scrapes
-    call :meth:`body` from HTTP threads: the first scrape after a new snapshot renders it
-    (under a lock, so a hundred simultaneous scrapes render it once), the others get the
-    cached bytes.
-
-    Args:
-        current: returns the latest snapshot.
-    """
-
-    def __init__(self, current: Callable[[], Snapshot]) -> None:
-        self.current = current
-        self._lock = threading.Lock()
-        self._rendered: Snapshot | None = None
-        self._body = b""
-        self._gzipped: bytes | None = None
-        self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
-        self.renders = 0
-
-    def body(self, *, gzipped: bool = False) -> bytes:
-        """The text of the current snapshot (gzip-compressed if asked)."""
-        snap = self.current()
-        with self._lock:
-            if snap is not self._rendered:
-                self._body = render(snap, self._prefixes)
-                self._gzipped = None
-                self._rendered = snap
-                self.renders += 1
-            if not gzipped:
-                return self._body
-            if self._gzipped is None:
-                # Level 1: a tenth of the size for a few ms, once per snapshot.
-                self._gzipped = gzip.compress(self._body, compresslevel=1, mtime=0)
-            return self._gzipped
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: MetricsServer
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-            self.send_error(404, "only /metrics here")
-            return
-        accept = self.headers.get("Accept-Encoding", "")
-        gz = "gzip" in accept.lower()
-        try:
-            body = self.server.exposition.body(gzipped=gz)
-        except Exception:
-            log.exception("cannot render /metrics")
-            self.send_error(500, "cannot render the metrics (see the aggregator's log)")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        if gz:
-            self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: a scrape a second would flood the log."""
-
-
-class MetricsServer(ThreadingHTTPServer):
-    """HTTP server for ``/metrics``: a thread per scrape, at most ``max_concurrent`` at once.
-
-    Further connections wait in the listen backlog (``backlog``), where waiting costs
-    nothing; a slow or stuck scraper holds its thread for at most ``timeout_s``.
-
-    Args:
-        addr: listen address.
-        exposition: what to serve.
-        max_concurrent: scrapes served at once.
-        backlog: listen backlog (the kernel caps it at ``net.core.somaxconn``).
-        timeout_s: socket timeout of one scrape.
-        ssl_context: serve HTTPS with this context.
-    """
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(
-        self,
-        addr: tuple[str, int],
-        exposition: Exposition,
-        *,
-        max_concurrent: int = 16,
-        backlog: int = 1024,
-        timeout_s: float = 30.0,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self.request_queue_size = backlog
-        self.exposition = exposition
-        self.timeout_s = timeout_s
-        self._slots = threading.BoundedSemaphore(max_concurrent)
-        self._ssl = ssl_context
-        if ":" in addr[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(addr, _Handler)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        """Accept; with TLS the handshake happens later, in the scrape's own thread."""
-        sock, client = self.socket.accept()
-        sock.settimeout(self.timeout_s)
-        if self._ssl is not None:
-            sock = self._ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, client
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Wait for a free slot (in the accept thread), then serve in a new thread."""
-        self._slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection; give its slot back whatever happens."""
-        try:
-            if isinstance(request, ssl.SSLSocket):
-                try:
-                    request.do_handshake()
-                except (OSError, ssl.SSLError):
-                    self.shutdown_request(request)
-                    return
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A scraper that hangs up mid-response is not an error worth a traceback."""
-        log.debug("scrape from %s failed", client_address, exc_info=True)
-
-
-def serve_metrics(
-    addr: str,
-    port: int,
-    source: FiomonCollector | Exposition,
-    *,
-    certfile: Path | None = None,
-    keyfile: Path | None = None,
-    max_concurrent: int = 16,
-) -> tuple[MetricsServer, threading.Thread, Exposition]:
-    """Serve ``/metrics`` from a thread; stop with ``shutdown()`` and ``server_close()``.
-
-    Args:
-        addr: listen address.
-        port: listen port (0: any free port; see ``server.server_port``).
-        source: the exposition to serve, or a collector whose snapshots to serve.
-        certfile: serve HTTPS with this certificate (with ``keyfile``).
-        keyfile: its key.
-        max_concurrent: scrapes served at once.
-    """
-    exposition = source if isinstance(source, Exposition) else Exposition(source.current)
-    context = None
-    if certfile is not None:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(certfile), str(keyfile) if keyfile else None)
-    server = MetricsServer(
-        (addr, port), exposition, max_concurrent=max_concurrent, ssl_context=context
-    )
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="fiomon.aggregator.metrics"
-    )
-    thread.daemon = True
-    thread.start()
-    return server, thread, exposition

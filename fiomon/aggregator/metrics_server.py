@@ -20,7 +20,7 @@ restarted (after 1 s, backing off to 30 s while it keeps dying), counted in
 ``fiomon_metrics_server_restarts_total`` and logged; connections wait in the listen
 backlog meanwhile, as they did while a scrape thread was busy.
 
-HTTP, as the thread server before it: ``GET /metrics`` (or ``/``) gets the text format,
+HTTP: ``GET /metrics`` (or ``/``) gets the text format,
 gzip-encoded when the request's ``Accept-Encoding`` names gzip. The live page
 (:mod:`fiomon.aggregator.live`) is served here too, from bytes made once: ``/`` when the request
 accepts ``text/html`` (a browser; scrapers and curl keep getting the metrics), and

@@ -1,15 +1,10 @@
-"""The exposition: rendered once per snapshot, identical to prometheus_client, served to many."""
+"""The exposition: render() gives what prometheus_client gives for the same snapshot."""
 
 from __future__ import annotations
 
-import gzip
-import threading
-import urllib.request
-
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.exporter import Exposition, FiomonCollector, Snapshot, render, serve_metrics
+from fiomon.aggregator.exporter import FiomonCollector, Snapshot, render
 
 HOSTS = ["h1", 'we"ird', "back\\slash", "new\nline", "ü-host"]
 
@@ -71,47 +66,3 @@ def _registry(snap: Snapshot) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: snap))
     return registry
-
-
-def test_a_scrape_storm_renders_each_snapshot_once_and_every_scrape_succeeds() -> None:
-    current = [rich_snapshot()]
-    exposition = Exposition(lambda: current[0])
-    server, _thread, _ = serve_metrics("127.0.0.1", 0, exposition, max_concurrent=4)
-    url = f"http://127.0.0.1:{server.server_port}/metrics"
-    bodies: list[bytes] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def scrape(gz: bool) -> None:
-        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gz else {})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 -- http
-                body = resp.read()
-                if resp.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        except BaseException as exc:  # collected and asserted below
-            with lock:
-                errors.append(exc)
-            return
-        with lock:
-            bodies.append(body)
-
-    try:
-        threads = [threading.Thread(target=scrape, args=(i % 2 == 0,)) for i in range(120)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors[:3]
-        assert len(bodies) == 120
-        assert set(bodies) == {render(current[0])}
-        assert exposition.renders == 1, "120 scrapes of one snapshot render it once"
-        current[0] = Snapshot()  # a new snapshot (a close): rendered again, once
-        scrape(True)
-        assert exposition.renders == 2
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)  # noqa: S310
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -67,7 +67,7 @@ def served() -> Iterator[Served]:
         server.close()
 
 
-def test_answers_like_the_thread_server_and_serves_a_storm(served: Served) -> None:
+def test_answers_scrapes_and_serves_a_storm(served: Served) -> None:
     server, current, _ = served
     want = render(current[0])
     status, headers, body = get(server.port)
