@@ -79,6 +79,11 @@ def test_no_side_imports_another(module: str, path: Path) -> None:
         ("fiomon.offline.report", "aiomqtt"),
         ("fiomon.aggregator.alerts", "yaml"),  # rules are data; YAML is the loader's
         ("fiomon.wire", "aiomqtt"),
+        # The root's merge and the partials format are pure logic: no MQTT client.
+        ("fiomon.aggregator.partials", "aiomqtt"),
+        ("fiomon.aggregator.root", "aiomqtt"),
+        ("fiomon.aggregator.root", "paho"),
+        ("fiomon.cells", "paho"),
     ],
 )
 def test_modules_import_alone_without_what_they_do_not_need(module: str, absent: str) -> None:
