@@ -58,16 +58,77 @@ def exact(values: npt.NDArray[np.int64], q: float) -> float:
     return float(np.percentile(values, q, method="inverted_cdf"))
 
 
-def exact_interval(values: npt.NDArray[np.int64], q: float) -> tuple[float, float]:
-    """The sample's ``q``-quantiles (``q`` in percent) as ``(low, high)``; see the module doc."""
+def exact_interval(
+    values: npt.NDArray[np.int64], q: float, slack: float = 0.0
+) -> tuple[float, float]:
+    """The sample's ``q``-quantiles (``q`` in percent) as ``(low, high)``; see the module doc.
+
+    ``slack`` widens the rank ``q * n`` by that many I/Os either way: every latency from
+    the ``ceil(q * n - slack)``-th to the ``(floor(q * n + slack) + 1)``-th smallest
+    (:func:`split_slack` says how far a proportional split can move the rank). With no
+    slack that is the set of q-quantiles: one value, or the whole-rank pair.
+    """
     ordered = np.sort(values)
     n = len(ordered)
     rank = q / 100 * n
-    whole = round(rank)
-    if abs(rank - whole) < 1e-9 * n and 1 <= whole < n:
-        return float(ordered[whole - 1]), float(ordered[whole])
-    i = min(n - 1, max(0, int(np.ceil(rank)) - 1))
-    return float(ordered[i]), float(ordered[i])
+    eps = 1e-9 * n
+    low = min(n - 1, max(0, int(np.ceil(rank - slack - eps)) - 1))
+    high = min(n - 1, max(low, int(np.floor(rank + slack + eps))))
+    if slack == 0.0 and abs(rank - round(rank)) >= eps:  # not a whole rank: one value
+        high = low
+    return float(ordered[low]), float(ordered[high])
+
+
+@dataclass(frozen=True)
+class JobLogs:
+    """One fio job's hist-log record spans and its per-I/O truth (the same job's two logs)."""
+
+    spans: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # ddir -> starts, ends
+    truth: Truth
+
+    @classmethod
+    def load(cls, hist_log: Path, lat_log: Path, interval_ms: int = 1000) -> JobLogs:
+        """Records span ``(previous end, end]`` per direction, the first ``interval_ms``.
+
+        That is how fiomon reads them (``fiomon/fiolog.py``).
+        """
+        stamps = np.loadtxt(hist_log, delimiter=",", usecols=(0, 1), dtype=np.int64, ndmin=2)
+        spans = {}
+        for d in DIRS.values():
+            ends = np.unique(stamps[stamps[:, 1] == d, 0])
+            if len(ends):
+                spans[d] = (np.concatenate([[ends[0] - interval_ms], ends[:-1]]), ends)
+        return cls(spans, Truth.load([lat_log]))
+
+
+def split_slack(jobs: Iterable[JobLogs], start_ms: int, end_ms: int, direction: str) -> float:
+    """How many I/Os' worth the window's rank can move when records are split by overlap.
+
+    A fio record ``r`` of ``N`` I/Os that straddles the window's edge, with a fraction ``f``
+    of its time inside, is merged as ``f`` of each of its I/Os, as if they had completed
+    evenly; really ``k`` of them completed inside. At any latency ``x`` the merged count
+    below ``x`` then differs from the true one by at most ``(1 - f) * N + (N - k)`` (the
+    record is mostly inside) and at most ``f * N + k`` (mostly outside); the sum over the
+    window's straddling records bounds how far the percentile's rank can move. ``k`` comes
+    from the per-I/O log, so the bound is what the input allows, not a tolerance: a stall
+    that bunches a record's I/Os at one end (a loaded machine) widens it, regular records
+    keep it at a few I/Os in thousands.
+    """
+    d = DIRS[direction]
+    total = 0.0
+    for job in jobs:
+        if d not in job.spans:
+            continue
+        starts, ends = job.spans[d]
+        for s0, e0 in zip(starts.tolist(), ends.tolist(), strict=True):
+            inside = min(e0, end_ms) - max(s0, start_ms)
+            if inside <= 0 or inside == e0 - s0:
+                continue
+            f = inside / (e0 - s0)
+            n = len(job.truth.window(s0, e0, direction))
+            k = len(job.truth.window(max(s0, start_ms), min(e0, end_ms), direction))
+            total += min((1 - f) * n + (n - k), f * n + k)
+    return total
 
 
 @dataclass
@@ -86,6 +147,7 @@ def relative_errors(
     min_ios: int = 500,
     coverage: float = 0.05,
     truth_kind: Literal["interval", "lower"] = "interval",
+    jobs: Iterable[JobLogs] | None = None,
 ) -> Comparison:
     """Per percentile key, the estimate's relative distance to the exact quantiles.
 
@@ -106,7 +168,10 @@ def relative_errors(
         min_ios: skip windows with fewer I/Os.
         coverage: allowed relative difference of I/O counts.
         truth_kind: what an estimate is measured against (see above).
+        jobs: with ``truth_kind="interval"``, widen each window's interval by the rank
+            slack of the proportional split (:func:`split_slack` over these jobs' logs).
     """
+    job_list = list(jobs) if jobs is not None else []
     keys = list(qs)
     errs: dict[str, list[float]] = {k: [] for k in keys}
     uncovered = []
@@ -117,8 +182,9 @@ def relative_errors(
         if samples is not None and abs(samples - len(vals)) > coverage * len(vals):
             uncovered.append((end, direction, len(vals), samples))
             continue
+        slack = split_slack(job_list, start, end, direction) if job_list else 0.0
         for k in keys:
-            low, high = exact_interval(vals, float(k))
+            low, high = exact_interval(vals, float(k), slack)
             if truth_kind == "lower":
                 high = low
             e = est[k]

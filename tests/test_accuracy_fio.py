@@ -24,6 +24,7 @@ import pytest
 
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from tests.groundtruth import (
+    JobLogs,
     Truth,
     exact_interval,
     fiologparser_hist,
@@ -81,17 +82,35 @@ def _report_rows(logs: list[Path], align: Literal["auto", "epoch"]) -> list[Row]
 def test_auto_alignment_is_within_bounds(fio_run: Path) -> None:
     logs = sorted(fio_run.glob("run_clat_hist.*.log"))
     assert len(logs) == 3
-    truth = Truth.load(sorted(fio_run.glob("run_clat.*.log")))
-    cmp = relative_errors(_report_rows(logs, "auto"), truth, ["50", "90", "99"])
+    lat_logs = sorted(fio_run.glob("run_clat.*.log"))
+    truth = Truth.load(lat_logs)
+    rows = _report_rows(logs, "auto")
+    cmp = relative_errors(rows, truth, ["50", "90", "99"])
     # Only the run's last second may lack data: fio never writes the last partial interval.
     assert len(cmp.uncovered) <= 2, cmp.uncovered
     assert {d for _, d, _, _ in cmp.uncovered} <= {"read", "write"}
+    # The same windows against what their records allow: the true percentile's rank
+    # widened by how far splitting the straddling records by overlap can move it
+    # (split_slack, from the per-I/O logs). Within one of fio's bins (at most 1/64 wide,
+    # relative) in every window, on a quiet machine or a loaded one.
+    jobs = [JobLogs.load(h, c) for h, c in zip(logs, lat_logs, strict=True)]
+    allowed = relative_errors(rows, truth, ["50", "90", "99"], jobs=jobs)
     for k, e in cmp.errors.items():
         assert len(e) >= 16, f"too few windows with >= 500 I/Os for p{k}: {len(e)}"
         med, p90 = float(np.median(e)), float(np.percentile(e, 90))
-        print(f"auto p{k}: median error {med:.4%}, 90th percentile {p90:.4%}, n={len(e)}")
+        worst = max(allowed.errors[k])
+        print(
+            f"auto p{k}: median error {med:.4%}, 90th percentile {p90:.4%}, n={len(e)}; "
+            f"worst beyond what the records allow {worst:.4%}"
+        )
         assert med <= 0.01, f"p{k} median error {med:.3%} > 1%"
-        assert p90 <= 0.05, f"p{k} 90th-percentile error {p90:.3%} > 5%"
+        assert worst <= 1 / 64, f"p{k}: {worst:.3%} beyond what the records allow > one bin"
+        # p99 of 2,500 I/Os sits in a sparse tail, where moving a couple of I/Os across a
+        # quantum edge (records straddling it by a few ms on a loaded machine) moves the
+        # exact p99 by 5-10 %: its 90th-percentile error against the exact value is a
+        # property of the machine's load, bounded above (worst), not of fiomon.
+        if k != "99":
+            assert p90 <= 0.05, f"p{k} 90th-percentile error {p90:.3%} > 5%"
 
 
 def _epoch_errors(logs: list[Path], truth: Truth, tool: Path) -> tuple[list[float], list[float]]:
