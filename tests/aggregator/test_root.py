@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import FiomonCollector
+from fiomon.aggregator.exporter import FiomonCollector, Snapshot
+from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
@@ -315,6 +316,41 @@ def _promtool_clean(text: str) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+def test_messages_per_cell_are_exported() -> None:
+    """``RootCounts.messages`` reaches /metrics as fiomon_root_partials_messages_total{cell}.
+
+    Taken messages count (a resend too: it is a message, its rows are duplicates); a
+    refused one counts only as invalid.
+    """
+    root = _merger(["c1", "c2"])
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)  # a resend
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("c2", T0 + Q + Q // 2, T0), T0)  # off the grid: refused
+    assert root.counts.invalid["grid"] == 1
+    snap = with_root(
+        Snapshot(),
+        cells_up=2,
+        cells_expected=2,
+        cell_up={"c1": True, "c2": True},
+        rows=root.counts.rows,
+        invalid=root.counts.invalid,
+        closed_by_lateness=0,
+        messages=root.counts.messages,
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: snap))
+    _promtool_clean(generate_latest(registry).decode())
+    got = {
+        c: registry.get_sample_value("fiomon_root_partials_messages_total", {"cell": c})
+        for c in ("c1", "c2")
+    }
+    assert got == {"c1": 2, "c2": 1}
+    assert (
+        registry.get_sample_value("fiomon_root_partial_rows_total", {"outcome": "duplicate"}) == 1
+    )
 
 
 def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
