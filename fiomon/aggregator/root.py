@@ -31,10 +31,8 @@ import numpy.typing as npt
 
 from fiomon.aggregator.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
 from fiomon.bins import BinLayout, coarsen_hist, merged_layout
-from fiomon.confidence import summarize_with_bounds
 from fiomon.errors import LayoutError, WireFormatError
-from fiomon.histogram import pct_key, summarize_many
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, ci_dicts
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, closed_row, group_stats
 
 log = logging.getLogger("fiomon.root")
 
@@ -136,7 +134,6 @@ class RootMerger:
         self.counts = RootCounts()
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
-        self._keys = [pct_key(q) for q in self.percentiles]
         self._closed_any = False  # rows were closed: the layout is fixed from then on
 
     # -- intake -----------------------------------------------------------------------------
@@ -414,37 +411,34 @@ class RootMerger:
         # does): one workload fills a few hundred of fio's 1856 bins.
         used = np.flatnonzero(hists.any(axis=0))
         lo, hi = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 1)
-        cols = hists[:, lo:hi]
-        cis: list[dict[str, tuple[float | None, float | None]] | None]
-        if self.confidence_level is None:
-            stats = summarize_many(cols, self.layout, self.percentiles, first_bin=lo)
-            cis = [None] * len(stats)
-        else:
-            stats, low, high = summarize_with_bounds(
-                cols, self.layout, self.percentiles, level=self.confidence_level, first_bin=lo
-            )
-            cis = ci_dicts(self._keys, low, high)
+        stats, cis = group_stats(
+            hists[:, lo:hi],
+            self.layout,
+            self.percentiles,
+            confidence_level=self.confidence_level,
+            first_bin=lo,
+        )
         out = []
         for k, st, ci in zip(keys, stats, cis, strict=True):
             if st is None:
                 continue  # empty groups form no row (they only widened no span here)
             g = groups[k]
-            covered_s = (g.hi_ms - g.lo_ms) / 1000.0
             scope, host, direction = k
             out.append(
-                ClosedQuantum(
+                closed_row(
                     start_ms=end - self.quantum_ms,
                     end_ms=end,
                     scope=scope,
                     host=host,
                     direction=direction,
                     stats=st,
-                    iops=st.samples / covered_s if covered_s > 0 else None,
-                    bytes_per_second=g.nbytes / covered_s if covered_s > 0 else None,
+                    ci_ns=ci,
+                    lo_ms=g.lo_ms,
+                    hi_ms=g.hi_ms,
+                    nbytes=g.nbytes,
                     streams=g.streams,
                     late_records=g.late,
                     hist=g.hist if scope == "cluster" else None,
-                    ci_ns=ci,
                 )
             )
         return out
