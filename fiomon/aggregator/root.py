@@ -216,22 +216,24 @@ class RootMerger:
 
     def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
         """Merge a decoded message's rows and note the cell's progress."""
-        if not self._fit_layout(msg):
-            return
+        # A refused message changes nothing: its grid is checked, then its bins are fitted
+        # (which may re-bin the open groups), and only then is a first phase taken.
         q = self.quantum_ms
+        phase = self.phase_ms
         for r in msg.rows:
             p = r.part
-            if p.end_ms - p.start_ms != q or (
-                self.phase_ms is not None and p.end_ms % q != self.phase_ms
-            ):
+            if p.end_ms - p.start_ms != q or (phase is not None and p.end_ms % q != phase):
                 self._invalid(
                     "grid",
                     f"cell {msg.cell}: quantum ({p.start_ms}, {p.end_ms}] is not on the root's "
-                    f"grid ({q} ms, phase {self.phase_ms})",
+                    f"grid ({q} ms, phase {phase})",
                 )
                 return
-            if self.phase_ms is None:
-                self.phase_ms = p.end_ms % q
+            if phase is None:
+                phase = p.end_ms % q
+        if not self._fit_layout(msg):
+            return
+        self.phase_ms = phase
         cell = self.cells.get(msg.cell)
         if cell is None:
             cell = self.cells[msg.cell] = CellState(now_ms)

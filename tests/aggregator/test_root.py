@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -355,6 +356,28 @@ def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
     assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
     assert root.counts.rows == {"merged": 1, "future": 1}
     assert root.open_quanta == 1
+
+
+def test_a_refused_message_sets_neither_bins_nor_grid() -> None:
+    """Refused for its grid, a message does not re-bin; refused for its bins, no phase."""
+    root = _merger(["ca", "cb"])
+    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0)
+    # Coarser bins (would be taken before the first close) but a 1.5 s quantum: refused,
+    # and the root's bins stay ca's.
+    bad = decode(_one_row_message("cb", T0 + 2 * Q, T0, layout=COARSE))
+    part = bad.rows[0].part
+    wide = dataclasses.replace(part, start_ms=part.start_ms - Q // 2)
+    root.take(dataclasses.replace(bad, rows=(PartialRow(wide),)), T0)
+    assert (root.counts.invalid["grid"], root.layout) == (1, LAY)
+    # A heartbeat (no rows) settles the bins but no phase; a fio 2 message 10 ms off is
+    # refused for its bins and must not set the phase either.
+    fresh = _merger(["ca"])
+    fresh.receive(encode(PartialsMessage("ca", 0, LAY, T0, ())), T0)
+    fresh.receive(_one_row_message("ca", T0 + Q + 10, T0, layout=BinLayout(19, 0, "us")), T0)
+    assert (fresh.counts.invalid["layout"], fresh.layout, fresh.phase_ms) == (1, LAY, None)
+    fresh.receive(_one_row_message("ca", T0 + Q, T0), T0)  # on the epoch grid: taken
+    assert fresh.phase_ms == T0 % Q
+    assert fresh.counts.rows["merged"] == 1
 
 
 def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
