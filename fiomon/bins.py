@@ -253,3 +253,24 @@ def coarsen_counts(bins: IntArray, source: BinLayout, target: BinLayout) -> IntA
         msg = f"cannot merge histograms of {source.describe()} into {target.describe()}"
         raise LayoutError(msg)
     return np.right_shift(bins, target.coarseness - source.coarseness)
+
+
+def coarsen_hist(hist: FloatArray, source: BinLayout, target: BinLayout) -> FloatArray:
+    """Dense counts per bin of ``source`` summed into the bins of the coarser ``target``.
+
+    The dense form of :func:`coarsen_counts` (the same index map, one rule): target bin
+    ``i`` holds the sum of the source bins whose index ``>> (target.coarseness -
+    source.coarseness)`` is ``i``. Exact aggregation, never a resampling; float counts
+    are summed in bin order.
+
+    Raises:
+        LayoutError: the layouts differ in group_nr or unit, target is finer, or ``hist``
+            is not ``source.nbins`` long.
+    """
+    if len(hist) != source.nbins:
+        msg = f"a histogram of {len(hist)} bins is not of {source.describe()}"
+        raise LayoutError(msg)
+    if source == target:
+        return hist
+    index = coarsen_counts(np.arange(source.nbins, dtype=np.int64), source, target)
+    return np.bincount(index, weights=hist, minlength=target.nbins).astype(np.float64, copy=False)

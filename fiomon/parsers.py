@@ -51,6 +51,9 @@ class RecordParser(Protocol):
         """The file ended: the records still held back."""
 
 
+SNIFF_BYTES = 4096  # how much of a file's head every reader hands to sniff (agent, offline)
+
+
 def sniff(head: bytes) -> Kind | None:
     """``json`` or ``hist`` from a file's first bytes (None while it holds only blanks)."""
     if not head.strip():

@@ -237,6 +237,73 @@ def _val(v: object) -> str:
     return _LINE_ENCODER.encode(v)
 
 
+Interval = dict[str, tuple[float | None, float | None]]  # percentile key -> (low, high) ns
+
+
+def group_stats(
+    hists: npt.NDArray[np.float64],
+    layout: BinLayout,
+    percentiles: Sequence[float],
+    *,
+    confidence_level: float | None,
+    first_bin: int = 0,
+) -> tuple[list[HistStats | None], list[Interval | None]]:
+    """Statistics of every row of ``hists`` with their percentile intervals (for closed_row).
+
+    The one computation behind every closed-quantum row: the engine's (and so the
+    aggregator's and the offline report's) and the root's, whose equality depends on it.
+    ``hists`` may hold only the columns from ``first_bin`` on (as
+    :func:`fiomon.histogram.summarize_many`). Intervals are None without a
+    ``confidence_level``; an empty row's statistics are None.
+    """
+    if confidence_level is None:
+        stats = summarize_many(hists, layout, percentiles, first_bin=first_bin)
+        return stats, [None] * len(stats)
+    stats, low, high = summarize_with_bounds(
+        hists, layout, percentiles, level=confidence_level, first_bin=first_bin
+    )
+    return stats, ci_dicts([pct_key(q) for q in percentiles], low, high)
+
+
+def closed_row(
+    *,
+    start_ms: int,
+    end_ms: int,
+    scope: Scope,
+    host: str | None,
+    direction: str,
+    stats: HistStats,
+    ci_ns: Interval | None,
+    lo_ms: int,
+    hi_ms: int,
+    nbytes: float,
+    streams: int,
+    late_records: int,
+    hist: npt.NDArray[np.float64] | None,
+) -> ClosedQuantum:
+    """The :class:`ClosedQuantum` row of one group (engine and root alike).
+
+    Rates are per second of the span the group's records cover (``hi_ms - lo_ms``, ms),
+    not of the quantum: a stream that ran a tenth of it is not diluted. A group whose
+    records cover no time has no rates (None).
+    """
+    covered_s = (hi_ms - lo_ms) / 1000.0
+    return ClosedQuantum(
+        start_ms=start_ms,
+        end_ms=end_ms,
+        scope=scope,
+        host=host,
+        direction=direction,
+        stats=stats,
+        iops=stats.samples / covered_s if covered_s > 0 else None,
+        bytes_per_second=nbytes / covered_s if covered_s > 0 else None,
+        streams=streams,
+        late_records=late_records,
+        hist=hist,
+        ci_ns=ci_ns,
+    )
+
+
 def ci_dicts(
     keys: Sequence[str], low: npt.NDArray[np.float64], high: npt.NDArray[np.float64]
 ) -> list[dict[str, tuple[float | None, float | None]] | None]:
@@ -422,7 +489,6 @@ class QuantumEngine:
         self.confidence_level = confidence_level
         self.keep_partials = keep_partials
         self.partials: list[RawPartial] = []  # with keep_partials; the taker empties it
-        self._pct_keys = [pct_key(q) for q in self.percentiles]
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
@@ -896,36 +962,30 @@ class QuantumEngine:
             g_streams = np.bincount(pg[pg >= 0], minlength=ng)
             if self.keep_partials:
                 self._keep_partials(k, wanted, g_lo, g_hi, g_bytes, g_streams, first_bin)
-            hists = k.hists[wanted]
-            cis: list[dict[str, tuple[float | None, float | None]] | None]
-            if self.confidence_level is None:
-                stats = summarize_many(hists, self.layout, self.percentiles, first_bin=first_bin)
-                cis = [None] * len(stats)
-            else:
-                stats, low, high = summarize_with_bounds(
-                    hists,
-                    self.layout,
-                    self.percentiles,
-                    level=self.confidence_level,
-                    first_bin=first_bin,
-                )
-                cis = ci_dicts(self._pct_keys, low, high)
+            stats, cis = group_stats(
+                k.hists[wanted],
+                self.layout,
+                self.percentiles,
+                confidence_level=self.confidence_level,
+                first_bin=first_bin,
+            )
             for i, st, ci in zip(wanted, stats, cis, strict=True):
                 if st is None:
                     continue  # empty quanta produce no row
                 q, h = int(k.q[i]), int(k.host[i])
                 host = None if k.scope == "cluster" else self._host_names[h]
-                covered_s = (int(g_hi[i]) - int(g_lo[i])) / 1000.0
                 start, end = self.quantum_bounds(q)
-                row = ClosedQuantum(
+                row = closed_row(
                     start_ms=start,
                     end_ms=end,
                     scope=k.scope,
                     host=host,
                     direction=k.label[i],
                     stats=st,
-                    iops=st.samples / covered_s if covered_s > 0 else None,
-                    bytes_per_second=float(g_bytes[i]) / covered_s if covered_s > 0 else None,
+                    ci_ns=ci,
+                    lo_ms=int(g_lo[i]),
+                    hi_ms=int(g_hi[i]),
+                    nbytes=float(g_bytes[i]),
                     streams=int(g_streams[i]),
                     late_records=(
                         late_total if host is None else self._late_since_close.get(host, 0)
@@ -936,7 +996,6 @@ class QuantumEngine:
                         or (self.keep_host_hists and host is not None)
                         else None
                     ),
-                    ci_ns=ci,
                 )
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))

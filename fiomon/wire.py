@@ -97,7 +97,12 @@ def wire_id(text: str, limit: int = MAX_ID_BYTES) -> str:
     return f"{digest}~{tail}"
 
 
-def _put_str(out: list[bytes], text: str, what: str) -> None:
+def put_str(out: list[bytes], text: str, what: str) -> None:
+    """Append ``text`` as a u16 length and its UTF-8 bytes (the wire's string form).
+
+    Raises:
+        ValueError: ``text`` is empty or over ``MAX_ID_BYTES`` bytes (a programming error).
+    """
     raw = text.encode("utf-8")
     if not raw or len(raw) > MAX_ID_BYTES:
         msg = f"{what} must be 1..{MAX_ID_BYTES} UTF-8 bytes, got {len(raw)}"
@@ -146,11 +151,11 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
             first_seq,
         )
     ]
-    _put_str(parts, agent, "agent id")
-    _put_str(parts, stream, "stream id")
+    put_str(parts, agent, "agent id")
+    put_str(parts, stream, "stream id")
     parts.append(struct.pack("<H", len(batch.streams)))
     for s in batch.streams:
-        _put_str(parts, wire_id(s.stream), "job label")  # job names come from the files
+        put_str(parts, wire_id(s.stream), "job label")  # job names come from the files
     rows = np.zeros(n, dtype=_RECORD)
     rows["label"] = batch.stream_idx
     rows["direction"] = batch.direction
@@ -164,12 +169,20 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
     return b"".join(parts)
 
 
-class _Cursor:
+class Cursor:
+    """Reads a payload front to back, refusing what it cannot hold.
+
+    A read past the end, or of a negative size (a length field read as signed), raises
+    :class:`~fiomon.errors.WireFormatError` with reason ``truncated``: never a slice that
+    silently comes back short. Shared by the record and the partials decoders.
+    """
+
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.pos = 0
 
     def take(self, n: int, what: str) -> bytes:
+        """The next ``n`` bytes (``what`` names them in the refusal)."""
         if n < 0 or self.pos + n > len(self.data):
             left = len(self.data) - self.pos
             msg = f"truncated: {what} needs {n} bytes at offset {self.pos}, {left} left"
@@ -189,6 +202,7 @@ class _Cursor:
         return at
 
     def text(self, what: str) -> str:
+        """A u16-length-prefixed UTF-8 string of 1..``MAX_ID_BYTES`` bytes."""
         (length,) = struct.unpack("<H", self.take(2, f"{what} length"))
         if not 0 < length <= MAX_ID_BYTES:
             msg = f"{what} length {length} outside 1..{MAX_ID_BYTES}"
@@ -379,7 +393,7 @@ class Decoder:
         if len(data) > self.max_bytes:
             msg = f"oversized: {len(data)} bytes, limit {self.max_bytes}"
             raise WireFormatError(msg, "oversized")
-        cur = _Cursor(data)
+        cur = Cursor(data)
         magic, version, flags, group_nr, coarse, unit, n, nnz, first_seq = _HEAD.unpack(
             cur.take(_HEAD.size, "header")
         )
@@ -495,7 +509,7 @@ class Decoder:
             bins_at + 2 * nnz,
         )
 
-    def _labels(self, cur: _Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
+    def _labels(self, cur: Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
         """The job label table; an agent sends the same table every second, so it is kept."""
         start = cur.pos
         last = self._last.get(agent)
@@ -516,7 +530,7 @@ class Decoder:
         if hit is not None:
             self._last[agent] = (raw, hit)
             return hit
-        sub = _Cursor(raw)
+        sub = Cursor(raw)
         labels = tuple(StreamInfo(agent, sub.text(f"job label {i}")) for i in range(nlabels))
         if len(set(labels)) != nlabels:
             msg = "duplicate job labels"
@@ -686,7 +700,7 @@ def describe(payload: bytes) -> str | None:
     records)"``, or None when not even the header and ids can be read.
     """
     try:
-        cur = _Cursor(bytes(payload))
+        cur = Cursor(bytes(payload))
         magic, _, _, _, _, _, n, _, first_seq = _HEAD.unpack(cur.take(_HEAD.size, "header"))
         if magic != MAGIC or not 0 < n <= MAX_RECORDS:
             return None

@@ -11,6 +11,7 @@ from fiomon.bins import (
     BinLayout,
     candidate_layouts,
     coarsen_counts,
+    coarsen_hist,
     detect_layout,
     fine_lower_upper,
     merged_layout,
@@ -163,3 +164,32 @@ def test_coarsen_counts_refuses_a_finer_target() -> None:
         coarsen_counts(np.zeros(1, np.int64), BinLayout(29, 2), BinLayout(29, 1))
     got = coarsen_counts(np.array([0, 7, 8], np.int64), BinLayout(29, 1), BinLayout(29, 3))
     assert got.tolist() == [0, 1, 2]
+
+
+@given(st.integers(0, 5), st.integers(1, 6), st.lists(st.integers(0, 2**32), max_size=40))
+def test_coarsen_hist_sums_fine_bins_as_their_edges_say(c: int, d: int, seed: list[int]) -> None:
+    """Dense counts coarsened land where the coarse edges hold the fine bins' latencies."""
+    src, dst = BinLayout(29, c), BinLayout(29, min(c + d, 6))
+    rng = np.random.default_rng(seed)
+    hist = np.zeros(src.nbins)
+    idx = rng.integers(0, src.nbins, 30)
+    np.add.at(hist, idx, rng.random(30) * 1000)
+    got = coarsen_hist(hist, src, dst)
+    assert len(got) == dst.nbins
+    # Each fine bin's lower edge falls in the coarse bin it was summed into.
+    lo_src = src.edges_ns()[0]
+    lo_dst, hi_dst = dst.edges_ns()
+    want = np.zeros(dst.nbins)
+    for i in np.flatnonzero(hist):
+        j = int(np.searchsorted(lo_dst, lo_src[i], side="right")) - 1
+        assert lo_dst[j] <= lo_src[i] < hi_dst[j] or j == dst.nbins - 1
+        want[j] += hist[i]
+    assert np.allclose(got, want, rtol=1e-12, atol=0)
+    assert coarsen_hist(hist, src, src) is hist
+
+
+def test_coarsen_hist_refuses_a_finer_target_or_a_wrong_width() -> None:
+    with pytest.raises(LayoutError, match="cannot merge histograms"):
+        coarsen_hist(np.zeros(BinLayout(29, 2).nbins), BinLayout(29, 2), BinLayout(29, 1))
+    with pytest.raises(LayoutError, match="not of 1856 bins"):
+        coarsen_hist(np.zeros(10), BinLayout(), BinLayout(29, 1))

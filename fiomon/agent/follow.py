@@ -65,7 +65,7 @@ from fiomon.fiojson import JsonStatusParser
 from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions
 from fiomon.model import RecordBatch
 from fiomon.overlap import Declaration, covering
-from fiomon.parsers import Kind, ParserOptions, RecordParser, open_parser, sniff
+from fiomon.parsers import SNIFF_BYTES, Kind, ParserOptions, RecordParser, open_parser, sniff
 from fiomon.problems import Problem, ProblemLog
 from fiomon.wire import MAX_TIME_MS, encode, wire_id
 
@@ -1017,7 +1017,7 @@ def _sniff_path(path: str) -> str | None:
 def _sniff(fd: int) -> Kind | None:
     """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
     try:
-        head = os.pread(fd, 4096, 0)
+        head = os.pread(fd, SNIFF_BYTES, 0)
     except OSError:
         return None
     return sniff(head)

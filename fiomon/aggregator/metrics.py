@@ -162,6 +162,11 @@ ROOT_INVALID_PARTIALS = (
     "Partials messages refused, by reason.",
     ("reason",),
 )
+ROOT_PARTIALS_MESSAGES = (
+    "fiomon_root_partials_messages",
+    "Partials messages taken from each cell (refused ones not counted).",
+    ("cell",),
+)
 ROOT_CLOSED_BY_LATENESS = (
     "fiomon_root_quanta_closed_by_lateness",
     "Quanta the root closed on its lateness, not every live cell's word.",
@@ -540,6 +545,7 @@ def with_root(
     rows: Mapping[str, int],
     invalid: Mapping[str, int],
     closed_by_lateness: int,
+    messages: Mapping[str, int] | None = None,
 ) -> Snapshot:
     """``snap`` plus the root's own families (``fiomon root``, issue 16).
 
@@ -551,6 +557,8 @@ def with_root(
         rows: partial rows by outcome (merged, duplicate, late, future).
         invalid: partials messages refused, by reason.
         closed_by_lateness: quanta closed on the root's lateness.
+        messages: partials messages taken, by cell (``RootCounts.messages``); None
+            leaves the family out.
     """
     gauges = dict(snap.gauges)
     gauges[ROOT_CELLS_UP] = {(): float(cells_up)}
@@ -560,4 +568,6 @@ def with_root(
     counters[ROOT_PARTIAL_ROWS] = {(k,): float(rows.get(k, 0)) for k in ROOT_ROW_OUTCOMES}
     counters[ROOT_INVALID_PARTIALS] = {(k,): float(v) for k, v in invalid.items()}
     counters[ROOT_CLOSED_BY_LATENESS] = {(): float(closed_by_lateness)}
+    if messages is not None:
+        counters[ROOT_PARTIALS_MESSAGES] = {(c,): float(n) for c, n in sorted(messages.items())}
     return dataclasses.replace(snap, gauges=gauges, counters=counters)

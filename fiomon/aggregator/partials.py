@@ -30,7 +30,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.windows import ALL_DIRECTIONS, RawPartial, Scope
-from fiomon.wire import MAX_ID_BYTES, MAX_TIME_MS, UNITS
+from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
 VERSION = 1
@@ -98,15 +98,6 @@ class PartialsMessage:
     rows: tuple[PartialRow, ...]
 
 
-def _put_str(out: list[bytes], text: str, what: str) -> None:
-    raw = text.encode("utf-8")
-    if not raw or len(raw) > MAX_ID_BYTES:
-        msg = f"{what} must be 1..{MAX_ID_BYTES} UTF-8 bytes, got {len(raw)}"
-        raise ValueError(msg)
-    out.append(struct.pack("<H", len(raw)))
-    out.append(raw)
-
-
 def encode(msg: PartialsMessage) -> bytes:
     """The bytes of ``msg`` (counts are written as they are: exact float64).
 
@@ -135,9 +126,9 @@ def encode(msg: PartialsMessage) -> bytes:
             len(msg.rows),
         )
     ]
-    _put_str(parts, msg.cell, "cell name")
+    put_str(parts, msg.cell, "cell name")
     for h in hosts:
-        _put_str(parts, h, "host name")
+        put_str(parts, h, "host name")
     table = np.zeros(len(msg.rows), dtype=_ROW)
     bins: list[npt.NDArray[np.int64]] = []
     counts: list[npt.NDArray[np.float64]] = []
@@ -174,29 +165,6 @@ def _refuse(text: str, reason: str = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
-class _Cursor:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def take(self, n: int, what: str) -> bytes:
-        if self.pos + n > len(self.data):
-            left = len(self.data) - self.pos
-            _refuse(f"truncated: {what} needs {n} bytes, {left} left", "truncated")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def text(self, what: str) -> str:
-        (length,) = struct.unpack("<H", self.take(2, f"{what} length"))
-        if not 0 < length <= MAX_ID_BYTES:
-            _refuse(f"{what} length {length} outside 1..{MAX_ID_BYTES}")
-        try:
-            return self.take(length, what).decode("utf-8")
-        except UnicodeDecodeError:
-            _refuse(f"{what} is not UTF-8")
-
-
 def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMessage:
     """The message in ``payload``; anything :func:`encode` could not have written is refused.
 
@@ -223,7 +191,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
         _refuse(f"{nstr} strings / {nrows} rows out of bounds")
     if abs(through) > MAX_TIME_MS:
         _refuse(f"closed_through_ms {through} out of range")
-    cur = _Cursor(payload)
+    cur = Cursor(payload)
     cur.pos = _HEAD.size
     # Each string takes at least 3 bytes: a count the payload cannot hold is refused
     # before a loop the size of a hostile count.

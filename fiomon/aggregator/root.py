@@ -30,11 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.aggregator.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
-from fiomon.bins import BinLayout
-from fiomon.confidence import summarize_with_bounds
-from fiomon.errors import WireFormatError
-from fiomon.histogram import pct_key, summarize_many
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, ci_dicts
+from fiomon.bins import BinLayout, coarsen_hist, merged_layout
+from fiomon.errors import LayoutError, WireFormatError
+from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, closed_row, group_stats
 
 log = logging.getLogger("fiomon.root")
 
@@ -136,7 +134,7 @@ class RootMerger:
         self.counts = RootCounts()
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
-        self._keys = [pct_key(q) for q in self.percentiles]
+        self._closed_any = False  # rows were closed: the layout is fixed from then on
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -162,6 +160,54 @@ class RootMerger:
         self.take(msg, now_ms, replay=replay)
         return max((r.part.end_ms for r in msg.rows), default=None)
 
+    def _fit_layout(self, msg: PartialsMessage) -> bool:
+        """Whether ``msg``'s rows merge into the root's bins (settling them); else refused.
+
+        One rule with the aggregator (:func:`fiomon.bins.merged_layout`): a finer cell's
+        rows are summed into the root's coarser bins exactly (:func:`coarsen_hist`, row
+        by row in :meth:`take`). A coarser cell cannot be split into finer bins, so before
+        the root's first close it re-bins the open groups to the coarser layout instead
+        (exact too; nothing was published yet): the root's bins are the coarsest of the
+        cells heard from by then, whichever came first. After that they are fixed (its
+        published rows and bucket histogram use them), and a coarser cell is refused.
+        """
+        new = msg.layout
+        if self.layout is None or new == self.layout:
+            self.layout = new
+            return True
+        try:
+            merged = merged_layout(self.layout, new)
+        except LayoutError as exc:
+            self._invalid(
+                "layout",
+                f"cell {msg.cell}: {exc}: every cell's hosts need fio with the same bins "
+                "(fio 3, or fio 2 everywhere)",
+            )
+            return False
+        if merged == self.layout:
+            return True
+        if not self._closed_any:
+            for groups in self._open.values():
+                for g in groups.values():
+                    g.hist = coarsen_hist(g.hist, self.layout, merged)
+            log.info(
+                "cell %s: bins %s are coarser than the others' so far: the root merges into "
+                "them (exact: finer cells' bins are summed)",
+                msg.cell,
+                merged.describe(),
+            )
+            self.layout = merged
+            return True
+        self._invalid(
+            "layout",
+            f"cell {msg.cell}: bins {new.describe()} are coarser than the root's "
+            f"{self.layout.describe()}, fixed at its first close (finer bins cannot be "
+            f"made from coarser ones): give every cell's hosts the same fio "
+            f"log_hist_coarseness (at least {new.coarseness}); the root's bins are the "
+            "coarsest it heard of before its first close after a start",
+        )
+        return False
+
     def _invalid(self, reason: str, text: str) -> None:
         self.counts.invalid[reason] += 1
         n = self.counts.invalid[reason]
@@ -170,25 +216,24 @@ class RootMerger:
 
     def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
         """Merge a decoded message's rows and note the cell's progress."""
-        if self.layout is None:
-            self.layout = msg.layout
-        elif msg.layout != self.layout:
-            self._invalid("layout", f"cell {msg.cell}: layout {msg.layout} != {self.layout}")
-            return
+        # A refused message changes nothing: its grid is checked, then its bins are fitted
+        # (which may re-bin the open groups), and only then is a first phase taken.
         q = self.quantum_ms
+        phase = self.phase_ms
         for r in msg.rows:
             p = r.part
-            if p.end_ms - p.start_ms != q or (
-                self.phase_ms is not None and p.end_ms % q != self.phase_ms
-            ):
+            if p.end_ms - p.start_ms != q or (phase is not None and p.end_ms % q != phase):
                 self._invalid(
                     "grid",
                     f"cell {msg.cell}: quantum ({p.start_ms}, {p.end_ms}] is not on the root's "
-                    f"grid ({q} ms, phase {self.phase_ms})",
+                    f"grid ({q} ms, phase {phase})",
                 )
                 return
-            if self.phase_ms is None:
-                self.phase_ms = p.end_ms % q
+            if phase is None:
+                phase = p.end_ms % q
+        if not self._fit_layout(msg):
+            return
+        self.phase_ms = phase
         cell = self.cells.get(msg.cell)
         if cell is None:
             cell = self.cells[msg.cell] = CellState(now_ms)
@@ -211,6 +256,8 @@ class RootMerger:
             cell.through_ms = msg.closed_through_ms
         rows = self.counts.rows
         late_before = rows["late"]
+        lay = self.layout
+        assert lay is not None  # noqa: S101 -- _fit_layout settled it
         for r in msg.rows:
             p = r.part
             if p.scope == "host" and not self.per_host:
@@ -228,10 +275,11 @@ class RootMerger:
                 continue
             seen.add((msg.cell, key))
             groups = self._open.setdefault(p.end_ms, {})
+            hist = p.hist if msg.layout == self.layout else coarsen_hist(p.hist, msg.layout, lay)
             g = groups.get(key)
             if g is None:
-                g = groups[key] = _Group(np.zeros_like(p.hist))
-            g.hist += p.hist
+                g = groups[key] = _Group(np.zeros_like(hist))
+            g.hist += hist
             g.lo_ms = min(g.lo_ms, p.lo_ms)
             g.hi_ms = max(g.hi_ms, p.hi_ms)
             g.nbytes += p.nbytes
@@ -353,6 +401,7 @@ class RootMerger:
     def _close_one(self, end: int) -> list[ClosedQuantum]:
         """The rows of quantum ``end``: cluster, then hosts by name; directions in order."""
         groups = self._open.pop(end)
+        self._closed_any = True
         assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
         order = {d: i for i, d in enumerate(ALL_DIRECTIONS)}
         keys = sorted(
@@ -364,37 +413,34 @@ class RootMerger:
         # does): one workload fills a few hundred of fio's 1856 bins.
         used = np.flatnonzero(hists.any(axis=0))
         lo, hi = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 1)
-        cols = hists[:, lo:hi]
-        cis: list[dict[str, tuple[float | None, float | None]] | None]
-        if self.confidence_level is None:
-            stats = summarize_many(cols, self.layout, self.percentiles, first_bin=lo)
-            cis = [None] * len(stats)
-        else:
-            stats, low, high = summarize_with_bounds(
-                cols, self.layout, self.percentiles, level=self.confidence_level, first_bin=lo
-            )
-            cis = ci_dicts(self._keys, low, high)
+        stats, cis = group_stats(
+            hists[:, lo:hi],
+            self.layout,
+            self.percentiles,
+            confidence_level=self.confidence_level,
+            first_bin=lo,
+        )
         out = []
         for k, st, ci in zip(keys, stats, cis, strict=True):
             if st is None:
                 continue  # empty groups form no row (they only widened no span here)
             g = groups[k]
-            covered_s = (g.hi_ms - g.lo_ms) / 1000.0
             scope, host, direction = k
             out.append(
-                ClosedQuantum(
+                closed_row(
                     start_ms=end - self.quantum_ms,
                     end_ms=end,
                     scope=scope,
                     host=host,
                     direction=direction,
                     stats=st,
-                    iops=st.samples / covered_s if covered_s > 0 else None,
-                    bytes_per_second=g.nbytes / covered_s if covered_s > 0 else None,
+                    ci_ns=ci,
+                    lo_ms=g.lo_ms,
+                    hi_ms=g.hi_ms,
+                    nbytes=g.nbytes,
                     streams=g.streams,
                     late_records=g.late,
                     hist=g.hist if scope == "cluster" else None,
-                    ci_ns=ci,
                 )
             )
         return out

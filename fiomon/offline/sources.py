@@ -18,11 +18,11 @@ from typing import Literal
 from fiomon.bins import BinLayout, Unit
 from fiomon.clientlog import client_log_host
 from fiomon.errors import ConfigError, OverlapError
-from fiomon.fiojson import JsonSplitter, JsonStatusParser, looks_like_json
+from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, TimeKind
 from fiomon.model import RecordBatch
 from fiomon.overlap import Declaration, covering, hist_log_name
-from fiomon.parsers import ParserOptions, RecordParser, open_parser
+from fiomon.parsers import SNIFF_BYTES, ParserOptions, RecordParser, open_parser, sniff
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -68,7 +68,9 @@ class FileSource:
         self.bytes_read = 0
         self.done = False
         self.max_end_ms: int | None = None
-        head = self._fh.read(64)
+        # The same head and sniffer as the agent's (blank bytes before a json+ document
+        # do not make it a hist log here and a json+ stream there).
+        head = self._fh.read(SNIFF_BYTES)
         self._fh.seek(0)
         self.parser: RecordParser = open_parser(
             head,
@@ -337,7 +339,7 @@ def choose_sources(
     for p in unique:
         try:
             with p.open("rb") as fh:
-                is_json = looks_like_json(fh.read(64))
+                is_json = sniff(fh.read(SNIFF_BYTES)) == "json"
         except OSError:
             continue
         if is_json:

@@ -19,7 +19,7 @@ from fiomon.aggregator.partials import (
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.windows import ALL_DIRECTIONS, RawPartial
-from fiomon.wire import MAX_TIME_MS, REASONS
+from fiomon.wire import MAX_TIME_MS, REASONS, Cursor
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us")]
 names = st.text(min_size=1, max_size=12).filter(lambda s: len(s.encode()) <= 512)
@@ -138,6 +138,32 @@ def test_refusals_name_their_reason() -> None:
     with pytest.raises(WireFormatError) as caught:
         decode(bytes(head))
     assert caught.value.reason == "truncated"
+
+
+def test_negative_lengths_are_refused_not_crashed() -> None:
+    """A length written as a negative number is refused as truncated, never sliced short.
+
+    The partials decoder reads with :class:`fiomon.wire.Cursor` (one reader for both wire
+    formats), whose guard refuses a negative size outright.
+    """
+    hist = np.zeros(BinLayout().nbins)
+    hist[100] = 3.0
+    part = RawPartial(0, 1000, "cluster", None, "read", hist, 0, 1000, 4096.0, 1)
+    raw = bytearray(encode(PartialsMessage("cell-a", 1, BinLayout(), 1000, (PartialRow(part),))))
+    # The one row's table entry sits before its 2-byte bin index and 8-byte count; its
+    # nnz (u32) is at offset 56 of the 64-byte row (docs/wire-format.md, "Partials").
+    row_at = len(raw) - 64 - 2 - 8
+    struct.pack_into("<i", raw, row_at + 56, -1)
+    with pytest.raises(WireFormatError) as caught:
+        decode(bytes(raw))
+    assert caught.value.reason == "truncated"
+    for n in (-1, -(2**40)):
+        with pytest.raises(WireFormatError) as caught:
+            Cursor(b"abcd").take(n, "a length")
+        assert caught.value.reason == "truncated"
+    cur = Cursor(b"abcd")
+    assert cur.take(2, "two") == b"ab"  # the guard refuses nothing it can hold
+    assert cur.pos == 2
 
 
 @settings(max_examples=60, deadline=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import FiomonCollector
+from fiomon.aggregator.exporter import FiomonCollector, Snapshot
+from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
@@ -134,6 +136,78 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
     got = root.close(T0)
     assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
     assert_same(got, want)
+
+
+COARSE = BinLayout(29, 3)
+
+
+def _cell_message(name: str, batch: RecordBatch, layout: BinLayout) -> PartialsMessage:
+    """One cell's partials of ``batch`` (coarsened to ``layout``), closed through all."""
+    cell = QuantumEngine(
+        layout=layout, quantum_ms=Q, per_host=True, keep_partials=True, keep_hists=True
+    )
+    cell.add(batch.coarsened(layout))
+    rows = cell.flush()
+    late: dict[tuple[int, str, str | None, str], int] = {
+        (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
+    }
+    return PartialsMessage(name, 0, layout, T0 + 60_000, tuple(rows_of(cell.partials, late)))
+
+
+@pytest.mark.parametrize("fine_first", [True, False])
+@settings(max_examples=8, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(1, 300))
+def test_a_finer_cell_merges_exactly_into_a_coarser_one_in_either_order(
+    fine_first: bool, rnd: random.Random, n: int
+) -> None:
+    """Cells on different coarseness: the root's rows are one engine's at the coarser bins.
+
+    The truth is one engine fed every record at the coarser layout (what the aggregator
+    and ``fiomon report`` do with a finer input); the fine cell's rows are folded into
+    the root's bins (:func:`fiomon.bins.coarsen_hist`), whichever cell came first.
+    """
+    hosts = ["a0", "a1", "b0", "b1"]
+    batch = records(rnd, hosts, n)
+    one = QuantumEngine(layout=COARSE, quantum_ms=Q, per_host=True, keep_hists=True)
+    one.add(batch.coarsened(COARSE))
+    want = one.flush()
+    assert want
+    in_a = np.array([batch.streams[i].host.startswith("a") for i in batch.stream_idx])
+    fine = _cell_message("ca", batch.select(in_a), LAY)
+    coarse = _cell_message("cb", batch.select(~in_a), COARSE)
+    root = _merger(["ca", "cb"], percentiles=one.percentiles, confidence_level=one.confidence_level)
+    for m in (fine, coarse) if fine_first else (coarse, fine):
+        root.receive(encode(m), T0)
+    assert root.counts.invalid == {}
+    assert root.layout == COARSE
+    got = root.close(T0)
+    assert_same(got, want)
+    g = {key(r): r.hist for r in got if r.scope == "cluster"}
+    for r in want:
+        if r.scope == "cluster":
+            mine = g[key(r)]
+            assert r.hist is not None and mine is not None
+            assert np.allclose(mine, r.hist, rtol=1e-12, atol=1e-9)  # float sums' order
+
+
+def test_a_coarser_or_other_cell_is_refused_once_the_root_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After its first close the root's bins are fixed: a coarser cell is refused, named."""
+    root = _merger(["ca", "cb"])
+    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("cb", T0 + Q, T0 + Q, layout=BinLayout(29, 1)), T0)
+    (row,) = root.close(T0)  # the finer ca folded into cb's bins: 20 samples
+    assert (row.stats.samples, root.layout) == (20, BinLayout(29, 1))
+    root.receive(_one_row_message("ca", T0 + 2 * Q, T0 + 2 * Q, layout=COARSE), T0)
+    root.receive(_one_row_message("cb", T0 + 2 * Q, T0 + 2 * Q, layout=BinLayout(19, 0, "us")), T0)
+    assert root.counts.invalid["layout"] == 2
+    assert root.open_quanta == 0
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "cell ca: bins 232 bins (GROUP_NR 29, coarseness 3, ns) are coarser" in text
+    assert "928 bins (GROUP_NR 29, coarseness 1, ns)" in text
+    assert "log_hist_coarseness (at least 3)" in text
+    assert "cell cb: bin layouts" in text and "GROUP_NR and unit must match" in text
 
 
 # -- a cell's outbox, from the aggregator core ------------------------------------------
@@ -276,11 +350,34 @@ def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
     root.receive(b"garbage!" * 8, T0)
     root.receive(_one_row_message("c1", T0 + Q, T0), T0)
     root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0)  # off the grid
-    root.receive(_one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(29, 4)), T0)
+    # Other bins (fio 2's): a coarser layout of fio 3 would merge (coarser-layout tests).
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(19, 0, "us")), T0)
     root.receive(_one_row_message("c1", T0 + 3_600_000, T0), T0)  # an hour ahead
     assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
     assert root.counts.rows == {"merged": 1, "future": 1}
     assert root.open_quanta == 1
+
+
+def test_a_refused_message_sets_neither_bins_nor_grid() -> None:
+    """Refused for its grid, a message does not re-bin; refused for its bins, no phase."""
+    root = _merger(["ca", "cb"])
+    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0)
+    # Coarser bins (would be taken before the first close) but a 1.5 s quantum: refused,
+    # and the root's bins stay ca's.
+    bad = decode(_one_row_message("cb", T0 + 2 * Q, T0, layout=COARSE))
+    part = bad.rows[0].part
+    wide = dataclasses.replace(part, start_ms=part.start_ms - Q // 2)
+    root.take(dataclasses.replace(bad, rows=(PartialRow(wide),)), T0)
+    assert (root.counts.invalid["grid"], root.layout) == (1, LAY)
+    # A heartbeat (no rows) settles the bins but no phase; a fio 2 message 10 ms off is
+    # refused for its bins and must not set the phase either.
+    fresh = _merger(["ca"])
+    fresh.receive(encode(PartialsMessage("ca", 0, LAY, T0, ())), T0)
+    fresh.receive(_one_row_message("ca", T0 + Q + 10, T0, layout=BinLayout(19, 0, "us")), T0)
+    assert (fresh.counts.invalid["layout"], fresh.layout, fresh.phase_ms) == (1, LAY, None)
+    fresh.receive(_one_row_message("ca", T0 + Q, T0), T0)  # on the epoch grid: taken
+    assert fresh.phase_ms == T0 % Q
+    assert fresh.counts.rows["merged"] == 1
 
 
 def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
@@ -315,6 +412,41 @@ def _promtool_clean(text: str) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+def test_messages_per_cell_are_exported() -> None:
+    """``RootCounts.messages`` reaches /metrics as fiomon_root_partials_messages_total{cell}.
+
+    Taken messages count (a resend too: it is a message, its rows are duplicates); a
+    refused one counts only as invalid.
+    """
+    root = _merger(["c1", "c2"])
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)  # a resend
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("c2", T0 + Q + Q // 2, T0), T0)  # off the grid: refused
+    assert root.counts.invalid["grid"] == 1
+    snap = with_root(
+        Snapshot(),
+        cells_up=2,
+        cells_expected=2,
+        cell_up={"c1": True, "c2": True},
+        rows=root.counts.rows,
+        invalid=root.counts.invalid,
+        closed_by_lateness=0,
+        messages=root.counts.messages,
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: snap))
+    _promtool_clean(generate_latest(registry).decode())
+    got = {
+        c: registry.get_sample_value("fiomon_root_partials_messages_total", {"cell": c})
+        for c in ("c1", "c2")
+    }
+    assert got == {"c1": 2, "c2": 1}
+    assert (
+        registry.get_sample_value("fiomon_root_partial_rows_total", {"outcome": "duplicate"}) == 1
+    )
 
 
 def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
