@@ -30,6 +30,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import aiomqtt
 
@@ -44,7 +45,7 @@ from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config
 from fiomon.errors import ConfigError
-from fiomon.mqtt import Backoff, make_client
+from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
 from fiomon.runtime import cancel_and_wait, stop_on_signals
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum
 
@@ -416,15 +417,19 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
         receive_maximum=cfg.max_inflight,
+        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
     )
+    queue = IncomingQueue.made[-1]
     # Acknowledge only after journaling (aiomqtt has no manual-ack API: paho's switch).
     paho = client._client
     paho.manual_ack_set(True)
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not stop.is_set():
+        # What the last connection left unread must not be acknowledged on this one.
+        drop_stale(queue, log)
         try:
             async with client:
-                await client.subscribe(topic, qos=1)
+                await client.subscribe(topic, qos=1, timeout=SUBSCRIBE_TIMEOUT_S)
                 svc.broker_connected = True
                 backoff.reset()
                 log.info("subscribed to %s on %s:%d", topic, cfg.broker.host, cfg.broker.port)
