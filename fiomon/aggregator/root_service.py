@@ -35,8 +35,8 @@ from typing import cast
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.aggregator.alerts import AlertBook, rules_not_computed
+from fiomon.aggregator.exporter import BucketHistogram, Snapshot
 from fiomon.aggregator.journal import Journal, StateLock, write_atomic
 from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
 from fiomon.aggregator.metrics_server import MetricsProcess
@@ -47,16 +47,32 @@ from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config
 from fiomon.errors import ConfigError
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
 from fiomon.runtime import cancel_and_wait, stop_on_signals
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum
+from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 
 GRACE_S = 10.0
 STATE_FILE = "root-state.json"  # the closed-through mark (used without a quanta file)
+# An aggregator's settings the root has no use for: field -> key in the file. The root
+# neither notifies Alertmanager nor publishes an alert state (alert from Prometheus on
+# fiomon_sla_breach), is no cell, fits no tails and has cells, not hosts, to time out.
+IGNORED = {
+    "webhook": "webhook",
+    "alert_topic": "alert_topic",
+    "partials": "partials",
+    "fit_tail": "fit_tail",
+    "host_timeout_ms": "host_timeout",
+}
 
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
+
+
+def ignored_keys(cfg: AggregatorConfig) -> list[str]:
+    """The keys of :data:`IGNORED` that ``cfg`` sets to other than their default."""
+    base = AggregatorConfig(topic_prefix=cfg.topic_prefix)  # alert_topic follows the prefix
+    return [key for f, key in IGNORED.items() if getattr(cfg, f) != getattr(base, f)]
 
 
 class RootService:
@@ -118,11 +134,10 @@ class RootService:
         self.snapshot = self._build()
 
     def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram, every direction at 0."""
-        edges = bucket_edges_s(
+        """The exported bucket histogram for this configuration, every direction at 0."""
+        return BucketHistogram.for_rules(
             layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
         )
-        return BucketHistogram(layout, edges, ALL_DIRECTIONS)
 
     def _load_mark(self) -> int | None:
         """The closed-through mark a previous run saved (None: none, or not usable)."""
@@ -248,16 +263,14 @@ class RootService:
             log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
             return
         done = []
-        missing = [r.name for r in new.sla if r.percentile not in self.cfg.percentiles]
-        if missing:
-            log.error(
-                "SIGHUP: rules %s need percentiles the root does not compute (a restart "
-                "changes percentiles); the running rules stay",
-                ", ".join(missing),
-            )
-        elif new.sla != self.cfg.sla:
-            done.append(self.alerts.replace_rules(new.sla))
-            self.cfg = dataclasses.replace(self.cfg, sla=new.sla)
+        if new.sla != self.cfg.sla:
+            cfg = self.cfg
+            refused = rules_not_computed(new.sla, cfg.percentiles, cfg.confidence_level)
+            if refused is not None:
+                log.error("SIGHUP: %s", refused)
+            else:
+                done.append(self.alerts.replace_rules(new.sla))
+                self.cfg = dataclasses.replace(cfg, sla=new.sla)
         if new.log_level and not log_level_fixed:
             logging.getLogger().setLevel(new.log_level.upper())
         elif new.log_level:
@@ -351,6 +364,13 @@ async def run_root(
         cfg.quantum_ms,
         cfg.lateness_ms,
     )
+    ignored = ignored_keys(cfg)
+    if ignored:
+        log.warning(
+            "the root ignores %s in its configuration (it sends no alerts itself: alert "
+            "from Prometheus on fiomon_sla_breach)",
+            ", ".join(ignored),
+        )
     main = asyncio.current_task()
     forced = False
 

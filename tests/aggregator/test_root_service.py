@@ -14,9 +14,16 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
+from fiomon.aggregator.root_service import STATE_FILE, RootService, ignored_keys, run_root
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, BrokerConfig, ExportConfig, RootConfig, SlaRule
+from fiomon.config import (
+    AggregatorConfig,
+    BrokerConfig,
+    ExportConfig,
+    RootConfig,
+    SlaRule,
+    load_aggregator_config,
+)
 from fiomon.windows import ALL_DIRECTIONS
 from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
 from tests.conftest import Mosquitto, free_port, until
@@ -219,3 +226,38 @@ async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> 
     loop = asyncio.get_running_loop()
     assert not loop.remove_signal_handler(signal.SIGHUP)  # run_root removed its handlers
     assert not loop.remove_signal_handler(signal.SIGTERM)
+
+
+def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file is valid on its own (its rule's level is its confidence_level), but the
+    # running root computes bounds at 0.95 only: the rule would never have its bounds.
+    conf = tmp_path / "root.yaml"
+    conf.write_text(
+        "align: epoch\nroot: {cells: [c1]}\nconfidence_level: 0.9\n"
+        "sla:\n  - {name: r, direction: read, percentile: 99, threshold: 5ms, confidence: 0.9}\n"
+    )
+    cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
+    svc = RootService(cfg)
+    assert cfg.confidence_level == 0.95
+    svc.reload(conf, log_level_fixed=False)
+    assert svc.cfg.sla == ALWAYS
+    assert [r.name for r in svc.alerts.rules] == ["p99-read"]
+    assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
+    # The same rule at the running level is taken.
+    conf.write_text(conf.read_text().replace("0.9", "0.95"))
+    svc.reload(conf, log_level_fixed=False)
+    assert [r.name for r in svc.cfg.sla] == ["r"]
+    svc.close()
+
+
+def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
+    conf = tmp_path / "root.yaml"
+    conf.write_text("align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n")
+    assert ignored_keys(load_aggregator_config(conf)) == []  # alert_topic's default: lab/...
+    conf.write_text(
+        "align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n"
+        "webhook: {url: 'http://127.0.0.1:9093/api/v2/alerts'}\nalert_topic: lab/alerts\n"
+    )
+    assert ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]
