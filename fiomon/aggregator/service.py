@@ -67,13 +67,12 @@ from fiomon.mqtt import (
     drop_stale,
     make_client,
 )
-from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
+from fiomon.runtime import GRACE_S, cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 
 log = logging.getLogger("fiomon.aggregator")
 
 BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
-GRACE_S = 10.0  # the ordered stop waits this long at most (disk, Alertmanager, broker)
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
 
 

@@ -14,6 +14,7 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from fiomon.aggregator.journal import StateLock
 from fiomon.aggregator.root_service import STATE_FILE, RootService, ignored_keys, run_root
 from fiomon.bins import BinLayout
 from fiomon.config import (
@@ -261,3 +262,46 @@ def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
         "webhook: {url: 'http://127.0.0.1:9093/api/v2/alerts'}\nalert_topic: lab/alerts\n"
     )
     assert ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]
+
+
+async def test_a_final_stop_closes_writes_unlocks_then_disconnects(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    cfg = AggregatorConfig(
+        align="epoch",
+        broker=BrokerConfig(port=mosquitto.port),
+        listen=f"127.0.0.1:{free_port()}",
+        client_id="root-order",
+        state_dir=tmp_path / "s",
+        quanta_file=tmp_path / "q.jsonl",
+        root=RootConfig(cells=("c1",)),
+    )
+    stop = asyncio.Event()
+    box: list[RootService] = []
+    at_close: list[tuple[bool, int]] = []  # (connected, open quanta) as the flush starts
+
+    def ready(svc: RootService) -> None:
+        box.append(svc)
+        close = svc.close
+
+        def closing(timeout_s: float = 10.0) -> None:
+            at_close.append((svc.broker_connected, svc.merger.open_quanta))
+            close(timeout_s)
+
+        svc.close = closing  # type: ignore[method-assign]
+
+    task = asyncio.create_task(run_root(cfg, stop=stop, ready=ready, final=True))
+    await until(lambda: box and box[0].broker_connected, what="the root connected")
+    svc = box[0]
+    base = (time.time_ns() // 1_000_000 // Q + 60) * Q  # a minute ahead: stays open
+    await _publish(mosquitto.port, "fiomon/v1/_partials/c1", _one_row_message("c1", base + Q, base))
+    await until(lambda: svc.merger.counts.rows["merged"] == 1, what="merged")
+    assert svc.merger.open_quanta == 1
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    # In order: the final close, then the flush (still connected), then the disconnect.
+    assert at_close == [(True, 0)]
+    (line,) = (tmp_path / "q.jsonl").read_text().splitlines()
+    assert json.loads(line)["end_ms"] == base + Q
+    StateLock(tmp_path / "s").release()
+    assert "root-order disconnected" in mosquitto.log_text()
