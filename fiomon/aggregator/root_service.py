@@ -48,7 +48,7 @@ from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config
+from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
 from fiomon.errors import ConfigError
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
 from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
@@ -57,26 +57,10 @@ from fiomon.windows import ClosedQuantum
 log = logging.getLogger("fiomon.root")
 
 STATE_FILE = "root-state.json"  # the closed-through mark (used without a quanta file)
-# An aggregator's settings the root has no use for: field -> key in the file. The root
-# neither notifies Alertmanager nor publishes an alert state (alert from Prometheus on
-# fiomon_sla_breach), is no cell, fits no tails and has cells, not hosts, to time out.
-IGNORED = {
-    "webhook": "webhook",
-    "alert_topic": "alert_topic",
-    "partials": "partials",
-    "fit_tail": "fit_tail",
-    "host_timeout_ms": "host_timeout",
-}
 
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
-
-
-def ignored_keys(cfg: AggregatorConfig) -> list[str]:
-    """The keys of :data:`IGNORED` that ``cfg`` sets to other than their default."""
-    base = AggregatorConfig(topic_prefix=cfg.topic_prefix)  # alert_topic follows the prefix
-    return [key for f, key in IGNORED.items() if getattr(cfg, f) != getattr(base, f)]
 
 
 class RootService:
@@ -377,7 +361,7 @@ async def run_root(
         cfg.quantum_ms,
         cfg.lateness_ms,
     )
-    ignored = ignored_keys(cfg)
+    ignored = root_ignored_keys(cfg)
     if ignored:
         log.warning(
             "the root ignores %s in its configuration (it sends no alerts itself: alert "

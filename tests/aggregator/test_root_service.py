@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fiomon.aggregator.journal import StateLock
-from fiomon.aggregator.root_service import STATE_FILE, RootService, ignored_keys, run_root
+from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
 from fiomon.bins import BinLayout
 from fiomon.config import (
     AggregatorConfig,
@@ -24,6 +24,7 @@ from fiomon.config import (
     RootConfig,
     SlaRule,
     load_aggregator_config,
+    root_ignored_keys,
 )
 from fiomon.windows import ALL_DIRECTIONS
 from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
@@ -256,12 +257,12 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
 def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
     conf = tmp_path / "root.yaml"
     conf.write_text("align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n")
-    assert ignored_keys(load_aggregator_config(conf)) == []  # alert_topic's default: lab/...
+    assert root_ignored_keys(load_aggregator_config(conf)) == []  # alert_topic's default: lab/...
     conf.write_text(
         "align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n"
         "webhook: {url: 'http://127.0.0.1:9093/api/v2/alerts'}\nalert_topic: lab/alerts\n"
     )
-    assert ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]
+    assert root_ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]
 
 
 async def test_a_final_stop_closes_writes_unlocks_then_disconnects(
