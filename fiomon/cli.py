@@ -971,7 +971,7 @@ def _with_overrides(
 
 
 def _service(args: argparse.Namespace, name: str) -> int:
-    """Run the agent or the aggregator in the foreground until SIGTERM/SIGINT."""
+    """Run ``name`` (agent, aggregator or root) in the foreground until SIGTERM/SIGINT."""
     import asyncio  # noqa: PLC0415 - only the services need asyncio and aiomqtt
     import logging  # noqa: PLC0415
 
@@ -1047,6 +1047,22 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return out
 
 
+def _root_summary(agg: AggregatorConfig) -> str:
+    """What ``check-config`` checked of a root's configuration (``fiomon root``)."""
+    from fiomon.config import RootConfig, root_ignored_keys  # noqa: PLC0415
+
+    rc = agg.root or RootConfig()
+    cells = ", ".join(rc.cells) if rc.cells else "any"
+    text = (
+        f"root section valid (fiomon root: cells {cells}, cell_timeout "
+        f"{rc.cell_timeout_ms / 1000:g} s, partials from {agg.topic_prefix}/v1/_partials/+)"
+    )
+    ignored = root_ignored_keys(agg)
+    if ignored:
+        text += f"; fiomon root ignores {', '.join(ignored)}"
+    return text
+
+
 def _check_config(args: argparse.Namespace) -> int:
     from fiomon.config import (  # noqa: PLC0415
         agent_config_from,
@@ -1079,6 +1095,8 @@ def _check_config(args: argparse.Namespace) -> int:
             )
             if agg.cell is not None:
                 text += f"; cell {agg.cell}"
+            if agg.root is not None:
+                text += "; " + _root_summary(agg)
         if problems:
             raise ConfigError([f"{args.file}: {p}" for p in problems])
     except ConfigError as exc:

@@ -366,6 +366,24 @@ class AggregatorConfig:
         return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 -- only if asked
 
 
+# An aggregator's settings the root has no use for: field -> key in the file. The root
+# neither notifies Alertmanager nor publishes an alert state (alert from Prometheus on
+# fiomon_sla_breach), is no cell, fits no tails and has cells, not hosts, to time out.
+ROOT_IGNORED = {
+    "webhook": "webhook",
+    "alert_topic": "alert_topic",
+    "partials": "partials",
+    "fit_tail": "fit_tail",
+    "host_timeout_ms": "host_timeout",
+}
+
+
+def root_ignored_keys(cfg: AggregatorConfig) -> list[str]:
+    """The keys of :data:`ROOT_IGNORED` that ``cfg`` sets to other than their default."""
+    base = AggregatorConfig(topic_prefix=cfg.topic_prefix)  # alert_topic follows the prefix
+    return [key for f, key in ROOT_IGNORED.items() if getattr(cfg, f) != getattr(base, f)]
+
+
 # -- reading: sections, tables and converters ---------------------------------------------
 
 Convert = Callable[[object, str], Any]

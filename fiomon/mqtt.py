@@ -9,10 +9,12 @@ loop; each ``async with`` connects once (REFERENCE.md §4).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -23,6 +25,16 @@ from fiomon.config import BrokerConfig
 from fiomon.errors import ConfigError
 
 WIRE_LEVEL = "v1"
+
+# How long a persistent-session subscriber (aggregator, root) waits for its SUBACK.
+# Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
+# sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
+# max_inflight_messages 100; a session never acknowledged gets 100). Our SUBACK comes
+# after it, and paho read one packet per loop turn (before mqttread): with a minute of
+# backlog (hundreds of MB) the default 10 s timeout expired, the aggregator reconnected,
+# the broker sent it all again, and a restarted aggregator retried for two minutes
+# (4.8 GB of RSS). So wait that long.
+SUBSCRIBE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +146,43 @@ def make_client(
         queue_type=queue_type,
         **extra,
     )
+
+
+class IncomingQueue(asyncio.Queue[aiomqtt.Message]):
+    """aiomqtt's incoming queue, made by aiomqtt itself (``make_client(queue_type=...)``).
+
+    aiomqtt keeps its queue private; made through this class, the newest one is
+    :attr:`made` ``[-1]`` right after the client is made (one event loop: nothing else
+    makes one in between), for the services to drain (:func:`drop_stale`, batches).
+    """
+
+    made: ClassVar[list[IncomingQueue]] = []
+
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        IncomingQueue.made.append(self)
+        del IncomingQueue.made[:-1]  # only the newest matters
+
+
+def drop_stale(queue: asyncio.Queue[aiomqtt.Message], logger: logging.Logger) -> int:
+    """Forget messages a previous connection left unhandled, before connecting again.
+
+    Their packet ids belong to that connection: acknowledging one on the next connection
+    (manual PUBACK) would acknowledge whichever message the broker sent there under the
+    same id, one we may not have journaled yet. Never acknowledged, they are the broker's
+    to redeliver (persistent session), so dropping them here loses nothing.
+
+    Returns:
+        how many were dropped (logged at info when any).
+    """
+    n = 0
+    with contextlib.suppress(asyncio.QueueEmpty):
+        while True:
+            queue.get_nowait()
+            n += 1
+    if n:
+        logger.info("%d messages of the previous connection left for the broker to redeliver", n)
+    return n
 
 
 class Backoff:

@@ -24,6 +24,10 @@ from typing import Any
 
 log = logging.getLogger("fiomon")
 
+# An ordered stop (aggregator, root, a cell's partials) waits this long at most, all its
+# steps together: the disk, Alertmanager, the brokers. A second signal cuts it short.
+GRACE_S = 10.0
+
 
 @contextlib.contextmanager
 def stop_on_signals(

@@ -328,3 +328,19 @@ def test_check_config_refuses_alias_bombs_empty_files_and_unusable_places(tmp_pa
     r = fiomon("check-config", str(tls))
     assert r.returncode == 2
     assert "holds no CA certificate" in r.stderr
+
+
+def test_check_config_names_the_root_section_and_what_the_root_ignores(tmp_path: Path) -> None:
+    cfg = tmp_path / "root.yaml"
+    cfg.write_text("align: epoch\nroot: {cells: [cell-a, cell-b], cell_timeout: 20s}\n")
+    r = fiomon("check-config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "root section valid (fiomon root: cells cell-a, cell-b, cell_timeout 20 s" in r.stdout
+    assert "ignores" not in r.stdout
+    cfg.write_text(cfg.read_text() + "alert_topic: x/alerts\n")
+    r = fiomon("check-config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("; fiomon root ignores alert_topic")
+    plain = tmp_path / "aggregator.yaml"
+    plain.write_text("align: epoch\n")
+    assert "root" not in fiomon("check-config", str(plain)).stdout.split(":", 1)[1]

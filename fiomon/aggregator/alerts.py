@@ -35,7 +35,7 @@ import logging
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +45,34 @@ from fiomon.histogram import pct_key
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
+
+
+def rules_not_computed(
+    rules: Sequence[SlaRule], percentiles: Sequence[float], confidence_level: float | None
+) -> str | None:
+    """Why a running service cannot take ``rules`` at a reload (None: it can).
+
+    A rule needs its percentile among ``percentiles`` and, with a ``confidence``, bounds
+    at the running ``confidence_level``: both are fixed at start (a restart changes
+    them), so a rule asking for others would never have what it evaluates.
+    """
+    unsure = [
+        r.name for r in rules if r.confidence is not None and r.confidence != confidence_level
+    ]
+    if unsure:
+        return (
+            f"SLA rules {', '.join(unsure)} need confidence bounds at a level this run does "
+            f"not compute (confidence_level {confidence_level}); the rules are unchanged "
+            "(confidence_level changes with a restart)"
+        )
+    missing = [r.name for r in rules if r.percentile not in percentiles]
+    if missing:
+        return (
+            f"SLA rules {', '.join(missing)} need percentiles that are not computed "
+            f"({', '.join(f'{q:g}' for q in percentiles)}); the rules are unchanged "
+            "(percentiles change with a restart)"
+        )
+    return None
 
 
 class Phase(enum.StrEnum):

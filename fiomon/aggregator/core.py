@@ -43,9 +43,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook, Transition
+from fiomon.aggregator.alerts import AlertBook, Transition, rules_not_computed
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.aggregator.exporter import BucketHistogram, Snapshot
 from fiomon.aggregator.journal import GridState, Journal, StateLock
 from fiomon.aggregator.live import LiveFeed, status_of
 from fiomon.aggregator.metrics import (
@@ -700,11 +700,10 @@ class AggregatorCore:
             self.gauges.buckets = self.buckets
 
     def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram, every direction at 0."""
-        edges = bucket_edges_s(
+        """The exported bucket histogram for this configuration, every direction at 0."""
+        return BucketHistogram.for_rules(
             layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
         )
-        return BucketHistogram(layout, edges, ALL_DIRECTIONS)
 
     def flush(self) -> list[ClosedQuantum]:
         """Merge what is queued and close everything still open (a final stop)."""
@@ -874,28 +873,9 @@ class AggregatorCore:
         done: list[str] = []
         cfg = self.cfg
         if new.sla != cfg.sla:
-            missing = [r.name for r in new.sla if r.percentile not in cfg.percentiles]
-            unsure = [
-                r.name
-                for r in new.sla
-                if r.confidence is not None and r.confidence != cfg.confidence_level
-            ]
-            if unsure:
-                log.error(
-                    "reload: SLA rules %s need confidence bounds at a level this run does "
-                    "not compute (confidence_level %s); the rules are unchanged "
-                    "(confidence_level changes with a restart)",
-                    ", ".join(unsure),
-                    cfg.confidence_level,
-                )
-                new = dataclasses.replace(new, sla=cfg.sla)
-            elif missing:
-                log.error(
-                    "reload: SLA rules %s need percentiles that are not computed (%s); "
-                    "the rules are unchanged (percentiles change with a restart)",
-                    ", ".join(missing),
-                    ", ".join(f"{q:g}" for q in cfg.percentiles),
-                )
+            refused = rules_not_computed(new.sla, cfg.percentiles, cfg.confidence_level)
+            if refused is not None:
+                log.error("reload: %s", refused)
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
                 done.append(self.alerts.replace_rules(new.sla))

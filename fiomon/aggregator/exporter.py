@@ -48,6 +48,7 @@ from prometheus_client.utils import floatToGoString
 
 from fiomon.bins import BinLayout
 from fiomon.histogram import cumulative_at
+from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
     from fiomon.aggregator.live import LiveView
@@ -123,6 +124,19 @@ class BucketHistogram:
             self.counts.setdefault(d, np.zeros(len(self.edges_s)))
             self.total.setdefault(d, 0.0)
             self.sum_s.setdefault(d, 0.0)
+
+    @classmethod
+    def for_rules(
+        cls, layout: BinLayout, thresholds_ns: Sequence[float], per_octave: int
+    ) -> BucketHistogram:
+        """The exported histogram (aggregator and root), every direction at 0.
+
+        Args:
+            layout: the engine's bin layout.
+            thresholds_ns: the SLA rules' thresholds, each an exact bucket edge.
+            per_octave: ``export.buckets_per_octave``.
+        """
+        return cls(layout, bucket_edges_s(layout, thresholds_ns, per_octave), ALL_DIRECTIONS)
 
     def add(self, direction: str, hist: F64, mean_ns: float) -> None:
         """Add one closed quantum's histogram."""

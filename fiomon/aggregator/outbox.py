@@ -32,6 +32,7 @@ from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
 from fiomon.mqtt import Backoff, CheckedPublisher, PublishRefusedError, make_client
+from fiomon.runtime import GRACE_S
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -217,7 +218,7 @@ async def publish_partials(
     stop: asyncio.Event,
     *,
     closed: asyncio.Event | None = None,
-    grace_s: float = 10.0,
+    grace_s: float = GRACE_S,
 ) -> None:
     """Send the outbox to the root's broker until ``stop``; reconnect on errors.
 

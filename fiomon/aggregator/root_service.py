@@ -17,6 +17,11 @@ quanta file confirms every quantum its rows touch, or, without a quanta file, on
 root's closed-through mark (``<state_dir>/root-state.json``, written after each close) is
 past them, so a restart never closes a quantum twice. Without one, partials of open
 quanta die with the process.
+
+Stopping (SIGTERM, SIGINT) goes in a written order (:func:`_shutdown`) under one
+``GRACE_S``: intake stops, the open quanta close (``final``) or stay in the journal,
+what was closed is written and the state directory unlocked, then the connection
+closes. A second signal cuts the waiting short.
 """
 
 from __future__ import annotations
@@ -30,27 +35,27 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot, bucket_edges_s
+from fiomon.aggregator.alerts import AlertBook, rules_not_computed
+from fiomon.aggregator.exporter import BucketHistogram, Snapshot
 from fiomon.aggregator.journal import Journal, StateLock, write_atomic
 from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
 from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config
+from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
 from fiomon.errors import ConfigError
-from fiomon.mqtt import Backoff, make_client
-from fiomon.runtime import cancel_and_wait, stop_on_signals
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum
+from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
+from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
+from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 
-GRACE_S = 10.0
 STATE_FILE = "root-state.json"  # the closed-through mark (used without a quanta file)
 
 
@@ -117,11 +122,10 @@ class RootService:
         self.snapshot = self._build()
 
     def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram, every direction at 0."""
-        edges = bucket_edges_s(
+        """The exported bucket histogram for this configuration, every direction at 0."""
+        return BucketHistogram.for_rules(
             layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
         )
-        return BucketHistogram(layout, edges, ALL_DIRECTIONS)
 
     def _load_mark(self) -> int | None:
         """The closed-through mark a previous run saved (None: none, or not usable)."""
@@ -247,16 +251,14 @@ class RootService:
             log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
             return
         done = []
-        missing = [r.name for r in new.sla if r.percentile not in self.cfg.percentiles]
-        if missing:
-            log.error(
-                "SIGHUP: rules %s need percentiles the root does not compute (a restart "
-                "changes percentiles); the running rules stay",
-                ", ".join(missing),
-            )
-        elif new.sla != self.cfg.sla:
-            done.append(self.alerts.replace_rules(new.sla))
-            self.cfg = dataclasses.replace(self.cfg, sla=new.sla)
+        if new.sla != self.cfg.sla:
+            cfg = self.cfg
+            refused = rules_not_computed(new.sla, cfg.percentiles, cfg.confidence_level)
+            if refused is not None:
+                log.error("SIGHUP: %s", refused)
+            else:
+                done.append(self.alerts.replace_rules(new.sla))
+                self.cfg = dataclasses.replace(cfg, sla=new.sla)
         if new.log_level and not log_level_fixed:
             logging.getLogger().setLevel(new.log_level.upper())
         elif new.log_level:
@@ -332,9 +334,18 @@ async def run_root(
     if cfg.log_level and not log_level_fixed:
         logging.getLogger().setLevel(cfg.log_level.upper())
     addr, port = cfg.listen_addr
+
+    def restarted() -> None:
+        svc.counts.metrics_server_restarts += 1
+
     try:
         metrics = MetricsProcess(
-            addr, port, lambda: svc.snapshot, certfile=cfg.tls_cert, keyfile=cfg.tls_key
+            addr,
+            port,
+            lambda: svc.snapshot,
+            certfile=cfg.tls_cert,
+            keyfile=cfg.tls_key,
+            on_restart=restarted,
         )
         metrics.start()
     except BaseException:
@@ -350,13 +361,19 @@ async def run_root(
         cfg.quantum_ms,
         cfg.lateness_ms,
     )
+    ignored = root_ignored_keys(cfg)
+    if ignored:
+        log.warning(
+            "the root ignores %s in its configuration (it sends no alerts itself: alert "
+            "from Prometheus on fiomon_sla_breach)",
+            ", ".join(ignored),
+        )
+    steps = _Steps()
     main = asyncio.current_task()
-    forced = False
 
     def cut_short(signame: str) -> None:
-        nonlocal forced
         log.warning("%s again: not waiting any longer", signame)
-        forced = True
+        steps.forced = True
         if main is not None:
             main.cancel()
 
@@ -364,6 +381,7 @@ async def run_root(
         svc.reload(config_path, log_level_fixed=log_level_fixed)
         metrics.poke()
 
+    closed = False
     try:
         with stop_on_signals(
             stop,
@@ -379,24 +397,87 @@ async def run_root(
             if ready is not None:
                 ready(svc)  # the signal handlers are in place
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(_mqtt_loop(svc, stop), name="fiomon.root.mqtt")
-                tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
+                mqtt = tg.create_task(_mqtt_loop(svc, stop, steps), name="fiomon.root.mqtt")
+                closer = tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
+                await stop.wait()
+                closed = True  # _shutdown closes the service, whatever happens in it
+                await _shutdown(svc, steps, final=final, mqtt=mqtt, closer=closer)
     finally:
+        if not closed:  # a task failed, or the stop was cut short before the sequence
+            svc.close(0.5 if steps.forced else GRACE_S)
+        metrics.close()
+        m = svc.merger.counts
+        log.info(
+            "stopped: %d quanta closed (%d by lateness), rows %s, %d refused messages",
+            m.quanta_closed,
+            m.closed_by_lateness,
+            dict(m.rows),
+            sum(m.invalid.values()),
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class _Steps:
+    """The stop sequence's hand-offs between the root's tasks (:func:`_shutdown`)."""
+
+    intake_stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    disconnect: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    forced: bool = False  # a second signal: wait for nothing more
+
+
+async def _shutdown(
+    svc: RootService,
+    steps: _Steps,
+    *,
+    final: bool,
+    mqtt: asyncio.Task[None],
+    closer: asyncio.Task[None],
+) -> None:
+    """The root's stop, in this order, all within ``GRACE_S`` (``stop`` is set).
+
+    1. Intake stops: the MQTT task stops reading but stays connected; what it has not
+       taken stays unacknowledged, the broker's to redeliver at the next start (every
+       message taken was journaled and acknowledged).
+    2. The close loop ends; with ``final`` every open quantum closes (written, evaluated
+       and exported like any other); without, open quanta stay in the journal (with a
+       ``state_dir``) for the next start.
+    3. Flush: the quanta file is written, the closed-through mark saved, the journal
+       closed and the state directory unlocked (:meth:`RootService.close`, in a thread:
+       it waits for the disk, for what is left of the grace time).
+    4. Disconnect, for what is left of the grace time (then the MQTT task is cancelled).
+
+    ``run_root`` then ends the ``/metrics`` process.
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + GRACE_S
+
+    def left() -> float:
+        return max(0.0, end - loop.time())
+
+    try:
+        intake = asyncio.ensure_future(steps.intake_stopped.wait())  # step 1
         try:
-            if final and not forced:
-                rows = svc.flush()
-                log.info("final stop: closed %d open rows", len(rows))
-        finally:
-            svc.close(0.5 if forced else GRACE_S)
-            metrics.close()
-            m = svc.merger.counts
-            log.info(
-                "stopped: %d quanta closed (%d by lateness), rows %s, %d refused messages",
-                m.quanta_closed,
-                m.closed_by_lateness,
-                dict(m.rows),
-                sum(m.invalid.values()),
+            done, _ = await asyncio.wait(
+                {intake, mqtt}, timeout=left(), return_when=asyncio.FIRST_COMPLETED
             )
+        finally:
+            intake.cancel()
+        if not done:  # still connecting or subscribing: nothing was taken there
+            log.warning("the MQTT task did not stop within the grace time: cancelled")
+            await cancel_and_wait(mqtt)
+        await closer  # step 2
+        if final and not steps.forced:
+            rows = svc.flush()
+            log.info("final stop: closed %d open rows", len(rows))
+    finally:
+        # Step 3, even when cut short: what was closed is written and the directory unlocked.
+        timeout = 0.5 if steps.forced else max(0.5, left())
+        await asyncio.shield(asyncio.to_thread(svc.close, timeout))
+    steps.disconnect.set()  # step 4
+    await asyncio.wait({mqtt}, timeout=left())
+    if not mqtt.done():
+        log.warning("the broker did not take the disconnect within the grace time")
+        await cancel_and_wait(mqtt)
 
 
 async def _close_loop(svc: RootService, stop: asyncio.Event, metrics: MetricsProcess) -> None:
@@ -408,7 +489,19 @@ async def _close_loop(svc: RootService, stop: asyncio.Event, metrics: MetricsPro
         metrics.poke()
 
 
-async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
+async def _mqtt_loop(svc: RootService, stop: asyncio.Event, steps: _Steps) -> None:
+    """Receive until ``stop``; reconnect on errors.
+
+    At ``stop`` it takes no more messages (``steps.intake_stopped``) but keeps a
+    connection that is up until ``steps.disconnect`` (:func:`_shutdown`).
+    """
+    try:
+        await _receive(svc, stop, steps)
+    finally:
+        steps.intake_stopped.set()
+
+
+async def _receive(svc: RootService, stop: asyncio.Event, steps: _Steps) -> None:
     cfg = svc.cfg
     topic = f"{cfg.topic_prefix}/v1/_partials/+"
     client = make_client(
@@ -416,15 +509,19 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
         receive_maximum=cfg.max_inflight,
+        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
     )
+    queue = IncomingQueue.made[-1]
     # Acknowledge only after journaling (aiomqtt has no manual-ack API: paho's switch).
     paho = client._client
     paho.manual_ack_set(True)
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not stop.is_set():
+        # What the last connection left unread must not be acknowledged on this one.
+        drop_stale(queue, log)
         try:
             async with client:
-                await client.subscribe(topic, qos=1)
+                await client.subscribe(topic, qos=1, timeout=SUBSCRIBE_TIMEOUT_S)
                 svc.broker_connected = True
                 backoff.reset()
                 log.info("subscribed to %s on %s:%d", topic, cfg.broker.host, cfg.broker.port)
@@ -436,7 +533,10 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event) -> None:
                 finally:
                     stopper.cancel()
                     await cancel_and_wait(reader)
-                if not stop.is_set():
+                if stop.is_set():
+                    steps.intake_stopped.set()
+                    await steps.disconnect.wait()
+                else:
                     exc = reader.exception() if not reader.cancelled() else None
                     if isinstance(exc, aiomqtt.MqttError):
                         raise exc

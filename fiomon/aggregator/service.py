@@ -47,7 +47,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import cast
 
 import aiomqtt
 
@@ -59,23 +59,21 @@ from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.outbox import publish_partials
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
-from fiomon.mqtt import Backoff, Topics, make_client
-from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
+from fiomon.mqtt import (
+    SUBSCRIBE_TIMEOUT_S,
+    Backoff,
+    IncomingQueue,
+    Topics,
+    drop_stale,
+    make_client,
+)
+from fiomon.runtime import GRACE_S, cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 
 log = logging.getLogger("fiomon.aggregator")
 
 BATCH_MESSAGES = 2000  # messages taken from the client's queue at once
 QUEUED_BYTES_LIMIT = 256 * 1024 * 1024  # received but not merged: merge now beyond this
-GRACE_S = 10.0  # the ordered stop waits this long at most (disk, Alertmanager, broker)
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
-# Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
-# sends the whole queued backlog at once (measured: 4,000 of 4,000 queued messages with
-# max_inflight_messages 100; a session never acknowledged gets 100). Our SUBACK comes
-# after it, and paho read one packet per loop turn (before mqttread): with a minute of
-# backlog (hundreds of MB) the default 10 s timeout expired, we reconnected, the broker
-# sent it all again, and a restarted aggregator retried for two minutes (4.8 GB of RSS).
-# So wait that long.
-SUBSCRIBE_TIMEOUT_S = 120.0
 
 
 class _Service:
@@ -426,17 +424,6 @@ def _reload(svc: _Service) -> None:
     log.info("SIGHUP: reloaded %s: %s", svc.config_path, "; ".join(done) if done else "no changes")
 
 
-class _Queue(asyncio.Queue[aiomqtt.Message]):
-    """aiomqtt's incoming queue, made by aiomqtt itself (``queue_type``): we drain it."""
-
-    made: ClassVar[list[_Queue]] = []
-
-    def __init__(self, maxsize: int = 0) -> None:
-        super().__init__(maxsize)
-        _Queue.made.append(self)
-        del _Queue.made[:-1]  # only the newest matters
-
-
 async def _mqtt_loop(svc: _Service) -> None:
     """Receive until stop; reconnect on errors; stop for good if our session was taken.
 
@@ -456,9 +443,9 @@ async def _receive(svc: _Service) -> None:
         identifier=cfg.client_id,
         persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
         receive_maximum=cfg.max_inflight,
-        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", _Queue),
+        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
     )
-    queue = _Queue.made[-1]
+    queue = IncomingQueue.made[-1]
     # Acknowledge only after journaling. aiomqtt 2.5 has no public manual-ack API
     # (REFERENCE §4; aiomqtt #345); paho's own switch on its client is the way.
     paho = client._client
@@ -479,7 +466,7 @@ async def _receive(svc: _Service) -> None:
     # The broker restarts in seconds; one client, so no herd to spread: reconnect fast.
     backoff = Backoff(base_s=0.25, cap_s=5.0)
     while not svc.stop.is_set() and not svc.taken_over():
-        _drop_stale(queue)
+        drop_stale(queue, log)
         try:
             async with client:
                 core.broker_connected = True
@@ -538,23 +525,6 @@ async def _receive(svc: _Service) -> None:
             cfg.client_id,
         )
         await _wait(svc.stop, 60.0)
-
-
-def _drop_stale(queue: asyncio.Queue[aiomqtt.Message]) -> None:
-    """Forget messages a previous connection left unhandled, before connecting again.
-
-    Their packet ids belong to that connection: acknowledging one on the next connection
-    would acknowledge whichever message the broker sent there under the same id, one we
-    may not have journaled yet. Never acknowledged, they are the broker's to redeliver
-    (persistent session), so dropping them here loses nothing.
-    """
-    n = 0
-    with contextlib.suppress(asyncio.QueueEmpty):
-        while True:
-            queue.get_nowait()
-            n += 1
-    if n:
-        log.info("%d messages of the previous connection left for the broker to redeliver", n)
 
 
 async def _batches(

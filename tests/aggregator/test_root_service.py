@@ -14,9 +14,18 @@ import aiomqtt
 import numpy as np
 import pytest
 
+from fiomon.aggregator.journal import StateLock
 from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, BrokerConfig, ExportConfig, RootConfig, SlaRule
+from fiomon.config import (
+    AggregatorConfig,
+    BrokerConfig,
+    ExportConfig,
+    RootConfig,
+    SlaRule,
+    load_aggregator_config,
+    root_ignored_keys,
+)
 from fiomon.windows import ALL_DIRECTIONS
 from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
 from tests.conftest import Mosquitto, free_port, until
@@ -219,3 +228,81 @@ async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> 
     loop = asyncio.get_running_loop()
     assert not loop.remove_signal_handler(signal.SIGHUP)  # run_root removed its handlers
     assert not loop.remove_signal_handler(signal.SIGTERM)
+
+
+def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The file is valid on its own (its rule's level is its confidence_level), but the
+    # running root computes bounds at 0.95 only: the rule would never have its bounds.
+    conf = tmp_path / "root.yaml"
+    conf.write_text(
+        "align: epoch\nroot: {cells: [c1]}\nconfidence_level: 0.9\n"
+        "sla:\n  - {name: r, direction: read, percentile: 99, threshold: 5ms, confidence: 0.9}\n"
+    )
+    cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
+    svc = RootService(cfg)
+    assert cfg.confidence_level == 0.95
+    svc.reload(conf, log_level_fixed=False)
+    assert svc.cfg.sla == ALWAYS
+    assert [r.name for r in svc.alerts.rules] == ["p99-read"]
+    assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
+    # The same rule at the running level is taken.
+    conf.write_text(conf.read_text().replace("0.9", "0.95"))
+    svc.reload(conf, log_level_fixed=False)
+    assert [r.name for r in svc.cfg.sla] == ["r"]
+    svc.close()
+
+
+def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
+    conf = tmp_path / "root.yaml"
+    conf.write_text("align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n")
+    assert root_ignored_keys(load_aggregator_config(conf)) == []  # alert_topic's default: lab/...
+    conf.write_text(
+        "align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n"
+        "webhook: {url: 'http://127.0.0.1:9093/api/v2/alerts'}\nalert_topic: lab/alerts\n"
+    )
+    assert root_ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]
+
+
+async def test_a_final_stop_closes_writes_unlocks_then_disconnects(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    cfg = AggregatorConfig(
+        align="epoch",
+        broker=BrokerConfig(port=mosquitto.port),
+        listen=f"127.0.0.1:{free_port()}",
+        client_id="root-order",
+        state_dir=tmp_path / "s",
+        quanta_file=tmp_path / "q.jsonl",
+        root=RootConfig(cells=("c1",)),
+    )
+    stop = asyncio.Event()
+    box: list[RootService] = []
+    at_close: list[tuple[bool, int]] = []  # (connected, open quanta) as the flush starts
+
+    def ready(svc: RootService) -> None:
+        box.append(svc)
+        close = svc.close
+
+        def closing(timeout_s: float = 10.0) -> None:
+            at_close.append((svc.broker_connected, svc.merger.open_quanta))
+            close(timeout_s)
+
+        svc.close = closing  # type: ignore[method-assign]
+
+    task = asyncio.create_task(run_root(cfg, stop=stop, ready=ready, final=True))
+    await until(lambda: box and box[0].broker_connected, what="the root connected")
+    svc = box[0]
+    base = (time.time_ns() // 1_000_000 // Q + 60) * Q  # a minute ahead: stays open
+    await _publish(mosquitto.port, "fiomon/v1/_partials/c1", _one_row_message("c1", base + Q, base))
+    await until(lambda: svc.merger.counts.rows["merged"] == 1, what="merged")
+    assert svc.merger.open_quanta == 1
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    # In order: the final close, then the flush (still connected), then the disconnect.
+    assert at_close == [(True, 0)]
+    (line,) = (tmp_path / "q.jsonl").read_text().splitlines()
+    assert json.loads(line)["end_ms"] == base + Q
+    StateLock(tmp_path / "s").release()
+    assert "root-order disconnected" in mosquitto.log_text()
