@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import aiomqtt
 import paho.mqtt.client as pm
@@ -33,7 +34,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from fiomon.aggregator import mqttread
 from fiomon.config import BrokerConfig
-from fiomon.mqtt import make_client
+from fiomon.mqtt import IncomingQueue, make_client
 
 MODES = ("paho", "reader", "ackmany")
 BROKER = "max_queued_messages 1000000\nmax_queued_bytes 0\nmax_inflight_messages 0\n"
@@ -53,23 +54,15 @@ def publish(port: int, n: int, size: int) -> None:
     c.disconnect()
 
 
-class _Queue(asyncio.Queue[aiomqtt.Message]):
-    made: list[_Queue] = []  # noqa: RUF012 -- the newest one is the client's
-
-    def __init__(self, maxsize: int = 0) -> None:
-        super().__init__(maxsize)
-        _Queue.made.append(self)
-
-
 async def drain(port: int, mode: str, n: int, size: int, ident: str) -> float:
     """CPU seconds to take ``n`` queued messages in batches and acknowledge them."""
     client = make_client(
         BrokerConfig("127.0.0.1", port),
         identifier=ident,
         persistent_session_s=600,
-        queue_type=_Queue,
+        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
     )
-    queue = _Queue.made[-1]
+    queue = IncomingQueue.made[-1]
     paho = client._client
     paho.manual_ack_set(True)
     if mode != "paho" and mqttread.install(paho) is None:

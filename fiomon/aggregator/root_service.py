@@ -291,6 +291,7 @@ class RootService:
             rows=m.rows,
             invalid=m.invalid,
             closed_by_lateness=m.closed_by_lateness,
+            messages=m.messages,
         )
 
     def close(self, timeout_s: float = GRACE_S) -> None:

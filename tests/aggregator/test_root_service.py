@@ -139,6 +139,8 @@ def test_cells_up_counts_listed_cells_only() -> None:
     assert g["fiomon_root_cells_up"] == {(): 0.0}
     assert g["fiomon_root_cells_expected"] == {(): 2.0}
     assert g["fiomon_root_cell_up"][("stray",)] == 1.0
+    c = {name: v for (name, _, _), v in svc.snapshot.counters.items()}
+    assert c["fiomon_root_partials_messages"] == {("stray",): 1.0}
 
 
 async def _publish(port: int, topic: str, payload: bytes) -> None:
