@@ -15,6 +15,7 @@ import pytest
 
 from fiomon import __version__
 from fiomon.cli import main
+from fiomon.tools.demo import RESOLVE_S
 from tests.conftest import DEADLINE_S, FIXTURES
 
 HIST = FIXTURES / "fio333_randrw_clat_hist.1.log"
@@ -184,13 +185,17 @@ def test_version_and_demo(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])  # the convention; `fiomon version` stays
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"fiomon {__version__}\n"
-    r = fiomon("demo", "--duration", "14", "--hosts", "4", "--jobs", "1")
+    r = fiomon("demo", "--duration", str(RESOLVE_S), "--hosts", "4", "--jobs", "1")
     assert r.returncode == 0, r.stderr
+    assert "ends before the alert can resolve" not in r.stderr
     assert "p99" in r.stdout
     assert "storage node fails" in r.stderr
     assert re.search(r"live page \(open it in a browser\): http://127\.0\.0\.1:\d+/", r.stderr)
     assert "FIRING" in r.stdout
     assert "SLA fired 1x, resolved 1x" in r.stderr  # the alert comes and goes
+    short = fiomon("demo", "--duration", "4", "--hosts", "2", "--jobs", "1")
+    assert short.returncode == 0, short.stderr
+    assert f"(--duration {RESOLVE_S} or more shows both)" in short.stderr
 
 
 def test_every_module_imports_cleanly() -> None:

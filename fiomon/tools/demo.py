@@ -37,6 +37,10 @@ from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 from fiomon.windows import ClosedQuantum
 
 RULE = SlaRule("p99-read", "read", 99.0, 2e6, for_quanta=3, min_samples=50)
+# The shortest --duration in which the simulated failure both fires and resolves the
+# alert (3 quanta to fire, 3 clean ones to resolve, 3 s of lateness for each):
+# tests/test_cli.py runs the demo for this long and expects one of each.
+RESOLVE_S = 14
 TICK_S = 0.25
 Record = tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
 
@@ -273,6 +277,11 @@ def _run(
         f"fiomon demo: a storage node fails {window}, slowing {slow_hosts} host(s); "
         f"watch p99 rise and the SLA fire and resolve{'' if seconds else ' (Ctrl-C stops)'}\n"
     )
+    if seconds is not None and seconds < RESOLVE_S and fio is None:
+        err.write(
+            f"fiomon demo: {seconds} s ends before the alert can resolve "
+            f"(--duration {RESOLVE_S} or more shows both)\n"
+        )
     view = _View(out, hosts)
     view.header()
     fired = resolved = 0
