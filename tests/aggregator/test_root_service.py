@@ -143,6 +143,25 @@ def test_cells_up_counts_listed_cells_only() -> None:
     assert c["fiomon_root_partials_messages"] == {("stray",): 1.0}
 
 
+def _live_cfg(
+    mosquitto: Mosquitto,
+    client_id: str,
+    *,
+    state_dir: Path | None = None,
+    quanta_file: Path | None = None,
+) -> AggregatorConfig:
+    """A root of cell c1 on the test broker, epoch-aligned, /metrics on a free port."""
+    return AggregatorConfig(
+        align="epoch",
+        broker=BrokerConfig(port=mosquitto.port),
+        listen=f"127.0.0.1:{free_port()}",
+        client_id=client_id,
+        state_dir=state_dir,
+        quanta_file=quanta_file,
+        root=RootConfig(cells=("c1",)),
+    )
+
+
 async def _publish(port: int, topic: str, payload: bytes) -> None:
     async with aiomqtt.Client("127.0.0.1", port) as c:
         await c.publish(topic, payload, qos=1)
@@ -151,13 +170,7 @@ async def _publish(port: int, topic: str, payload: bytes) -> None:
 async def test_a_failing_message_is_counted_and_a_lost_broker_reconnects(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
-    cfg = AggregatorConfig(
-        align="epoch",
-        broker=BrokerConfig(port=mosquitto.port),
-        listen=f"127.0.0.1:{free_port()}",
-        client_id="root-test",
-        root=RootConfig(cells=("c1",)),
-    )
+    cfg = _live_cfg(mosquitto, "root-test")
     stop = asyncio.Event()
     box: list[RootService] = []
     calls = 0
@@ -270,14 +283,8 @@ def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
 async def test_a_final_stop_closes_writes_unlocks_then_disconnects(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
-    cfg = AggregatorConfig(
-        align="epoch",
-        broker=BrokerConfig(port=mosquitto.port),
-        listen=f"127.0.0.1:{free_port()}",
-        client_id="root-order",
-        state_dir=tmp_path / "s",
-        quanta_file=tmp_path / "q.jsonl",
-        root=RootConfig(cells=("c1",)),
+    cfg = _live_cfg(
+        mosquitto, "root-order", state_dir=tmp_path / "s", quanta_file=tmp_path / "q.jsonl"
     )
     stop = asyncio.Event()
     box: list[RootService] = []
