@@ -219,6 +219,10 @@ class Transition:
             **_evidence(self.rule, self.state),
         }
 
+    def log_text(self) -> str:
+        """:meth:`to_json` as one compact line, for the services' ``sla ...`` log lines."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
 
 class AlertBook:
     """States of every rule (and host, for host-scope rules).

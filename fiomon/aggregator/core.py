@@ -634,7 +634,7 @@ class AggregatorCore:
             settled = self.alerts.settle(now)
             self.transitions.extend(settled)
             for t in settled:
-                log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+                log.info("sla %s", t.log_text())
             log.info(
                 "no records for %d ms: idle (per-quantum series withdrawn from /metrics%s)",
                 self.idle_after_ms,
@@ -731,7 +731,7 @@ class AggregatorCore:
         self.gauges.observe(rows, now, tails)
         for t in self.alerts.observe(rows):
             self.transitions.append(t)
-            log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+            log.info("sla %s", t.log_text())
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
 

@@ -223,7 +223,7 @@ class RootService:
                 self.gauges.buckets = self.buckets
             self.gauges.observe(rows, now)
             for t in self.alerts.observe(rows):
-                log.info("sla %s", json.dumps(t.to_json(), separators=(",", ":")))
+                log.info("sla %s", t.log_text())
         self._save_mark()
         self._release()
 
