@@ -28,11 +28,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, plat_val_to_idx
-from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo
+from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo
 from fiomon.overlap import MIN_SLACK_MS, Declaration, prefix_name
 from fiomon.problems import ProblemLog
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
+_MAX_TEXT_LINE = 64 << 10  # an unfinished line of text held back for its end
 
 
 class JsonSplitter:
@@ -58,7 +59,9 @@ class JsonSplitter:
         self._pending = b""
         self._decoder = json.JSONDecoder()
         self.documents = 0
+        self.text_blocks = 0  # stretches of text skipped between documents
         self._line = 1
+        self._text_end = 0
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Yield each document completed by ``data``."""
@@ -77,22 +80,51 @@ class JsonSplitter:
         yield from self._drain(final=True)
         self._buf = ""
 
+    def _next_document(self, buf: str, pos: int, *, final: bool) -> int:
+        """Where the next document starts from ``pos`` (-1: none in ``buf`` yet).
+
+        Text before it (fio's ``note:`` lines, its normal report with
+        ``--output-format=json+,normal``) is skipped: it holds no records, so it is one
+        warning for the whole file (:attr:`text_blocks` counts the stretches). Within
+        text, only a ``{`` that opens a line starts a document; an incomplete last line
+        of text waits for the rest (at most :data:`_MAX_TEXT_LINE` characters).
+        """
+        start = buf.find("{", pos)
+        if start >= 0 and buf[pos:start].strip():
+            line_start = buf.rfind("\n", pos, start) + 1
+            if buf[max(pos, line_start) : start].strip():
+                nxt = buf.find("\n{", start)  # a brace inside a line of text
+                start = -1 if nxt < 0 else nxt + 1
+        if start >= 0:
+            text_end = start
+        elif final:
+            text_end = len(buf)
+        else:
+            text_end = max(pos, buf.rfind("\n", pos) + 1)
+            if len(buf) - text_end > _MAX_TEXT_LINE:
+                text_end = len(buf)
+        skipped = buf[pos:text_end]
+        if skipped.strip():
+            self.text_blocks += 1
+            if self.text_blocks == 1:
+                self.problems.warn(
+                    self.source,
+                    self._line,
+                    "text",
+                    "text around the JSON documents skipped (fio's notes or normal output, "
+                    f"e.g. --output-format=json+,normal): {skipped.strip()[:60]!r}",
+                )
+        self._line += skipped.count("\n")
+        self._text_end = text_end
+        return start
+
     def _drain(self, *, final: bool) -> Iterator[dict[str, Any]]:
         pos = 0
         buf = self._buf
         while True:
-            start = buf.find("{", pos)
-            skipped = buf[pos:start] if start >= 0 else buf[pos:]
-            if skipped.strip():
-                self.problems.report(
-                    self.source,
-                    self._line,
-                    "noise",
-                    f"text between JSON documents: {skipped.strip()[:40]!r}",
-                )
-            self._line += skipped.count("\n")
+            start = self._next_document(buf, pos, final=final)
             if start < 0:
-                pos = len(buf)
+                pos = self._text_end
                 break
             try:
                 doc, end = self._decoder.raw_decode(buf, start)
@@ -194,6 +226,9 @@ class JsonStatusParser:
         self.first_ms: int | None = None  # earliest time its I/Os cover
         self.last_ms: int | None = None  # its last dump
         self._interval_ms = 0  # largest spacing of dumps seen
+        self._no_bins: dict[tuple[str, str], int] = {}  # (job, direction) -> total_ios
+        self._told_no_bins = False
+        self._finished = False
 
     kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
     slack_ms = 0  # dumps come in time order
@@ -257,11 +292,60 @@ class JsonStatusParser:
         return self._collect(self.splitter.feed(data))
 
     def finish(self) -> RecordBatch | None:
-        """End of input; reports a truncated last document."""
+        """End of input; reports a truncated last document, and a file held no histograms."""
         out = self._collect(self.splitter.finish())
-        if self.splitter.documents == 0:
+        self._finished = True
+        if self.splitter.documents == 0 and self.splitter.text_blocks:
+            self.problems.report(self.source, 0, "refused", _TEXT_ONLY)
+        elif self.splitter.documents == 0:
             self.problems.warn(self.source, 0, "empty", "no fio JSON status documents")
+        elif self._no_bins and self.records:
+            self.problems.report(
+                self.source,
+                0,
+                "no-bins",
+                f"{self.ios_without_bins} I/Os in job sections without latency bins not "
+                "counted (fio --output-format=json+ writes them)",
+            )
         return out
+
+    @property
+    def ios_without_bins(self) -> int:
+        """I/Os (fio's ``total_ios``, last seen per job and direction) without bins."""
+        return sum(self._no_bins.values())
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this file gives no records though it is fio output (None: it does, or is empty).
+
+        Plain ``--output-format=json`` holds I/O counts but no histograms; fio's normal
+        (text) output holds no JSON at all. Known once the file is finished (the count of
+        I/Os is the final one).
+        """
+        if self.records or not self._finished:
+            return None  # (the agent is told at once, by a ``refused`` problem)
+        if self._no_bins:
+            return self._no_bins_reason()
+        if self.splitter.documents == 0 and self.splitter.text_blocks:
+            return _TEXT_ONLY
+        return None
+
+    def _note_no_bins(self, state: _JobState, ios: dict[int, int], line: int) -> None:
+        """Remember a job's I/O counts without bins; tell at once if none had bins so far."""
+        for d, n in ios.items():
+            if len(self._no_bins) < _MAX_JOBS:
+                self._no_bins[(state.stream.stream, DIRECTION_LABELS[d])] = n
+        if not self.records and not self._told_no_bins:
+            self._told_no_bins = True
+            self.problems.report(self.source, line, "refused", self._no_bins_reason())
+
+    def _no_bins_reason(self) -> str:
+        return (
+            f"fio JSON without latency histograms: it holds {self.ios_without_bins} I/Os but "
+            "no bins (clat_ns.bins), so no percentiles can be computed from it; run fio with "
+            "--output-format=json+ (plain json has no bins), or give fiomon the jobs' hist "
+            "logs (write_hist_log=NAME with log_hist_msec=MS)"
+        )
 
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
         rows: list[_Row] = []
@@ -370,10 +454,21 @@ class JsonStatusParser:
 
     def _job(self, state: _JobState, job: dict[str, Any], ts: int, line: int) -> list[_Row]:
         current: dict[int, tuple[npt.NDArray[np.int64], int]] = {}
+        no_bins: dict[int, int] = {}
         for d, label in enumerate(DIRECTION_LABELS):
-            parsed = self._direction(job.get(label), label, line)
+            section = job.get(label)
+            if d == Direction.MIXED and (current or no_bins):
+                # unified_rw_reporting=both: mixed is the sum of the other sections.
+                break
+            parsed = self._direction(section, label, line)
             if parsed is not None:
                 current[d] = parsed
+            elif isinstance(section, dict):
+                ios = section.get("total_ios")
+                if _is_int(ios, _MAX_COUNT) and ios > 0:
+                    no_bins[d] = ios
+        if no_bins:
+            self._note_no_bins(state, no_bins, line)
         restarted = any(
             d in state.cum and _decreased(state.cum[d], cum) for d, (cum, _) in current.items()
         )
@@ -494,6 +589,10 @@ class _Row:
     counts: npt.NDArray[np.int64]
 
 
+_TEXT_ONLY = (
+    "fio's normal (text) output, no JSON documents: run fio with --output-format=json+ "
+    "(and --status-interval=N for records over time)"
+)
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
 _MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
