@@ -228,8 +228,9 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="D[,D]",
         help=f"operations to show, from {','.join(ALL_DIRECTIONS)} (default: all of them; "
-        "report --format fiologparser: all only, as fiologparser_hist.py); --direction is "
-        "an older spelling",
+        "report --format fiologparser: all only, as fiologparser_hist.py); mixed is the "
+        "unified_rw_reporting section of a json+ stream (reads and writes in one histogram; "
+        "all includes it); --direction is an older spelling",
     )
     # The spelling summary and fit had, kept so scripts that use it still run.
     g.add_argument("--direction", dest="directions", type=_directions, help=argparse.SUPPRESS)
@@ -500,7 +501,7 @@ def _add_summary(sub: SubParsers) -> argparse.ArgumentParser:
         "summary",
         help="per-operation I/O statistics of a run, with a latency histogram",
         description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
-        "percentiles, IOPS and throughput per operation (read, write, trim, all), and a "
+        "percentiles, IOPS and throughput per operation (read, write, trim, mixed, all), and a "
         "text histogram on bins you choose, from fio hist logs and json+ status files.",
         epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
         "seconds, or seconds since the job start for relative-time logs",

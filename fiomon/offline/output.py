@@ -31,7 +31,9 @@ from fiomon.windows import ClosedQuantum
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
-_FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m"}
+# fiologparser_hist.py's letters; its "m" is every direction together (our "all"), so
+# fio's unified_rw_reporting "mixed" sections take "u" (for unified), a letter it never uses.
+_FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m", "mixed": "u"}
 _UNITS = (("us", 1e3), ("ms", 1e6), ("s", 1e9))
 
 

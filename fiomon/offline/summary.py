@@ -1,6 +1,6 @@
 """``fiomon summary``: the classic per-operation I/O statistics of a run, from fio's histograms.
 
-Per operation (read, write, trim, all): I/O count, bytes, mean, variance and standard
+Per operation (read, write, trim, mixed, all): I/O count, bytes, mean, variance and standard
 deviation, min and max bounds, percentiles, IOPS and throughput over the run, the first
 and last record, and a text histogram on bins of the user's choosing.
 
@@ -100,7 +100,7 @@ class Filters:
     hosts: tuple[str, ...] = ()
     host_from: str = "auto"
     jobs: tuple[str, ...] = ()
-    directions: tuple[str, ...] = ("read", "write", "trim", "all")
+    directions: tuple[str, ...] = ("read", "write", "trim", "mixed", "all")
     from_ms: int | None = None
     to_ms: int | None = None
 
