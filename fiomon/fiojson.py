@@ -228,6 +228,7 @@ class JsonStatusParser:
         self._interval_ms = 0  # largest spacing of dumps seen
         self._no_bins: dict[tuple[str, str], int] = {}  # (job, direction) -> total_ios
         self._told_no_bins = False
+        self._client_unplaced = 0  # fio --client entries with no runtime at all
         self._finished = False
 
     kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
@@ -326,6 +327,8 @@ class JsonStatusParser:
             return None  # (the agent is told at once, by a ``refused`` problem)
         if self._no_bins:
             return self._no_bins_reason()
+        if self._client_unplaced:
+            return _CLIENT_SKIPS["no-runtime"].format(n=self._client_unplaced)
         if self.splitter.documents == 0 and self.splitter.text_blocks:
             return _TEXT_ONLY
         return None
@@ -436,7 +439,19 @@ class JsonStatusParser:
             )
             return []
         for kind, n in client.skipped.items():
-            self.problems.warn(self.source, line, kind, f"{n} 'All clients' entries not counted")
+            if kind == "aggregate":  # fio's sum over the servers: counting it counts twice
+                self.problems.warn(self.source, line, kind, f"{n} 'All clients' sums not counted")
+            else:
+                self._client_unplaced += n if kind == "no-runtime" else 0
+                self.problems.report(self.source, line, kind, _CLIENT_SKIPS[kind].format(n=n))
+        if client.fallback:
+            self.problems.warn(
+                self.source,
+                line,
+                "no-job-runtime",
+                f"{client.fallback} fio --client entries have no job_runtime (fio before "
+                "3.8?): placed in time by their direction runtime (ms) or elapsed (s)",
+            )
         start = client.end_ms - max((rt for s in client.slots for _, rt in s.entries), default=0)
         rows: list[_Row] = []
         for slot in client.slots:
@@ -488,8 +503,8 @@ class JsonStatusParser:
             )
         if state.last_ts is None:
             runtime = job.get("job_runtime")
-            span = runtime if _is_int(runtime, _MAX_MS) else 0
-            start = ts - span
+            span = runtime if _is_int(runtime, _MAX_MS) else _runtime_without_job_runtime(job)
+            start = ts - min(span or 0, ts)
         else:
             start = state.last_ts
         if ts < start:
@@ -593,6 +608,12 @@ _TEXT_ONLY = (
     "fio's normal (text) output, no JSON documents: run fio with --output-format=json+ "
     "(and --status-interval=N for records over time)"
 )
+_CLIENT_SKIPS = {
+    "json-shape": "{n} fio --client entries without a string jobname and hostname not counted",
+    "no-runtime": "{n} fio --client entries not counted: without job_runtime, a direction "
+    "runtime or elapsed nothing places them in time; give fiomon the servers' hist logs "
+    "(write_hist_log with log_hist_msec) instead",
+}
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
 _MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
@@ -615,7 +636,8 @@ class _ClientView:
 
     end_ms: int | None
     slots: list[_ClientSlot]
-    skipped: dict[str, int]
+    skipped: dict[str, int]  # kind -> entries not counted
+    fallback: int = 0  # entries placed without job_runtime
 
 
 _SAME_INTERVAL_MS = 50  # entries of one key this close in runtime are jobs of one interval
@@ -642,6 +664,7 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
     slots: dict[tuple[str, str, int], _ClientSlot] = {}
     groups: dict[tuple[str, str], list[int]] = {}  # key -> [interval's first runtime, count, known]
     skipped: dict[str, int] = {}
+    fallback = 0
     for e in entries:
         if not isinstance(e, dict):
             continue
@@ -649,9 +672,15 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
         if name == "All clients":
             skipped["aggregate"] = skipped.get("aggregate", 0) + 1
             continue
-        if not isinstance(name, str) or not isinstance(host, str) or not _is_int(rt, _MAX_MS):
+        if not isinstance(name, str) or not isinstance(host, str):
             skipped["json-shape"] = skipped.get("json-shape", 0) + 1
             continue
+        if not _is_int(rt, _MAX_MS):
+            rt = _runtime_without_job_runtime(e)
+            if rt is None:
+                skipped["no-runtime"] = skipped.get("no-runtime", 0) + 1
+                continue
+            fallback += 1
         label = f"{host}:{e.get('port')}" if len(ports.get(host, ())) > 1 else host
         g = groups.setdefault((label, name), [rt, 0, 0])
         if g[1] and (abs(rt - g[0]) > _SAME_INTERVAL_MS or (g[2] and g[1] >= g[2])):
@@ -660,7 +689,25 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
         slot = slots.setdefault((label, name, g[1]), _ClientSlot(label, f"{g[1]}:{name}", []))
         slot.entries.append((e, rt))
         g[1] += 1
-    return _ClientView(end_ms, list(slots.values()), skipped)
+    return _ClientView(end_ms, list(slots.values()), skipped, fallback)
+
+
+def _runtime_without_job_runtime(entry: dict[str, Any]) -> int | None:
+    """A client entry's runtime (ms) when it has no ``job_runtime`` (fio 3.7 and older).
+
+    Each direction's ``runtime`` is the ms the job has run with I/O in it, the job's
+    runtime for any direction it used (the largest is taken); a job with no I/O yet falls
+    back to ``elapsed`` (whole seconds). None: nothing places the entry in time.
+    """
+    runtimes = [
+        rt
+        for label in DIRECTION_LABELS
+        if isinstance(sec := entry.get(label), dict) and _is_int(rt := sec.get("runtime"), _MAX_MS)
+    ]
+    if runtimes and max(runtimes) > 0:
+        return max(runtimes)
+    elapsed = entry.get("elapsed")
+    return elapsed * 1000 if _is_int(elapsed, _MAX_MS // 1000) else None
 
 
 def _held_bytes(buf: str, start: int) -> int:
