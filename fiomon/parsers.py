@@ -29,6 +29,7 @@ the fio option that writes a readable one; the offline report turns it into an e
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -162,23 +163,27 @@ def open_parser(
     opts = options or ParserOptions()
     if fio_log_store(head):
         return RefusedParser(source, problems, FIO_STORE_REFUSAL)
-    text, decoder = _decoded_head(head)
-    parser: RecordParser
-    if _classify(text) == "json":
-        parser = JsonStatusParser(
-            source,
-            host=opts.host,
-            problems=problems,
-            layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
-            skip_jobs=opts.skip_jobs,
-        )
-        parser.splitter.max_document_bytes = opts.max_document_bytes
-    else:
+
+    def make(text: bytes) -> RecordParser:
+        if _classify(text) == "json":
+            parser = JsonStatusParser(
+                source,
+                host=opts.host,
+                problems=problems,
+                layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
+                skip_jobs=opts.skip_jobs,
+            )
+            parser.splitter.max_document_bytes = opts.max_document_bytes
+            return parser
         hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
-        parser = hist
         if opts.client_logs and client_log_host(Path(source)) is not None:
-            parser = ClientHistLogParser(hist, ClientLogUndo(source, problems))
-    return parser if decoder is None else DecodedParser(parser, decoder, source, problems)
+            return ClientHistLogParser(hist, ClientLogUndo(source, problems))
+        return hist
+
+    text, decoder = _decoded_head(head)
+    if decoder is None:
+        return make(text)
+    return DecodedParser(make, decoder, source, problems, text)
 
 
 FIO_STORE_REFUSAL = (
@@ -223,46 +228,58 @@ class RefusedParser:
 class DecodedParser:
     """A parser fed through an :class:`~fiomon.decode.InputDecoder` (compressed, UTF-16, BOM).
 
+    The parser is built from the first decoded bytes that say what the file is: a
+    compressed file's head may decode to nothing yet (bzip2 emits nothing before a whole
+    block of up to 900 kB is in).
+
     Args:
-        parser: the parser of the decoded bytes.
+        make: builds the parser for the decoded bytes from their first bytes.
         decoder: undoes the file's compression and text encoding.
         source: the file, for messages.
         problems: where corrupt compressed data is reported.
+        head: the decoded head (blank if it said nothing yet).
     """
 
     def __init__(
-        self, parser: RecordParser, decoder: InputDecoder, source: str, problems: ProblemLog
+        self,
+        make: Callable[[bytes], RecordParser],
+        decoder: InputDecoder,
+        source: str,
+        problems: ProblemLog,
+        head: bytes = b"",
     ) -> None:
-        self.parser = parser
+        self._make = make
+        self.parser: RecordParser | None = make(head) if _classify(head) else None
         self.decoder = decoder
         self.source = source
         self.problems = problems
+        self._held: list[bytes] = []  # decoded bytes before the parser is known (blanks)
         self._told = False
 
     @property
     def kind(self) -> Kind:
-        """The decoded file's kind."""
-        return self.parser.kind
+        """The decoded file's kind (``hist`` until known)."""
+        return "hist" if self.parser is None else self.parser.kind
 
     @property
     def layout(self) -> BinLayout | None:
         """The decoded file's layout, once known."""
-        return self.parser.layout
+        return None if self.parser is None else self.parser.layout
 
     @property
     def time_kind(self) -> TimeKind | None:
         """The decoded file's time kind, once known."""
-        return self.parser.time_kind
+        return None if self.parser is None else self.parser.time_kind
 
     @property
     def slack_ms(self) -> int:
         """As the decoded file's."""
-        return self.parser.slack_ms
+        return 0 if self.parser is None else self.parser.slack_ms
 
     @property
     def refusal(self) -> str | None:
         """The decoded file's refusal, if any."""
-        return self.parser.refusal
+        return None if self.parser is None else self.parser.refusal
 
     def feed(self, data: bytes) -> RecordBatch | None:
         """Decode ``data`` and parse what it completes."""
@@ -272,8 +289,28 @@ class DecodedParser:
         """Decode the rest and finish the parser."""
         return self._parse(list(self.decoder.finish()), final=True)
 
+    def _known(self, pieces: list[bytes]) -> list[bytes]:
+        """``pieces`` for the parser, once one is built (held back until then)."""
+        if self.parser is not None:
+            return pieces
+        self._held.extend(pieces)
+        head = b"".join(self._held)[:_SNIFF_TEXT_BYTES]
+        if _classify(head) is None:
+            if len(head) >= _SNIFF_TEXT_BYTES:
+                self._held = []  # that many blanks: nothing to keep
+            return []
+        self.parser = self._make(head)
+        pieces, self._held = self._held, []
+        return pieces
+
     def _parse(self, pieces: list[bytes], *, final: bool) -> RecordBatch | None:
-        batches = [b for b in map(self.parser.feed, pieces) if b is not None and len(b)]
+        pieces = self._known(pieces)
+        parser = self.parser
+        if parser is None:
+            if final:
+                self.problems.warn(self.source, 0, "empty", "empty once decompressed")
+            return None
+        batches = [b for b in map(parser.feed, pieces) if b is not None and len(b)]
         if self.decoder.error is not None and not self._told:
             self._told = True
             what = self.decoder.description
@@ -281,7 +318,7 @@ class DecodedParser:
                 self.source, 0, "corrupt", f"{what}: {self.decoder.error}; read up to there"
             )
         if final:
-            last = self.parser.finish()
+            last = parser.finish()
             if last is not None and len(last):
                 batches.append(last)
         if not batches:
