@@ -55,10 +55,16 @@ def fio_log_store(head: bytes) -> bool:
     """Whether ``head`` starts a zlib stream, as fio's ``log_store_compressed`` files do.
 
     A zlib header is two bytes, ``0x78`` (deflate, 32 KiB window) then a flag byte making
-    the pair a multiple of 31; no text or fio log starts that way (a line starting with
-    ``x`` would need one of four control or non-ASCII bytes next).
+    the pair a multiple of 31, and the deflate data after it must inflate; no fio text
+    output or log starts that way.
     """
-    return len(head) >= 2 and head[0] == 0x78 and (head[0] * 256 + head[1]) % 31 == 0
+    if len(head) < 2 or head[0] != 0x78 or (head[0] * 256 + head[1]) % 31:
+        return False
+    try:  # and what follows inflates (text starting "x^" does not)
+        zlib.decompressobj().decompress(head[:4096], 64)
+    except zlib.error:
+        return False
+    return True
 
 
 def text_form(head: bytes) -> TextForm:
