@@ -72,7 +72,11 @@ REPORT_EPILOG = """\
 inputs:
   fio histogram logs (write_hist_log=PREFIX, log_hist_msec=N: PREFIX_clat_hist.N.log) and
   fio json+ status streams (fio --output-format=json+ --status-interval=1 --output=F),
-  recognised by content. Use log_unix_epoch=1 so hosts share one clock.
+  recognised by content. Use log_unix_epoch=1 so hosts share one clock. Also read: json+
+  after fio's text (note: lines, --output-format=json+,normal), gzip/bzip2/xz files,
+  UTF-8 with a BOM or UTF-16, and unified_rw_reporting's mixed sections (direction
+  mixed). Refused, naming the file and the fio option that fixes it: plain json (no
+  bins), lat/bw/iops logs, fio's log_store_compressed .fz files, text-only output.
 
 semantics:
   a hist-log line is stamped at the END of its interval; records that straddle a quantum
