@@ -149,6 +149,7 @@ class InputDecoder:
         self._text_head = b""
         self._codec: codecs.IncrementalDecoder | None = None
         self._skip = 3 if self.text == "utf-8-bom" else 0  # BOM bytes still to drop
+        self._bom16 = head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
     @property
     def needed(self) -> bool:
@@ -207,6 +208,7 @@ class InputDecoder:
             data, self._text_head = self._text_head, b""
             self.text = text_form(data)
             self._skip = 3 if self.text == "utf-8-bom" else 0
+            self._bom16 = data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
         if self.text in ("utf-8", "utf-8-bom"):
             cut = min(self._skip, len(data))
             self._skip -= cut
@@ -215,8 +217,7 @@ class InputDecoder:
             return
         if self._codec is None:
             # "utf-16" reads and drops the BOM; the explicit ones are for BOM-less text.
-            has_bom = data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-            name = "utf-16" if has_bom else self.text
+            name = "utf-16" if self._bom16 else self.text
             self._codec = codecs.getincrementaldecoder(name)(errors="replace")
         out = self._codec.decode(data, final)
         if out:
