@@ -23,12 +23,15 @@ from typing import Any
 
 import pytest
 
+from fiomon.agent.follow import Follower
 from fiomon.cli import main
 from fiomon.errors import InputError
+from fiomon.model import Direction
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.sources import host_labels
 from fiomon.parsers import SNIFF_BYTES, open_parser, sniff
 from fiomon.problems import ProblemLog
+from fiomon.wire import decode
 from tests.conftest import DEADLINE_S, FIXTURES
 
 JOB = """\
@@ -389,3 +392,43 @@ def test_utf16_stream_fed_in_odd_pieces(runs: Path) -> None:
     truth = total_ios(runs / "notes.out")
     assert n == truth["read"] + truth["write"]
     assert problems.dropped == 0
+
+
+@pytest.mark.parametrize("name", ["notes", "normal", "mixed"])
+def test_the_agent_follower_publishes_them_as_fio_writes_them(
+    runs: Path, tmp_path: Path, name: str
+) -> None:
+    """The live path: a growing file sniffed at its first line of text, then fed on."""
+    data = (runs / f"{name}.out").read_bytes()
+    live = tmp_path / f"{name}.json"
+    f = Follower(
+        (str(tmp_path / "*.json"),),
+        agent="client-07",
+        max_message_bytes=256 * 1024,
+        log_hist_msec=500,
+        clock=lambda: 1000.0,
+    )
+    out = []
+    try:
+        cut = data.index(b"\n") + 1
+        live.write_bytes(data[:cut])  # fio has written its first line of text only
+        out += list(f.poll())
+        for i in range(cut, len(data), 4099):
+            with live.open("ab") as fh:
+                fh.write(data[i : i + 4099])
+            out += list(f.poll())
+        out += list(f.poll(final=True))
+    finally:
+        f.close()
+    got: Counter[int] = Counter()
+    for m in out:
+        batch = decode(m.payload).batch
+        for d, n in zip(batch.direction.tolist(), batch.samples().tolist(), strict=True):
+            got[d] += n
+    truth = total_ios(runs / f"{name}.out")
+    want = {
+        int(Direction[d.upper()]): n
+        for d, n in truth.items()
+        if n and not (d == "mixed" and name != "mixed")
+    }
+    assert dict(got) == want
