@@ -5,7 +5,8 @@ whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to coun
 *cumulative* since the job started. So:
 
 * :class:`JsonSplitter` cuts the stream into documents incrementally, waits for a
-  half-written last document, and skips (and counts) noise between documents;
+  half-written last document, and skips text between documents (fio's notes, its
+  normal output with ``--output-format=json+,normal``: one warning per file);
 * :class:`JsonStatusParser` maps midpoints back to fio bin indices (``plat_val_to_idx``) and
   differences successive dumps per job and direction. The record of dump ``k`` covers
   ``(timestamp_ms[k-1], timestamp_ms[k]]``; the first dump of a job covers its
@@ -14,6 +15,12 @@ whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to coun
   The final dump at exit carries the partial last interval that hist logs never write.
 
 Jobs are identified by position in ``jobs`` and name, since ``numjobs`` repeats names.
+
+Directions are the job's ``read``, ``write`` and ``trim`` sections, or its ``mixed``
+section (``unified_rw_reporting=1``: :attr:`Direction.MIXED`); with
+``unified_rw_reporting=both`` a job has all four and ``mixed``, their sum, is ignored. A
+file whose sections count I/Os but carry no bins (plain ``--output-format=json``) gives no
+records and is refused (:attr:`JsonStatusParser.refusal`, with its number of I/Os).
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ class JsonSplitter:
 
     Args:
         source: name used in messages.
-        problems: where noise and oversized documents are reported.
+        problems: where skipped text (one warning), broken and oversized documents are
+            reported.
         max_document_bytes: a pending document larger than this is dropped (reported), so a
             stream that never closes its braces cannot grow memory without bound.
     """
@@ -723,9 +731,3 @@ def _is_int(value: object, upper: int) -> TypeGuard[int]:
 
 def _decreased(old: npt.NDArray[np.int64], new: npt.NDArray[np.int64]) -> bool:
     return bool((new < old).any())
-
-
-def looks_like_json(head: bytes) -> bool:
-    """Whether a file that starts with ``head`` is a json+ stream rather than a hist log."""
-    stripped = head.lstrip()
-    return stripped.startswith(b"{")
