@@ -243,6 +243,7 @@ def test_backup_suffixes_are_not_client_servers(runs: Path, tmp_path: Path, suff
     # Read as fio --client's running sums, the counts would change.
     assert counted(f, problems=problems) == counted(log)
     assert not [p for p in problems.kept if "fio --client" in p.reason]
+    assert host_labels([f], "file") == ["notes"]
 
 
 def test_compressed_data_cut_short_is_reported_not_crashed(runs: Path, tmp_path: Path) -> None:
