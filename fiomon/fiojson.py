@@ -354,8 +354,9 @@ class JsonStatusParser:
         return (
             f"fio JSON without latency histograms: it holds {self.ios_without_bins} I/Os but "
             "no bins (clat_ns.bins), so no percentiles can be computed from it; run fio with "
-            "--output-format=json+ (plain json has no bins), or give fiomon the jobs' hist "
-            "logs (write_hist_log=NAME with log_hist_msec=MS)"
+            "--output-format=json+ (plain json has no bins, nor has json+ with "
+            "clat_percentiles=0), or give fiomon the jobs' hist logs (write_hist_log=NAME "
+            "with log_hist_msec=MS)"
         )
 
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:

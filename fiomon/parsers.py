@@ -111,8 +111,9 @@ def _classify(text: bytes) -> Kind | None:
     line = text.lstrip().split(b"\n", 1)[0][:512]
     try:
         line.decode("utf-8")
-    except UnicodeDecodeError:
-        return "hist" if len(line) >= 4 else "json"  # binary: the hist parser says so
+    except UnicodeDecodeError as exc:
+        if exc.start < len(line) - 3:  # not just a character cut at the end
+            return "hist"  # binary: the hist-log parser reports it line by line
     return "hist" if b"\0" in line else "json"
 
 
