@@ -614,8 +614,8 @@ class _Row:
 
 
 _TEXT_ONLY = (
-    "fio's normal (text) output, no JSON documents: run fio with --output-format=json+ "
-    "(and --status-interval=N for records over time)"
+    "text without a fio JSON document or hist-log line (fio's normal output?): run fio "
+    "with --output-format=json+ (and --status-interval=N for records over time)"
 )
 _CLIENT_SKIPS = {
     "json-shape": "{n} fio --client entries without a string jobname and hostname not counted",

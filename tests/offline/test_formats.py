@@ -65,6 +65,7 @@ RUNS: dict[str, tuple[list[str], str]] = {
     ),
     "mixed": (["--output-format=json+", "--status-interval=1"], "unified_rw_reporting=1"),
     "both": (["--output-format=json+", "--status-interval=1"], "unified_rw_reporting=both"),
+    "text": (["--output-format=normal"], ""),
 }
 
 
@@ -318,6 +319,14 @@ def test_a_lat_log_by_content_alone(
     shutil.copy(runs / "notes_lat.1.log", f)
     err = _report_fails(f, capsys)
     assert "not a histogram log: it looks like fio's latency, bandwidth or IOPS log" in err
+
+
+def test_normal_output_alone_is_refused_with_the_option_that_gives_json_plus(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _report_fails(runs / "text.out", capsys)
+    assert "no I/O" not in err
+    assert "--output-format=json+" in err
 
 
 def test_unified_rw_reporting_mixed_is_its_own_direction(runs: Path) -> None:
