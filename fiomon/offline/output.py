@@ -306,7 +306,7 @@ class TableWriter:
     def close(self) -> None:
         """Explain the saturation marker if it was used."""
         if self.unit is None:
-            self.out.write("# no quanta: the input held no I/O\n")
+            self.out.write("# no quanta: no I/O in the directions shown (--directions)\n")
         if self.unmet_seen:
             self.out.write(
                 "# '*' marks a span that reached --max-span (or the end of the input) before "
