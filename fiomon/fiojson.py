@@ -70,6 +70,7 @@ class JsonSplitter:
         self.text_blocks = 0  # stretches of text skipped between documents
         self._line = 1
         self._text_end = 0
+        self._at_start = True
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Yield each document completed by ``data``."""
@@ -80,6 +81,9 @@ class JsonSplitter:
         self._pending = raw[used:] if used < len(raw) and len(raw) - used < 4 else b""
         if used < len(raw) and not self._pending:
             self.problems.report(self.source, self._line, "encoding", "bytes that are not UTF-8")
+        if self._at_start and text:
+            self._at_start = False
+            text = text.removeprefix("\ufeff")  # a UTF-8 BOM (fiomon.decode drops it too)
         self._buf += text
         yield from self._drain(final=False)
 

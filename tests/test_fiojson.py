@@ -127,6 +127,17 @@ def test_text_between_documents_is_skipped_counted_and_warned_once() -> None:
     assert p.problems.dropped == 0
 
 
+def test_a_utf8_bom_before_the_first_document_is_no_text() -> None:
+    # Fed raw (as the overlap check reads a json+ file), byte by byte.
+    data = b"\xef\xbb\xbf" + doc(T0 + 1000, [("a", {300: 5}, 1000)]).encode()
+    problems = ProblemLog()
+    splitter = JsonSplitter("f", problems)
+    docs = [d for i in range(len(data)) for d in splitter.feed(data[i : i + 1])]
+    assert len(docs) == 1
+    assert splitter.text_blocks == 0
+    assert not problems.counts
+
+
 def test_broken_document_is_skipped() -> None:
     text = '{"timestamp_ms": 5, "jobs": [}\n' + doc(T0 + 1000, [("a", {300: 5}, 1000)])
     batches, p = run(text)
