@@ -72,7 +72,11 @@ REPORT_EPILOG = """\
 inputs:
   fio histogram logs (write_hist_log=PREFIX, log_hist_msec=N: PREFIX_clat_hist.N.log) and
   fio json+ status streams (fio --output-format=json+ --status-interval=1 --output=F),
-  recognised by content. Use log_unix_epoch=1 so hosts share one clock.
+  recognised by content. Use log_unix_epoch=1 so hosts share one clock. Also read: json+
+  after fio's text (note: lines, --output-format=json+,normal), gzip/bzip2/xz files,
+  UTF-8 with a BOM or UTF-16, and unified_rw_reporting's mixed sections (direction
+  mixed). Refused, naming the file and the fio option that fixes it: plain json (no
+  bins), lat/bw/iops logs, fio's log_store_compressed .fz files, text-only output.
 
 semantics:
   a hist-log line is stamped at the END of its interval; records that straddle a quantum
@@ -228,8 +232,9 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="D[,D]",
         help=f"operations to show, from {','.join(ALL_DIRECTIONS)} (default: all of them; "
-        "report --format fiologparser: all only, as fiologparser_hist.py); --direction is "
-        "an older spelling",
+        "report --format fiologparser: all only, as fiologparser_hist.py); mixed is the "
+        "unified_rw_reporting section of a json+ stream (reads and writes in one histogram; "
+        "all includes it); --direction is an older spelling",
     )
     # The spelling summary and fit had, kept so scripts that use it still run.
     g.add_argument("--direction", dest="directions", type=_directions, help=argparse.SUPPRESS)
@@ -500,7 +505,7 @@ def _add_summary(sub: SubParsers) -> argparse.ArgumentParser:
         "summary",
         help="per-operation I/O statistics of a run, with a latency histogram",
         description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
-        "percentiles, IOPS and throughput per operation (read, write, trim, all), and a "
+        "percentiles, IOPS and throughput per operation (read, write, trim, mixed, all), and a "
         "text histogram on bins you choose, from fio hist logs and json+ status files.",
         epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
         "seconds, or seconds since the job start for relative-time logs",

@@ -30,7 +30,7 @@ from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-DIRECTIONS = ("read", "write", "trim", "all")
+DIRECTIONS = ("read", "write", "trim", "mixed", "all")  # mixed: unified_rw_reporting
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -154,7 +154,8 @@ class SlaRule:
 
     Args:
         name: rule name (a label value: letters, digits, ``_ . -``).
-        direction: ``read``, ``write``, ``trim`` or ``all``.
+        direction: ``read``, ``write``, ``trim``, ``mixed`` (fio's ``unified_rw_reporting``)
+            or ``all``.
         percentile: which percentile, in (0, 100]; must be one the aggregator computes.
         threshold_ns: the limit, in ns (configured with units: ``5ms``).
         scope: ``cluster`` (one state) or ``host`` (one state per host).

@@ -44,6 +44,23 @@ class ParseError(FiomonError, ValueError):
         super().__init__(f"{where}: {reason}")
 
 
+class InputError(FiomonError, ValueError):
+    """Raised when an input file is fio output that holds no readable histograms.
+
+    For example plain ``--output-format=json`` (no bins), fio's lat/bw/iops logs or its
+    ``log_store_compressed`` store. The message names each file, what it is and the fio
+    option (or command) that gives a readable one.
+
+    Args:
+        refusals: file -> why it cannot be read, in input order.
+    """
+
+    def __init__(self, refusals: dict[str, str]) -> None:
+        self.refusals = dict(refusals)
+        lines = [f"{src}: {why}" for src, why in self.refusals.items()]
+        super().__init__(lines[0] if len(lines) == 1 else "\n  ".join(["", *lines]).lstrip("\n"))
+
+
 class OverlapError(FiomonError, ValueError):
     """Raised when inputs include a json+ stream and the hist logs of the same jobs.
 

@@ -5,7 +5,8 @@ whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to coun
 *cumulative* since the job started. So:
 
 * :class:`JsonSplitter` cuts the stream into documents incrementally, waits for a
-  half-written last document, and skips (and counts) noise between documents;
+  half-written last document, and skips text between documents (fio's notes, its
+  normal output with ``--output-format=json+,normal``: one warning per file);
 * :class:`JsonStatusParser` maps midpoints back to fio bin indices (``plat_val_to_idx``) and
   differences successive dumps per job and direction. The record of dump ``k`` covers
   ``(timestamp_ms[k-1], timestamp_ms[k]]``; the first dump of a job covers its
@@ -14,6 +15,12 @@ whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to coun
   The final dump at exit carries the partial last interval that hist logs never write.
 
 Jobs are identified by position in ``jobs`` and name, since ``numjobs`` repeats names.
+
+Directions are the job's ``read``, ``write`` and ``trim`` sections, or its ``mixed``
+section (``unified_rw_reporting=1``: :attr:`Direction.MIXED`); with
+``unified_rw_reporting=both`` a job has all four and ``mixed``, their sum, is ignored. A
+file whose sections count I/Os but carry no bins (plain ``--output-format=json``) gives no
+records and is refused (:attr:`JsonStatusParser.refusal`, with its number of I/Os).
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, plat_val_to_idx
-from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo
+from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo
 from fiomon.overlap import MIN_SLACK_MS, Declaration, prefix_name
 from fiomon.problems import ProblemLog
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
+_MAX_TEXT_LINE = 64 << 10  # an unfinished line of text held back for its end
 
 
 class JsonSplitter:
@@ -40,7 +48,8 @@ class JsonSplitter:
 
     Args:
         source: name used in messages.
-        problems: where noise and oversized documents are reported.
+        problems: where skipped text (one warning), broken and oversized documents are
+            reported.
         max_document_bytes: a pending document larger than this is dropped (reported), so a
             stream that never closes its braces cannot grow memory without bound.
     """
@@ -58,7 +67,10 @@ class JsonSplitter:
         self._pending = b""
         self._decoder = json.JSONDecoder()
         self.documents = 0
+        self.text_blocks = 0  # stretches of text skipped between documents
         self._line = 1
+        self._text_end = 0
+        self._at_start = True
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Yield each document completed by ``data``."""
@@ -69,6 +81,9 @@ class JsonSplitter:
         self._pending = raw[used:] if used < len(raw) and len(raw) - used < 4 else b""
         if used < len(raw) and not self._pending:
             self.problems.report(self.source, self._line, "encoding", "bytes that are not UTF-8")
+        if self._at_start and text:
+            self._at_start = False
+            text = text.removeprefix("\ufeff")  # a UTF-8 BOM (fiomon.decode drops it too)
         self._buf += text
         yield from self._drain(final=False)
 
@@ -77,22 +92,51 @@ class JsonSplitter:
         yield from self._drain(final=True)
         self._buf = ""
 
+    def _next_document(self, buf: str, pos: int, *, final: bool) -> int:
+        """Where the next document starts from ``pos`` (-1: none in ``buf`` yet).
+
+        Text before it (fio's ``note:`` lines, its normal report with
+        ``--output-format=json+,normal``) is skipped: it holds no records, so it is one
+        warning for the whole file (:attr:`text_blocks` counts the stretches). Within
+        text, only a ``{`` that opens a line starts a document; an incomplete last line
+        of text waits for the rest (at most :data:`_MAX_TEXT_LINE` characters).
+        """
+        start = buf.find("{", pos)
+        if start >= 0 and buf[pos:start].strip():
+            line_start = buf.rfind("\n", pos, start) + 1
+            if buf[max(pos, line_start) : start].strip():
+                nxt = buf.find("\n{", start)  # a brace inside a line of text
+                start = -1 if nxt < 0 else nxt + 1
+        if start >= 0:
+            text_end = start
+        elif final:
+            text_end = len(buf)
+        else:
+            text_end = max(pos, buf.rfind("\n", pos) + 1)
+            if len(buf) - text_end > _MAX_TEXT_LINE:
+                text_end = len(buf)
+        skipped = buf[pos:text_end]
+        if skipped.strip():
+            self.text_blocks += 1
+            if self.text_blocks == 1:
+                self.problems.warn(
+                    self.source,
+                    self._line,
+                    "text",
+                    "text around the JSON documents skipped (fio's notes or normal output, "
+                    f"e.g. --output-format=json+,normal): {skipped.strip()[:60]!r}",
+                )
+        self._line += skipped.count("\n")
+        self._text_end = text_end
+        return start
+
     def _drain(self, *, final: bool) -> Iterator[dict[str, Any]]:
         pos = 0
         buf = self._buf
         while True:
-            start = buf.find("{", pos)
-            skipped = buf[pos:start] if start >= 0 else buf[pos:]
-            if skipped.strip():
-                self.problems.report(
-                    self.source,
-                    self._line,
-                    "noise",
-                    f"text between JSON documents: {skipped.strip()[:40]!r}",
-                )
-            self._line += skipped.count("\n")
+            start = self._next_document(buf, pos, final=final)
             if start < 0:
-                pos = len(buf)
+                pos = self._text_end
                 break
             try:
                 doc, end = self._decoder.raw_decode(buf, start)
@@ -194,6 +238,10 @@ class JsonStatusParser:
         self.first_ms: int | None = None  # earliest time its I/Os cover
         self.last_ms: int | None = None  # its last dump
         self._interval_ms = 0  # largest spacing of dumps seen
+        self._no_bins: dict[tuple[str, str], int] = {}  # (job, direction) -> total_ios
+        self._told_no_bins = False
+        self._client_unplaced = 0  # fio --client entries with no runtime at all
+        self._finished = False
 
     kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
     slack_ms = 0  # dumps come in time order
@@ -257,11 +305,63 @@ class JsonStatusParser:
         return self._collect(self.splitter.feed(data))
 
     def finish(self) -> RecordBatch | None:
-        """End of input; reports a truncated last document."""
+        """End of input; reports a truncated last document, and a file held no histograms."""
         out = self._collect(self.splitter.finish())
-        if self.splitter.documents == 0:
+        self._finished = True
+        if self.splitter.documents == 0 and self.splitter.text_blocks:
+            self.problems.report(self.source, 0, "refused", _TEXT_ONLY)
+        elif self.splitter.documents == 0:
             self.problems.warn(self.source, 0, "empty", "no fio JSON status documents")
+        elif self._no_bins and self.records:
+            self.problems.report(
+                self.source,
+                0,
+                "no-bins",
+                f"{self.ios_without_bins} I/Os in job sections without latency bins not "
+                "counted (fio --output-format=json+ writes them)",
+            )
         return out
+
+    @property
+    def ios_without_bins(self) -> int:
+        """I/Os (fio's ``total_ios``, last seen per job and direction) without bins."""
+        return sum(self._no_bins.values())
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this file gives no records though it is fio output (None: it does, or is empty).
+
+        Plain ``--output-format=json`` holds I/O counts but no histograms; fio's normal
+        (text) output holds no JSON at all. Known once the file is finished (the count of
+        I/Os is the final one).
+        """
+        if self.records or not self._finished:
+            return None  # (the agent is told at once, by a ``refused`` problem)
+        if self._no_bins:
+            return self._no_bins_reason()
+        if self._client_unplaced:
+            return _CLIENT_SKIPS["no-runtime"].format(n=self._client_unplaced)
+        if self.splitter.documents == 0 and self.splitter.text_blocks:
+            return _TEXT_ONLY
+        return None
+
+    def _note_no_bins(self, state: _JobState, ios: dict[int, int], line: int) -> None:
+        """Remember a job's I/O counts without bins; tell at once if none had bins so far."""
+        for d, n in ios.items():
+            if len(self._no_bins) < _MAX_JOBS:
+                self._no_bins[(state.stream.stream, DIRECTION_LABELS[d])] = n
+        if not self.records and not self._told_no_bins:
+            self._told_no_bins = True
+            self.problems.report(self.source, line, "refused", self._no_bins_reason())
+
+    def _no_bins_reason(self) -> str:
+        return (
+            f"fio JSON without latency histograms: it holds {self.ios_without_bins} I/Os but "
+            "no bins (clat_ns.bins), so no percentiles can be computed from it; run fio with "
+            "--output-format=json+ (plain json has no bins, nor has json+ with "
+            "clat_percentiles=0), or give fiomon the jobs' hist logs (write_hist_log=NAME "
+            "with log_hist_msec=MS)"
+        )
 
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
         rows: list[_Row] = []
@@ -352,7 +452,19 @@ class JsonStatusParser:
             )
             return []
         for kind, n in client.skipped.items():
-            self.problems.warn(self.source, line, kind, f"{n} 'All clients' entries not counted")
+            if kind == "aggregate":  # fio's sum over the servers: counting it counts twice
+                self.problems.warn(self.source, line, kind, f"{n} 'All clients' sums not counted")
+            else:
+                self._client_unplaced += n if kind == "no-runtime" else 0
+                self.problems.report(self.source, line, kind, _CLIENT_SKIPS[kind].format(n=n))
+        if client.fallback:
+            self.problems.warn(
+                self.source,
+                line,
+                "no-job-runtime",
+                f"{client.fallback} fio --client entries have no job_runtime (fio before "
+                "3.8?): placed in time by their direction runtime (ms) or elapsed (s)",
+            )
         start = client.end_ms - max((rt for s in client.slots for _, rt in s.entries), default=0)
         rows: list[_Row] = []
         for slot in client.slots:
@@ -370,10 +482,21 @@ class JsonStatusParser:
 
     def _job(self, state: _JobState, job: dict[str, Any], ts: int, line: int) -> list[_Row]:
         current: dict[int, tuple[npt.NDArray[np.int64], int]] = {}
+        no_bins: dict[int, int] = {}
         for d, label in enumerate(DIRECTION_LABELS):
-            parsed = self._direction(job.get(label), label, line)
+            section = job.get(label)
+            if d == Direction.MIXED and (current or no_bins):
+                # unified_rw_reporting=both: mixed is the sum of the other sections.
+                break
+            parsed = self._direction(section, label, line)
             if parsed is not None:
                 current[d] = parsed
+            elif isinstance(section, dict):
+                ios = section.get("total_ios")
+                if _is_int(ios, _MAX_COUNT) and ios > 0:
+                    no_bins[d] = ios
+        if no_bins:
+            self._note_no_bins(state, no_bins, line)
         restarted = any(
             d in state.cum and _decreased(state.cum[d], cum) for d, (cum, _) in current.items()
         )
@@ -393,8 +516,8 @@ class JsonStatusParser:
             )
         if state.last_ts is None:
             runtime = job.get("job_runtime")
-            span = runtime if _is_int(runtime, _MAX_MS) else 0
-            start = ts - span
+            span = runtime if _is_int(runtime, _MAX_MS) else _runtime_without_job_runtime(job)
+            start = ts - min(span or 0, ts)
         else:
             start = state.last_ts
         if ts < start:
@@ -494,6 +617,16 @@ class _Row:
     counts: npt.NDArray[np.int64]
 
 
+_TEXT_ONLY = (
+    "text without a fio JSON document or hist-log line (fio's normal output?): run fio "
+    "with --output-format=json+ (and --status-interval=N for records over time)"
+)
+_CLIENT_SKIPS = {
+    "json-shape": "{n} fio --client entries without a string jobname and hostname not counted",
+    "no-runtime": "{n} fio --client entries not counted: without job_runtime, a direction "
+    "runtime or elapsed nothing places them in time; give fiomon the servers' hist logs "
+    "(write_hist_log with log_hist_msec) instead",
+}
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
 _MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
@@ -516,7 +649,8 @@ class _ClientView:
 
     end_ms: int | None
     slots: list[_ClientSlot]
-    skipped: dict[str, int]
+    skipped: dict[str, int]  # kind -> entries not counted
+    fallback: int = 0  # entries placed without job_runtime
 
 
 _SAME_INTERVAL_MS = 50  # entries of one key this close in runtime are jobs of one interval
@@ -543,6 +677,7 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
     slots: dict[tuple[str, str, int], _ClientSlot] = {}
     groups: dict[tuple[str, str], list[int]] = {}  # key -> [interval's first runtime, count, known]
     skipped: dict[str, int] = {}
+    fallback = 0
     for e in entries:
         if not isinstance(e, dict):
             continue
@@ -550,9 +685,15 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
         if name == "All clients":
             skipped["aggregate"] = skipped.get("aggregate", 0) + 1
             continue
-        if not isinstance(name, str) or not isinstance(host, str) or not _is_int(rt, _MAX_MS):
+        if not isinstance(name, str) or not isinstance(host, str):
             skipped["json-shape"] = skipped.get("json-shape", 0) + 1
             continue
+        if not _is_int(rt, _MAX_MS):
+            rt = _runtime_without_job_runtime(e)
+            if rt is None:
+                skipped["no-runtime"] = skipped.get("no-runtime", 0) + 1
+                continue
+            fallback += 1
         label = f"{host}:{e.get('port')}" if len(ports.get(host, ())) > 1 else host
         g = groups.setdefault((label, name), [rt, 0, 0])
         if g[1] and (abs(rt - g[0]) > _SAME_INTERVAL_MS or (g[2] and g[1] >= g[2])):
@@ -561,7 +702,25 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
         slot = slots.setdefault((label, name, g[1]), _ClientSlot(label, f"{g[1]}:{name}", []))
         slot.entries.append((e, rt))
         g[1] += 1
-    return _ClientView(end_ms, list(slots.values()), skipped)
+    return _ClientView(end_ms, list(slots.values()), skipped, fallback)
+
+
+def _runtime_without_job_runtime(entry: dict[str, Any]) -> int | None:
+    """A client entry's runtime (ms) when it has no ``job_runtime`` (fio 3.7 and older).
+
+    Each direction's ``runtime`` is the ms the job has run with I/O in it, the job's
+    runtime for any direction it used (the largest is taken); a job with no I/O yet falls
+    back to ``elapsed`` (whole seconds). None: nothing places the entry in time.
+    """
+    runtimes = [
+        rt
+        for label in DIRECTION_LABELS
+        if isinstance(sec := entry.get(label), dict) and _is_int(rt := sec.get("runtime"), _MAX_MS)
+    ]
+    if runtimes and max(runtimes) > 0:
+        return max(runtimes)
+    elapsed = entry.get("elapsed")
+    return elapsed * 1000 if _is_int(elapsed, _MAX_MS // 1000) else None
 
 
 def _held_bytes(buf: str, start: int) -> int:
@@ -577,9 +736,3 @@ def _is_int(value: object, upper: int) -> TypeGuard[int]:
 
 def _decreased(old: npt.NDArray[np.int64], new: npt.NDArray[np.int64]) -> bool:
     return bool((new < old).any())
-
-
-def looks_like_json(head: bytes) -> bool:
-    """Whether a file that starts with ``head`` is a json+ stream rather than a hist log."""
-    stripped = head.lstrip()
-    return stripped.startswith(b"{")

@@ -21,6 +21,7 @@ incomplete last line for the next call, and returns the records of the complete 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,6 +38,17 @@ from fiomon.problems import ProblemLog
 EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
 DEFAULT_INTERVAL_MS = 1000
 MAX_LINE_BYTES = 1 << 20  # a 1859-column line is at most ~40 kB; 1 MiB leaves room for any GROUP_NR
+
+_MIN_HIST_COLUMNS = 3 + 64  # time, ddir, bs and at least one group of bins
+# fio's per-I/O logs: NAME_lat.N.log (write_lat_log also writes _clat and _slat), _bw, _iops.
+_PER_IO_LOG = re.compile(r"_(lat|clat|slat|bw|iops)(?:\.\d+)?\.log\b")
+_LOG_OPTION = {
+    "lat": "write_lat_log",
+    "clat": "write_lat_log",
+    "slat": "write_lat_log",
+    "bw": "write_bw_log",
+    "iops": "write_iops_log",
+}
 
 TimeKind = Literal["epoch", "relative"]
 I64 = npt.NDArray[np.int64]
@@ -94,6 +106,8 @@ class HistLogParser:
         self._skipping = False  # inside a line over max_line_bytes: drop bytes to its newline
         self._last_end: dict[int, int] = {}
         self._segment = 0
+        # Why the file is not a hist log (fio's lat/bw/iops logs), once its lines show it.
+        self.refusal: str | None = None
 
     kind: Literal["hist"] = "hist"  # fiomon.parsers.RecordParser
 
@@ -113,7 +127,7 @@ class HistLogParser:
         return StreamInfo(self.host, name)
 
     def feed(self, data: bytes) -> RecordBatch | None:
-        """Parse the complete lines of ``self._tail + data``.
+        """Parse the complete lines of ``self._tail + data`` (nothing once refused).
 
         An incomplete last line is kept for the next call, up to ``max_line_bytes``;
         beyond that it is reported once and its bytes are dropped up to its newline, so
@@ -123,6 +137,8 @@ class HistLogParser:
             The records, or ``None`` when no complete line was new or the layout is
             unknown (a :class:`LayoutError` problem has been reported then).
         """
+        if self.refusal is not None:
+            return None
         if self._skipping:
             end = data.find(b"\n")
             if end < 0:
@@ -161,6 +177,26 @@ class HistLogParser:
             self.problems.warn(self.source, 0, "empty", "empty file: no histogram records")
         return None
 
+    def _refuse(self, ncols: int, line_no: int) -> None:
+        """Lines of a few numbers: fio's lat/bw/iops log (or other CSV), not a hist log."""
+        m = _PER_IO_LOG.search(Path(self.source).name)
+        if 4 <= ncols <= 6:  # time, value, ddir, bs[, offset[, prio]]
+            what = (
+                f"fio's {m.group(1).upper()} log ({_LOG_OPTION[m.group(1)]})"
+                if m
+                else "fio's latency, bandwidth or IOPS log (write_lat_log, write_bw_log "
+                "or write_iops_log)"
+            )
+            what = f"it looks like {what}: one line per I/O or average"
+        else:
+            what = f"its lines have {ncols} numbers (a hist log line: {_MIN_HIST_COLUMNS} or more)"
+        self.refusal = (
+            f"not a histogram log: {what}; fiomon reads the hist logs of write_hist_log=NAME "
+            "with log_hist_msec=MS (NAME_clat_hist.N.log) or the json+ output of "
+            "fio --output-format=json+"
+        )
+        self.problems.report(self.source, line_no, "refused", self.refusal)
+
     def _fits_layout(self, ncols: int) -> bool:
         return bool(candidate_layouts(ncols - 3, self.options.group_nr))
 
@@ -173,6 +209,9 @@ class HistLogParser:
         if not len(res.header):
             return None
         if self.layout is None:
+            if res.ncols < _MIN_HIST_COLUMNS:
+                self._refuse(res.ncols, first_line)
+                return None
             try:
                 self.layout = detect_layout(
                     res.ncols - 3, group_nr=self.options.group_nr, unit=self.options.unit

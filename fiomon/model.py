@@ -23,15 +23,22 @@ from fiomon.bins import BinLayout, coarsen_counts
 
 
 class Direction(enum.IntEnum):
-    """fio's data directions, numbered as in its logs (``ddir`` column)."""
+    """fio's data directions, numbered as in its logs (``ddir`` column), and ``mixed``.
+
+    ``MIXED`` is the ``mixed`` section of fio's json+ output with
+    ``unified_rw_reporting=1`` (or ``mixed``): reads, writes and trims in one histogram,
+    which cannot be split again. Hist logs never write it (fio logs directions 0 and 1
+    separately even then). The ``all`` rows of reports include it.
+    """
 
     READ = 0
     WRITE = 1
     TRIM = 2
+    MIXED = 3
 
     @property
     def label(self) -> str:
-        """Lower-case name used in reports and metrics (``read``, ``write``, ``trim``)."""
+        """Lower-case name in reports and metrics (``read``, ``write``, ``trim``, ``mixed``)."""
         return self.name.lower()
 
 
@@ -64,7 +71,7 @@ class RecordBatch:
         layout: bin layout of every record in the batch.
         streams: stream table; ``stream_idx`` indexes into it.
         stream_idx: per record, the index of its stream (int32).
-        direction: per record, fio's direction 0/1/2 (int8).
+        direction: per record, a :class:`Direction` 0..3 (int8).
         start_ms: per record, start of the interval (exclusive), ms (int64).
         end_ms: per record, end of the interval (inclusive), ms (int64).
         nbytes: per record, bytes transferred by its I/Os (int64).

@@ -7,17 +7,37 @@ every record counted as often as jobs have run before it: :mod:`fiomon.clientlog
 A file's first bytes tell json+ from a hist log (:func:`sniff`); :func:`open_parser`
 builds the matching :class:`RecordParser`, which the agent's follower and the offline
 sources feed alike.
+
+Recognition is by content, on the first :data:`SNIFF_BYTES` of the file, after undoing
+compression (gzip, bzip2, xz) and text encoding (UTF-8 BOM, UTF-16) with
+:mod:`fiomon.decode`:
+
+* ``{`` first, or a line opening a fio document (``{`` then ``"fio version"``, ``"jobs"``,
+  ``"client_stats"``, ...) anywhere in the head: a json+ stream (fio's ``note:`` lines on
+  stdout, ``--output-format=json+,normal``, pbench's ``fio-result.txt``);
+* a digit first: a hist log (the hist-log parser refuses fio's lat/bw/iops logs);
+* other text first: a json+ stream too (fio's text may run past the head before its
+  first document; a file that never holds one is refused at its end);
+* binary bytes: a hist log, whose parser reports them; fio's ``log_store_compressed``
+  store (``.fz``): refused.
+
+A refused file is never read as something else: its parser reports one problem of kind
+``refused`` and keeps :attr:`RecordParser.refusal`, a message naming what the file is and
+the fio option that writes a readable one; the offline report turns it into an error.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
 from fiomon.bins import BinLayout
 from fiomon.clientlog import ClientLogUndo, client_log_host
-from fiomon.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser, looks_like_json
+from fiomon.decode import InputDecoder, fio_log_store
+from fiomon.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
 from fiomon.problems import ProblemLog
@@ -50,15 +70,65 @@ class RecordParser(Protocol):
     def finish(self) -> RecordBatch | None:
         """The file ended: the records still held back."""
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the file cannot be read as fio histograms (what it is, what fixes it), or None."""
+
 
 SNIFF_BYTES = 4096  # how much of a file's head every reader hands to sniff (agent, offline)
+_SNIFF_TEXT_BYTES = 64 << 10  # decoded head looked at (a compressed head expands)
+# A line opening one of fio's JSON documents (json, json+, --client).
+_DOC_START = re.compile(
+    rb'(?:^|\n)[ \t]*\{\s*"(?:fio version|jobs|client_stats|global options|timestamp)"'
+)
+
+
+def _decoded_head(head: bytes) -> tuple[bytes, InputDecoder | None]:
+    """``head`` as UTF-8 text, and the decoder the file needs (None: it is UTF-8 already)."""
+    dec = InputDecoder(head)
+    if not dec.needed:
+        return head, None
+    out = b""
+    probe = InputDecoder(head)
+    for piece in probe.feed(head):
+        out += piece[: _SNIFF_TEXT_BYTES - len(out)]
+        if len(out) >= _SNIFF_TEXT_BYTES:
+            break
+    if not out:  # fewer decoded bytes than decide a text form: take what there is
+        out = b"".join(probe.finish())[:_SNIFF_TEXT_BYTES]
+    return out, dec
+
+
+def _classify(text: bytes) -> Kind | None:
+    """``json`` or ``hist`` for decoded head bytes (see the module docstring)."""
+    first = text.lstrip()[:1]
+    if not first:
+        return None
+    if first == b"{" or _DOC_START.search(text):
+        return "json"
+    if first.isdigit():
+        return "hist"
+    line = text.lstrip().split(b"\n", 1)[0][:512]
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(line) - 3:  # not just a character cut at the end
+            return "hist"  # binary: the hist-log parser reports it line by line
+    return "hist" if b"\0" in line else "json"
 
 
 def sniff(head: bytes) -> Kind | None:
-    """``json`` or ``hist`` from a file's first bytes (None while it holds only blanks)."""
+    """``json`` or ``hist`` from a file's first bytes (None while it holds only blanks).
+
+    Works on any prefix of a growing file: a head holding only fio's text so far (its
+    ``note:`` lines) is a json+ stream, since no hist log starts with text.
+    """
     if not head.strip():
         return None
-    return "json" if looks_like_json(head) else "hist"
+    if fio_log_store(head):
+        return "hist"  # refused by its parser
+    text, _ = _decoded_head(head)
+    return _classify(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,23 +158,173 @@ def open_parser(
 ) -> RecordParser:
     """The parser for the file ``source`` whose first bytes are ``head`` (not blank).
 
-    Problems (bad lines, documents) go to ``problems``.
+    The parser takes the file's bytes as they are (compressed, UTF-16, ...) from its
+    first byte on. Problems (bad lines, documents, a refusal) go to ``problems``.
     """
     opts = options or ParserOptions()
-    if sniff(head) == "json":
-        parser = JsonStatusParser(
-            source,
-            host=opts.host,
-            problems=problems,
-            layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
-            skip_jobs=opts.skip_jobs,
-        )
-        parser.splitter.max_document_bytes = opts.max_document_bytes
-        return parser
-    hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
-    if opts.client_logs and client_log_host(Path(source)) is not None:
-        return ClientHistLogParser(hist, ClientLogUndo(source, problems))
-    return hist
+    if fio_log_store(head):
+        return RefusedParser(source, problems, FIO_STORE_REFUSAL)
+
+    def make(text: bytes) -> RecordParser:
+        if _classify(text) == "json":
+            parser = JsonStatusParser(
+                source,
+                host=opts.host,
+                problems=problems,
+                layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
+                skip_jobs=opts.skip_jobs,
+            )
+            parser.splitter.max_document_bytes = opts.max_document_bytes
+            return parser
+        hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
+        if opts.client_logs and client_log_host(Path(source)) is not None:
+            return ClientHistLogParser(hist, ClientLogUndo(source, problems))
+        return hist
+
+    text, decoder = _decoded_head(head)
+    if decoder is None:
+        return make(text)
+    return DecodedParser(make, decoder, source, problems, text)
+
+
+FIO_STORE_REFUSAL = (
+    "fio's zlib-compressed log store (log_compression with log_store_compressed=1), "
+    "not a readable log: inflate it with `fio --inflate-log=FILE > FILE.log` and give "
+    "fiomon that file"
+)
+
+
+class RefusedParser:
+    """A file that is known not to be readable: one ``refused`` problem, no records.
+
+    Args:
+        source: the file, for the message.
+        problems: where the refusal is reported (once, on the first bytes).
+        reason: what the file is and how to get a readable one.
+    """
+
+    kind: Kind = "hist"
+    layout: BinLayout | None = None
+    time_kind: TimeKind | None = None
+    slack_ms = 0
+
+    def __init__(self, source: str, problems: ProblemLog, reason: str) -> None:
+        self.source = source
+        self.problems = problems
+        self.refusal: str | None = reason
+        self._told = False
+
+    def feed(self, data: bytes) -> RecordBatch | None:
+        """No records; the refusal is reported on the first call."""
+        if not self._told and self.refusal is not None:
+            self._told = True
+            self.problems.report(self.source, 0, "refused", self.refusal)
+        return None
+
+    def finish(self) -> RecordBatch | None:
+        """No records."""
+        return self.feed(b"")
+
+
+class DecodedParser:
+    """A parser fed through an :class:`~fiomon.decode.InputDecoder` (compressed, UTF-16, BOM).
+
+    The parser is built from the first decoded bytes that say what the file is: a
+    compressed file's head may decode to nothing yet (bzip2 emits nothing before a whole
+    block of up to 900 kB is in).
+
+    Args:
+        make: builds the parser for the decoded bytes from their first bytes.
+        decoder: undoes the file's compression and text encoding.
+        source: the file, for messages.
+        problems: where corrupt compressed data is reported.
+        head: the decoded head (blank if it said nothing yet).
+    """
+
+    def __init__(
+        self,
+        make: Callable[[bytes], RecordParser],
+        decoder: InputDecoder,
+        source: str,
+        problems: ProblemLog,
+        head: bytes = b"",
+    ) -> None:
+        self._make = make
+        self.parser: RecordParser | None = make(head) if _classify(head) else None
+        self.decoder = decoder
+        self.source = source
+        self.problems = problems
+        self._held: list[bytes] = []  # decoded bytes before the parser is known (blanks)
+        self._told = False
+
+    @property
+    def kind(self) -> Kind:
+        """The decoded file's kind (``hist`` until known)."""
+        return "hist" if self.parser is None else self.parser.kind
+
+    @property
+    def layout(self) -> BinLayout | None:
+        """The decoded file's layout, once known."""
+        return None if self.parser is None else self.parser.layout
+
+    @property
+    def time_kind(self) -> TimeKind | None:
+        """The decoded file's time kind, once known."""
+        return None if self.parser is None else self.parser.time_kind
+
+    @property
+    def slack_ms(self) -> int:
+        """As the decoded file's."""
+        return 0 if self.parser is None else self.parser.slack_ms
+
+    @property
+    def refusal(self) -> str | None:
+        """The decoded file's refusal, if any."""
+        return None if self.parser is None else self.parser.refusal
+
+    def feed(self, data: bytes) -> RecordBatch | None:
+        """Decode ``data`` and parse what it completes."""
+        return self._parse(list(self.decoder.feed(data)), final=False)
+
+    def finish(self) -> RecordBatch | None:
+        """Decode the rest and finish the parser."""
+        return self._parse(list(self.decoder.finish()), final=True)
+
+    def _known(self, pieces: list[bytes]) -> list[bytes]:
+        """``pieces`` for the parser, once one is built (held back until then)."""
+        if self.parser is not None:
+            return pieces
+        self._held.extend(pieces)
+        head = b"".join(self._held)[:_SNIFF_TEXT_BYTES]
+        if _classify(head) is None:
+            if len(head) >= _SNIFF_TEXT_BYTES:
+                self._held = []  # that many blanks: nothing to keep
+            return []
+        self.parser = self._make(head)
+        pieces, self._held = self._held, []
+        return pieces
+
+    def _parse(self, pieces: list[bytes], *, final: bool) -> RecordBatch | None:
+        pieces = self._known(pieces)
+        parser = self.parser
+        if parser is None:
+            if final:
+                self.problems.warn(self.source, 0, "empty", "empty once decompressed")
+            return None
+        batches = [b for b in map(parser.feed, pieces) if b is not None and len(b)]
+        if self.decoder.error is not None and not self._told:
+            self._told = True
+            what = self.decoder.description
+            self.problems.report(
+                self.source, 0, "corrupt", f"{what}: {self.decoder.error}; read up to there"
+            )
+        if final:
+            last = parser.finish()
+            if last is not None and len(last):
+                batches.append(last)
+        if not batches:
+            return None
+        return batches[0] if len(batches) == 1 else RecordBatch.concat(batches)
 
 
 class ClientHistLogParser:
@@ -138,6 +358,11 @@ class ClientHistLogParser:
     def finish(self) -> RecordBatch | None:
         """Finish, then undo the cumulative counts."""
         return self._undo(self.parser.finish())
+
+    @property
+    def refusal(self) -> str | None:
+        """The hist log's refusal, if any."""
+        return self.parser.refusal
 
     def _undo(self, batch: RecordBatch | None) -> RecordBatch | None:
         return None if batch is None else self.undo.apply(batch)

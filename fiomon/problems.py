@@ -71,9 +71,14 @@ class ProblemLog:
         """Shorthand for ``add(Problem(..., warning=True))``."""
         self.add(Problem(source, line_no, kind, reason, warning=True))
 
-    def merge(self, other: ProblemLog) -> None:
-        """Fold ``other``'s counts and kept messages into this log."""
+    def merge(self, other: ProblemLog, exclude: frozenset[str] = frozenset()) -> None:
+        """Fold ``other``'s counts and kept messages into this log, but the ``exclude`` kinds.
+
+        (The offline readers exclude ``refused``: an error says it instead.)
+        """
         for kind, n in other.counts.items():
+            if kind in exclude:
+                continue
             room = max(0, self.keep_per_kind - self.counts[kind])
             self.kept.extend([p for p in other.kept if p.kind == kind][:room])
             self.counts[kind] += n

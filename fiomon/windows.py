@@ -36,10 +36,13 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
 from fiomon.histogram import HistStats, pct_key, summarize_many
-from fiomon.model import DIRECTION_LABELS, RecordBatch, StreamInfo, expand_ranges
+from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo, expand_ranges
 
 Scope = Literal["cluster", "host"]
-ALL_DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS, "all")
+# The direction rows a report or the aggregator can emit. "all" keeps index 3, which the
+# cells' partial rows carry on the wire (docs/wire-format.md); "mixed" (fio's
+# unified_rw_reporting sections, Direction.MIXED) came later and is appended.
+ALL_DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
 OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
 FOLDED_HOST = -2  # host id of slots that sum every host (no host scope requested)
 _FAR = 2**62
@@ -57,7 +60,7 @@ class ClosedQuantum:
         end_ms: quantum end (inclusive), ms.
         scope: ``cluster`` or ``host``.
         host: the host for host scope, else ``None``.
-        direction: ``read``, ``write``, ``trim`` or ``all``.
+        direction: ``read``, ``write``, ``trim``, ``mixed`` or ``all``.
         stats: histogram statistics (never ``None``: empty quanta produce no row).
         iops: samples per covered second (``None`` if the records cover no time).
         bytes_per_second: bytes per covered second (``None`` likewise).
@@ -168,7 +171,7 @@ class RawPartial:
         end_ms: quantum end (inclusive), ms.
         scope: ``cluster`` or ``host``.
         host: the host for host scope, else ``None``.
-        direction: ``read``, ``write``, ``trim`` or ``all``.
+        direction: ``read``, ``write``, ``trim``, ``mixed`` or ``all``.
         hist: float counts per bin of the engine's layout.
         lo_ms: earliest covered time of the group's records, ms.
         hi_ms: latest covered time, ms (``hi_ms - lo_ms`` is the covered span).
@@ -911,7 +914,7 @@ class QuantumEngine:
             gid = np.full(n, -1, dtype=np.int64)
             gid[o] = _run_ids(st, len(o))
             total = np.zeros((len(st), hists.shape[1]))
-            for d in (0, 1, 2):
+            for d in Direction:
                 sel = hrows[rd[hrows] == d]
                 if len(sel):
                     total[gid[sel]] += hists[sel]

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import Direction, RecordBatch, StreamInfo
 
 MAGIC = b"FIOM"
 VERSION = 1
@@ -552,7 +552,7 @@ def _malformed(exc: Exception) -> WireFormatError:
 
 _ROW_PROBLEMS = (
     "a record's job label index is out of range",
-    "a record's direction is not 0, 1 or 2",
+    "a record's direction is not 0, 1, 2 or 3",
     "a record's reserved byte is not zero",
     "record times must satisfy 0 <= start_ms <= end_ms < 2**53",
     "a record's byte count is out of range",
@@ -601,7 +601,7 @@ def _assemble(
     start, end = rows["start_ms"], rows["end_ms"]
     row_bad = (
         rows["label"].astype(np.int64) >= nlab[row_msg],
-        rows["direction"] > 2,
+        rows["direction"] > max(Direction),
         rows["pad"] != 0,
         (start < 0) | (end >= MAX_TIME_MS) | (end < start),
         rows["nbytes"] >= np.uint64(2**63),

@@ -21,7 +21,7 @@ def batch(
 ) -> RecordBatch:
     """One stream's records, each ``(start_ms, end_ms, direction, {bin: count})``.
 
-    ``direction`` is 0 read, 1 write, 2 trim. Each record moved ``nbytes`` bytes, or 4 KiB
+    ``direction`` is 0 read, 1 write, 2 trim, 3 mixed. Each record moved ``nbytes`` bytes, or 4 KiB
     per sample when None.
     """
     lens = [len(r[3]) for r in recs]

@@ -143,11 +143,16 @@ def test_bad_input_is_named_never_a_traceback(tmp_path: Path, name: str) -> None
 
 def test_nothing_readable_exits_1_with_reasons(tmp_path: Path) -> None:
     bad = tmp_path / "bad.log"
-    bad.write_text("1, 0, 4096, 1, 2\n")
+    bad.write_text("1, 0, 4096, " + ", ".join(["1"] * 101) + "\n")  # no fio layout has 101 bins
     r = fiomon("report", str(bad))
     assert r.returncode == 1
     assert "fit no fio layout" in r.stderr
     assert "Traceback" not in r.stderr
+    # Five numbers a line: fio's lat/bw/iops logs, which are no hist logs at all.
+    bad.write_text("1, 0, 4096, 1, 2\n")
+    r = fiomon("report", str(bad))
+    assert r.returncode == 1
+    assert f"{bad}: not a histogram log: it looks like fio's latency" in r.stderr
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:

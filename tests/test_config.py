@@ -126,7 +126,7 @@ def test_aggregator_problems_are_all_listed(tmp_path: Path) -> None:
         "quantum: 'fast' is not a duration",
         "listen: expected host:port",
         "percentiles: expected a list of percentiles",
-        "sla[0].direction: expected one of read, write, trim, all",
+        "sla[0].direction: expected one of read, write, trim, mixed, all",
         "sla[0].threshold: expected a latency with units",
         "sla[0].percentile: 95 is not among the computed percentiles",
         "sla[1].direction: required",

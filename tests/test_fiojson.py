@@ -113,7 +113,7 @@ def test_half_written_last_document_is_reported_truncated() -> None:
     assert p.problems.counts["truncated"] == 1
 
 
-def test_noise_between_documents_is_skipped_and_counted() -> None:
+def test_text_between_documents_is_skipped_counted_and_warned_once() -> None:
     text = (
         "fio: some warning\n"
         + doc(T0 + 1000, [("a", {300: 5}, 1000)])
@@ -122,7 +122,20 @@ def test_noise_between_documents_is_skipped_and_counted() -> None:
     )
     batches, p = run(text)
     assert sum(len(b) for b in batches) == 2
-    assert p.problems.counts["noise"] == 2
+    assert p.splitter.text_blocks == 2
+    assert p.problems.counts["text"] == 1  # one warning for the file, not one per stretch
+    assert p.problems.dropped == 0
+
+
+def test_a_utf8_bom_before_the_first_document_is_no_text() -> None:
+    # Fed raw (as the overlap check reads a json+ file), byte by byte.
+    data = b"\xef\xbb\xbf" + doc(T0 + 1000, [("a", {300: 5}, 1000)]).encode()
+    problems = ProblemLog()
+    splitter = JsonSplitter("f", problems)
+    docs = [d for i in range(len(data)) for d in splitter.feed(data[i : i + 1])]
+    assert len(docs) == 1
+    assert splitter.text_blocks == 0
+    assert not problems.counts
 
 
 def test_broken_document_is_skipped() -> None:

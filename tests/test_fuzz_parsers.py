@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.linescan import scan, scan_vectorised
+from fiomon.parsers import SNIFF_BYTES, open_parser, sniff
 from fiomon.problems import ProblemLog
 
 T0 = 1_795_000_000_000
@@ -200,3 +201,37 @@ def test_json_splitter_survives_any_bytes(data: bytes, cuts: list[int]) -> None:
         pos = max(pos, c)
         assert len(s._buf) <= 1000 + 3000
     list(s.finish())
+
+
+_HEADS = [
+    b"",
+    b"\x1f\x8b",
+    b"BZh9",
+    b"\xfd7zXZ\x00",
+    b"\xef\xbb\xbf",
+    b"\xff\xfe",
+    b"\xfe\xff",
+    b"x\x9c",
+]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.sampled_from(_HEADS),
+    st.binary(max_size=3000),
+    st.lists(st.integers(1, 3000), max_size=5),
+)
+def test_open_parser_survives_any_bytes_behind_any_magic(
+    head: bytes, data: bytes, cuts: list[int]
+) -> None:
+    """Compressed, BOM'd, UTF-16 or refused: whatever follows the first bytes, no raise."""
+    raw = head + data
+    problems = ProblemLog()
+    parser = open_parser(raw[:SNIFF_BYTES] or b"x", "f", problems)
+    pos = 0
+    for cut in [*sorted(cuts), len(raw)]:
+        parser.feed(raw[pos:cut])
+        pos = max(pos, cut)
+    parser.finish()
+    sniff(raw)
+    assert parser.refusal is None or isinstance(parser.refusal, str)

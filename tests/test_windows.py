@@ -61,6 +61,18 @@ def test_all_is_the_sum_of_directions_and_cluster_the_sum_of_hosts() -> None:
     assert ("host", "b", "write") not in rows
 
 
+def test_mixed_is_a_direction_of_its_own_and_part_of_all() -> None:
+    # fio's unified_rw_reporting sections (Direction.MIXED = 3) next to a read stream.
+    e = engine(per_host=True)
+    e.add(batch([(0, 1000, 3, {900: 7})], host="a"))
+    e.add(batch([(0, 1000, 0, {900: 2})], host="b"))
+    rows = {(r.scope, r.host, r.direction): r.stats.samples for r in e.flush()}
+    assert rows[("cluster", None, "mixed")] == 7
+    assert rows[("cluster", None, "all")] == 9
+    assert rows[("host", "a", "all")] == 7
+    assert ("cluster", None, "write") not in rows
+
+
 def test_late_record_is_counted_and_not_merged() -> None:
     e = engine(directions=("read",))
     e.add(batch([(0, 1000, 0, {900: 10})], host="h"))

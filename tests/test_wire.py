@@ -115,7 +115,7 @@ TABLE = len(_valid()) - 3 * 6 - 2 * 32
         (lambda d: _patch(d, 6, "<B", 7), "invalid bin layout", "layout"),
         (lambda d: _patch(d, 10, "<I", 0), "record count 0", "invalid"),
         (lambda d: _patch(d, 14, "<I", 4), "inconsistent", "inconsistent"),
-        (lambda d: _patch(d, TABLE + 2, "<B", 3), "direction", "invalid"),
+        (lambda d: _patch(d, TABLE + 2, "<B", 4), "direction", "invalid"),
         (lambda d: _patch(d, TABLE, "<H", 5), "label index", "invalid"),
         (lambda d: _patch(d, TABLE + 12, "<q", 1_795_000_000_000 - 5000), "times", "invalid"),
         (lambda d: d + b"\0" * 6, "inconsistent", "inconsistent"),
@@ -171,8 +171,25 @@ def test_mutated_payloads_decode_or_are_refused(
     # Whatever still decodes is internally consistent.
     b = msg.batch
     assert int(b.indptr[-1]) == len(b.counts) == len(b.bins)
-    assert (b.direction <= 2).all() and (b.end_ms >= b.start_ms).all()
+    assert (b.direction <= 3).all() and (b.end_ms >= b.start_ms).all()
     assert (b.counts > 0).all() and (b.bins < b.layout.nbins).all()
+
+
+def test_mixed_direction_round_trips() -> None:
+    # fio's unified_rw_reporting sections (Direction.MIXED = 3) go on the wire as such.
+    batch = RecordBatch(
+        layout=BinLayout(),
+        streams=(StreamInfo("h", "s"),),
+        stream_idx=np.zeros(1, np.int32),
+        direction=np.array([3], np.int8),
+        start_ms=np.zeros(1, np.int64),
+        end_ms=np.full(1, 1000, np.int64),
+        nbytes=np.zeros(1, np.int64),
+        indptr=np.array([0, 1], np.int64),
+        bins=np.array([5], np.int32),
+        counts=np.array([7], np.int64),
+    )
+    assert decode(encode("agent-x", "s@1", 0, batch)).batch.direction.tolist() == [3]
 
 
 def test_label_tables_sharing_a_prefix_decode_apart() -> None:

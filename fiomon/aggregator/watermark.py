@@ -76,8 +76,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.model import Direction
+
 _FAR = 2**62
-DIRECTIONS = 3  # slots per part key: one per fio direction
+DIRECTIONS = len(Direction)  # slots per part key: one per direction (mixed included)
 _RESTORED = ("restored",)  # the key of a stream's progress saved by the previous run
 MAX_KNOWN_STREAMS = 1_000_000  # a saved state never restores more streams than this
 
@@ -197,7 +199,7 @@ class Watermark:
         return aid
 
     def _slot(self, agent: str, stream: str, key: Hashable) -> int:
-        """The first of the three slots (read, write, trim) of a part key."""
+        """The first of the slots (read, write, trim, mixed) of a part key."""
         slot = self._keys.get((agent, stream, key))
         if slot is None:
             if self._used + DIRECTIONS > len(self._end):

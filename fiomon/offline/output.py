@@ -31,7 +31,9 @@ from fiomon.windows import ClosedQuantum
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
-_FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m"}
+# fiologparser_hist.py's letters; its "m" is every direction together (our "all"), so
+# fio's unified_rw_reporting "mixed" sections take "u" (for unified), a letter it never uses.
+_FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m", "mixed": "u"}
 _UNITS = (("us", 1e3), ("ms", 1e6), ("s", 1e9))
 
 
@@ -304,7 +306,7 @@ class TableWriter:
     def close(self) -> None:
         """Explain the saturation marker if it was used."""
         if self.unit is None:
-            self.out.write("# no quanta: the input held no I/O\n")
+            self.out.write("# no quanta: no I/O in the directions shown (--directions)\n")
         if self.unmet_seen:
             self.out.write(
                 "# '*' marks a span that reached --max-span (or the end of the input) before "

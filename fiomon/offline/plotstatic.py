@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 _EXTRA = "pip install 'fiomon[plot]'"
-_DIRS = ("read", "write", "trim", "all")
+_DIRS = ("read", "write", "trim", "mixed", "all")
 
 
 def require_matplotlib() -> None:

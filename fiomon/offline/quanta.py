@@ -31,7 +31,13 @@ from fiomon.bins import BinLayout, merged_layout
 from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.model import RecordBatch
-from fiomon.offline.sources import FileSource, SourceOptions, host_labels
+from fiomon.offline.sources import (
+    REFUSED,
+    FileSource,
+    SourceOptions,
+    check_refusals,
+    host_labels,
+)
 from fiomon.offline.spans import SpanMerger
 from fiomon.problems import ProblemLog
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
@@ -107,6 +113,8 @@ class QuantaReader:
     Raises:
         FiomonError: at construction, a path is not a readable file; at opening, nothing
             could be read, the layouts cannot be merged or time kinds are mixed.
+        InputError: at opening (or at the end), a file is fio output without readable
+            histograms (plain json, a lat log, ...).
     """
 
     def __init__(self, paths: Sequence[Path], options: QuantaOptions) -> None:
@@ -145,7 +153,7 @@ class QuantaReader:
         """The problems every file met so far, merged."""
         log = ProblemLog()
         for s in self.sources:
-            log.merge(s.problems)
+            log.merge(s.problems, exclude=REFUSED)
         return log
 
     def __enter__(self) -> QuantaReader:
@@ -182,6 +190,7 @@ class QuantaReader:
         for s, batch in zip(self.sources, pool.map(_first_batch, self.sources), strict=True):
             if batch is not None and len(batch):
                 first[s].append(batch)
+        check_refusals(self.sources)
         self.layout = _common_layout(self.sources)
         kinds = {s.name: s.time_kind for s in self.sources if s.time_kind is not None}
         if len(set(kinds.values())) > 1:
@@ -275,6 +284,7 @@ class QuantaReader:
                 mark = min(int(st.max_end_ms or 0) - st.slack_ms for st in live)
                 rows = spans(engine.close_through(mark - quantum_ms))
             yield rows
+        check_refusals(self.sources)  # a file found out late (records, then none readable)
         last = spans(engine.flush(), last=True)
         self.records = engine.records
         self.late_records = sum(engine.late_records.values())

@@ -17,7 +17,7 @@ from typing import Literal
 
 from fiomon.bins import BinLayout, Unit
 from fiomon.clientlog import client_log_host
-from fiomon.errors import ConfigError, OverlapError
+from fiomon.errors import ConfigError, InputError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, TimeKind
 from fiomon.model import RecordBatch
@@ -100,9 +100,20 @@ class FileSource:
         """How far a later record of this file may start before :attr:`max_end_ms`."""
         return self.parser.slack_ms
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the file holds no readable histograms (what it is, what fixes it), or None."""
+        return self.parser.refusal
+
     def next_batch(self) -> RecordBatch | None:
-        """Parse the next chunk (the final call also finishes the parser)."""
+        """Parse the next chunk (the final call also finishes the parser).
+
+        A file the parser refuses is not read further.
+        """
         if self.done:
+            return None
+        if self.parser.refusal is not None:
+            self.close()
             return None
         chunk = self._fh.read(self.options.chunk_bytes)
         self.bytes_read += len(chunk)
@@ -130,6 +141,23 @@ class FileSource:
         self._fh.close()
 
 
+REFUSED = frozenset({"refused"})  # problem kinds an InputError reports instead
+
+
+def check_refusals(sources: Sequence[FileSource]) -> None:
+    """Raise if any of ``sources`` is fio output that holds no readable histograms.
+
+    Raises:
+        InputError: naming each such file, what it is and the fio option that fixes it.
+    """
+    refusals: dict[str, str] = {}
+    for s in sources:
+        if s.refusal is not None:
+            refusals[s.name] = s.refusal
+    if refusals:
+        raise InputError(refusals)
+
+
 HOST_FROM_HELP = (
     "how a file's host is named: auto (default: the nearest folder level whose names tell "
     "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/; with all files "
@@ -140,8 +168,12 @@ HOST_FROM_HELP = (
     "prefers wherever every file has one), or regex:PATTERN (searched in the path as "
     "given; the group named host, else group 1, else the match)"
 )
-# fio's hist-log suffix (per job, per_job_logs=0, compressed) and the json+ stream's.
-_FIO_SUFFIX = re.compile(r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)$")
+# fio's hist-log suffix (per job, per_job_logs=0, compressed by fio) and the json+
+# stream's, with what people add after the run: compression, backup and rotation suffixes.
+_FIO_SUFFIX = re.compile(
+    r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)"
+    r"(?:\.(?:gz|bz2|xz|bak|old|orig|\d+))*$"
+)
 
 
 def check_host_from(how: str) -> str:

@@ -1,6 +1,6 @@
 """``fiomon summary``: the classic per-operation I/O statistics of a run, from fio's histograms.
 
-Per operation (read, write, trim, all): I/O count, bytes, mean, variance and standard
+Per operation (read, write, trim, mixed, all): I/O count, bytes, mean, variance and standard
 deviation, min and max bounds, percentiles, IOPS and throughput over the run, the first
 and last record, and a text histogram on bins of the user's choosing.
 
@@ -32,7 +32,13 @@ from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
 from fiomon.histogram import cumulative_at, summarize
 from fiomon.model import DIRECTION_LABELS, RecordBatch
-from fiomon.offline.sources import FileSource, SourceOptions, host_labels
+from fiomon.offline.sources import (
+    REFUSED,
+    FileSource,
+    SourceOptions,
+    check_refusals,
+    host_labels,
+)
 from fiomon.problems import ProblemLog
 
 F64 = npt.NDArray[np.float64]
@@ -94,7 +100,7 @@ class Filters:
     hosts: tuple[str, ...] = ()
     host_from: str = "auto"
     jobs: tuple[str, ...] = ()
-    directions: tuple[str, ...] = ("read", "write", "trim", "all")
+    directions: tuple[str, ...] = ("read", "write", "trim", "mixed", "all")
     from_ms: int | None = None
     to_ms: int | None = None
 
@@ -165,6 +171,7 @@ def collect(
 
     Raises:
         FiomonError: no file could be read, or layouts cannot be merged.
+        InputError: a file is fio output without readable histograms.
     """
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -173,6 +180,7 @@ def collect(
     hosts = host_labels(list(paths), filters.host_from)
     layout: BinLayout | None = None
     acc: dict[int, _Acc] = {}
+    refused: list[FileSource] = []
     for path, host in zip(paths, hosts, strict=True):
         if filters.hosts and host not in filters.hosts:
             continue
@@ -193,7 +201,10 @@ def collect(
                 _add(acc, _filtered(batch, filters), layout)
         finally:
             src.close()
-            problems.merge(src.problems)
+            problems.merge(src.problems, exclude=REFUSED)
+            if src.refusal is not None:
+                refused.append(src)
+    check_refusals(refused)
     if layout is None:
         msg = "no histogram records in the input"
         raise FiomonError(msg)

@@ -12,7 +12,7 @@
 (function (global) {
   "use strict";
 
-  var DIRS = ["read", "write", "trim", "all"];
+  var DIRS = ["read", "write", "trim", "mixed", "all"];  // mixed: unified_rw_reporting
   // Percentile line colours; each confidence band takes its line's colour, translucent.
   var PALETTE = ["#5470c6", "#91cc75", "#fac858", "#ee6666", "#73c0de", "#3ba272", "#fc8452", "#9a60b4"];
   var BANDS = "confidence bands";
