@@ -34,6 +34,7 @@ import json
 import lzma
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,37 @@ class Ctx:
         if r.returncode != 0:
             msg = f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr.decode()[-2000:]}"
             raise RuntimeError(msg)
+
+    def wait_agent_read(self, path: Path, within: float = 30.0) -> None:
+        """Until this case's agent has read ``path`` to its current end and had it acked.
+
+        From the agent's positions file (agents/README "Restarts"). A re-run that truncates
+        ``path`` at once would otherwise race the agent; people re-run seconds later.
+        """
+        size = path.stat().st_size
+        pos = self.root / "state" / self.name / "positions.json"
+        deadline = time.monotonic() + within
+        while not read_to(pos, path, size):
+            if time.monotonic() > deadline:
+                msg = f"the agent did not read {path} ({size} bytes) within {within:g} s ({pos})"
+                raise RuntimeError(msg)
+            time.sleep(0.1)
+
+
+def read_to(positions: Path, path: Path, size: int) -> bool:
+    """Whether ``positions`` lists a stream of ``path`` read and acked up to ``size``."""
+    try:
+        doc = json.loads(positions.read_text())
+    except (OSError, ValueError):
+        return False
+    streams = doc.get("streams", {}) if isinstance(doc, dict) else {}
+    return any(
+        isinstance(s, dict)
+        and s.get("path") == str(path)
+        and s.get("length", 0) >= size
+        and s.get("acked_seq", 0) >= s.get("records", 0)
+        for s in (streams.values() if isinstance(streams, dict) else [])
+    )
 
 
 # ---------------------------------------------------------------- truth from fio's output
@@ -498,6 +530,41 @@ def _rerun_append() -> Case:
     return Case(
         "rerun-append",
         "fio run twice, json+ stdout >> run.json, same hist prefix",
+        run,
+        views,
+        BOTH,
+        live,
+    )
+
+
+def _rerun_output() -> Case:
+    def run(ctx: Ctx) -> None:
+        out = ctx.folder / "run.json"
+        args = [
+            *ctx.job(f"--write_hist_log={ctx.folder / 'run'}", EPOCH),
+            "--status-interval=1",
+            "--output-format=json+",
+            f"--output={out}",
+        ]
+        ctx.fio_run(args)
+        shutil.copy(out, ctx.truth / "run1.json")  # run 1 as it ended
+        ctx.wait_agent_read(out)
+        ctx.fio_run(args)  # fio truncates --output: the file holds run 2 only
+
+    def totals(ctx: Ctx) -> tuple[int, int]:
+        return final_total(ctx.truth / "run1.json"), final_total(ctx.folder / "run.json")
+
+    def views(ctx: Ctx) -> list[View]:
+        _, r2 = totals(ctx)
+        return both_views(ctx, {"*": r2}, {"*": 1})
+
+    def live(ctx: Ctx) -> Expect:
+        r1, r2 = totals(ctx)  # the agent followed both runs
+        return Expect("exact", {ctx.name: r1 + r2})
+
+    return Case(
+        "rerun-output",
+        "fio run twice with the same --output (truncated) and hist prefix",
         run,
         views,
         BOTH,
@@ -906,6 +973,7 @@ CASES: list[Case] = [
     simple("si-35", "--status-interval=35, a 2 s job: only the final dump", EPOCH, interval=35),
     _si35_long(),
     _rerun_append(),
+    _rerun_output(),
     _concurrent_same_folder(),
     _concurrent_two_folders(),
     _three_hosts(),
