@@ -42,7 +42,7 @@ class Outcome:
     stderr: str
 
 
-@dataclass
+@dataclass(repr=False)
 class Results:
     """Everything the tests check, gathered once."""
 
@@ -56,6 +56,9 @@ class Results:
     aggregator_log: str = ""
     aggregator_rc: int | None = None  # its exit code after SIGTERM (--final)
     timings: dict[str, float] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # pytest prints fixtures of a failing test: keep it short
+        return f"Results({self.root})"
 
     def live_hosts(self) -> dict[str, float]:
         """Per host label: samples of host-scope rows, direction all, latest revision."""

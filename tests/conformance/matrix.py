@@ -496,6 +496,58 @@ def _si35_long() -> Case:
     )
 
 
+def _lat_logs() -> Case:
+    def run(ctx: Ctx) -> None:
+        ctx.fio_run(
+            [
+                *ctx.job(
+                    f"--write_hist_log={ctx.folder / 'run'}",
+                    EPOCH,
+                    f"--write_lat_log={ctx.folder / 'run'}",
+                    f"--write_bw_log={ctx.folder / 'run'}",
+                    f"--write_iops_log={ctx.folder / 'run'}",
+                    "--log_avg_msec=0",
+                ),
+                "--status-interval=1",
+                "--output-format=json+",
+                f"--output={ctx.folder / 'run.json'}",
+            ]
+        )
+
+    def truth(ctx: Ctx) -> int:
+        total = final_total(ctx.folder / "run.json")
+        # fio's other truth: with log_avg_msec=0 its clat log has one line per I/O
+        lines = sum(1 for ln in (ctx.folder / "run_clat.1.log").read_text().splitlines() if ln)
+        if lines != total:
+            msg = f"fio's clat log has {lines} I/Os, its total_ios {total}"
+            raise RuntimeError(msg)
+        return total
+
+    def views(ctx: Ctx) -> list[View]:
+        n = truth(ctx)
+        stream = (ctx.folder / "run.json",)
+        exact = Expect("exact", {"*": n})
+        lat = (ctx.folder / "run_clat.1.log",)
+        words = ("write_lat_log", "lat log", "latency log")
+        return [
+            View("report-json", "report", stream, (), exact),
+            View("summary-json", "summary", stream, (), exact),
+            *refuse_views(lat, words),
+        ]
+
+    def live(ctx: Ctx) -> Expect:  # the lat/bw/iops logs add nothing
+        return Expect("exact", {ctx.name: truth(ctx)})
+
+    return Case(
+        "lat-logs",
+        "json+ and hist logs beside write_lat_log/bw/iops logs (log_avg_msec=0)",
+        run,
+        views,
+        ("report-json", "summary-json", *REFUSE),
+        live,
+    )
+
+
 def _rerun_append() -> Case:
     def run(ctx: Ctx) -> None:
         args = [
@@ -972,6 +1024,7 @@ CASES: list[Case] = [
     simple("epoch-1", "log_unix_epoch=1", EPOCH),
     simple("si-35", "--status-interval=35, a 2 s job: only the final dump", EPOCH, interval=35),
     _si35_long(),
+    _lat_logs(),
     _rerun_append(),
     _rerun_output(),
     _concurrent_same_folder(),
