@@ -29,7 +29,7 @@ PREFIX = "fiomonconf"
 AGG_ID = "fiomon-aggregator-conformance"
 # After the last fio exits, the aggregator's received count must hold still this long
 # (agents flush every 200 ms; a hist log that waits for a stream decides within 30 s).
-QUIET_S = 3.0
+QUIET_S = 5.0
 
 
 @dataclass
