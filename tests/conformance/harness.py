@@ -92,7 +92,10 @@ def view_cmd(v: View) -> list[str]:
 
 
 def run_cmd(cmd: list[str]) -> Outcome:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
+    except subprocess.TimeoutExpired:
+        return Outcome(cmd, -1, "", f"(the test stopped it: no answer within {DEADLINE_S:g} s)")
     return Outcome(cmd, r.returncode, r.stdout, r.stderr)
 
 
@@ -141,6 +144,7 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
         (root / sub).mkdir(parents=True)
     procs = Procs()
     broker = Mosquitto(mosquitto_bin, root / "mosquitto")
+    agg_log = root / "logs" / "aggregator.log"
     try:
         broker.start()
         # fio servers for the client/server cases: one port per case, two loopback IPs each
@@ -160,7 +164,6 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
             f"listen: 127.0.0.1:{metrics}\nquanta_file: {root / 'quanta.jsonl'}\n"
             f"state_dir: {root / 'state' / 'aggregator'}\n"
         )
-        agg_log = root / "logs" / "aggregator.log"
         aggregator = procs.start(fiomon_cmd("aggregator", "--config", str(cfg), "--final"), agg_log)
         wait(
             lambda: f"{AGG_ID} 1 {PREFIX}/v1/+/records" in broker.log_text(),
@@ -186,6 +189,7 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
                 procs.start(
                     fiomon_cmd("agent", "--config", str(acfg)), root / "logs" / f"agent-{label}.log"
                 )
+        wait(lambda: received(metrics) is not None, "the aggregator's /metrics")
         labels = [agent_label(c, s) for c in CASES for s in c.agents]
         wait(
             lambda: all(f" as fiomon-agent-{h} (" in broker.log_text() for h in labels),

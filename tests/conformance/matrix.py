@@ -50,7 +50,11 @@ Kind = Literal["exact", "hist", "refuse", "hist-or-refuse"]
 
 
 def hist_bound(jobs: int) -> float:
-    """Most I/Os ``jobs`` jobs' hist logs may lack: each job's last partial interval."""
+    """Most I/Os ``jobs`` jobs' hist logs may lack: each job's last partial interval.
+
+    At most one ``log_hist_msec`` of I/Os per job and direction; twice that (fio catches
+    up on its rate after a stall on a loaded machine), +4.
+    """
     return jobs * (2 * RATE * MSEC / 1000 * 2 + 4)
 
 
