@@ -15,8 +15,8 @@ What is expected of a view of a case (:class:`Expect`):
   line, read from the files, decompressed where compressed), and that must itself be
   within ``0 <= total_ios - held <= bound`` (bound = two ``log_hist_msec`` of I/Os per job,
   +4: fio's rate catch-up on a loaded machine), else the case, not fiomon, is in error.
-  ``fio --client`` logs are running sums that cannot simply be added: for them only the
-  bound applies (never above the truth);
+  ``fio --client`` logs are running sums (each entry its interval plus the entry two
+  before, per direction): what they hold is each direction's last two entries;
 * ``refuse``: a non-zero exit whose stderr names the file and says what fixes it (live:
   nothing published, and a line of the agent's log names the file and says what it is);
 * ``hist-or-refuse`` (live only): the agent either publishes the logs (``hist``) or
@@ -252,17 +252,24 @@ OPENERS: dict[str, Callable[[Path], bytes]] = {
 }
 
 
-def hist_content(paths: tuple[Path, ...]) -> int:
+def hist_content(paths: tuple[Path, ...], *, running_sums: bool = False) -> int:
     """The I/Os fio's hist logs hold: every bin of every line (fio writes each I/O once).
 
-    Not for ``fio --client`` logs, whose lines are running sums.
+    ``running_sums``: logs of ``fio --client``, whose client-side writer does not subtract
+    the previous entry, so that per direction each entry is its own interval plus the
+    entry two before (README "fio's client/server mode", ``client_flush_hist_samples``):
+    the intervals of a direction then add up to its last two entries.
     """
     n = 0
     for p in paths:
         raw = OPENERS.get(p.suffix, Path.read_bytes)(p)
+        per_dir: dict[str, list[int]] = {}
         for line in raw.decode().splitlines():
             if line.strip():
-                n += sum(int(x) for x in line.split(",")[3:])
+                fields = line.split(",")
+                per_dir.setdefault(fields[1].strip(), []).append(sum(map(int, fields[3:])))
+        for entries in per_dir.values():
+            n += sum(entries[-2:]) if running_sums else sum(entries)
     return n
 
 
@@ -297,8 +304,14 @@ def hist_logs(folder: Path) -> tuple[Path, ...]:
 
 
 def logs_of(ctx: Ctx, key: str) -> tuple[Path, ...]:
-    """Host key ``key``'s hist logs: all of the case's (``*``) or its folder's."""
-    return hist_logs(ctx.folder if key == "*" else ctx.folder / key)
+    """Host key ``key``'s hist logs: all of the case's (``*``), its folder's (``key/`` or
+    ``clients/key/``), or those fio --client named after it (``....log.<key>``)."""
+    if key == "*":
+        return hist_logs(ctx.folder)
+    for d in (ctx.folder / key, ctx.folder / "clients" / key):
+        if d.is_dir():
+            return hist_logs(d)
+    return tuple(p for p in hist_logs(ctx.folder) if p.name.endswith(f".{key}"))
 
 
 def hist_of(
@@ -306,11 +319,13 @@ def hist_of(
 ) -> Expect:
     """The hist view's expectation per host key (see :func:`hist_expect`).
 
-    ``running_sums``: ``fio --client`` logs, whose lines cannot simply be added: only the
-    bound applies.
+    ``running_sums``: ``fio --client`` logs (see :func:`hist_content`).
     """
     bound = {k: hist_bound(n) for k, n in jobs.items()}
-    content = None if running_sums else {k: hist_content(logs_of(ctx, k)) for k in truth}
+    content = {k: hist_content(logs_of(ctx, k), running_sums=running_sums) for k in truth}
+    if any(not logs_of(ctx, k) for k in truth):
+        msg = f"no hist logs for some of {list(truth)} in {ctx.folder}"
+        raise RuntimeError(msg)
     return hist_expect(truth, bound, content)
 
 
@@ -863,12 +878,15 @@ def _cs_pbench() -> Case:
     def live(ctx: Ctx) -> Expect:
         total = sum(client_totals(ctx.truth / "out.json").values())
         key = "|".join((ctx.name, *CS_PBENCH))
+        held = hist_content(hist_logs(ctx.folder), running_sums=True)
+        e = hist_expect({key: total}, {key: hist_bound(2)}, {key: held})
         return Expect(
             "hist-or-refuse",
-            {key: total},
-            {key: hist_bound(2)},
+            e.truth,
+            e.bound,
             words=("--client", "running sum", "client/server"),
             names=tuple(p.name for p in hist_logs(ctx.folder)),
+            hist=e.hist,
         )
 
     return Case(
