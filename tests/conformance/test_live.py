@@ -10,7 +10,7 @@ import pytest
 
 from tests.conformance.check import live_problems
 from tests.conformance.harness import Results, agent_label
-from tests.conformance.matrix import CASES
+from tests.conformance.matrix import BY_NAME, CASES
 
 
 @pytest.mark.fio
@@ -19,14 +19,20 @@ def test_live(matrix: Results, case: str) -> None:
     if case in matrix.errors:
         pytest.fail(f"[{case}] the fio run failed:\n{matrix.errors[case]}")
     bad = live_problems(matrix, case)
-    counted = {h: round(n, 3) for h, n in matrix.live_hosts().items()}
+    c = BY_NAME[case]
+    labels = [agent_label(c, s) for s in c.agents]
+    mine = {*labels, *c.live_labels}
+    counted = {h: round(n, 3) for h, n in matrix.live_hosts().items() if h in mine}
+    configs = [str(matrix.root / "state" / f"agent-{h}.yaml") for h in labels]
     tail = "\n".join(matrix.agent_logs.get(case, "").splitlines()[-25:])
     assert not bad, "\n".join(
         [
             *bad,
             f"[{case}] live: quanta file {matrix.root / 'quanta.jsonl'} (aggregator exit "
             f"{matrix.aggregator_rc}; its log {matrix.root / 'logs' / 'aggregator.log'})",
-            f"hosts counted: {counted}",
+            f"this case's hosts counted: {counted}",
+            f"$ python -m fiomon agent --config {' / '.join(configs)} (folder "
+            f"{matrix.root / 'cases' / case})",
             f"its agents' log (end):\n{tail}",
         ]
     )
