@@ -82,6 +82,8 @@ FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long 
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
+KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
+KEY_READ = 1 << 20  # ... found within this much of the file's start
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
@@ -112,6 +114,9 @@ class _Stream:
     orphan_since: float | None = None  # renamed to a name the patterns do not match
     deleted: bool = False  # unlinked: drained to its end, then closed
     declared: Declaration | None = None  # a closed json+ stream's, kept on reopening
+    named: bool = True  # False: a provisional id, replaced by the content id (_name)
+    copy_of: str | None = None  # a copy of that stream (not published while it holds)
+    copy_checked: int = 0  # bytes of the copy found equal to the original's
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
@@ -235,6 +240,7 @@ class Follower:
         self._read_failed: set[str] = set()
         self._budget = POLL_BUDGET
         self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
+        self._retired: set[str] = set()  # ids of lineages that ended (never reused)
         self.stats = FollowStats()
 
     # -- polling -------------------------------------------------------------------------
@@ -517,6 +523,7 @@ class Follower:
                 )
                 self.stats.rewrites += 1
                 self._closed.pop(c.resume.stream, None)
+                self._retire(c.resume.stream)
             self._new_stream(path, fd, fst, now)
         except OSError as exc:
             os.close(fd)
@@ -619,8 +626,8 @@ class Follower:
     def _new_stream(self, path: str, fd: int, st: os.stat_result, now: float) -> _Stream:
         gen = max(self._next_gen, int(self._wall_s()))
         self._next_gen = gen + 1
-        stream = wire_id(f"{path}@{gen}")  # any file name, any length
-        s = _Stream(stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        stream = wire_id(f"{path}@{gen}")  # provisional (and the fallback): see _name
+        s = _Stream(stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now, named=False)
         self._open[s.stream] = s
         self.changes += 1
         self.stats.generations += 1
@@ -646,6 +653,7 @@ class Follower:
                 s.print.length,
             )
             self._open.pop(s.stream, None)  # its content is gone: nothing to drain
+            self._retire(s.stream)
             orphan, deleted = s.orphan_since, s.deleted
             s = self._new_stream(s.path, s.fd, st, now)
             s.orphan_since, s.deleted = orphan, deleted
@@ -737,7 +745,7 @@ class Follower:
         r = c.resume
         del self._open[s.stream]
         del self._closed[original]
-        s.stream = original
+        s.stream, s.named = original, True
         self._open[s.stream] = s
         s.skip_below, s.acked_floor = c.skip_below, r.acked_seq
         s.covered_by, s.time_offset_ms = r.covered_by, r.time_offset_ms
@@ -880,6 +888,8 @@ class Follower:
             batch = batch.select(ok)
             if not len(batch):
                 return
+        if not s.named:
+            self._name(s)
         n = len(batch)
         first = s.next_seq
         s.next_seq += n
@@ -893,6 +903,42 @@ class Follower:
             batch = batch.select(keep)
             first = s.skip_below
         yield from self._messages(s.stream, first, batch)
+
+    def _retire(self, stream: str) -> None:
+        """``stream``'s lineage ended: its id is never given to other content (this run)."""
+        if len(self._retired) >= MAX_GONE:
+            self._retired.clear()  # bounded; a clash then costs only a generation id
+        self._retired.add(stream)
+
+    def _name(self, s: _Stream) -> None:
+        """Give ``s`` its content id, ``<path>@<digest of its first record's bytes>``.
+
+        Called before its first record goes out. The same file read again from byte 0
+        (after its positions were lost) gets the same id, so the aggregator drops what it
+        already had as duplicates. An id another lineage holds or held in this run (a
+        rewrite with the same first record) is not reused: ``s`` keeps its generation id.
+        """
+        s.named = True
+        try:
+            key = _content_key(s.fd, is_json=s.kind == "json")
+        except OSError:
+            return
+        digest = hashlib.blake2b(key, digest_size=8).hexdigest()
+        stream = wire_id(f"{s.path}@{digest}")
+        if stream in self._open or stream in self._closed or stream in self._retired:
+            log.info(
+                "%s: its first record matches stream %s, which held other content: "
+                "published as stream %s",
+                s.path,
+                stream,
+                s.stream,
+            )
+            return
+        del self._open[s.stream]
+        s.stream = stream
+        self._open[stream] = s
+        self._heads = None  # it listed the provisional id
+        self.changes += 1
 
     def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
         """Split ``batch`` into messages under the size cap (by record, in order)."""
@@ -979,6 +1025,30 @@ def _declaration(r: Resume) -> Declaration:
     """A closed json+ stream's declaration, as saved."""
     first, last = r.span_ms if r.span_ms is not None else (None, None)
     return Declaration(r.stream, frozenset(r.declares), first, last, r.slack_ms)
+
+
+def _content_key(fd: int, *, is_json: bool) -> bytes:
+    """The bytes a stream's content id digests: its head through its first record.
+
+    That is the file's start through the end of the first line that ends at least
+    ``KEY_MIN`` bytes into the content (a json+ stream's content starts at its first
+    document, after any text fio printed before it): a hist log's first record (its
+    stamp and bins), a json+ stream's ``timestamp_ms``. Read before the first record goes
+    out, when those bytes are in the file; a file shorter than that then (a hist log of
+    a few coarse records) uses its complete lines.
+
+    Raises:
+        OSError: the file could not be read.
+    """
+    head = os.pread(fd, KEY_READ, 0)
+    anchor = len(head) - len(head.lstrip())
+    if is_json and not head.startswith(b"{", anchor):
+        brace = head.find(b"\n{")
+        anchor = brace + 1 if brace >= 0 else anchor
+    end = head.find(b"\n", anchor + KEY_MIN - 1)
+    if end < 0:
+        end = head.rfind(b"\n")
+    return head[: end + 1] if end >= anchor else head
 
 
 def _fd_path(fd: int) -> str | None:

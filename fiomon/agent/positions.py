@@ -224,26 +224,31 @@ def save_positions(path: Path, state: FollowState) -> int:
 def load_positions(path: Path) -> tuple[FollowState, list[str]]:
     """Positions saved by :func:`save_positions`, and problems met (a missing file is none).
 
-    A damaged file or entry is reported and ignored: its files are then read from their
-    start as new streams (new ids, so the aggregator counts them again rather than
-    dropping new content as duplicates). Version 1 files (one entry per path) are read.
+    A damaged file (empty, not JSON, an unknown format, unreadable) is reported, moved
+    aside to ``positions.json.damaged`` (kept for a post-mortem, replacing an older one)
+    and ignored; a damaged entry is reported and ignored. Their files are then read from
+    their start: a stream's id comes from its content (:mod:`fiomon.agent.follow`), so the
+    same records go out under the same ``(agent, stream, seq)`` and the aggregator drops
+    them as duplicates. Version 1 files (one entry per path) are read.
     """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return FollowState(), []
     except OSError as exc:
-        return FollowState(), [f"{path}: cannot read ({exc.strerror or exc}); starting afresh"]
+        return _damaged(path, f"cannot read ({exc.strerror or exc})")
+    if not raw.strip():
+        return _damaged(path, f"empty ({len(raw)} bytes)")
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        return FollowState(), [f"{path}: not valid JSON ({exc}); starting afresh"]
+        return _damaged(path, f"not valid JSON ({exc})")
     if not isinstance(doc, dict):
-        return FollowState(), [f"{path}: unknown format; starting afresh"]
+        return _damaged(path, "unknown format (not a JSON object)")
     if doc.get("version") == 1:
         return _load_v1(path, doc)
     if doc.get("version") != POSITIONS_VERSION:
-        return FollowState(), [f"{path}: unknown format; starting afresh"]
+        return _damaged(path, f"unknown format (version {doc.get('version')!r})")
     state = FollowState()
     gen = doc.get("next_generation")
     state.next_generation = gen if isinstance(gen, int) and gen >= 0 else 0
@@ -258,6 +263,21 @@ def load_positions(path: Path) -> tuple[FollowState, list[str]]:
         except ValueError as exc:
             problems.append(f"{path}: stream {stream!r}: {exc}; its file starts afresh")
     return state, problems
+
+
+def _damaged(path: Path, why: str) -> tuple[FollowState, list[str]]:
+    """Move a damaged positions file aside (if it can be) and say so."""
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, aside)
+        where = f"moved aside to {aside}"
+    except OSError as exc:
+        where = f"could not be moved aside ({exc.strerror or exc})"
+    return FollowState(), [
+        f"{path}: positions file damaged: {why}; {where}; every watched file is read again "
+        "from its start (stream ids come from content, so the aggregator drops what it "
+        "already had as duplicates)"
+    ]
 
 
 def _load_v1(path: Path, doc: dict[str, object]) -> tuple[FollowState, list[str]]:

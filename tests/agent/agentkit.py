@@ -83,9 +83,9 @@ class Subscriber:
         return sorted(s for st, s in self.seen if st == stream)
 
     def streams_of(self, path: Path) -> list[str]:
-        """Stream ids of ``path`` (``<path>@<generation>``), oldest generation first."""
-        found = {st for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
-        return sorted(found, key=lambda st: int(st.rsplit("@", 1)[1]))
+        """Stream ids of ``path`` (``<path>@<content id>``), in the order first received."""
+        found = {st: None for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
+        return list(found)
 
     def samples(self, where: Callable[[str], bool] = lambda _: True) -> int:
         """I/Os received in streams whose id satisfies ``where``."""

@@ -478,18 +478,36 @@ def test_idle_pattern_and_missing_folder_are_reported_once(
     assert f.stats.patterns_idle == 0
 
 
-def test_new_generation_numbers_never_repeat_across_lost_state(tmp_path: Path) -> None:
+def test_lost_state_keeps_a_files_stream_id_and_other_content_gets_another(
+    tmp_path: Path,
+) -> None:
+    """Positions lost: the same bytes re-read give the same ids (the aggregator drops them)."""
     p = tmp_path / "a_clat_hist.1.log"
-    p.write_text(line(0))
+    p.write_text(line(0) + line(1))
     wall = [1_800_000_000.0]
     f = follower(tmp_path, wall_s=lambda: wall[0])
-    a = records(list(f.poll()))[0][0]
+    first = records(list(f.poll()))
     f.close()
-    shutil.copy(p, tmp_path / "copy")
     wall[0] += 1
     g = follower(tmp_path, wall_s=lambda: wall[0])  # positions lost: starts afresh
-    b = records(list(g.poll()))[0][0]
-    assert a != b
+    assert records(list(g.poll())) == first
+    g.close()
+    p.write_text(line(5) + line(6))  # a re-run into the same name
+    h = follower(tmp_path, wall_s=lambda: wall[0])
+    again = records(list(h.poll()))
+    assert [seq for _, seq, _ in again] == [0, 1]
+    assert again[0][0] != first[0][0]
+
+
+def test_a_rewrite_with_the_same_first_record_never_reuses_the_old_id(tmp_path: Path) -> None:
+    p = tmp_path / "a_clat_hist.1.log"
+    p.write_text(line(0) + line(1))
+    f = follower(tmp_path)
+    first = records(list(f.poll()))
+    p.write_text(line(0) + line(2, value=77))  # same first record, other content after it
+    again = records(list(f.poll()))
+    assert [seq for _, seq, _ in again] == [0, 1]
+    assert again[0][0] != first[0][0]
 
 
 def test_a_copy_is_not_published_and_a_move_across_file_systems_continues(
