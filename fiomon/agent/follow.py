@@ -40,6 +40,7 @@ modification time is taken as the wall-clock time of its last record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import hashlib
@@ -57,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.agent.fileprint import HEAD, Fingerprint
+from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.clientlog import client_log_host
@@ -149,6 +150,7 @@ class FollowStats:
     files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
     files_covered: int = 0
     files_copies: int = 0
+    copies_diverged: int = 0  # copies that stopped being one (then published as their own)
     renames: int = 0
     rewrites: int = 0
     open_errors: int = 0
@@ -614,6 +616,7 @@ class Follower:
         s.acked_floor = r.acked_seq
         s.time_offset_ms = r.time_offset_ms
         s.covered_by = r.covered_by
+        s.copy_of = r.covered_by if r.copy else None
         s.decided = r.covered_by is not None or c.skip_below > 0
         if r.orphan_until_ms is not None:
             s.orphan_since = now
@@ -657,6 +660,13 @@ class Follower:
             orphan, deleted = s.orphan_since, s.deleted
             s = self._new_stream(s.path, s.fd, st, now)
             s.orphan_since, s.deleted = orphan, deleted
+        if s.copy_of is not None:
+            try:
+                shared = self._copy_diverged(s, now)
+                if shared is not None:
+                    self._own_stream(s, shared)
+            except OSError as exc:
+                log.warning("%s: cannot compare with its original (%s)", s.path, exc)
         if not s.decided and s.kind == "hist" and self._declarations_pending(s, now):
             return  # wait for the json+ streams to say which jobs they cover
         try:
@@ -738,7 +748,7 @@ class Follower:
             yield from self._finish(o, deleted=True)
         c = self._closed.get(original)
         if c is None or not c.resume.gone:
-            s.decided, s.covered_by = True, original
+            s.decided, s.covered_by, s.copy_of, s.copy_checked = True, original, original, 0
             self.stats.files_copies += 1
             log.info("%s: a copy of what stream %s read: followed, not published", s.path, original)
             return
@@ -758,6 +768,94 @@ class Follower:
             "%s: %s moved here (its content, and more); still stream %s", s.path, r.path, original
         )
 
+    def _copy_diverged(self, s: _Stream, now: float) -> int | None:
+        """None while ``s`` (a copy) is a prefix of its original or equal to it.
+
+        Otherwise the length of what both share: they differ at that byte, or the copy is
+        longer than an original that is gone, closed or quiet (``QUIET_S``). New bytes of
+        either are compared once (up to ``ROTATE_BYTES`` per poll).
+
+        Raises:
+            OSError: a file could not be read.
+        """
+        o = self._open.get(s.copy_of or "")
+        c = self._closed.get(s.copy_of or "")
+        fd, own = (o.fd, False) if o is not None else (None, False)  # deleted: still readable
+        if fd is None and c is not None and not c.resume.gone:
+            with contextlib.suppress(OSError):
+                fd, own = os.open(c.resume.path, os.O_RDONLY | os.O_CLOEXEC), True
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (c.resume.dev, c.resume.ino):
+                    os.close(fd)
+                    fd, own = None, False
+        try:
+            size = os.fstat(s.fd).st_size
+            if fd is None:  # the original is gone: what the copy holds past it is its own
+                known = max(s.copy_checked, c.resume.length if c is not None else 0)
+                return known if size > known else None
+            o_size = os.fstat(fd).st_size
+            pos, end = s.copy_checked, min(size, o_size)
+            limit = pos + ROTATE_BYTES
+            while pos < end and pos < limit:
+                step = min(BLOCK, end - pos)
+                x, y = os.pread(s.fd, step, pos), os.pread(fd, step, pos)
+                if x != y or len(x) != step:
+                    return pos + next(
+                        (i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
+                        min(len(x), len(y)),
+                    )
+                pos += step
+            s.copy_checked = pos
+            quiet = o is None or o.deleted or now - o.changed_at >= QUIET_S
+            if pos == end and size > o_size and quiet:
+                return o_size
+            return None
+        finally:
+            if own and fd is not None:
+                os.close(fd)
+
+    def _own_stream(self, s: _Stream, shared: int) -> None:
+        """``s`` is no longer a copy: publish what follows the ``shared`` bytes.
+
+        Those bytes are the original's (it published their records), so ``s`` is read
+        again from byte 0 and the records they hold are skipped, not sent.
+        """
+        original = s.copy_of
+        s.copy_of, s.covered_by, s.decided = None, None, False
+        s.kind = _sniff(s.fd)
+        s.print, s.started, s.parser, s.head_ws = Fingerprint(), False, None, b""
+        s.next_seq = 0
+        skip = self._records_in(s, shared) if shared else 0
+        s.skip_below = s.acked_floor = skip  # saved: a restart skips them too
+        self.stats.copies_diverged += 1
+        self.changes += 1
+        log.info(
+            "%s: no longer a copy of stream %s (its bytes differ from byte %d on): "
+            "published as its own stream, after the %d records the shared bytes hold",
+            s.path,
+            original,
+            shared,
+            skip,
+        )
+
+    def _records_in(self, s: _Stream, length: int) -> int:
+        """How many records the first ``length`` bytes of ``s``'s file give."""
+        head = os.pread(s.fd, SNIFF_BYTES, 0)
+        if not head.strip():
+            return 0
+        parser = open_parser(head, s.path, ProblemLog(keep_per_kind=0), self._parser_options(s))
+        n = pos = 0
+        while pos < length:
+            chunk = os.pread(s.fd, min(READ_BYTES, length - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            batch = parser.feed(chunk)
+            if batch is not None and len(batch):
+                ok = (batch.start_ms >= 0) & (batch.end_ms < MAX_TIME_MS)
+                n += int((ok & (batch.end_ms >= batch.start_ms)).sum())
+        return n
+
     def _start_parsing(self, s: _Stream, first: bytes) -> None:
         s.started = True
         if s.covered_by is not None:
@@ -767,20 +865,18 @@ class Follower:
             s.decided = True
         elif s.time_offset_ms is None:
             s.time_offset_ms = self._relative_offset(s)
-        s.parser = open_parser(
-            first,
-            s.path,
-            s.problems,
-            ParserOptions(
-                host=self.agent,
-                hist=HistLogOptions(
-                    interval_ms=self.log_hist_msec,
-                    time_offset_ms=s.time_offset_ms or 0,
-                    max_line_bytes=self.max_line_bytes,
-                ),
-                max_document_bytes=self.max_document_bytes,
-                client_logs=False,  # refused by name before they are opened
+        s.parser = open_parser(first, s.path, s.problems, self._parser_options(s))
+
+    def _parser_options(self, s: _Stream) -> ParserOptions:
+        return ParserOptions(
+            host=self.agent,
+            hist=HistLogOptions(
+                interval_ms=self.log_hist_msec,
+                time_offset_ms=s.time_offset_ms or 0,
+                max_line_bytes=self.max_line_bytes,
             ),
+            max_document_bytes=self.max_document_bytes,
+            client_logs=False,  # refused by name before they are opened
         )
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
@@ -976,6 +1072,7 @@ class Follower:
             acked_seq=acked,
             time_offset_ms=s.time_offset_ms,
             covered_by=s.covered_by,
+            copy=s.copy_of is not None,
             declares=tuple(sorted(d.names)) if d is not None else (),
             span_ms=(d.first_ms, d.last_ms)
             if d is not None and d.first_ms is not None and d.last_ms is not None

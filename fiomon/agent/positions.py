@@ -70,6 +70,7 @@ class Resume:
         time_offset_ms: wall-clock offset of a relative-time hist log, or None.
         covered_by: the stream that publishes this file's I/Os instead (a json+ stream
             for a hist log of its jobs, or the original of a copy), or None.
+        copy: ``covered_by`` is the original of a copy (compared again as either grows).
         declares: for a json+ stream: the hist-log names its jobs write.
         span_ms: for a json+ stream: the time its I/Os cover, ``[first, last]`` epoch ms.
         slack_ms: for a json+ stream: how far a covered hist log may reach outside it.
@@ -92,6 +93,7 @@ class Resume:
     acked_seq: int = 0
     time_offset_ms: int | None = None
     covered_by: str | None = None
+    copy: bool = False
     declares: tuple[str, ...] = ()
     span_ms: tuple[int, int] | None = None
     slack_ms: int = 0
@@ -113,6 +115,7 @@ class Resume:
             "acked_seq": self.acked_seq,
             "time_offset_ms": self.time_offset_ms,
             "covered_by": self.covered_by,
+            "copy": self.copy,
             "declares": list(self.declares),
             "span_ms": list(self.span_ms) if self.span_ms is not None else None,
             "slack_ms": self.slack_ms,
@@ -177,6 +180,7 @@ class Resume:
             acked_seq=num("acked_seq"),
             time_offset_ms=opt_int("time_offset_ms"),
             covered_by=text("covered_by", optional=True),
+            copy=data.get("copy") is True,
             declares=tuple(declares),
             span_ms=(span[0], span[1]) if span is not None else None,
             slack_ms=opt_int("slack_ms") or 0,

@@ -540,3 +540,31 @@ def test_only_whitespace_so_far_does_not_decide_the_kind(tmp_path: Path) -> None
         fh.write(_json_doc(T0 + 1000, "h", 5))
     got = records(list(f.poll()))
     assert len(got) == 1
+
+
+def test_a_copy_that_diverges_publishes_what_follows_the_shared_bytes(tmp_path: Path) -> None:
+    clock = Clock()
+    f = follower(tmp_path, clock=clock)
+    p = tmp_path / "run_clat_hist.1.log"
+    p.write_text("".join(line(i) for i in range(5)))
+    assert len(records(list(f.poll()))) == 5
+    copy = tmp_path / "copy_clat_hist.1.log"
+    copy.write_text("".join(line(i) for i in range(3)))  # a prefix: a copy
+    assert records(list(f.poll())) == []
+    assert f.stats.files_copies == 1
+    with copy.open("a") as fh:  # its own lines from here on
+        fh.write(line(3, value=99) + line(4, value=99) + line(7))
+    got = records(list(f.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(3, T0 + 4000), (4, T0 + 5000), (5, T0 + 8000)]
+    assert f.stats.copies_diverged == 1
+    # A copy that grows past an original gone quiet is its own from the original's end.
+    other = tmp_path / "other_clat_hist.1.log"
+    other.write_text("".join(line(i) for i in range(5)))
+    assert records(list(f.poll())) == []
+    with other.open("a") as fh:
+        fh.write(line(5))
+    clock.t += 10
+    got = records(list(f.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(5, T0 + 6000)]
+    saved = f.state({})
+    assert saved.streams[got[0][0]].acked_seq == 5  # a restart skips the shared records too
