@@ -83,6 +83,7 @@ FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long 
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
+TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for, at most
 KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
 KEY_READ = 1 << 20  # ... found within this much of the file's start
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
@@ -108,7 +109,8 @@ class _Stream:
     time_offset_ms: int | None = None
     parser: RecordParser | None = None
     kind: Kind | None = None  # from the first bytes (fiomon.parsers.sniff)
-    head_ws: bytes = b""  # leading whitespace read before the kind was known
+    head: bytes = b""  # the first bytes that told its kind (_kind_head)
+    text_logged: bool = False  # said that it starts with text and no record yet
     started: bool = False  # a parser was chosen
     decided: bool = False  # whether it is published is settled
     covered_by: str | None = None  # not published: that stream holds its I/Os
@@ -708,6 +710,11 @@ class Follower:
     def _read(self, s: _Stream, *, budget: bool = True) -> Generator[Outgoing, None, bool]:
         """Read up to READ_BYTES (and the poll's budget); returns whether EOF was reached."""
         limit = min(READ_BYTES, self._budget) if budget else READ_BYTES
+        if not s.started and s.print.length == 0:
+            head = self._kind_head(s)
+            if head is None:
+                return False  # nothing read: its first bytes do not tell its kind yet
+            s.head = head
         while limit > 0:
             chunk = os.pread(s.fd, min(READ_BYTES, limit), s.print.length)
             if not chunk:
@@ -718,21 +725,43 @@ class Follower:
             limit -= len(chunk)
             self._budget -= len(chunk)
             if not s.started:
-                if not chunk.strip():  # only whitespace so far: the kind is not known yet
-                    s.head_ws += chunk[:4096]
-                    continue
                 if not s.decided and s.skip_below == 0:
                     original = self._copy_of(s)
                     if original is not None:
                         yield from self._copied(s, original)
-                self._start_parsing(s, chunk)
-                chunk, s.head_ws = s.head_ws + chunk, b""
+                self._start_parsing(s, s.head if len(s.head) > len(chunk) else chunk)
+                s.head = b""
                 if self._heads is not None:
                     self._heads.setdefault(s.print.head, []).append(s.stream)
             if s.parser is not None:
                 yield from self._emit(s, s.parser.feed(chunk))
                 self._collect_problems(s)
         return False
+
+    def _kind_head(self, s: _Stream) -> bytes | None:
+        """``s``'s first bytes once they tell its kind (:func:`head_tells_kind`), else None.
+
+        Text and no record yet (fio's ``note:`` lines or ``json+,normal``'s header before
+        the first document, still being written) waits, said once after ``QUIET_S`` of
+        quiet; past ``TEXT_HEAD_MAX`` bytes of it the parsers decide (and report it).
+
+        Raises:
+            OSError: the file could not be read.
+        """
+        head = os.pread(s.fd, SNIFF_BYTES, 0)
+        if len(head) == SNIFF_BYTES and not head_tells_kind(head):
+            head = os.pread(s.fd, TEXT_HEAD_MAX, 0)
+        if head_tells_kind(head) or len(head) >= TEXT_HEAD_MAX:
+            return head
+        if head.strip() and not s.text_logged and self._clock() - s.changed_at >= QUIET_S:
+            s.text_logged = True
+            log.warning(
+                "%s: starts with %d bytes of text and no json document or hist-log record "
+                "yet: waiting for one (read once the file holds one)",
+                s.path,
+                len(head),
+            )
+        return None
 
     def _copied(self, s: _Stream, original: str) -> Iterator[Outgoing]:
         """``s``'s file starts with what ``original`` read: a copy, or the same file moved.
@@ -823,7 +852,7 @@ class Follower:
         original = s.copy_of
         s.copy_of, s.covered_by, s.decided = None, None, False
         s.kind = _sniff(s.fd)
-        s.print, s.started, s.parser, s.head_ws = Fingerprint(), False, None, b""
+        s.print, s.started, s.parser, s.head = Fingerprint(), False, None, b""
         s.next_seq = 0
         skip = self._records_in(s, shared) if shared else 0
         s.skip_below = s.acked_floor = skip  # saved: a restart skips them too
@@ -1182,12 +1211,37 @@ def _sniff_path(path: str) -> str | None:
 
 
 def _sniff(fd: int) -> Kind | None:
-    """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
+    """``json`` or ``hist`` from a file's first bytes (None while they do not tell)."""
     try:
         head = os.pread(fd, SNIFF_BYTES, 0)
+        if len(head) == SNIFF_BYTES and not head_tells_kind(head):
+            head = os.pread(fd, TEXT_HEAD_MAX, 0)
     except OSError:
         return None
-    return sniff(head)
+    return sniff(head) if head_tells_kind(head) or len(head) >= TEXT_HEAD_MAX else None
+
+
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def head_tells_kind(head: bytes) -> bool:
+    """Whether a file's first bytes say enough for :func:`fiomon.parsers.sniff` to decide.
+
+    A file still being written may so far hold only blanks, or text fio prints before its
+    first json+ document (``note:`` lines on stdout, the ``json+,normal`` header). The
+    kind is told once the first non-blank line starts a json document (``{``) or a
+    hist-log record (a digit), or once a later line starts a document.
+    """
+    text = head
+    for bom in _BOMS:
+        text = text.removeprefix(bom)
+    text = text.replace(b"\x00", b"")  # UTF-16: its ASCII is what tells
+    body = text.lstrip()
+    if not body:
+        return False
+    if body[:1] == b"{" or body[:1].isdigit():
+        return True
+    return b"\n{" in body
 
 
 def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:

@@ -273,6 +273,7 @@ def json_total_ios(path: Path) -> int:
     assert isinstance(last, dict)
     total = 0
     for job in last["jobs"]:
-        for d in ("read", "write", "trim"):
-            total += sum(job[d]["clat_ns"].get("bins", {}).values())
+        for d in ("read", "write", "trim", "mixed"):  # mixed: unified_rw_reporting=1
+            if d in job:
+                total += sum(job[d]["clat_ns"].get("bins", {}).values())
     return total

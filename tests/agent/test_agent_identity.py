@@ -9,12 +9,16 @@ hist log's lines.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fiomon.agent.follow import Follower, head_tells_kind
 from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, json_total_ios, subscribed
 from tests.conftest import DEADLINE_S, Mosquitto, until
 
@@ -172,3 +176,129 @@ async def test_a_copy_that_diverges_from_its_original_publishes_its_own_records(
         f"diverging copy: expected {truth} I/Os ({line_samples(a)} original + "
         f"{line_samples(b[keep:])} of the copy's own), received {sub.samples()}"
     )
+
+
+@pytest.fixture(scope="module")
+def text_first_outputs(tmp_path_factory: pytest.TempPathFactory, fio_bin: str) -> list[bytes]:
+    """Real fio output with text before the first document: json+,normal, and stdout."""
+    folder = tmp_path_factory.mktemp("textfirst")
+    both = folder / "both.txt"
+    fio(
+        fio_bin,
+        *fio_args(folder / "data", 2),
+        "--status-interval=1",
+        "--output-format=json+,normal",
+        f"--output={both}",
+    )
+    stdout = subprocess.run(  # psync with iodepth 4: fio prints a note: line to stdout
+        [
+            fio_bin,
+            *fio_args(folder / "data", 1),
+            "--iodepth=4",
+            "--status-interval=1",
+            "--output-format=json+",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    ).stdout
+    outputs = [both.read_bytes(), stdout]
+    for out in outputs:
+        assert not out.startswith(b"{")
+        assert b"\n{" in out
+    assert stdout.startswith(b"note:")
+    return outputs
+
+
+def test_text_before_the_first_document_waits_for_it(
+    tmp_path: Path, text_first_outputs: list[bytes]
+) -> None:
+    """A growing file that so far holds fio's text is neither read nor given a kind."""
+    for k, out in enumerate(text_first_outputs):
+        brace = out.index(b"\n{") + 1
+        for n in range(0, brace + 1, 37):
+            assert not head_tells_kind(out[:n]), out[:n]
+        assert head_tells_kind(out[: brace + 1])
+        path = tmp_path / f"run{k}.json"
+        path.write_bytes(out[:brace])  # fio has written its text, not yet a document
+        f = Follower((str(path),), agent="client-07", max_message_bytes=1 << 20)
+        assert list(f.poll()) == []
+        assert f.stats.bytes_read == 0
+        assert f.stats.problems == {}
+        f.close()
+
+
+async def follow_fio_live(
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    fio_bin: str,
+    agents: list[AgentProcess],
+    *args: str,
+    stdout_to: Path | None = None,
+) -> tuple[Subscriber, int]:
+    """Run fio (4 s, a dump a second) while the agent follows its output; (sub, fio's I/Os)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    out = stdout_to or results / "run.json"
+    cmd = [fio_bin, *fio_args(tmp_path / "data", 4), "--status-interval=1", *args]
+    if stdout_to is None:
+        cmd.append(f"--output={out}")
+    async with subscribed(mosquitto) as sub:
+        agent = start_agent(mosquitto, tmp_path, [f"{results}/*.json"], agents)
+        await sub.wait_for(lambda: sub.status)  # following before fio starts
+        sink = os.open(out if stdout_to else os.devnull, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=sink, stderr=asyncio.subprocess.DEVNULL
+            )
+            async with asyncio.timeout(DEADLINE_S):
+                assert await proc.wait() == 0
+        finally:
+            os.close(sink)
+        truth = json_total_ios(out)
+        with contextlib.suppress(TimeoutError):
+            await sub.wait_for(lambda: sub.samples() >= truth, within=20)
+        assert await agent.stop() == 0
+    return sub, truth
+
+
+@pytest.mark.parametrize("where", ["json+,normal", "stdout with note"])
+async def test_text_before_json_documents_is_followed_as_a_json_stream(
+    mosquitto: Mosquitto, tmp_path: Path, fio_bin: str, agents: list[AgentProcess], where: str
+) -> None:
+    """Needs parsers.sniff to recognise json after leading text (the parsers' change)."""
+    if where == "json+,normal":
+        sub, truth = await follow_fio_live(
+            mosquitto, tmp_path, fio_bin, agents, "--output-format=json+,normal"
+        )
+    else:
+        sub, truth = await follow_fio_live(
+            mosquitto,
+            tmp_path,
+            fio_bin,
+            agents,
+            "--iodepth=4",  # psync: fio's note: line comes first on stdout
+            "--output-format=json+",
+            stdout_to=tmp_path / "results" / "stdout.json",
+        )
+    print(f"{where}: fio {truth} I/Os, published {sub.samples()}")
+    assert sub.samples() == truth
+    assert sub.invalid == 0
+
+
+async def test_unified_rw_reporting_stream_is_published_live(
+    mosquitto: Mosquitto, tmp_path: Path, fio_bin: str, agents: list[AgentProcess]
+) -> None:
+    """unified_rw_reporting=1: only `mixed` sections (needs the parsers' mixed direction)."""
+    sub, truth = await follow_fio_live(
+        mosquitto,
+        tmp_path,
+        fio_bin,
+        agents,
+        "--unified_rw_reporting=1",
+        "--output-format=json+",
+    )
+    print(f"unified_rw_reporting=1: fio {truth} I/Os, published {sub.samples()}")
+    assert truth > 0
+    assert sub.samples() == truth
+    assert sub.invalid == 0
