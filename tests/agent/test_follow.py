@@ -568,3 +568,33 @@ def test_a_copy_that_diverges_publishes_what_follows_the_shared_bytes(tmp_path: 
     assert [(seq, end) for _, seq, end in got] == [(5, T0 + 6000)]
     saved = f.state({})
     assert saved.streams[got[0][0]].acked_seq == 5  # a restart skips the shared records too
+
+
+def test_garbage_appended_and_a_file_replaced_by_a_folder_never_stop_the_follower(
+    tmp_path: Path,
+) -> None:
+    """Bad input is counted and skipped; what follows it still flows."""
+    clock = Clock()
+    f = follower(tmp_path, clock=clock)
+    log_file = tmp_path / "a_clat_hist.1.log"
+    stream_file = tmp_path / "run.json"
+    log_file.write_text(line(0))
+    stream_file.write_text(_json_doc(T0 + 1000, "x", 10))
+    assert len(records(list(f.poll()))) == 2
+    junk = b"\x00\xff\xfe garbage {{{ \x89PNG\r\n" + os.urandom(512).replace(b"{", b"(") + b"\n"
+    for p in (log_file, stream_file):
+        with p.open("ab") as fh:
+            fh.write(junk)
+    assert records(list(f.poll())) == []
+    assert sum(f.stats.problems.values()) >= 2  # counted, and logged with the file's name
+    with log_file.open("a") as fh:
+        fh.write(line(1))
+    with stream_file.open("a") as fh:
+        fh.write(_json_doc(T0 + 2000, "x", 25))
+    assert len(records(list(f.poll()))) == 2  # the records after the junk still come
+    # A followed file replaced by a folder of the same name: drained, closed, no crash.
+    log_file.unlink()
+    log_file.mkdir()
+    clock.t += RESCAN_S
+    assert records(list(f.poll())) == []
+    assert f.stats.files_followed == 1
