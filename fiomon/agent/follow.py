@@ -820,6 +820,8 @@ class Follower:
         try:
             size = os.fstat(s.fd).st_size
             if fd is None:  # the original is gone: what the copy holds past it is its own
+                if c is None and not s.copy_checked:  # forgotten (or rewritten) before any
+                    s.copy_checked = size  # comparison: what the copy holds is taken as its
                 known = max(s.copy_checked, c.resume.length if c is not None else 0)
                 return known if size > known else None
             o_size = os.fstat(fd).st_size
@@ -856,6 +858,7 @@ class Follower:
         s.next_seq = 0
         skip = self._records_in(s, shared) if shared else 0
         s.skip_below = s.acked_floor = skip  # saved: a restart skips them too
+        self._heads = None
         self.stats.copies_diverged += 1
         self.changes += 1
         log.info(

@@ -598,3 +598,24 @@ def test_garbage_appended_and_a_file_replaced_by_a_folder_never_stop_the_followe
     clock.t += RESCAN_S
     assert records(list(f.poll())) == []
     assert f.stats.files_followed == 1
+
+
+def test_a_copy_stays_a_copy_across_a_restart_and_diverges_after_it(tmp_path: Path) -> None:
+    f = follower(tmp_path)
+    p = tmp_path / "run_clat_hist.1.log"
+    p.write_text("".join(line(i) for i in range(4)))
+    first = records(list(f.poll()))
+    copy = tmp_path / "copy_clat_hist.1.log"
+    copy.write_text("".join(line(i) for i in range(2)))
+    assert records(list(f.poll())) == []
+    saved = f.state({first[0][0]: 4})
+    f.close()
+    clock = Clock()
+    g = follower(tmp_path, state=saved, clock=clock)
+    assert records(list(g.poll())) == []  # nothing re-sent, the copy still not published
+    with copy.open("a") as fh:
+        fh.write(line(2, value=50))
+    clock.t += RESCAN_S  # a closed file that grew is noticed by the next full rescan
+    got = records(list(g.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(2, T0 + 3000)]
+    assert got[0][0] != first[0][0]
