@@ -1,10 +1,23 @@
 """Following fio's output files while they grow: streams, identity, sequence numbers.
 
 A :class:`Follower` watches glob patterns and turns what fio appends into messages. The
-unit of identity is a **stream**: one content lineage of one file, with the id
-``<path where first seen>@<generation>`` and consecutive sequence numbers from 0.
+unit of identity is a **stream**: one content lineage of one file, with consecutive
+sequence numbers from 0 and an id that comes from its content,
+``<path>@<digest of the file's head through its first record>`` (:func:`_content_key`),
+given when its first record goes out.
 
 Identity rules (``agents/README.md`` states them for users):
+
+* **Ids survive lost state.** The same file read again from byte 0 (positions damaged,
+  emptied or deleted, a stream forgotten) gives the same ``(agent, stream, seq)``, so the
+  aggregator drops the resend as duplicates. Other content at the same path has another
+  first record (fio stamps it), hence another id; should a rewrite repeat the first
+  record of a lineage this process knows, it gets ``<path>@<generation>`` instead, so an
+  id is never reused for other content.
+* **Kind by content, once the head tells it.** A file is not read while its first bytes
+  are blank, or text with no json document or hist-log record yet (fio's ``note:`` lines,
+  ``json+,normal``'s header): :func:`head_tells_kind` waits, then
+  :func:`fiomon.parsers.sniff` decides on the whole head.
 
 * **Appends** continue the stream. Only complete lines and complete JSON documents
   become records; the parsers keep a partial one for later.
@@ -20,7 +33,10 @@ Identity rules (``agents/README.md`` states them for users):
   ``rename_grace_s``. A file that then appears under the old name is a new stream.
 * **Copies are not new data.** A new file that starts with exactly the bytes a known
   stream read (``cp`` of a result, ``mv`` across file systems) is a copy: followed, not
-  published.
+  published, and compared with its original as either grows. Once it stops being a
+  prefix of the original or equal to it (a byte differs, or it outgrows an original that
+  is gone or quiet), it is its own stream: the bytes both share are the original's (it
+  published their records), and only the records after them are published.
 * **Deleted** files are drained to their end through the descriptor still open, a
   bounded amount per poll.
 * **Restarts and closed files.** A file not held open (after a restart, or closed to stay

@@ -59,7 +59,7 @@ class Resume:
     """What is known of one stream while its file is not open (saved, or closed for now).
 
     Args:
-        stream: the stream id (``<path where first seen>@<generation>``).
+        stream: the stream id (``<path>@<content digest>``, see :mod:`fiomon.agent.follow`).
         path: where the file was last seen.
         dev: its device.
         ino: its inode.
@@ -198,8 +198,8 @@ class FollowState:
 
     Args:
         streams: stream id -> :class:`Resume`.
-        next_generation: the smallest generation number not yet used (stream ids never
-            repeat, so an id the aggregator remembers is never reused for new content).
+        next_generation: the smallest generation number not yet used (the ids of streams
+            whose first record repeats another lineage's, see :mod:`fiomon.agent.follow`).
     """
 
     streams: dict[str, Resume] = field(default_factory=dict)
