@@ -866,13 +866,16 @@ class Follower:
 
         Those bytes are the original's (it published their records), so ``s`` is read
         again from byte 0 and the records they hold are skipped, not sent.
+
+        Raises:
+            OSError: the file could not be read (``s`` is then still a copy).
         """
         original = s.copy_of
+        skip = self._records_in(s, shared) if shared else 0  # may raise: nothing changed yet
         s.copy_of, s.covered_by, s.decided = None, None, False
         s.kind = _sniff(s.fd)
         s.print, s.started, s.parser, s.head = Fingerprint(), False, None, b""
         s.next_seq = 0
-        skip = self._records_in(s, shared) if shared else 0
         s.skip_below = s.acked_floor = skip  # saved: a restart skips them too
         self._heads = None
         self.stats.copies_diverged += 1
