@@ -630,6 +630,7 @@ class Follower:
         self._closed.pop(r.stream, None)
         self.changes += 1
         s = _Stream(r.stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        s.named = r.records > 0 or r.acked_seq > 0  # nothing went out yet: content id then
         s.skip_below = c.skip_below
         s.acked_floor = r.acked_seq
         s.time_offset_ms = r.time_offset_ms

@@ -619,3 +619,24 @@ def test_a_copy_stays_a_copy_across_a_restart_and_diverges_after_it(tmp_path: Pa
     got = records(list(g.poll()))
     assert [(seq, end) for _, seq, end in got] == [(2, T0 + 3000)]
     assert got[0][0] != first[0][0]
+
+
+def test_a_stream_saved_before_its_first_record_still_gets_its_content_id(
+    tmp_path: Path,
+) -> None:
+    """Positions saved while a file held no complete record, then lost: one id, no double."""
+    p = tmp_path / "a_clat_hist.1.log"
+    first = line(0)
+    p.write_text(first[:100])  # fio is writing its first line
+    f = follower(tmp_path)
+    assert records(list(f.poll())) == []
+    saved = f.state({})
+    assert len(saved.streams) == 1  # listed under its provisional id
+    f.close()
+    with p.open("a") as fh:
+        fh.write(first[100:] + line(1))
+    g = follower(tmp_path, state=saved)
+    resumed = records(list(g.poll()))
+    g.close()
+    h = follower(tmp_path)  # positions lost
+    assert records(list(h.poll())) == resumed
