@@ -1,10 +1,23 @@
 """Following fio's output files while they grow: streams, identity, sequence numbers.
 
 A :class:`Follower` watches glob patterns and turns what fio appends into messages. The
-unit of identity is a **stream**: one content lineage of one file, with the id
-``<path where first seen>@<generation>`` and consecutive sequence numbers from 0.
+unit of identity is a **stream**: one content lineage of one file, with consecutive
+sequence numbers from 0 and an id that comes from its content,
+``<path>@<digest of the file's head through its first record>`` (:func:`_content_key`),
+given when its first record goes out.
 
 Identity rules (``agents/README.md`` states them for users):
+
+* **Ids survive lost state.** The same file read again from byte 0 (positions damaged,
+  emptied or deleted, a stream forgotten) gives the same ``(agent, stream, seq)``, so the
+  aggregator drops the resend as duplicates. Other content at the same path has another
+  first record (fio stamps it), hence another id; should a rewrite repeat the first
+  record of a lineage this process knows, it gets ``<path>@<generation>`` instead, so an
+  id is never reused for other content.
+* **Kind by content, once the head tells it.** A file is not read while its first bytes
+  are blank, or text with no json document or hist-log record yet (fio's ``note:`` lines,
+  ``json+,normal``'s header): :func:`head_tells_kind` waits, then
+  :func:`fiomon.parsers.sniff` decides on the whole head.
 
 * **Appends** continue the stream. Only complete lines and complete JSON documents
   become records; the parsers keep a partial one for later.
@@ -20,7 +33,10 @@ Identity rules (``agents/README.md`` states them for users):
   ``rename_grace_s``. A file that then appears under the old name is a new stream.
 * **Copies are not new data.** A new file that starts with exactly the bytes a known
   stream read (``cp`` of a result, ``mv`` across file systems) is a copy: followed, not
-  published.
+  published, and compared with its original as either grows. Once it stops being a
+  prefix of the original or equal to it (a byte differs, or it outgrows an original that
+  is gone or quiet), it is its own stream: the bytes both share are the original's (it
+  published their records), and only the records after them are published.
 * **Deleted** files are drained to their end through the descriptor still open, a
   bounded amount per poll.
 * **Restarts and closed files.** A file not held open (after a restart, or closed to stay
@@ -40,6 +56,7 @@ modification time is taken as the wall-clock time of its last record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import hashlib
@@ -57,7 +74,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.agent.fileprint import HEAD, Fingerprint
+from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.clientlog import client_log_host
@@ -82,6 +99,9 @@ FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long 
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
+TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for, at most
+KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
+KEY_READ = 1 << 20  # ... found within this much of the file's start
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
@@ -105,13 +125,17 @@ class _Stream:
     time_offset_ms: int | None = None
     parser: RecordParser | None = None
     kind: Kind | None = None  # from the first bytes (fiomon.parsers.sniff)
-    head_ws: bytes = b""  # leading whitespace read before the kind was known
+    head: bytes = b""  # the first bytes that told its kind (_kind_head)
+    text_logged: bool = False  # said that it starts with text and no record yet
     started: bool = False  # a parser was chosen
     decided: bool = False  # whether it is published is settled
     covered_by: str | None = None  # not published: that stream holds its I/Os
     orphan_since: float | None = None  # renamed to a name the patterns do not match
     deleted: bool = False  # unlinked: drained to its end, then closed
     declared: Declaration | None = None  # a closed json+ stream's, kept on reopening
+    named: bool = True  # False: a provisional id, replaced by the content id (_name)
+    copy_of: str | None = None  # a copy of that stream (not published while it holds)
+    copy_checked: int = 0  # bytes of the copy found equal to the original's
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
@@ -144,6 +168,7 @@ class FollowStats:
     files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
     files_covered: int = 0
     files_copies: int = 0
+    copies_diverged: int = 0  # copies that stopped being one (then published as their own)
     renames: int = 0
     rewrites: int = 0
     open_errors: int = 0
@@ -235,6 +260,7 @@ class Follower:
         self._read_failed: set[str] = set()
         self._budget = POLL_BUDGET
         self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
+        self._retired: set[str] = set()  # ids of lineages that ended (never reused)
         self.stats = FollowStats()
 
     # -- polling -------------------------------------------------------------------------
@@ -517,6 +543,7 @@ class Follower:
                 )
                 self.stats.rewrites += 1
                 self._closed.pop(c.resume.stream, None)
+                self._retire(c.resume.stream)
             self._new_stream(path, fd, fst, now)
         except OSError as exc:
             os.close(fd)
@@ -603,10 +630,12 @@ class Follower:
         self._closed.pop(r.stream, None)
         self.changes += 1
         s = _Stream(r.stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        s.named = r.records > 0 or r.acked_seq > 0  # nothing went out yet: content id then
         s.skip_below = c.skip_below
         s.acked_floor = r.acked_seq
         s.time_offset_ms = r.time_offset_ms
         s.covered_by = r.covered_by
+        s.copy_of = r.covered_by if r.copy else None
         s.decided = r.covered_by is not None or c.skip_below > 0
         if r.orphan_until_ms is not None:
             s.orphan_since = now
@@ -619,8 +648,8 @@ class Follower:
     def _new_stream(self, path: str, fd: int, st: os.stat_result, now: float) -> _Stream:
         gen = max(self._next_gen, int(self._wall_s()))
         self._next_gen = gen + 1
-        stream = wire_id(f"{path}@{gen}")  # any file name, any length
-        s = _Stream(stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now)
+        stream = wire_id(f"{path}@{gen}")  # provisional (and the fallback): see _name
+        s = _Stream(stream, path, fd, st.st_dev, st.st_ino, now, changed_at=now, named=False)
         self._open[s.stream] = s
         self.changes += 1
         self.stats.generations += 1
@@ -646,9 +675,17 @@ class Follower:
                 s.print.length,
             )
             self._open.pop(s.stream, None)  # its content is gone: nothing to drain
+            self._retire(s.stream)
             orphan, deleted = s.orphan_since, s.deleted
             s = self._new_stream(s.path, s.fd, st, now)
             s.orphan_since, s.deleted = orphan, deleted
+        if s.copy_of is not None:
+            try:
+                shared = self._copy_diverged(s, now)
+                if shared is not None:
+                    self._own_stream(s, shared)
+            except OSError as exc:
+                log.warning("%s: cannot compare with its original (%s)", s.path, exc)
         if not s.decided and s.kind == "hist" and self._declarations_pending(s, now):
             return  # wait for the json+ streams to say which jobs they cover
         try:
@@ -690,6 +727,11 @@ class Follower:
     def _read(self, s: _Stream, *, budget: bool = True) -> Generator[Outgoing, None, bool]:
         """Read up to READ_BYTES (and the poll's budget); returns whether EOF was reached."""
         limit = min(READ_BYTES, self._budget) if budget else READ_BYTES
+        if not s.started and s.print.length == 0:
+            head = self._kind_head(s)
+            if head is None:
+                return False  # nothing read: its first bytes do not tell its kind yet
+            s.head = head
         while limit > 0:
             chunk = os.pread(s.fd, min(READ_BYTES, limit), s.print.length)
             if not chunk:
@@ -700,21 +742,43 @@ class Follower:
             limit -= len(chunk)
             self._budget -= len(chunk)
             if not s.started:
-                if not chunk.strip():  # only whitespace so far: the kind is not known yet
-                    s.head_ws += chunk[:4096]
-                    continue
                 if not s.decided and s.skip_below == 0:
                     original = self._copy_of(s)
                     if original is not None:
                         yield from self._copied(s, original)
-                self._start_parsing(s, chunk)
-                chunk, s.head_ws = s.head_ws + chunk, b""
+                self._start_parsing(s, s.head if len(s.head) > len(chunk) else chunk)
+                s.head = b""
                 if self._heads is not None:
                     self._heads.setdefault(s.print.head, []).append(s.stream)
             if s.parser is not None:
                 yield from self._emit(s, s.parser.feed(chunk))
                 self._collect_problems(s)
         return False
+
+    def _kind_head(self, s: _Stream) -> bytes | None:
+        """``s``'s first bytes once they tell its kind (:func:`head_tells_kind`), else None.
+
+        Text and no record yet (fio's ``note:`` lines or ``json+,normal``'s header before
+        the first document, still being written) waits, said once after ``QUIET_S`` of
+        quiet; past ``TEXT_HEAD_MAX`` bytes of it the parsers decide (and report it).
+
+        Raises:
+            OSError: the file could not be read.
+        """
+        head = os.pread(s.fd, SNIFF_BYTES, 0)
+        if len(head) == SNIFF_BYTES and not head_tells_kind(head):
+            head = os.pread(s.fd, TEXT_HEAD_MAX, 0)
+        if head_tells_kind(head) or len(head) >= TEXT_HEAD_MAX:
+            return head
+        if head.strip() and not s.text_logged and self._clock() - s.changed_at >= QUIET_S:
+            s.text_logged = True
+            log.warning(
+                "%s: starts with %d bytes of text and no json document or hist-log record "
+                "yet: waiting for one (read once the file holds one)",
+                s.path,
+                len(head),
+            )
+        return None
 
     def _copied(self, s: _Stream, original: str) -> Iterator[Outgoing]:
         """``s``'s file starts with what ``original`` read: a copy, or the same file moved.
@@ -730,14 +794,14 @@ class Follower:
             yield from self._finish(o, deleted=True)
         c = self._closed.get(original)
         if c is None or not c.resume.gone:
-            s.decided, s.covered_by = True, original
+            s.decided, s.covered_by, s.copy_of, s.copy_checked = True, original, original, 0
             self.stats.files_copies += 1
             log.info("%s: a copy of what stream %s read: followed, not published", s.path, original)
             return
         r = c.resume
         del self._open[s.stream]
         del self._closed[original]
-        s.stream = original
+        s.stream, s.named = original, True
         self._open[s.stream] = s
         s.skip_below, s.acked_floor = c.skip_below, r.acked_seq
         s.covered_by, s.time_offset_ms = r.covered_by, r.time_offset_ms
@@ -750,6 +814,100 @@ class Follower:
             "%s: %s moved here (its content, and more); still stream %s", s.path, r.path, original
         )
 
+    def _copy_diverged(self, s: _Stream, now: float) -> int | None:
+        """None while ``s`` (a copy) is a prefix of its original or equal to it.
+
+        Otherwise the length of what both share: they differ at that byte, or the copy is
+        longer than an original that is gone, closed or quiet (``QUIET_S``). New bytes of
+        either are compared once (up to ``ROTATE_BYTES`` per poll).
+
+        Raises:
+            OSError: a file could not be read.
+        """
+        o = self._open.get(s.copy_of or "")
+        c = self._closed.get(s.copy_of or "")
+        fd, own = (o.fd, False) if o is not None else (None, False)  # deleted: still readable
+        if fd is None and c is not None and not c.resume.gone:
+            with contextlib.suppress(OSError):
+                fd, own = os.open(c.resume.path, os.O_RDONLY | os.O_CLOEXEC), True
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (c.resume.dev, c.resume.ino):
+                    os.close(fd)
+                    fd, own = None, False
+        try:
+            size = os.fstat(s.fd).st_size
+            if fd is None:  # the original is gone: what the copy holds past it is its own
+                if c is None and not s.copy_checked:  # forgotten (or rewritten) before any
+                    s.copy_checked = size  # comparison: what the copy holds is taken as its
+                known = max(s.copy_checked, c.resume.length if c is not None else 0)
+                return known if size > known else None
+            o_size = os.fstat(fd).st_size
+            pos, end = s.copy_checked, min(size, o_size)
+            limit = pos + ROTATE_BYTES
+            while pos < end and pos < limit:
+                step = min(BLOCK, end - pos)
+                x, y = os.pread(s.fd, step, pos), os.pread(fd, step, pos)
+                if x != y or len(x) != step:
+                    return pos + next(
+                        (i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
+                        min(len(x), len(y)),
+                    )
+                pos += step
+            s.copy_checked = pos
+            quiet = o is None or o.deleted or now - o.changed_at >= QUIET_S
+            if pos == end and size > o_size and quiet:
+                return o_size
+            return None
+        finally:
+            if own and fd is not None:
+                os.close(fd)
+
+    def _own_stream(self, s: _Stream, shared: int) -> None:
+        """``s`` is no longer a copy: publish what follows the ``shared`` bytes.
+
+        Those bytes are the original's (it published their records), so ``s`` is read
+        again from byte 0 and the records they hold are skipped, not sent.
+
+        Raises:
+            OSError: the file could not be read (``s`` is then still a copy).
+        """
+        original = s.copy_of
+        skip = self._records_in(s, shared) if shared else 0  # may raise: nothing changed yet
+        s.copy_of, s.covered_by, s.decided = None, None, False
+        s.kind = _sniff(s.fd)
+        s.print, s.started, s.parser, s.head = Fingerprint(), False, None, b""
+        s.next_seq = 0
+        s.skip_below = s.acked_floor = skip  # saved: a restart skips them too
+        self._heads = None
+        self.stats.copies_diverged += 1
+        self.changes += 1
+        log.info(
+            "%s: no longer a copy of stream %s (its bytes differ from byte %d on): "
+            "published as its own stream, after the %d records the shared bytes hold",
+            s.path,
+            original,
+            shared,
+            skip,
+        )
+
+    def _records_in(self, s: _Stream, length: int) -> int:
+        """How many records the first ``length`` bytes of ``s``'s file give."""
+        head = os.pread(s.fd, SNIFF_BYTES, 0)
+        if not head.strip():
+            return 0
+        parser = open_parser(head, s.path, ProblemLog(keep_per_kind=0), self._parser_options(s))
+        n = pos = 0
+        while pos < length:
+            chunk = os.pread(s.fd, min(READ_BYTES, length - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            batch = parser.feed(chunk)
+            if batch is not None and len(batch):
+                ok = (batch.start_ms >= 0) & (batch.end_ms < MAX_TIME_MS)
+                n += int((ok & (batch.end_ms >= batch.start_ms)).sum())
+        return n
+
     def _start_parsing(self, s: _Stream, first: bytes) -> None:
         s.started = True
         if s.covered_by is not None:
@@ -759,20 +917,18 @@ class Follower:
             s.decided = True
         elif s.time_offset_ms is None:
             s.time_offset_ms = self._relative_offset(s)
-        s.parser = open_parser(
-            first,
-            s.path,
-            s.problems,
-            ParserOptions(
-                host=self.agent,
-                hist=HistLogOptions(
-                    interval_ms=self.log_hist_msec,
-                    time_offset_ms=s.time_offset_ms or 0,
-                    max_line_bytes=self.max_line_bytes,
-                ),
-                max_document_bytes=self.max_document_bytes,
-                client_logs=False,  # refused by name before they are opened
+        s.parser = open_parser(first, s.path, s.problems, self._parser_options(s))
+
+    def _parser_options(self, s: _Stream) -> ParserOptions:
+        return ParserOptions(
+            host=self.agent,
+            hist=HistLogOptions(
+                interval_ms=self.log_hist_msec,
+                time_offset_ms=s.time_offset_ms or 0,
+                max_line_bytes=self.max_line_bytes,
             ),
+            max_document_bytes=self.max_document_bytes,
+            client_logs=False,  # refused by name before they are opened
         )
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
@@ -880,6 +1036,8 @@ class Follower:
             batch = batch.select(ok)
             if not len(batch):
                 return
+        if not s.named:
+            self._name(s)
         n = len(batch)
         first = s.next_seq
         s.next_seq += n
@@ -893,6 +1051,42 @@ class Follower:
             batch = batch.select(keep)
             first = s.skip_below
         yield from self._messages(s.stream, first, batch)
+
+    def _retire(self, stream: str) -> None:
+        """``stream``'s lineage ended: its id is never given to other content (this run)."""
+        if len(self._retired) >= MAX_GONE:
+            self._retired.clear()  # bounded; a clash then costs only a generation id
+        self._retired.add(stream)
+
+    def _name(self, s: _Stream) -> None:
+        """Give ``s`` its content id, ``<path>@<digest of its first record's bytes>``.
+
+        Called before its first record goes out. The same file read again from byte 0
+        (after its positions were lost) gets the same id, so the aggregator drops what it
+        already had as duplicates. An id another lineage holds or held in this run (a
+        rewrite with the same first record) is not reused: ``s`` keeps its generation id.
+        """
+        s.named = True
+        try:
+            key = _content_key(s.fd, is_json=s.kind == "json")
+        except OSError:
+            return
+        digest = hashlib.blake2b(key, digest_size=8).hexdigest()
+        stream = wire_id(f"{s.path}@{digest}")
+        if stream in self._open or stream in self._closed or stream in self._retired:
+            log.info(
+                "%s: its first record matches stream %s, which held other content: "
+                "published as stream %s",
+                s.path,
+                stream,
+                s.stream,
+            )
+            return
+        del self._open[s.stream]
+        s.stream = stream
+        self._open[stream] = s
+        self._heads = None  # it listed the provisional id
+        self.changes += 1
 
     def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
         """Split ``batch`` into messages under the size cap (by record, in order)."""
@@ -930,6 +1124,7 @@ class Follower:
             acked_seq=acked,
             time_offset_ms=s.time_offset_ms,
             covered_by=s.covered_by,
+            copy=s.copy_of is not None,
             declares=tuple(sorted(d.names)) if d is not None else (),
             span_ms=(d.first_ms, d.last_ms)
             if d is not None and d.first_ms is not None and d.last_ms is not None
@@ -981,6 +1176,30 @@ def _declaration(r: Resume) -> Declaration:
     return Declaration(r.stream, frozenset(r.declares), first, last, r.slack_ms)
 
 
+def _content_key(fd: int, *, is_json: bool) -> bytes:
+    """The bytes a stream's content id digests: its head through its first record.
+
+    That is the file's start through the end of the first line that ends at least
+    ``KEY_MIN`` bytes into the content (a json+ stream's content starts at its first
+    document, after any text fio printed before it): a hist log's first record (its
+    stamp and bins), a json+ stream's ``timestamp_ms``. Read before the first record goes
+    out, when those bytes are in the file; a file shorter than that then (a hist log of
+    a few coarse records) uses its complete lines.
+
+    Raises:
+        OSError: the file could not be read.
+    """
+    head = os.pread(fd, KEY_READ, 0)
+    anchor = len(head) - len(head.lstrip())
+    if is_json and not head.startswith(b"{", anchor):
+        brace = head.find(b"\n{")
+        anchor = brace + 1 if brace >= 0 else anchor
+    end = head.find(b"\n", anchor + KEY_MIN - 1)
+    if end < 0:
+        end = head.rfind(b"\n")
+    return head[: end + 1] if end >= anchor else head
+
+
 def _fd_path(fd: int) -> str | None:
     """The current name of an open file (Linux), or None."""
     try:
@@ -1015,12 +1234,37 @@ def _sniff_path(path: str) -> str | None:
 
 
 def _sniff(fd: int) -> Kind | None:
-    """``json`` or ``hist`` from a file's first bytes (None while it is empty)."""
+    """``json`` or ``hist`` from a file's first bytes (None while they do not tell)."""
     try:
         head = os.pread(fd, SNIFF_BYTES, 0)
+        if len(head) == SNIFF_BYTES and not head_tells_kind(head):
+            head = os.pread(fd, TEXT_HEAD_MAX, 0)
     except OSError:
         return None
-    return sniff(head)
+    return sniff(head) if head_tells_kind(head) or len(head) >= TEXT_HEAD_MAX else None
+
+
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def head_tells_kind(head: bytes) -> bool:
+    """Whether a file's first bytes say enough for :func:`fiomon.parsers.sniff` to decide.
+
+    A file still being written may so far hold only blanks, or text fio prints before its
+    first json+ document (``note:`` lines on stdout, the ``json+,normal`` header). The
+    kind is told once the first non-blank line starts a json document (``{``) or a
+    hist-log record (a digit), or once a later line starts a document.
+    """
+    text = head
+    for bom in _BOMS:
+        text = text.removeprefix(bom)
+    text = text.replace(b"\x00", b"")  # UTF-16: its ASCII is what tells
+    body = text.lstrip()
+    if not body:
+        return False
+    if body[:1] == b"{" or body[:1].isdigit():
+        return True
+    return b"\n{" in body
 
 
 def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:

@@ -59,7 +59,7 @@ class Resume:
     """What is known of one stream while its file is not open (saved, or closed for now).
 
     Args:
-        stream: the stream id (``<path where first seen>@<generation>``).
+        stream: the stream id (``<path>@<content digest>``, see :mod:`fiomon.agent.follow`).
         path: where the file was last seen.
         dev: its device.
         ino: its inode.
@@ -70,6 +70,7 @@ class Resume:
         time_offset_ms: wall-clock offset of a relative-time hist log, or None.
         covered_by: the stream that publishes this file's I/Os instead (a json+ stream
             for a hist log of its jobs, or the original of a copy), or None.
+        copy: ``covered_by`` is the original of a copy (compared again as either grows).
         declares: for a json+ stream: the hist-log names its jobs write.
         span_ms: for a json+ stream: the time its I/Os cover, ``[first, last]`` epoch ms.
         slack_ms: for a json+ stream: how far a covered hist log may reach outside it.
@@ -92,6 +93,7 @@ class Resume:
     acked_seq: int = 0
     time_offset_ms: int | None = None
     covered_by: str | None = None
+    copy: bool = False
     declares: tuple[str, ...] = ()
     span_ms: tuple[int, int] | None = None
     slack_ms: int = 0
@@ -113,6 +115,7 @@ class Resume:
             "acked_seq": self.acked_seq,
             "time_offset_ms": self.time_offset_ms,
             "covered_by": self.covered_by,
+            "copy": self.copy,
             "declares": list(self.declares),
             "span_ms": list(self.span_ms) if self.span_ms is not None else None,
             "slack_ms": self.slack_ms,
@@ -177,6 +180,7 @@ class Resume:
             acked_seq=num("acked_seq"),
             time_offset_ms=opt_int("time_offset_ms"),
             covered_by=text("covered_by", optional=True),
+            copy=data.get("copy") is True,
             declares=tuple(declares),
             span_ms=(span[0], span[1]) if span is not None else None,
             slack_ms=opt_int("slack_ms") or 0,
@@ -194,8 +198,8 @@ class FollowState:
 
     Args:
         streams: stream id -> :class:`Resume`.
-        next_generation: the smallest generation number not yet used (stream ids never
-            repeat, so an id the aggregator remembers is never reused for new content).
+        next_generation: the smallest generation number not yet used (the ids of streams
+            whose first record repeats another lineage's, see :mod:`fiomon.agent.follow`).
     """
 
     streams: dict[str, Resume] = field(default_factory=dict)
@@ -224,26 +228,31 @@ def save_positions(path: Path, state: FollowState) -> int:
 def load_positions(path: Path) -> tuple[FollowState, list[str]]:
     """Positions saved by :func:`save_positions`, and problems met (a missing file is none).
 
-    A damaged file or entry is reported and ignored: its files are then read from their
-    start as new streams (new ids, so the aggregator counts them again rather than
-    dropping new content as duplicates). Version 1 files (one entry per path) are read.
+    A damaged file (empty, not JSON, an unknown format, unreadable) is reported, moved
+    aside to ``positions.json.damaged`` (kept for a post-mortem, replacing an older one)
+    and ignored; a damaged entry is reported and ignored. Their files are then read from
+    their start: a stream's id comes from its content (:mod:`fiomon.agent.follow`), so the
+    same records go out under the same ``(agent, stream, seq)`` and the aggregator drops
+    them as duplicates. Version 1 files (one entry per path) are read.
     """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return FollowState(), []
     except OSError as exc:
-        return FollowState(), [f"{path}: cannot read ({exc.strerror or exc}); starting afresh"]
+        return _damaged(path, f"cannot read ({exc.strerror or exc})")
+    if not raw.strip():
+        return _damaged(path, f"empty ({len(raw)} bytes)")
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        return FollowState(), [f"{path}: not valid JSON ({exc}); starting afresh"]
+        return _damaged(path, f"not valid JSON ({exc})")
     if not isinstance(doc, dict):
-        return FollowState(), [f"{path}: unknown format; starting afresh"]
+        return _damaged(path, "unknown format (not a JSON object)")
     if doc.get("version") == 1:
         return _load_v1(path, doc)
     if doc.get("version") != POSITIONS_VERSION:
-        return FollowState(), [f"{path}: unknown format; starting afresh"]
+        return _damaged(path, f"unknown format (version {doc.get('version')!r})")
     state = FollowState()
     gen = doc.get("next_generation")
     state.next_generation = gen if isinstance(gen, int) and gen >= 0 else 0
@@ -258,6 +267,21 @@ def load_positions(path: Path) -> tuple[FollowState, list[str]]:
         except ValueError as exc:
             problems.append(f"{path}: stream {stream!r}: {exc}; its file starts afresh")
     return state, problems
+
+
+def _damaged(path: Path, why: str) -> tuple[FollowState, list[str]]:
+    """Move a damaged positions file aside (if it can be) and say so."""
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, aside)
+        where = f"moved aside to {aside}"
+    except OSError as exc:
+        where = f"could not be moved aside ({exc.strerror or exc})"
+    return FollowState(), [
+        f"{path}: positions file damaged: {why}; {where}; every watched file is read again "
+        "from its start (stream ids come from content, so the aggregator drops what it "
+        "already had as duplicates)"
+    ]
 
 
 def _load_v1(path: Path, doc: dict[str, object]) -> tuple[FollowState, list[str]]:

@@ -345,6 +345,7 @@ class Agent:
             files_closed=f.files_closed,
             files_covered=f.files_covered,
             files_copies=f.files_copies,
+            copies_diverged=f.copies_diverged,
             files_refused=f.files_refused,
             files_waiting=f.files_waiting,
             renames=f.renames,

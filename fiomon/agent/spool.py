@@ -45,7 +45,7 @@ class Outgoing:
     """One encoded message ready to publish.
 
     Args:
-        stream: stream id (``<path>@<generation>``).
+        stream: stream id (see :mod:`fiomon.agent.follow`).
         first_seq: sequence number of its first record.
         records: number of records (seqs ``first_seq`` .. ``first_seq + records - 1``).
         payload: the wire-format message.

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiomqtt
 
+from fiomon.aggregator.dedup import SeqTracker
 from fiomon.errors import WireFormatError
 from fiomon.wire import decode
 from tests.conftest import DEADLINE_S, Mosquitto
@@ -38,6 +39,8 @@ class Subscriber:
     duplicates: int = 0
     invalid: int = 0
     arrivals: list[tuple[int, int]] = field(default_factory=list)  # (received ms, end_ms)
+    # every message as received: (agent, stream, first seq, samples per record)
+    messages: list[tuple[str, str, int, list[int]]] = field(default_factory=list)
     status: list[dict[str, object]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -68,6 +71,7 @@ class Subscriber:
                 return
             now = time.time_ns() // 1_000_000
             samples = msg.batch.samples().tolist()
+            self.messages.append((msg.agent, msg.stream, int(msg.seqs[0]), samples))
             for seq, end, n in zip(
                 msg.seqs.tolist(), msg.batch.end_ms.tolist(), samples, strict=True
             ):
@@ -83,9 +87,9 @@ class Subscriber:
         return sorted(s for st, s in self.seen if st == stream)
 
     def streams_of(self, path: Path) -> list[str]:
-        """Stream ids of ``path`` (``<path>@<generation>``), oldest generation first."""
-        found = {st for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
-        return sorted(found, key=lambda st: int(st.rsplit("@", 1)[1]))
+        """Stream ids of ``path`` (``<path>@<content id>``), in the order first received."""
+        found = {st: None for st, _ in self.seen if st.rsplit("@", 1)[0] == str(path)}
+        return list(found)
 
     def samples(self, where: Callable[[str], bool] = lambda _: True) -> int:
         """I/Os received in streams whose id satisfies ``where``."""
@@ -97,6 +101,15 @@ class Subscriber:
         for st, s in self.seen:
             per.setdefault(st, []).append(s)
         return all(sorted(v) == list(range(len(v))) for v in per.values())
+
+    def deduplicated_samples(self) -> int:
+        """The I/Os the aggregator's own dedup (:class:`SeqTracker`) keeps, in arrival order."""
+        tracker = SeqTracker()
+        kept = 0
+        for agent, stream, first, samples in self.messages:
+            verdict = tracker.judge(agent, stream, first, len(samples))
+            kept += sum(n for n, new in zip(samples, verdict.new.tolist(), strict=True) if new)
+        return kept
 
     def last_status(self) -> dict[str, object]:
         return self.status[-1] if self.status else {}
@@ -260,6 +273,7 @@ def json_total_ios(path: Path) -> int:
     assert isinstance(last, dict)
     total = 0
     for job in last["jobs"]:
-        for d in ("read", "write", "trim"):
-            total += sum(job[d]["clat_ns"].get("bins", {}).values())
+        for d in ("read", "write", "trim", "mixed"):  # mixed: unified_rw_reporting=1
+            if d in job:
+                total += sum(job[d]["clat_ns"].get("bins", {}).values())
     return total

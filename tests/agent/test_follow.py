@@ -478,18 +478,36 @@ def test_idle_pattern_and_missing_folder_are_reported_once(
     assert f.stats.patterns_idle == 0
 
 
-def test_new_generation_numbers_never_repeat_across_lost_state(tmp_path: Path) -> None:
+def test_lost_state_keeps_a_files_stream_id_and_other_content_gets_another(
+    tmp_path: Path,
+) -> None:
+    """Positions lost: the same bytes re-read give the same ids (the aggregator drops them)."""
     p = tmp_path / "a_clat_hist.1.log"
-    p.write_text(line(0))
+    p.write_text(line(0) + line(1))
     wall = [1_800_000_000.0]
     f = follower(tmp_path, wall_s=lambda: wall[0])
-    a = records(list(f.poll()))[0][0]
+    first = records(list(f.poll()))
     f.close()
-    shutil.copy(p, tmp_path / "copy")
     wall[0] += 1
     g = follower(tmp_path, wall_s=lambda: wall[0])  # positions lost: starts afresh
-    b = records(list(g.poll()))[0][0]
-    assert a != b
+    assert records(list(g.poll())) == first
+    g.close()
+    p.write_text(line(5) + line(6))  # a re-run into the same name
+    h = follower(tmp_path, wall_s=lambda: wall[0])
+    again = records(list(h.poll()))
+    assert [seq for _, seq, _ in again] == [0, 1]
+    assert again[0][0] != first[0][0]
+
+
+def test_a_rewrite_with_the_same_first_record_never_reuses_the_old_id(tmp_path: Path) -> None:
+    p = tmp_path / "a_clat_hist.1.log"
+    p.write_text(line(0) + line(1))
+    f = follower(tmp_path)
+    first = records(list(f.poll()))
+    p.write_text(line(0) + line(2, value=77))  # same first record, other content after it
+    again = records(list(f.poll()))
+    assert [seq for _, seq, _ in again] == [0, 1]
+    assert again[0][0] != first[0][0]
 
 
 def test_a_copy_is_not_published_and_a_move_across_file_systems_continues(
@@ -522,3 +540,103 @@ def test_only_whitespace_so_far_does_not_decide_the_kind(tmp_path: Path) -> None
         fh.write(_json_doc(T0 + 1000, "h", 5))
     got = records(list(f.poll()))
     assert len(got) == 1
+
+
+def test_a_copy_that_diverges_publishes_what_follows_the_shared_bytes(tmp_path: Path) -> None:
+    clock = Clock()
+    f = follower(tmp_path, clock=clock)
+    p = tmp_path / "run_clat_hist.1.log"
+    p.write_text("".join(line(i) for i in range(5)))
+    assert len(records(list(f.poll()))) == 5
+    copy = tmp_path / "copy_clat_hist.1.log"
+    copy.write_text("".join(line(i) for i in range(3)))  # a prefix: a copy
+    assert records(list(f.poll())) == []
+    assert f.stats.files_copies == 1
+    with copy.open("a") as fh:  # its own lines from here on
+        fh.write(line(3, value=99) + line(4, value=99) + line(7))
+    got = records(list(f.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(3, T0 + 4000), (4, T0 + 5000), (5, T0 + 8000)]
+    assert f.stats.copies_diverged == 1
+    # A copy that grows past an original gone quiet is its own from the original's end.
+    other = tmp_path / "other_clat_hist.1.log"
+    other.write_text("".join(line(i) for i in range(5)))
+    assert records(list(f.poll())) == []
+    with other.open("a") as fh:
+        fh.write(line(5))
+    clock.t += 10
+    got = records(list(f.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(5, T0 + 6000)]
+    saved = f.state({})
+    assert saved.streams[got[0][0]].acked_seq == 5  # a restart skips the shared records too
+
+
+def test_garbage_appended_and_a_file_replaced_by_a_folder_never_stop_the_follower(
+    tmp_path: Path,
+) -> None:
+    """Bad input is counted and skipped; what follows it still flows."""
+    clock = Clock()
+    f = follower(tmp_path, clock=clock)
+    log_file = tmp_path / "a_clat_hist.1.log"
+    stream_file = tmp_path / "run.json"
+    log_file.write_text(line(0))
+    stream_file.write_text(_json_doc(T0 + 1000, "x", 10))
+    assert len(records(list(f.poll()))) == 2
+    junk = b"\x00\xff\xfe garbage {{{ \x89PNG\r\n" + os.urandom(512).replace(b"{", b"(") + b"\n"
+    for p in (log_file, stream_file):
+        with p.open("ab") as fh:
+            fh.write(junk)
+    assert records(list(f.poll())) == []
+    assert sum(f.stats.problems.values()) >= 2  # counted, and logged with the file's name
+    with log_file.open("a") as fh:
+        fh.write(line(1))
+    with stream_file.open("a") as fh:
+        fh.write(_json_doc(T0 + 2000, "x", 25))
+    assert len(records(list(f.poll()))) == 2  # the records after the junk still come
+    # A followed file replaced by a folder of the same name: drained, closed, no crash.
+    log_file.unlink()
+    log_file.mkdir()
+    clock.t += RESCAN_S
+    assert records(list(f.poll())) == []
+    assert f.stats.files_followed == 1
+
+
+def test_a_copy_stays_a_copy_across_a_restart_and_diverges_after_it(tmp_path: Path) -> None:
+    f = follower(tmp_path)
+    p = tmp_path / "run_clat_hist.1.log"
+    p.write_text("".join(line(i) for i in range(4)))
+    first = records(list(f.poll()))
+    copy = tmp_path / "copy_clat_hist.1.log"
+    copy.write_text("".join(line(i) for i in range(2)))
+    assert records(list(f.poll())) == []
+    saved = f.state({first[0][0]: 4})
+    f.close()
+    clock = Clock()
+    g = follower(tmp_path, state=saved, clock=clock)
+    assert records(list(g.poll())) == []  # nothing re-sent, the copy still not published
+    with copy.open("a") as fh:
+        fh.write(line(2, value=50))
+    clock.t += RESCAN_S  # a closed file that grew is noticed by the next full rescan
+    got = records(list(g.poll()))
+    assert [(seq, end) for _, seq, end in got] == [(2, T0 + 3000)]
+    assert got[0][0] != first[0][0]
+
+
+def test_a_stream_saved_before_its_first_record_still_gets_its_content_id(
+    tmp_path: Path,
+) -> None:
+    """Positions saved while a file held no complete record, then lost: one id, no double."""
+    p = tmp_path / "a_clat_hist.1.log"
+    first = line(0)
+    p.write_text(first[:100])  # fio is writing its first line
+    f = follower(tmp_path)
+    assert records(list(f.poll())) == []
+    saved = f.state({})
+    assert len(saved.streams) == 1  # listed under its provisional id
+    f.close()
+    with p.open("a") as fh:
+        fh.write(first[100:] + line(1))
+    g = follower(tmp_path, state=saved)
+    resumed = records(list(g.poll()))
+    g.close()
+    h = follower(tmp_path)  # positions lost
+    assert records(list(h.poll())) == resumed

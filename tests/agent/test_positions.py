@@ -37,11 +37,15 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
 
 def test_damaged_files_and_entries_are_reported_and_start_afresh(tmp_path: Path) -> None:
     path = tmp_path / "positions.json"
-    for raw in (b"{not json", b"[1, 2]", b'{"version": 99}', b"[" * 100_000):
+    for raw in (b"", b"\n", b"{not json", b"[1, 2]", b'{"version": 99}', b"[" * 100_000):
         path.write_bytes(raw)
         state, problems = load_positions(path)
         assert state.streams == {}
         assert len(problems) == 1
+        assert str(path) in problems[0]
+        assert "moved aside" in problems[0]
+        assert not path.exists()  # moved aside, kept for a post-mortem
+        assert (tmp_path / "positions.json.damaged").read_bytes() == raw
     path.write_text(json.dumps({"version": 2, "streams": {"x@1": {"path": 3}}}))
     state, problems = load_positions(path)
     assert state.streams == {}
