@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fiomon.bins import plat_val_to_idx
 from fiomon.errors import OverlapError
 from fiomon.offline.sources import choose_sources
 from fiomon.overlap import Declaration, hist_log_name
@@ -15,11 +16,12 @@ from fiomon.tools.simulate import format_line
 from tests.agent.agentkit import report_samples
 
 T0 = 1_795_000_000_000
+BIN = int(plat_val_to_idx(np.array([20480]))[0])
 
 
 def hist(path: Path, t0: int, n: int = 3, value: int = 4) -> Path:
     counts = np.zeros(1856, dtype=np.int64)
-    counts[700] = value
+    counts[BIN] = value  # where status() puts its I/Os
     path.write_text("".join(format_line(t0 + 1000 * (k + 1), 0, 4096, counts) for k in range(n)))
     return path
 
@@ -61,12 +63,13 @@ def test_hist_log_names(name: str, prefix: str | None) -> None:
     assert hist_log_name(f"/some/where/{name}") == prefix
 
 
-def test_a_declaration_covers_by_name_and_time() -> None:
+def test_a_declaration_names_a_log_and_overlaps_its_time() -> None:
     d = Declaration("run.json", frozenset({"h"}), T0, T0 + 60_000, 10_000)
-    assert d.covers("/x/h_clat_hist.1.log", (T0 + 1000, T0 + 61_000))
-    assert d.covers("/x/h_clat_hist.1.log", None)  # relative stamps: the name decides
-    assert not d.covers("/x/h_clat_hist.1.log", (T0 + 3_600_000, T0 + 3_660_000))
-    assert not d.covers("/x/other_clat_hist.1.log", (T0, T0 + 1000))
+    assert d.names_log("/x/h_clat_hist.1.log")
+    assert d.overlaps((T0 + 1000, T0 + 61_000))
+    assert d.overlaps(None)  # relative stamps: the content decides
+    assert not d.overlaps((T0 + 3_600_000, T0 + 3_660_000))
+    assert not d.names_log("/x/other_clat_hist.1.log")
 
 
 def test_both_views_are_refused_then_each_choice_counts_every_io_once(tmp_path: Path) -> None:
@@ -103,4 +106,8 @@ def test_a_hist_log_of_another_run_with_the_same_name_is_not_covered(tmp_path: P
     later = hist(tmp_path / "h_clat_hist.1.log", T0 + 7_200_000)  # two hours later
     paths, notes, skips = choose_sources([run, later], None)
     assert paths == [run, later]
-    assert (notes, skips) == ([], {})
+    assert skips == {}
+    assert notes == [
+        f"note: {later} has a name a json+ stream declares, but no stream given holds its "
+        "I/Os (folder, time or counts differ): read as I/Os of their own"
+    ]

@@ -29,9 +29,13 @@ Identity rules (``agents/README.md`` states them for users):
   deterministic, so no parser state is saved) and records below the acknowledged
   sequence number are skipped, not resent.
 * **One truth per I/O** (:mod:`fiomon.overlap`): a hist log that a followed json+ stream
-  covers (its name and its time) is followed but not published. The decision is taken
-  once per stream, before its first record goes out, and waits (at most ``HOLD_S``)
-  while a json+ stream has not yet written its first document.
+  covers (its name, its time, and its jobs' cumulative bins hold the log's counts) is
+  followed but not published. The decision is taken once per stream, before its first
+  record goes out. Its records are held (at most ``HOLD_S``) while a json+ stream has not
+  yet written its first document, or one that names the log has not yet dumped at or
+  after the log's last record. A log published first (the hold ran out) is the truth for
+  its job: a stream whose later dump shows that job skips it (logged, counted in
+  ``jobs_skipped``). A stream without histogram bins (plain json) covers nothing.
 
 A relative-time hist log (``log_unix_epoch=0``) is placed on the wall clock by one
 estimate per stream, logged once: fio writes hist logs when the job exits, so the file's
@@ -51,7 +55,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +68,16 @@ from fiomon.clientlog import client_log_host
 from fiomon.fiojson import JsonStatusParser
 from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions
 from fiomon.model import RecordBatch
-from fiomon.overlap import Declaration, covering
+from fiomon.overlap import (
+    Declaration,
+    JobContent,
+    LogContent,
+    claims,
+    explained_by,
+    is_grouped,
+    job_contents,
+    log_content,
+)
 from fiomon.parsers import SNIFF_BYTES, Kind, ParserOptions, RecordParser, open_parser, sniff
 from fiomon.problems import Problem, ProblemLog
 from fiomon.wire import MAX_TIME_MS, encode, wire_id
@@ -81,6 +94,8 @@ IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed f
 FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
+HOLD_RECORDS = 100_000  # a hist log held longer than this many records is decided at once
+MAX_PAIRED_LOGS = 4096  # covered and published hist logs remembered for pairing
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
@@ -112,13 +127,24 @@ class _Stream:
     orphan_since: float | None = None  # renamed to a name the patterns do not match
     deleted: bool = False  # unlinked: drained to its end, then closed
     declared: Declaration | None = None  # a closed json+ stream's, kept on reopening
+    held: list[RecordBatch] = field(default_factory=list)  # a hist log's, while undecided
+    content: tuple[int, tuple[JobContent, ...], bool] | None = None  # id(doc), its jobs
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
     def declaration(self) -> Declaration | None:
-        if isinstance(self.parser, JsonStatusParser):
-            return self.parser.declaration(self.stream)
-        return self.declared
+        """What this json+ stream declares, with its jobs' bins from its latest dump."""
+        if not isinstance(self.parser, JsonStatusParser):
+            return self.declared
+        d = self.parser.declaration(self.stream)
+        doc = self.parser.last_document
+        if doc is None:
+            return d
+        if self.content is None or self.content[0] != id(doc):
+            self.content = (id(doc), job_contents(doc), is_grouped(doc))
+        ts = doc.get("timestamp_ms")
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+        return replace(d, jobs=self.content[1], at_ms=at, grouped=self.content[2])
 
 
 @dataclass(slots=True)
@@ -143,6 +169,7 @@ class FollowStats:
     records_skipped_replay: int = 0
     files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
     files_covered: int = 0
+    jobs_skipped: int = 0  # json+ jobs not published: their hist logs went out first
     files_copies: int = 0
     renames: int = 0
     rewrites: int = 0
@@ -236,6 +263,8 @@ class Follower:
         self._budget = POLL_BUDGET
         self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
         self.stats = FollowStats()
+        self._covered_logs: list[LogContent] = []  # hist logs covered, in decision order
+        self._published_logs: list[LogContent] = []  # hist logs published (pairing)
 
     # -- polling -------------------------------------------------------------------------
 
@@ -660,6 +689,8 @@ class Follower:
                 log.warning("%s: read failed (%s); will retry", s.path, exc.strerror or exc)
             return
         self._read_failed.discard(s.stream)
+        if not s.decided and s.held:
+            yield from self._release(s)
         if s.deleted and at_end:
             yield from self._finish(s, deleted=True)
         elif s.orphan_since is not None and now - max(s.changed_at, s.orphan_since) >= (
@@ -774,6 +805,9 @@ class Follower:
                 client_logs=False,  # refused by name before they are opened
             ),
         )
+        if isinstance(s.parser, JsonStatusParser):
+            parser = s.parser
+            parser.on_document = lambda doc: self._skip_published(s, parser, doc)
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
         """Whether a json+ stream may still declare ``s``'s hist log (hold it, for a while)."""
@@ -788,26 +822,107 @@ class Follower:
                 return True
         return False
 
-    def _decide(self, s: _Stream, batch: RecordBatch) -> bool:
-        """Settle whether ``s`` (a hist log) is published; True if it is covered."""
-        s.decided = True
+    def _decide(self, s: _Stream, *, force: bool = False) -> bool | None:
+        """Settle whether ``s`` (a hist log, records held) is published.
+
+        True if it is covered, False if it is published, None while a json+ stream that
+        may hold its I/Os has not yet dumped past its last record (at most ``HOLD_S``).
+        """
         epoch = s.parser is not None and s.parser.time_kind == "epoch"
-        span = (int(batch.start_ms.min()), int(batch.end_ms.max())) if epoch else None
-        decls = [d for o in self._open.values() if (d := o.declaration()) is not None]
-        decls += [_declaration(c.resume) for c in self._closed.values() if c.resume.declares]
-        s.covered_by = covering(s.path, span, decls)
-        if s.covered_by is None:
+        try:
+            complete = os.fstat(s.fd).st_size <= s.print.length
+        except OSError:
+            complete = False
+        lc = log_content(s.path, s.held, epoch=epoch, complete=complete)
+        if lc is None:
+            return None
+        end = max(int(b.end_ms.max()) for b in s.held)
+        decls: list[Declaration] = []
+        pending = False
+        for o in self._open.values():
+            if o is s or o.kind == "hist":
+                continue
+            if o.kind is None or not isinstance(o.parser, JsonStatusParser):
+                pending = pending or o.kind is None  # fio creates its output before writing
+                continue
+            d = o.declaration()
+            if d is None or not o.parser.splitter.documents:
+                pending = True
+                continue
+            if d.names_log(s.path) and d.overlaps(lc.span) and (d.at_ms or 0) < end:
+                pending = True  # its next dump may show this log's I/Os
+            decls.append(d)
+        held = sum(len(b) for b in s.held)
+        if pending and not force and self._clock() - s.opened_at < HOLD_S and held < HOLD_RECORDS:
+            return None
+        s.decided = True
+        covered = [c for c in self._covered_logs if c.path != s.path]
+        by = claims([*covered, lc], decls, ordered=False).get(s.path, ("", frozenset()))[0]
+        if not by:
+            # A closed json+ stream's bins are not kept: its name and time decide.
+            for c in self._closed.values():
+                r = c.resume
+                if r.declares and r.records and not r.gone:
+                    d = _declaration(r)
+                    if d.names_log(s.path) and d.overlaps(lc.span):
+                        by = r.stream
+                        break
+        if not by:
+            self._remember(self._published_logs, lc)
             return False
+        s.covered_by = by
+        self._remember(self._covered_logs, lc)
         self.stats.files_covered += 1
         self.changes += 1
         s.parser = None
         log.info(
             "%s: not published: the json+ stream %s holds the same I/Os (it declares this "
-            "hist log's name and covers its time)",
+            "hist log's name, covers its time, and its jobs' bins hold the log's counts)",
             s.path,
             s.covered_by,
         )
         return True
+
+    def _remember(self, logs: list[LogContent], lc: LogContent) -> None:
+        logs[:] = [c for c in logs if c.path != lc.path][-(MAX_PAIRED_LOGS - 1) :]
+        logs.append(lc)
+
+    def _release(self, s: _Stream, *, force: bool = False) -> Iterator[Outgoing]:
+        """Decide a hist log whose records are held; publish them unless it is covered."""
+        verdict = self._decide(s, force=force)
+        if verdict is None:
+            return
+        held, s.held = s.held, []
+        if not verdict:
+            for batch in held:
+                yield from self._publish(s, batch)
+
+    def _skip_published(self, s: _Stream, parser: JsonStatusParser, doc: dict[str, object]) -> None:
+        """Before a json+ dump becomes records: skip jobs whose hist logs went out first."""
+        if not self._published_logs:
+            return
+        d = parser.declaration(s.stream)
+        logs = [c for c in self._published_logs if d.names_log(c.path)]
+        if not logs:
+            return
+        s.content = (id(doc), job_contents(doc), is_grouped(doc))
+        ts = doc.get("timestamp_ms")
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+        d = replace(d, jobs=s.content[1], at_ms=at, grouped=s.content[2])
+        new = explained_by(d, logs) - parser.skip_jobs
+        if not new:
+            return
+        parser.skip_jobs = parser.skip_jobs | new
+        self.stats.jobs_skipped += len(new)
+        self.changes += 1
+        log.warning(
+            "%s: not publishing job(s) %s of stream %s: hist logs published before its dump "
+            "showed them hold the same I/Os (%s)",
+            s.path,
+            ", ".join(str(p) for p in sorted(new)),
+            s.stream,
+            ", ".join(c.path for c in logs[:4]),
+        )
 
     def _relative_offset(self, s: _Stream) -> int:
         """Wall-clock offset for a relative-time log (0 for an epoch-stamped one)."""
@@ -839,6 +954,8 @@ class Follower:
         if s.parser is not None:
             yield from self._emit(s, s.parser.finish())
             self._collect_problems(s)
+        if not s.decided and s.held:
+            yield from self._release(s, force=True)
         self._open.pop(s.stream, None)
         self.changes += 1
         r = self._resume(s, s.acked_floor)
@@ -868,8 +985,13 @@ class Follower:
     def _emit(self, s: _Stream, batch: RecordBatch | None) -> Iterator[Outgoing]:
         if batch is None or not len(batch):
             return
-        if not s.decided and self._decide(s, batch):
-            return  # covered: its I/Os are published by a json+ stream
+        if not s.decided:  # a hist log: held until it is known whether a stream covers it
+            s.held.append(batch)
+            yield from self._release(s)
+            return
+        yield from self._publish(s, batch)
+
+    def _publish(self, s: _Stream, batch: RecordBatch) -> Iterator[Outgoing]:
         # Times the wire cannot carry (a stamp of 18 digits, a relative log placed before
         # 1970) are bad input like any other: counted, never a crash.
         ok = (batch.start_ms >= 0) & (batch.end_ms < MAX_TIME_MS) & (batch.end_ms >= batch.start_ms)
