@@ -1,0 +1,107 @@
+"""One truth per I/O by identity, offline, against real fio's own total_ios.
+
+Each case runs real fio (short rate-limited jobs) and checks ``fiomon report`` against
+fio's final ``total_ios``: exact from json+ streams, and from hist logs within the last
+partial interval fio never writes to them (log_hist_msec=250 at 100 IOPS: 25 I/Os, plus
+jitter).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fiorun import fiomon, job_file, report_counts, start_fio, total_ios, wait_fio
+
+pytestmark = pytest.mark.fio
+
+LAST_INTERVAL = 60  # I/Os a hist log may lack: fio's unwritten last partial interval
+
+
+def _hist_ok(counted: float, truth: int) -> bool:
+    return truth - LAST_INTERVAL <= counted <= truth
+
+
+def test_three_hosts_sharing_a_prefix_pair_only_within_their_folder(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """client-01/, client-02/, client-03/: one job file (write_hist_log=run) on each host."""
+    hosts = ["client-01", "client-02", "client-03"]
+    procs = []
+    for i, h in enumerate(hosts):
+        job = job_file(tmp_path / h, iops=100 + 50 * i, runtime=2)
+        procs.append(start_fio(fio_bin, job, tmp_path / h / "vm.json"))
+    wait_fio(procs)
+    truth = {h: total_ios(tmp_path / h / "vm.json") for h in hosts}
+    files = [
+        p for h in hosts for p in sorted((tmp_path / h).glob("*")) if p.suffix in (".json", ".log")
+    ]
+    assert len(files) == 6
+    # --source json: every host exactly its stream's I/Os
+    assert report_counts("--per-host", "--source", "json", *files) == {
+        h: float(n) for h, n in truth.items()
+    }
+    # --source hist: every host its own logs (no stream of another host is read)
+    hist = report_counts("--per-host", "--source", "hist", *files)
+    assert set(hist) == set(hosts)
+    for h in hosts:
+        assert _hist_ok(hist[h], truth[h]), (h, hist[h], truth[h])
+    # no --source: asks, naming each host's stream with its own log
+    r = fiomon("report", "--per-host", *files)
+    assert r.returncode != 0
+    for h in hosts:
+        assert (
+            f"{tmp_path / h / 'vm.json'} and 1 hist log(s): {tmp_path / h}/run_clat_hist.1.log"
+            in r.stderr
+        )
+
+
+def test_two_concurrent_runs_sharing_a_prefix_in_one_folder(tmp_path: Path, fio_bin: str) -> None:
+    """Run a (one job) and run b (two jobs, per_job_logs=0) write 'run' logs side by side.
+
+    Both name their logs after the prefix 'run': only the content tells which stream holds
+    which log.
+    """
+    a = job_file(tmp_path, iops=100, runtime=2, name="a.fio")
+    b = job_file(tmp_path, iops=60, runtime=2, name="b.fio", extra="numjobs=2\nper_job_logs=0")
+    wait_fio(
+        [start_fio(fio_bin, a, tmp_path / "a.json"), start_fio(fio_bin, b, tmp_path / "b.json")]
+    )
+    logs = sorted(tmp_path.glob("run_clat_hist*.log"))
+    assert [p.name for p in logs] == ["run_clat_hist.1.log", "run_clat_hist.log"]
+    files = [tmp_path / "a.json", tmp_path / "b.json", *logs]
+    truth = total_ios(tmp_path / "a.json") + total_ios(tmp_path / "b.json")
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    assert _hist_ok(counted, truth), (counted, truth)
+
+
+def test_a_rerun_into_the_same_names_pairs_with_its_own_stream(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """Two runs one after the other write the same hist log name; the second overwrites it.
+
+    Seconds apart, time cannot tell the runs apart (a log may reach a status interval and
+    more past its stream's last dump): the log's counts can.
+    """
+    first = job_file(tmp_path, iops=150, runtime=2, name="first.fio")
+    wait_fio([start_fio(fio_bin, first, tmp_path / "first.json")])
+    second = job_file(tmp_path, iops=80, runtime=2, name="second.fio")
+    wait_fio([start_fio(fio_bin, second, tmp_path / "second.json")])
+    log = tmp_path / "run_clat_hist.1.log"
+    files = [tmp_path / "first.json", tmp_path / "second.json", log]
+    t1, t2 = total_ios(tmp_path / "first.json"), total_ios(tmp_path / "second.json")
+    # --source hist: the second run from its log, the first from its stream (no log left)
+    counted = report_counts("--source", "hist", *files)[""]
+    assert _hist_ok(counted - t1, t2), (counted, t1, t2)
+    assert report_counts("--source", "json", *files) == {"": float(t1 + t2)}
+
+
+def test_a_plain_json_stream_covers_nothing(tmp_path: Path, fio_bin: str) -> None:
+    """--output-format=json has no bins: its hist logs are the only histograms, read as is."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "plain.json", fmt="json")])
+    log = tmp_path / "run_clat_hist.1.log"
+    counted = report_counts(tmp_path / "plain.json", log)[""]
+    assert _hist_ok(counted, total_ios(tmp_path / "plain.json"))
