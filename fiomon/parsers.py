@@ -133,11 +133,8 @@ class ClientHistLogParser:
 
     def feed(self, data: bytes) -> RecordBatch | None:
         """Parse, then undo the cumulative counts."""
-        return self._undo(self.parser.feed(data))
+        return self.undo.feed(self.parser.feed(data))
 
     def finish(self) -> RecordBatch | None:
         """Finish, then undo the cumulative counts."""
-        return self._undo(self.parser.finish())
-
-    def _undo(self, batch: RecordBatch | None) -> RecordBatch | None:
-        return None if batch is None else self.undo.apply(batch)
+        return self.undo.feed(self.parser.finish(), final=True)

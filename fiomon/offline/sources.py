@@ -17,13 +17,20 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.clientlog import client_log_host
+from fiomon.clientlog import ClientLogUndo, client_log_host
 from fiomon.errors import ConfigError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
-from fiomon.fiolog import HistLogOptions, TimeKind
+from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
 from fiomon.overlap import Declaration, LogContent, claims, is_grouped, job_contents, log_content
-from fiomon.parsers import SNIFF_BYTES, ParserOptions, RecordParser, open_parser, sniff
+from fiomon.parsers import (
+    SNIFF_BYTES,
+    ClientHistLogParser,
+    ParserOptions,
+    RecordParser,
+    open_parser,
+    sniff,
+)
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -73,16 +80,19 @@ class FileSource:
         # do not make it a hist log here and a json+ stream there).
         head = self._fh.read(SNIFF_BYTES)
         self._fh.seek(0)
-        self.parser: RecordParser = open_parser(
-            head,
-            self.name,
-            self.problems,
-            ParserOptions(
-                host=host,
-                hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
-                json_group_nr=options.group_nr,
-                skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+        self.parser: RecordParser = detecting_client_sums(
+            open_parser(
+                head,
+                self.name,
+                self.problems,
+                ParserOptions(
+                    host=host,
+                    hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
+                    json_group_nr=options.group_nr,
+                    skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+                ),
             ),
+            self.problems,
         )
         self.kind = self.parser.kind
 
@@ -129,6 +139,17 @@ class FileSource:
         """Release the file handle."""
         self.done = True
         self._fh.close()
+
+
+def detecting_client_sums(parser: RecordParser, problems: ProblemLog) -> RecordParser:
+    """A local-named hist log's parser that also undoes fio --client running sums it shows.
+
+    pbench-fio files the logs of ``fio --client`` without the server's name; their
+    records tell (:func:`fiomon.clientlog.looks_like_running_sums`).
+    """
+    if isinstance(parser, HistLogParser):
+        return ClientHistLogParser(parser, ClientLogUndo(parser.source, problems, detect=True))
+    return parser
 
 
 HOST_FROM_HELP = (
@@ -321,7 +342,7 @@ def _log_content(path: Path, host: str) -> LogContent | None:
             head = fh.read(SNIFF_BYTES)
             if sniff(head) != "hist":
                 return None
-            parser = open_parser(head, str(path), problems)
+            parser = detecting_client_sums(open_parser(head, str(path), problems), problems)
             fh.seek(0)
             batches = [parser.feed(chunk) for chunk in iter(lambda: fh.read(CHUNK_BYTES), b"")]
     except OSError:
