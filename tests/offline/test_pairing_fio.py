@@ -8,11 +8,15 @@ jitter).
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import DEADLINE_S, free_port
 from tests.fiorun import fiomon, job_file, report_counts, start_fio, total_ios, wait_fio
+from tests.offline.test_fio_client import final_ios, listening, load
 
 pytestmark = pytest.mark.fio
 
@@ -30,7 +34,7 @@ def test_three_hosts_sharing_a_prefix_pair_only_within_their_folder(
     hosts = ["client-01", "client-02", "client-03"]
     procs = []
     for i, h in enumerate(hosts):
-        job = job_file(tmp_path / h, iops=100 + 50 * i, runtime=2)
+        job = job_file(tmp_path / h, iops=100 + 30 * i, runtime=2)
         procs.append(start_fio(fio_bin, job, tmp_path / h / "vm.json"))
     wait_fio(procs)
     truth = {h: total_ios(tmp_path / h / "vm.json") for h in hosts}
@@ -44,6 +48,7 @@ def test_three_hosts_sharing_a_prefix_pair_only_within_their_folder(
     }
     # --source hist: every host its own logs (no stream of another host is read)
     hist = report_counts("--per-host", "--source", "hist", *files)
+    print(f"three hosts, --source hist: {hist} against fio's {truth}")
     assert set(hist) == set(hosts)
     for h in hosts:
         assert _hist_ok(hist[h], truth[h]), (h, hist[h], truth[h])
@@ -74,6 +79,7 @@ def test_two_concurrent_runs_sharing_a_prefix_in_one_folder(tmp_path: Path, fio_
     truth = total_ios(tmp_path / "a.json") + total_ios(tmp_path / "b.json")
     assert report_counts("--source", "json", *files) == {"": float(truth)}
     counted = report_counts("--source", "hist", *files)[""]
+    print(f"two concurrent runs, one folder, --source hist: {counted} against fio's {truth}")
     assert _hist_ok(counted, truth), (counted, truth)
 
 
@@ -94,6 +100,7 @@ def test_a_rerun_into_the_same_names_pairs_with_its_own_stream(
     t1, t2 = total_ios(tmp_path / "first.json"), total_ios(tmp_path / "second.json")
     # --source hist: the second run from its log, the first from its stream (no log left)
     counted = report_counts("--source", "hist", *files)[""]
+    print(f"re-run, --source hist: {counted} against fio's {t1} + {t2}")
     assert _hist_ok(counted - t1, t2), (counted, t1, t2)
     assert report_counts("--source", "json", *files) == {"": float(t1 + t2)}
 
@@ -105,3 +112,54 @@ def test_a_plain_json_stream_covers_nothing(tmp_path: Path, fio_bin: str) -> Non
     log = tmp_path / "run_clat_hist.1.log"
     counted = report_counts(tmp_path / "plain.json", log)[""]
     assert _hist_ok(counted, total_ios(tmp_path / "plain.json"))
+
+
+def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str) -> None:
+    """fio --client on two servers; the logs moved to clients/<server>/ without the suffix.
+
+    Their running sums are recognised by content and undone: per server, fio's total_ios
+    (less the last partial interval).
+    """
+    servers = []
+    port = free_port()
+    ips = ("127.0.0.2", "127.0.0.3")
+    try:
+        for ip in ips:
+            servers.append(
+                subprocess.Popen(
+                    [fio_bin, f"--server=ip:{ip},{port}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for ip in ips:
+            deadline = time.monotonic() + DEADLINE_S
+            while not listening(ip, port):
+                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
+                time.sleep(0.05)
+        job = job_file(tmp_path, prefix="h", rw="randrw", iops=100, runtime=3)
+        cmd = [fio_bin]
+        for ip in ips:
+            cmd += [f"--client=ip:{ip},{port}", str(job)]
+        out = tmp_path / "fio-result.json"
+        cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(DEADLINE_S)
+    truth = final_ios(load(out))
+    files = []
+    for ip in ips:  # as pbench-fio files them: clients/<host>/, fio's suffix removed
+        folder = tmp_path / "clients" / ip
+        folder.mkdir(parents=True)
+        (tmp_path / f"h_clat_hist.1.log.{ip}").rename(folder / "h_clat_hist.1.log")
+        files.append(folder / "h_clat_hist.1.log")
+    counted = report_counts("--per-host", *files)
+    print(f"fio --client logs as pbench files them: {counted} against fio's {truth}")
+    assert set(counted) == set(ips)
+    for ip in ips:
+        assert truth[ip] - 2 * LAST_INTERVAL <= counted[ip] <= truth[ip], (ip, counted, truth)
+    r = fiomon("report", *files)
+    assert "recognised by content" in r.stderr
