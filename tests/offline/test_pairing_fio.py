@@ -161,5 +161,5 @@ def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str
     assert set(counted) == set(ips)
     for ip in ips:
         assert truth[ip] - 2 * LAST_INTERVAL <= counted[ip] <= truth[ip], (ip, counted, truth)
-    r = fiomon("report", *files)
-    assert "recognised by content" in r.stderr
+    done = fiomon("report", *files)
+    assert "recognised by content" in done.stderr
