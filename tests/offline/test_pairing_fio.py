@@ -163,3 +163,41 @@ def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str
         assert truth[ip] - 2 * LAST_INTERVAL <= counted[ip] <= truth[ip], (ip, counted, truth)
     done = fiomon("report", *files)
     assert "recognised by content" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "logs"),
+    [
+        ("numjobs=2\ngroup_reporting=1", 2),  # one json entry, a log per thread
+        ("numjobs=2\nper_job_logs=0", 1),  # two json entries, one log for both
+        ("numjobs=2", 2),  # log N is job N-1
+        ("lat_percentiles=1", 1),  # json+ carries clat_ns and lat_ns bins
+        ("log_hist_coarseness=4", 1),  # the log's bins are 16 of json+'s
+    ],
+)
+def test_options_that_shape_logs_and_entries_pair_exactly(
+    tmp_path: Path, fio_bin: str, extra: str, logs: int
+) -> None:
+    job = job_file(tmp_path, iops=100, runtime=2, extra=extra)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    hist = sorted(tmp_path.glob("run_clat_hist*.log"))
+    assert len(hist) == logs
+    files = [tmp_path / "vm.json", *hist]
+    truth = total_ios(tmp_path / "vm.json")
+    r = fiomon("report", *files)
+    assert r.returncode != 0
+    assert f"and {logs} hist log(s)" in r.stderr  # every log paired: asks
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    assert truth - logs * LAST_INTERVAL <= counted <= truth, (counted, truth)
+
+
+def test_hist_logs_of_zeros_beside_lat_only_bins_pair_with_nothing(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """clat_percentiles=0, lat_percentiles=1: fio 3.33's json+ has lat_ns bins only and its
+    hist logs hold zeros; nothing to choose between, the stream counts every I/O."""
+    job = job_file(tmp_path, iops=100, runtime=2, extra="clat_percentiles=0\nlat_percentiles=1")
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    files = [tmp_path / "vm.json", tmp_path / "run_clat_hist.1.log"]
+    assert report_counts(*files) == {"": float(total_ios(tmp_path / "vm.json"))}
