@@ -54,12 +54,14 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, coarsen_hist, plat_val_to_idx
+from fiomon.clientlog import client_log_host
 from fiomon.errors import LayoutError
 
 _HIST_NAME = re.compile(
@@ -100,6 +102,9 @@ class JobContent:
         total_only: the bins are total latency (``lat_ns``, no ``clat_ns`` bins): only
             the totals compare with a hist log (which holds completion latency).
         runtime_ms: the job's ``job_runtime``.
+        server: in a ``fio --client`` document, the server that ran it.
+        thread: in a ``fio --client`` document, its thread's index on that server (the
+            ``N - 1`` of its logs); else None (``position`` is).
     """
 
     position: int
@@ -107,6 +112,8 @@ class JobContent:
     hist: I64
     total_only: bool = False
     runtime_ms: int = 0
+    server: str | None = None
+    thread: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +196,8 @@ def job_contents(doc: Mapping[str, Any]) -> tuple[JobContent, ...]:
 
     Bad shapes are skipped, never raised: this reads what any file claims to be.
     """
+    if isinstance(doc.get("client_stats"), list) and not isinstance(doc.get("jobs"), list):
+        return _client_jobs(doc)
     jobs = doc.get("jobs")
     glob_opts = doc.get("global options")
     default = glob_opts.get("write_hist_log") if isinstance(glob_opts, dict) else None
@@ -212,6 +221,48 @@ def job_contents(doc: Mapping[str, Any]) -> tuple[JobContent, ...]:
         rt = job.get("job_runtime")
         runtime = rt if isinstance(rt, int) and not isinstance(rt, bool) and rt >= 0 else 0
         out.append(JobContent(pos, name, hist, total_only, runtime))
+    return tuple(out)
+
+
+_SAME_INTERVAL_MS = 50  # client entries this close in runtime belong to one interval
+
+
+def _client_jobs(doc: Mapping[str, Any]) -> tuple[JobContent, ...]:
+    """Each server's jobs in a ``fio --client`` document, from their last entries.
+
+    ``client_stats`` lists, interval by interval, one cumulative entry per job per server
+    (the threads of one job one after another); the last interval's entries are final.
+    """
+    glob_opts = doc.get("global options")
+    default = glob_opts.get("write_hist_log") if isinstance(glob_opts, dict) else None
+    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in doc["client_stats"]:
+        if not isinstance(e, dict) or e.get("jobname") == "All clients":
+            continue
+        host, name, rt = e.get("hostname"), e.get("jobname"), e.get("job_runtime")
+        if isinstance(host, str) and isinstance(name, str) and isinstance(rt, int):
+            by_key.setdefault((host, name), []).append(e)
+    out: list[JobContent] = []
+    threads: dict[str, int] = {}
+    for (host, _), entries in by_key.items():
+        end = entries[-1]["job_runtime"]
+        last = []
+        for e in reversed(entries):
+            if abs(e["job_runtime"] - end) > _SAME_INTERVAL_MS:
+                break
+            last.append(e)
+        for e in reversed(last):
+            own = e.get("job options")
+            prefix = own.get("write_hist_log") if isinstance(own, dict) else None
+            prefix = prefix if isinstance(prefix, str) and prefix else default
+            name = prefix_name(prefix) if isinstance(prefix, str) and prefix else e["jobname"]
+            hist, total_only = _job_hist(e)
+            thread = threads.get(host, 0)
+            threads[host] = thread + 1
+            if hist is not None:
+                out.append(
+                    JobContent(len(out), name, hist, total_only, e["job_runtime"], host, thread)
+                )
     return tuple(out)
 
 
@@ -320,13 +371,20 @@ def _capacities(
 ) -> list[_Capacity]:
     """The capacities of ``decl`` that could hold ``log`` (rule a), shared via ``pool``."""
     named = [j for j in decl.jobs if j.name == log.name]
+    servers = {j.server for j in named if j.server is not None}
+    if servers:  # fio --client: the server from fio's suffix, or pbench's clients/<host>/
+        server = client_log_host(Path(log.path)) or os.path.basename(os.path.dirname(log.path))
+        if server in servers:
+            named = [j for j in named if j.server == server]
     thread = log.thread
     if thread is None:  # per_job_logs=0: one log for every job of that name
         groups = [tuple(named)] if named else []
     elif decl.grouped:  # group_reporting: each entry folds threads; any may hold it
         groups = [(j,) for j in named]
     else:
-        groups = [(j,) for j in named if j.position == thread - 1]
+        groups = [
+            (j,) for j in named if (j.position if j.thread is None else j.thread) == thread - 1
+        ]
     out = []
     for g in groups:
         key = (decl.stream, tuple(j.position for j in g))

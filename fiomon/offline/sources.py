@@ -327,7 +327,9 @@ def _last_document(fh: BinaryIO, size: int) -> dict[str, Any] | None:
                 doc, _ = decoder.raw_decode(text, pos)
             except (ValueError, RecursionError):
                 continue
-            if isinstance(doc, dict) and isinstance(doc.get("jobs"), list):
+            if isinstance(doc, dict) and (
+                isinstance(doc.get("jobs"), list) or isinstance(doc.get("client_stats"), list)
+            ):
                 return doc
         if start == 0 or want >= _DECLARATION_BYTES:
             return None
@@ -462,6 +464,7 @@ def choose_sources(
         return [p for p in unique if str(p) not in drop], notes, {}
     skips: dict[str, frozenset[int]] = {}
     dropped: list[str] = []
+    kept: set[str] = set()
     for j in json_inputs:
         skip = frozenset(held.get(str(j.path), ()))
         if not skip:
@@ -469,6 +472,13 @@ def choose_sources(
         jobs = {job.position for job in j.declaration.jobs}
         if skip >= jobs:
             dropped.append(str(j.path))
+        elif any(job.server is not None for job in j.declaration.jobs):
+            # a fio --client stream is read whole: its covered logs are left out instead
+            kept.update(str(h) for h in covered[str(j.path)])
+            notes.append(
+                f"--source hist: {j.path} (fio --client) has jobs without hist logs and "
+                f"is read whole: not reading the {len(covered[str(j.path)])} hist log(s) it covers"
+            )
         else:
             skips[str(j.path)] = skip
             notes.append(
@@ -479,4 +489,4 @@ def choose_sources(
         notes.append(
             f"--source hist: not reading {len(dropped)} json+ stream(s): {', '.join(dropped)}"
         )
-    return [p for p in unique if str(p) not in set(dropped)], notes, skips
+    return [p for p in unique if str(p) not in set(dropped) | kept], notes, skips

@@ -163,6 +163,16 @@ def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str
         assert truth[ip] - 2 * LAST_INTERVAL <= counted[ip] <= truth[ip], (ip, counted, truth)
     done = fiomon("report", *files)
     assert "recognised by content" in done.stderr
+    # With the controller's json+ beside them (pbench's fio-result): both views, paired by
+    # server (fio's suffix, or the clients/<server>/ folder) and content.
+    both = [out, *files]
+    asked = fiomon("report", "--per-host", *both)
+    assert asked.returncode != 0
+    assert "and 2 hist log(s)" in asked.stderr
+    assert report_counts("--per-host", "--source", "json", *both) == {
+        ip: float(n) for ip, n in truth.items()
+    }
+    assert report_counts("--per-host", "--source", "hist", *both) == counted
 
 
 @pytest.mark.parametrize(
