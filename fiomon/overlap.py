@@ -18,7 +18,9 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      (``PREFIX_clat_hist.N.log``, ``PREFIX_clat_hist.log`` with ``per_job_logs=0``,
      ``.fz`` when compressed, ``.<host>`` appended by client/server mode; only the
      prefix's last path component is compared, since fio's working directory changes
-     the folders), and its thread number ``N`` is job position ``N - 1`` of the stream.
+     the folders), and its thread number ``N`` is job position ``N - 1`` of the stream
+     (of the log's server in a ``fio --client`` document: the server named by fio's
+     suffix, or by the folder pbench-fio files it in, ``clients/<server>/``).
      ``per_job_logs=0`` writes one log for all jobs of the prefix: it is compared with
      their sum. ``group_reporting`` folds a job's threads into one json entry while
      each thread keeps its log: any entry of that name may claim it;
