@@ -479,9 +479,9 @@ def log_content(
             total = np.zeros(layout.nbins, dtype=np.int64)
         elif b.layout != layout:
             continue
-        dense = b.dense()
-        total += dense.sum(axis=0)
-        for end, n in zip(b.end_ms.tolist(), dense.sum(axis=1).tolist(), strict=True):
+        # sparse sums: a held log may have many records of 1856 bins each
+        total += np.bincount(b.bins, weights=b.counts, minlength=layout.nbins).astype(np.int64)
+        for end, n in zip(b.end_ms.tolist(), b.samples().tolist(), strict=True):
             per_stamp[end] = per_stamp.get(end, 0) + int(n)
         lo, hi = int(b.start_ms.min()), int(b.end_ms.max())
         first = lo if first is None else min(first, lo)

@@ -265,6 +265,7 @@ class Follower:
         self.stats = FollowStats()
         self._covered_logs: list[LogContent] = []  # hist logs covered, in decision order
         self._published_logs: list[LogContent] = []  # hist logs published (pairing)
+        self._held_content: dict[str, tuple[int, LogContent]] = {}  # per held stream
 
     # -- polling -------------------------------------------------------------------------
 
@@ -833,9 +834,18 @@ class Follower:
             complete = os.fstat(s.fd).st_size <= s.print.length
         except OSError:
             complete = False
-        lc = log_content(s.path, s.held, epoch=epoch, complete=complete)
-        if lc is None:
-            return None
+        cached = self._held_content.get(s.stream)
+        if cached is None or cached[0] != len(s.held):  # new records: sum them again
+            lc = log_content(s.path, s.held, epoch=epoch)
+            if lc is None:
+                return None
+            self._held_content[s.stream] = (len(s.held), lc)
+            if len(self._held_content) > MAX_PAIRED_LOGS:  # streams that ended undecided
+                for k in [k for k in self._held_content if k not in self._open]:
+                    del self._held_content[k]
+        else:
+            lc = cached[1]
+        lc = replace(lc, complete=complete)
         end = max(int(b.end_ms.max()) for b in s.held)
         decls: list[Declaration] = []
         pending = False
@@ -856,6 +866,7 @@ class Follower:
         if pending and not force and self._clock() - s.opened_at < HOLD_S and held < HOLD_RECORDS:
             return None
         s.decided = True
+        self._held_content.pop(s.stream, None)
         covered = [c for c in self._covered_logs if c.path != s.path]
         by = claims([*covered, lc], decls, ordered=False).get(s.path, ("", frozenset()))[0]
         if not by:
