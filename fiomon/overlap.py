@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +172,9 @@ class LogContent:
             the last partial interval fio never writes.
         complete: all of the file was read (the agent may decide on a first part).
         host: offline, its host folder (None: not compared).
+        end_ms: its last record's end (placed on the wall clock), or None.
+        upto: its counts summed over the records that end at or before a time (the
+            agent, where a stream's last dump is older than the log's end), or None.
     """
 
     path: str
@@ -181,6 +184,19 @@ class LogContent:
     max_record: int = 0
     complete: bool = True
     host: str | None = None
+    end_ms: int | None = None
+    upto: Callable[[int], I64] | None = None
+
+    def through(self, at_ms: int | None) -> tuple[I64, bool]:
+        """Its counts as a dump at ``at_ms`` can show them, and whether that is all of it.
+
+        A job's cumulative bins at a time bound the log's counts through that time, and
+        exceed them by at most the interval in progress: where the stream's last dump is
+        older than the log's last record, only the records up to the dump are compared.
+        """
+        if at_ms is None or self.end_ms is None or at_ms >= self.end_ms or self.upto is None:
+            return self.hist, True
+        return self.upto(at_ms), False
 
     @property
     def name(self) -> str | None:
@@ -345,21 +361,25 @@ class _Capacity:
         total: I64 = np.zeros(BinLayout().fine_nbins, dtype=np.int64)
         for j in self.jobs:
             total += j.hist
+        hist, whole = log.through(self.decl.at_ms)
+        if not whole and not hist.any() and log.hist.any():
+            return False  # nothing of the log is old enough for the dump to show: no evidence
         used = self.used.get(log.layout)
         if self.total_only:
             have = int(total.sum()) - (0 if used is None else int(used.sum()))
-            if int(log.hist.sum()) > have:
+            if int(hist.sum()) > have:
                 return False
         else:
             folded = _fold(total, log.layout)
             if folded is None:
                 return False
-            need = log.hist if used is None else log.hist + used
+            need = hist if used is None else hist + used
             if len(need) != len(folded) or bool((need > folded).any()):
                 return False
-        if tight and log.complete and self.claims == 0:
-            # a finished job's one log: it lacks only the last partial interval
-            return int(total.sum()) - int(log.hist.sum()) <= slack_ios(log, int(total.sum()))
+        if tight and (log.complete or not whole) and self.claims == 0:
+            # a job's one log lacks only the interval in progress at the dump (fio never
+            # writes the last one); read through the dump's time, or to its end
+            return int(total.sum()) - int(hist.sum()) <= slack_ios(log, int(total.sum()))
         return True
 
     def claim(self, log: LogContent) -> None:
@@ -471,6 +491,7 @@ def log_content(
     layout: BinLayout | None = None
     first = last = None
     per_stamp: dict[int, int] = {}
+    kept: list[Any] = []
     for b in batches:
         if b is None or not len(b):
             continue
@@ -479,6 +500,7 @@ def log_content(
             total = np.zeros(layout.nbins, dtype=np.int64)
         elif b.layout != layout:
             continue
+        kept.append(b)
         # sparse sums: a held log may have many records of 1856 bins each
         total += np.bincount(b.bins, weights=b.counts, minlength=layout.nbins).astype(np.int64)
         for end, n in zip(b.end_ms.tolist(), b.samples().tolist(), strict=True):
@@ -489,4 +511,14 @@ def log_content(
     if total is None or layout is None or first is None or last is None:
         return None
     span = (first, last) if epoch else None
-    return LogContent(path, total, layout, span, max(per_stamp.values(), default=0), complete, host)
+    nbins = layout.nbins
+
+    def upto(at_ms: int) -> I64:
+        out: I64 = np.zeros(nbins, dtype=np.int64)
+        for b in kept:
+            sel = b.select(b.end_ms <= at_ms)
+            out += np.bincount(sel.bins, weights=sel.counts, minlength=nbins).astype(np.int64)
+        return out
+
+    stamp = max(per_stamp.values(), default=0)
+    return LogContent(path, total, layout, span, stamp, complete, host, last, upto)

@@ -96,6 +96,7 @@ MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
 HOLD_RECORDS = 100_000  # a hist log held longer than this many records is decided at once
 MAX_PAIRED_LOGS = 4096  # covered and published hist logs remembered for pairing
+MAX_ENDED_STREAMS = 64  # ended json+ streams whose last dump still pairs hist logs
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
@@ -128,23 +129,13 @@ class _Stream:
     deleted: bool = False  # unlinked: drained to its end, then closed
     declared: Declaration | None = None  # a closed json+ stream's, kept on reopening
     held: list[RecordBatch] = field(default_factory=list)  # a hist log's, while undecided
-    content: tuple[int, tuple[JobContent, ...], bool] | None = None  # id(doc), its jobs
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
     def declaration(self) -> Declaration | None:
-        """What this json+ stream declares, with its jobs' bins from its latest dump."""
-        if not isinstance(self.parser, JsonStatusParser):
-            return self.declared
-        d = self.parser.declaration(self.stream)
-        doc = self.parser.last_document
-        if doc is None:
-            return d
-        if self.content is None or self.content[0] != id(doc):
-            self.content = (id(doc), job_contents(doc), is_grouped(doc))
-        ts = doc.get("timestamp_ms")
-        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
-        return replace(d, jobs=self.content[1], at_ms=at, grouped=self.content[2])
+        if isinstance(self.parser, JsonStatusParser):
+            return self.parser.declaration(self.stream)
+        return self.declared
 
 
 @dataclass(slots=True)
@@ -266,6 +257,10 @@ class Follower:
         self._covered_logs: list[LogContent] = []  # hist logs covered, in decision order
         self._published_logs: list[LogContent] = []  # hist logs published (pairing)
         self._held_content: dict[str, tuple[int, LogContent]] = {}  # per held stream
+        # json+ streams' parsers, open or recently ended (a truncated stream's last dump
+        # still tells which logs of that run it holds), and their jobs' bins by document
+        self._json_parsers: dict[str, JsonStatusParser] = {}
+        self._json_content: dict[str, tuple[int, tuple[JobContent, ...], bool]] = {}
 
     # -- polling -------------------------------------------------------------------------
 
@@ -809,6 +804,11 @@ class Follower:
         if isinstance(s.parser, JsonStatusParser):
             parser = s.parser
             parser.on_document = lambda doc: self._skip_published(s, parser, doc)
+            self._json_parsers[s.stream] = parser
+            ended = [k for k in self._json_parsers if k not in self._open]
+            for k in ended[: max(0, len(ended) - MAX_ENDED_STREAMS)]:
+                del self._json_parsers[k]
+                self._json_content.pop(k, None)
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
         """Whether a json+ stream may still declare ``s``'s hist log (hold it, for a while)."""
@@ -848,18 +848,20 @@ class Follower:
         lc = replace(lc, complete=complete)
         end = max(int(b.end_ms.max()) for b in s.held)
         decls: list[Declaration] = []
-        pending = False
-        for o in self._open.values():
-            if o is s or o.kind == "hist":
+        # fio creates its output before writing: a file of unknown kind may be a stream
+        pending = any(
+            o.kind is None or (o.kind == "json" and o.parser is None and o.covered_by is None)
+            for o in self._open.values()
+            if o is not s
+        )
+        for stream, parser in self._json_parsers.items():
+            o = self._open.get(stream)
+            live = o is not None and o.parser is parser
+            if not parser.splitter.documents:
+                pending = pending or live
                 continue
-            if o.kind is None or not isinstance(o.parser, JsonStatusParser):
-                pending = pending or o.kind is None  # fio creates its output before writing
-                continue
-            d = o.declaration()
-            if d is None or not o.parser.splitter.documents:
-                pending = True
-                continue
-            if d.names_log(s.path) and d.overlaps(lc.span) and (d.at_ms or 0) < end:
+            d = self._json_declaration(stream, parser)
+            if live and d.names_log(s.path) and d.overlaps(lc.span) and (d.at_ms or 0) < end:
                 pending = True  # its next dump may show this log's I/Os
             decls.append(d)
         held = sum(len(b) for b in s.held)
@@ -870,10 +872,11 @@ class Follower:
         covered = [c for c in self._covered_logs if c.path != s.path]
         by = claims([*covered, lc], decls, ordered=False).get(s.path, ("", frozenset()))[0]
         if not by:
-            # A closed json+ stream's bins are not kept: its name and time decide.
+            # A json+ stream closed before this run (its bins unknown until it is read
+            # again): its name and time decide, as before content was compared.
             for c in self._closed.values():
                 r = c.resume
-                if r.declares and r.records and not r.gone:
+                if r.declares and r.records and not r.gone and r.stream not in self._json_parsers:
                     d = _declaration(r)
                     if d.names_log(s.path) and d.overlaps(lc.span):
                         by = r.stream
@@ -893,6 +896,19 @@ class Follower:
             s.covered_by,
         )
         return True
+
+    def _json_declaration(self, stream: str, parser: JsonStatusParser) -> Declaration:
+        """A json+ stream's declaration with its jobs' bins from its latest dump."""
+        d = parser.declaration(stream)
+        doc = parser.last_document
+        if doc is None:
+            return d
+        cached = self._json_content.get(stream)
+        if cached is None or cached[0] != id(doc):
+            cached = self._json_content[stream] = (id(doc), job_contents(doc), is_grouped(doc))
+        ts = doc.get("timestamp_ms")
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+        return replace(d, jobs=cached[1], at_ms=at, grouped=cached[2])
 
     def _remember(self, logs: list[LogContent], lc: LogContent) -> None:
         logs[:] = [c for c in logs if c.path != lc.path][-(MAX_PAIRED_LOGS - 1) :]
@@ -916,10 +932,10 @@ class Follower:
         logs = [c for c in self._published_logs if d.names_log(c.path)]
         if not logs:
             return
-        s.content = (id(doc), job_contents(doc), is_grouped(doc))
+        content = self._json_content[s.stream] = (id(doc), job_contents(doc), is_grouped(doc))
         ts = doc.get("timestamp_ms")
         at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
-        d = replace(d, jobs=s.content[1], at_ms=at, grouped=s.content[2])
+        d = replace(d, jobs=content[1], at_ms=at, grouped=content[2])
         new = explained_by(d, logs) - parser.skip_jobs
         if not new:
             return
