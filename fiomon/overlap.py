@@ -32,9 +32,12 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      cumulative json+ histogram (``clat_ns`` bins, summed over directions, so a
      ``mixed``-only stream compares too; where a job carries only ``lat_ns`` bins the
      totals are compared), and all the logs one job explains sum to at most its
-     histogram. For a finished job and a complete log the difference must also be no
-     more than fio's missing last partial interval (:func:`slack_ios`). A log no
-     stream explains is not covered;
+     histogram. For a job's one log the difference must also be no more than fio's
+     missing last partial interval (:func:`slack_ios`). Where the stream's last dump
+     is older than the log's last record (the agent, when a run's output was
+     truncated by the next run before the final dump was read), the log's records
+     through that dump are compared with it, and may miss only the interval then in
+     progress. A log no stream explains is not covered;
   d. **time**: the log's records overlap the time the stream covers (first dump
      minus the job's runtime, to its last dump), give or take ``slack_ms``. Logs with
      relative stamps cannot be placed: the content decides for them.

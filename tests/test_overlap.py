@@ -240,3 +240,24 @@ def test_bad_json_beside_a_hist_log_never_crashes(tmp_path: Path, text: bytes) -
     paths, _, skips = choose_sources([bad, log], None)
     assert paths == [bad, log]
     assert skips == {}
+
+
+def test_a_dump_older_than_the_log_bounds_its_records_through_that_dump() -> None:
+    job = _job(0, "run", {700: 100})
+    rows = [{700: 25}] * 6  # four records through the dump at T0 + 4000, two after it
+    kept = [(T0 + 1000 * (k + 1), r) for k, r in enumerate(rows)]
+
+    def upto(at: int) -> np.ndarray:
+        out = np.zeros(1856, dtype=np.int64)
+        for end, r in kept:
+            if end <= at:
+                for b, n in r.items():
+                    out[b] += n
+        return out
+
+    log = _log("/r/run_clat_hist.1.log", {700: 150}, max_record=25, end_ms=T0 + 6000, upto=upto)
+    at_dump = Declaration("s.json", frozenset({"run"}), jobs=(job,), at_ms=T0 + 4000)
+    assert assign([log], [at_dump])  # 100 through the dump: all of the job's 100
+    # the log of a later run: nothing of it is as old as the old stream's last dump
+    later = Declaration("s.json", frozenset({"run"}), jobs=(job,), at_ms=T0 + 500)
+    assert not assign([log], [later])
