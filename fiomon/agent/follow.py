@@ -255,6 +255,7 @@ class Follower:
         self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
         self.stats = FollowStats()
         self._covered_logs: list[LogContent] = []  # hist logs covered, in decision order
+        self._covered_by: dict[str, str] = {}  # covered hist log path -> its json+ stream
         self._published_logs: list[LogContent] = []  # hist logs published (pairing)
         self._held_content: dict[str, tuple[int, LogContent]] = {}  # per held stream
         # json+ streams' parsers, open or recently ended (a truncated stream's last dump
@@ -869,7 +870,12 @@ class Follower:
             return None
         s.decided = True
         self._held_content.pop(s.stream, None)
-        covered = [c for c in self._covered_logs if c.path != s.path]
+        # earlier decisions hold their share of the streams still known (in order)
+        covered = [
+            c
+            for c in self._covered_logs
+            if c.path != s.path and self._covered_by.get(c.path) in self._json_parsers
+        ]
         by = claims([*covered, lc], decls, ordered=False).get(s.path, ("", frozenset()))[0]
         if not by:
             # A json+ stream closed before this run (its bins unknown until it is read
@@ -886,6 +892,8 @@ class Follower:
             return False
         s.covered_by = by
         self._remember(self._covered_logs, lc)
+        self._covered_by = {c.path: self._covered_by.get(c.path, by) for c in self._covered_logs}
+        self._covered_by[lc.path] = by
         self.stats.files_covered += 1
         self.changes += 1
         s.parser = None
@@ -911,8 +919,9 @@ class Follower:
         return replace(d, jobs=cached[1], at_ms=at, grouped=cached[2])
 
     def _remember(self, logs: list[LogContent], lc: LogContent) -> None:
+        """Keep a decided log's sums (not its records) for later pairing, the newest ones."""
         logs[:] = [c for c in logs if c.path != lc.path][-(MAX_PAIRED_LOGS - 1) :]
-        logs.append(lc)
+        logs.append(replace(lc, upto=None))
 
     def _release(self, s: _Stream, *, force: bool = False) -> Iterator[Outgoing]:
         """Decide a hist log whose records are held; publish them unless it is covered."""
