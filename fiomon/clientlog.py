@@ -63,8 +63,9 @@ _DETECT_HOLD = 64  # records held (per file) while the form is not known yet
 def looks_like_running_sums(batch: RecordBatch) -> bool | None:
     """Whether a hist log's first records are fio --client's running sums (see above).
 
-    Per direction with I/O and at least ``DETECT_RECORDS`` entries, all of: every bin of
-    every entry is at least the same bin two entries before; the totals grew to at least
+    Per direction with I/O and at least ``DETECT_RECORDS`` entries, all of: the first two
+    entries hold I/O; every bin of every entry is at least the same bin two entries
+    before; the totals grew to at least
     twice the first two entries' (sums pile up; a log fio writes itself stays level under
     steady load); and some bin is smaller than the entry right before (two chains of sums,
     interleaved; a load ramping up smoothly grows at every step). None: too few records
@@ -80,7 +81,9 @@ def looks_like_running_sums(batch: RecordBatch) -> bool | None:
             continue
         if bool((rows[2:] < rows[:-2]).any()):
             return False  # some bin went down two entries on: intervals, not sums
-        if int(totals[-1]) < 2 * max(int(totals[0]), int(totals[1]), 1):
+        if not (totals[0] and totals[1]):
+            return False  # sums start from two intervals with I/O; a ramp from idle does not
+        if int(totals[-1]) < 2 * max(int(totals[0]), int(totals[1])):
             return False
         if not bool((rows[1:] < rows[:-1]).any()):
             return False  # grows at every step: a ramp, not two chains of sums

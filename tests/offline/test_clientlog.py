@@ -61,7 +61,7 @@ def test_running_sums_two_back_are_read_as_intervals(tmp_path: Path) -> None:
     assert any("recognised by content" in p for p in problems)
 
 
-@pytest.mark.parametrize("shape", ["level", "ramp", "one-bin", "short", "noisy-ramp"])
+@pytest.mark.parametrize("shape", ["level", "ramp", "one-bin", "short", "noisy-ramp", "from-idle"])
 def test_a_log_fio_wrote_itself_is_never_taken_for_running_sums(tmp_path: Path, shape: str) -> None:
     rng = np.random.default_rng(7)
     rows = []
@@ -73,6 +73,9 @@ def test_a_log_fio_wrote_itself_is_never_taken_for_running_sums(tmp_path: Path, 
             counts[rng.integers(600, 620, 25)] += 1
         elif shape == "ramp":
             counts[700:710] = 10 * (k + 1)  # load climbing evenly: bin by bin monotone
+        elif shape == "from-idle":  # idle, then a load that steps up two records at a time
+            counts[700] = 10 * max(0, k // 2 - 1)
+            counts[701] = k % 2
         elif shape == "noisy-ramp":
             counts[700:710] = 10 * (k + 1) + rng.integers(0, 3, 10)
         else:

@@ -80,7 +80,7 @@ def test_two_concurrent_runs_sharing_a_prefix_in_one_folder(tmp_path: Path, fio_
     assert report_counts("--source", "json", *files) == {"": float(truth)}
     counted = report_counts("--source", "hist", *files)[""]
     print(f"two concurrent runs, one folder, --source hist: {counted} against fio's {truth}")
-    assert _hist_ok(counted, truth), (counted, truth)
+    assert truth - 2 * LAST_INTERVAL <= counted <= truth, (counted, truth)  # two logs
 
 
 def test_a_rerun_into_the_same_names_pairs_with_its_own_stream(
