@@ -35,7 +35,9 @@ Identity rules (``agents/README.md`` states them for users):
   yet written its first document, or one that names the log has not yet dumped at or
   after the log's last record. A log published first (the hold ran out) is the truth for
   its job: a stream whose later dump shows that job skips it (logged, counted in
-  ``jobs_skipped``). A stream without histogram bins (plain json) covers nothing.
+  ``jobs_skipped``; after a restart the published logs are read back so the re-read
+  stream skips the same jobs). A stream without histogram bins (plain json) covers
+  nothing.
 
 A relative-time hist log (``log_unix_epoch=0``) is placed on the wall clock by one
 estimate per stream, logged once: fio writes hist logs when the job exits, so the file's
@@ -66,7 +68,7 @@ from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.clientlog import client_log_host
 from fiomon.fiojson import JsonStatusParser
-from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions
+from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
 from fiomon.model import RecordBatch
 from fiomon.overlap import (
     Declaration,
@@ -261,6 +263,7 @@ class Follower:
         # json+ streams' parsers, open or recently ended (a truncated stream's last dump
         # still tells which logs of that run it holds), and their jobs' bins by document
         self._json_parsers: dict[str, JsonStatusParser] = {}
+        self._read_back: set[str] = set()  # published hist logs read back after a restart
         self._json_content: dict[str, tuple[int, tuple[JobContent, ...], bool]] = {}
 
     # -- polling -------------------------------------------------------------------------
@@ -935,9 +938,11 @@ class Follower:
 
     def _skip_published(self, s: _Stream, parser: JsonStatusParser, doc: dict[str, object]) -> None:
         """Before a json+ dump becomes records: skip jobs whose hist logs went out first."""
+        d = parser.declaration(s.stream)
+        if parser.splitter.documents <= 1:  # its first dump (again, after a restart)
+            self._read_back_published(d)
         if not self._published_logs:
             return
-        d = parser.declaration(s.stream)
         logs = [c for c in self._published_logs if d.names_log(c.path)]
         if not logs:
             return
@@ -959,6 +964,31 @@ class Follower:
             s.stream,
             ", ".join(c.path for c in logs[:4]),
         )
+
+    def _read_back_published(self, d: Declaration) -> None:
+        """Sums of hist logs published before this agent started that ``d`` names.
+
+        Which jobs a stream skipped is not saved: after a restart the stream is read again
+        from its start, and its first dump must skip the same jobs, so the logs that went
+        out before are read back (once each) from their files.
+        """
+        earlier = [
+            (c.resume.path, c.resume.time_offset_ms)
+            for c in self._closed.values()
+            if c.resume.records and c.resume.covered_by is None and not c.resume.declares
+        ]
+        earlier += [
+            (o.path, o.time_offset_ms)
+            for o in self._open.values()
+            if o.kind == "hist" and o.decided and o.covered_by is None and o.acked_floor
+        ]
+        for path, offset in earlier:
+            if path in self._read_back or not d.names_log(path):
+                continue
+            self._read_back.add(path)
+            lc = _read_log_content(path, offset or 0, self.log_hist_msec, self.max_line_bytes)
+            if lc is not None:
+                self._remember(self._published_logs, lc)
 
     def _relative_offset(self, s: _Stream) -> int:
         """Wall-clock offset for a relative-time log (0 for an epoch-stamped one)."""
@@ -1137,6 +1167,31 @@ def _declaration(r: Resume) -> Declaration:
     """A closed json+ stream's declaration, as saved."""
     first, last = r.span_ms if r.span_ms is not None else (None, None)
     return Declaration(r.stream, frozenset(r.declares), first, last, r.slack_ms)
+
+
+READ_BACK_BYTES = 256 << 20  # how much of a published hist log is read back to pair it
+
+
+def _read_log_content(
+    path: str, offset_ms: int, interval_ms: int | None, max_line_bytes: int
+) -> LogContent | None:
+    """A hist log's sums, read from its file (None: unreadable or no records)."""
+    parser = HistLogParser(
+        path,
+        options=HistLogOptions(
+            interval_ms=interval_ms, time_offset_ms=offset_ms, max_line_bytes=max_line_bytes
+        ),
+    )
+    batches = []
+    try:
+        with open(path, "rb") as fh:
+            while fh.tell() < READ_BACK_BYTES and (chunk := fh.read(READ_BYTES)):
+                batches.append(parser.feed(chunk))
+    except OSError:
+        return None
+    batches.append(parser.finish())
+    lc = log_content(path, batches, epoch=parser.time_kind == "epoch")
+    return None if lc is None else replace(lc, upto=None)
 
 
 def _fd_path(fd: int) -> str | None:

@@ -8,6 +8,7 @@ last partial interval, never more).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -190,12 +191,14 @@ def test_a_log_published_first_makes_the_stream_skip_its_job(
     )
     follower_factory.append(f)
     published: dict[str, int] = {}
+    acked: dict[str, int] = {}
 
-    def poll() -> None:
-        for m in f.poll():
+    def poll(g: Follower = f) -> None:
+        for m in g.poll():
             msg = decode(m.payload)
             name = Path(msg.stream.rsplit("@", 1)[0]).name
             published[name] = published.get(name, 0) + int(msg.batch.samples().sum())
+            acked[m.stream] = max(acked.get(m.stream, 0), m.first_seq + m.records)
 
     (data / "run.json").write_text("")  # fio opened its output; no dump yet
     (data / "run_clat_hist.1.log").write_bytes((run / "run_clat_hist.1.log").read_bytes())
@@ -220,3 +223,27 @@ def test_a_log_published_first_makes_the_stream_skip_its_job(
     assert sum(published.values()) == short + ios["long"]
     assert f.stats.jobs_skipped == 1
     assert f.stats.files_covered == 1  # the long job's log: the stream holds it
+    # fio goes on after an agent restart: the stream, grown, is read again from its start.
+    # It skips the same job, so nothing is published twice (the logs that went out are
+    # read back to decide it).
+    saved = f.state(acked)
+    f.close()
+    doc = last_document(run / "run.json")
+    doc["timestamp_ms"] += 1000  # fio's next dump: the same counts, a second later
+    with (data / "run.json").open("a") as fh:
+        fh.write(json.dumps(doc) + "\n")
+    g = Follower(
+        (str(data / "*.log"), str(data / "*.json")),
+        agent="client-07",
+        max_message_bytes=256 * 1024,
+        log_hist_msec=250,
+        state=saved,
+        clock=clock,
+    )
+    follower_factory.append(g)
+    before = dict(published)
+    poll(g)
+    clock.t += 1
+    poll(g)
+    assert published == before
+    assert g.stats.jobs_skipped == 1
