@@ -224,7 +224,13 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="when a json+ status stream and the hist logs of the same jobs are both given "
         f"(fio wrote both views), which to count: {choices}. Without it such inputs are "
-        "an error, since each I/O would be counted twice",
+        "an error, since each I/O would be counted twice. A hist log is the same jobs' "
+        "only when it is in the stream's folder (or one inside it), is named after a "
+        "write_hist_log prefix the stream declares (thread N = job N), overlaps its time, "
+        "and its counts fit in that job's json+ bins, less fio's last partial interval: "
+        "client-01/ and client-02/ with one prefix never pair, nor do two runs whose "
+        "counts differ, and plain json (no bins) pairs with nothing (see agents/README.md "
+        "'One truth per I/O')",
     )
     g.add_argument(
         "--directions",

@@ -14,6 +14,16 @@ logs count most I/Os several times.
 stream and direction, in file order. If an entry is ever smaller than the one two before
 in some bin, the file is not in that form (a fio that fixed its writer, or another tool):
 the problem is reported once and the rest of the file is read as it is.
+
+**Detected by content.** The server's name fio appends (``h_clat_hist.1.log.10.0.0.7``)
+is often gone: pbench-fio files each server's logs as ``clients/<host>/h_clat_hist.1.log``.
+So a hist log without that suffix is checked by its records (:func:`looks_like_running_sums`):
+per direction, with at least ``DETECT_RECORDS`` entries, every entry is bin by bin at
+least the one two before, the totals pile up (27, 25, 52, 50, 77, 75 at 100 IOPS and
+250 ms), and the two interleaved chains show: some entry is below the one right before.
+A log fio writes itself holds each interval once: its bins go up and down, its totals
+stay level under steady load, and a load that ramps up smoothly grows at every step, so
+it is not taken for one. A log too short to tell (fewer records) is read as it is.
 """
 
 from __future__ import annotations
@@ -50,27 +60,94 @@ def client_log_host(path: Path) -> str | None:
     return None if m is None else m.group("host")
 
 
+DETECT_RECORDS = 6  # entries per direction needed to recognise running sums by content
+_DETECT_HOLD = 64  # records held (per file) while the form is not known yet
+
+
+def looks_like_running_sums(batch: RecordBatch) -> bool | None:
+    """Whether a hist log's first records are fio --client's running sums (see above).
+
+    Per direction with I/O and at least ``DETECT_RECORDS`` entries, all of: the first two
+    entries hold I/O; every bin of every entry is at least the same bin two entries
+    before; the totals grew to at least
+    twice the first two entries' (sums pile up; a log fio writes itself stays level under
+    steady load); and some bin is smaller than the entry right before (two chains of sums,
+    interleaved; a load ramping up smoothly grows at every step). None: too few records
+    to tell yet.
+    """
+    dense = batch.dense()
+    order = np.argsort(batch.end_ms, kind="stable")
+    found = False
+    for d in np.unique(batch.direction).tolist():
+        rows = dense[order[batch.direction[order] == d]]
+        totals = rows.sum(axis=1)
+        if len(rows) < DETECT_RECORDS or not totals.any():
+            continue
+        if bool((rows[2:] < rows[:-2]).any()):
+            return False  # some bin went down two entries on: intervals, not sums
+        if not (totals[0] and totals[1]):
+            return False  # sums start from two intervals with I/O; a ramp from idle does not
+        if int(totals[-1]) < 2 * max(int(totals[0]), int(totals[1])):
+            return False
+        if not bool((rows[1:] < rows[:-1]).any()):
+            return False  # grows at every step: a ramp, not two chains of sums
+        found = True
+    return found if found or len(batch) >= _DETECT_HOLD else None
+
+
 class ClientLogUndo:
     """Differencing at lag two, per (stream, direction), across the batches of one file.
 
     Args:
         name: the file, for problem messages.
         problems: where a file not in the running-sum form is reported.
+        detect: the file is not named as a client log: hold its first records and undo
+            only if they show the running-sum form (:func:`looks_like_running_sums`).
     """
 
-    def __init__(self, name: str, problems: ProblemLog) -> None:
+    def __init__(self, name: str, problems: ProblemLog, *, detect: bool = False) -> None:
         self.name = name
         self.problems = problems
         self.active = True
-        problems.warn(
-            name,
-            0,
-            "client-log",
-            "written by fio --client, whose entries are running sums two entries back: "
-            "each interval taken as the difference",
-        )
+        self._detecting = detect
+        self._held: list[RecordBatch] = []
+        if not detect:
+            problems.warn(
+                name,
+                0,
+                "client-log",
+                "written by fio --client, whose entries are running sums two entries back: "
+                "each interval taken as the difference",
+            )
         # per (stream name, direction): the last two entries (dense counts, bytes)
         self._history: dict[tuple[str, int], list[tuple[I64, int]]] = {}
+
+    def feed(self, batch: RecordBatch | None, *, final: bool = False) -> RecordBatch | None:
+        """The records of ``batch`` made per interval (held while the form is unknown)."""
+        if not self._detecting:
+            return None if batch is None else self.apply(batch)
+        if batch is not None and len(batch):
+            self._held.append(batch)
+        if not self._held:
+            return None
+        held = RecordBatch.concat(self._held)
+        verdict = looks_like_running_sums(held)
+        if verdict is None and not final:
+            return None
+        self._held = []
+        self._detecting = False
+        if not verdict:
+            self.active = False
+            return held
+        self.problems.warn(
+            self.name,
+            0,
+            "client-log",
+            "its entries are running sums two entries back, as fio --client writes them "
+            "(recognised by content: the server's name is not in the file name, e.g. filed "
+            "by pbench-fio): each interval taken as the difference",
+        )
+        return self.apply(held)
 
     def apply(self, batch: RecordBatch) -> RecordBatch:
         """The batch with each record's counts (and bytes) as its own interval's."""

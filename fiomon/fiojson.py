@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard
 
@@ -242,6 +242,10 @@ class JsonStatusParser:
         self._told_no_bins = False
         self._client_unplaced = 0  # fio --client entries with no runtime at all
         self._finished = False
+        # The latest document, and a hook called with each before its records are made
+        # (the agent's pairing reads each job's cumulative bins and may add skip_jobs).
+        self.last_document: dict[str, Any] | None = None
+        self.on_document: Callable[[dict[str, Any]], None] | None = None
 
     kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
     slack_ms = 0  # dumps come in time order
@@ -367,6 +371,9 @@ class JsonStatusParser:
         rows: list[_Row] = []
         for doc in docs:
             self._note_declarations(doc)
+            self.last_document = doc
+            if self.on_document is not None:
+                self.on_document(doc)
             try:
                 rows.extend(self._document(doc))
             except (TypeError, ValueError, OverflowError, RecursionError) as exc:

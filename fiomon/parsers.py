@@ -353,16 +353,13 @@ class ClientHistLogParser:
 
     def feed(self, data: bytes) -> RecordBatch | None:
         """Parse, then undo the cumulative counts."""
-        return self._undo(self.parser.feed(data))
+        return self.undo.feed(self.parser.feed(data))
 
     def finish(self) -> RecordBatch | None:
         """Finish, then undo the cumulative counts."""
-        return self._undo(self.parser.finish())
+        return self.undo.feed(self.parser.finish(), final=True)
 
     @property
     def refusal(self) -> str | None:
         """The hist log's refusal, if any."""
         return self.parser.refusal
-
-    def _undo(self, batch: RecordBatch | None) -> RecordBatch | None:
-        return None if batch is None else self.undo.apply(batch)

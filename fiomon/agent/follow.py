@@ -45,9 +45,15 @@ Identity rules (``agents/README.md`` states them for users):
   deterministic, so no parser state is saved) and records below the acknowledged
   sequence number are skipped, not resent.
 * **One truth per I/O** (:mod:`fiomon.overlap`): a hist log that a followed json+ stream
-  covers (its name and its time) is followed but not published. The decision is taken
-  once per stream, before its first record goes out, and waits (at most ``HOLD_S``)
-  while a json+ stream has not yet written its first document.
+  covers (its name, its time, and its jobs' cumulative bins hold the log's counts) is
+  followed but not published. The decision is taken once per stream, before its first
+  record goes out. Its records are held (at most ``HOLD_S``) while a json+ stream has not
+  yet written its first document, or one that names the log has not yet dumped at or
+  after the log's last record. A log published first (the hold ran out) is the truth for
+  its job: a stream whose later dump shows that job skips it (logged, counted in
+  ``jobs_skipped``; after a restart the published logs are read back so the re-read
+  stream skips the same jobs). A stream without histogram bins (plain json) covers
+  nothing.
 
 A relative-time hist log (``log_unix_epoch=0``) is placed on the wall clock by one
 estimate per stream, logged once: fio writes hist logs when the job exits, so the file's
@@ -68,7 +74,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,9 +85,18 @@ from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.clientlog import client_log_host
 from fiomon.fiojson import JsonStatusParser
-from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions
+from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
 from fiomon.model import RecordBatch
-from fiomon.overlap import Declaration, covering
+from fiomon.overlap import (
+    Declaration,
+    JobContent,
+    LogContent,
+    claims,
+    explained_by,
+    is_grouped,
+    job_contents,
+    log_content,
+)
 from fiomon.parsers import SNIFF_BYTES, Kind, ParserOptions, RecordParser, open_parser, sniff
 from fiomon.problems import Problem, ProblemLog
 from fiomon.wire import MAX_TIME_MS, encode, wire_id
@@ -98,6 +113,9 @@ IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed f
 FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
+HOLD_RECORDS = 100_000  # a hist log held longer than this many records is decided at once
+MAX_PAIRED_LOGS = 4096  # covered and published hist logs remembered for pairing
+MAX_ENDED_STREAMS = 64  # ended json+ streams whose last dump still pairs hist logs
 RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
 TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for, at most
 KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
@@ -136,6 +154,7 @@ class _Stream:
     named: bool = True  # False: a provisional id, replaced by the content id (_name)
     copy_of: str | None = None  # a copy of that stream (not published while it holds)
     copy_checked: int = 0  # bytes of the copy found equal to the original's
+    held: list[RecordBatch] = field(default_factory=list)  # a hist log's, while undecided
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
 
@@ -167,6 +186,7 @@ class FollowStats:
     records_skipped_replay: int = 0
     files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
     files_covered: int = 0
+    jobs_skipped: int = 0  # json+ jobs not published: their hist logs went out first
     files_copies: int = 0
     copies_diverged: int = 0  # copies that stopped being one (then published as their own)
     renames: int = 0
@@ -262,6 +282,15 @@ class Follower:
         self._heads: dict[str, list[str]] | None = None  # head key -> streams, per poll
         self._retired: set[str] = set()  # ids of lineages that ended (never reused)
         self.stats = FollowStats()
+        self._covered_logs: list[LogContent] = []  # hist logs covered, in decision order
+        self._covered_by: dict[str, str] = {}  # covered hist log path -> its json+ stream
+        self._published_logs: list[LogContent] = []  # hist logs published (pairing)
+        self._held_content: dict[str, tuple[int, LogContent]] = {}  # per held stream
+        # json+ streams' parsers, open or recently ended (a truncated stream's last dump
+        # still tells which logs of that run it holds), and their jobs' bins by document
+        self._json_parsers: dict[str, JsonStatusParser] = {}
+        self._read_back: set[str] = set()  # published hist logs read back after a restart
+        self._json_content: dict[str, tuple[int, tuple[JobContent, ...], bool]] = {}
 
     # -- polling -------------------------------------------------------------------------
 
@@ -697,6 +726,8 @@ class Follower:
                 log.warning("%s: read failed (%s); will retry", s.path, exc.strerror or exc)
             return
         self._read_failed.discard(s.stream)
+        if not s.decided and s.held:
+            yield from self._release(s)
         if s.deleted and at_end:
             yield from self._finish(s, deleted=True)
         elif s.orphan_since is not None and now - max(s.changed_at, s.orphan_since) >= (
@@ -918,6 +949,14 @@ class Follower:
         elif s.time_offset_ms is None:
             s.time_offset_ms = self._relative_offset(s)
         s.parser = open_parser(first, s.path, s.problems, self._parser_options(s))
+        if isinstance(s.parser, JsonStatusParser):
+            parser = s.parser
+            parser.on_document = lambda doc: self._skip_published(s, parser, doc)
+            self._json_parsers[s.stream] = parser
+            ended = [k for k in self._json_parsers if k not in self._open]
+            for k in ended[: max(0, len(ended) - MAX_ENDED_STREAMS)]:
+                del self._json_parsers[k]
+                self._json_content.pop(k, None)
 
     def _parser_options(self, s: _Stream) -> ParserOptions:
         return ParserOptions(
@@ -944,26 +983,168 @@ class Follower:
                 return True
         return False
 
-    def _decide(self, s: _Stream, batch: RecordBatch) -> bool:
-        """Settle whether ``s`` (a hist log) is published; True if it is covered."""
-        s.decided = True
+    def _decide(self, s: _Stream, *, force: bool = False) -> bool | None:
+        """Settle whether ``s`` (a hist log, records held) is published.
+
+        True if it is covered, False if it is published, None while a json+ stream that
+        may hold its I/Os has not yet dumped past its last record (at most ``HOLD_S``).
+        """
         epoch = s.parser is not None and s.parser.time_kind == "epoch"
-        span = (int(batch.start_ms.min()), int(batch.end_ms.max())) if epoch else None
-        decls = [d for o in self._open.values() if (d := o.declaration()) is not None]
-        decls += [_declaration(c.resume) for c in self._closed.values() if c.resume.declares]
-        s.covered_by = covering(s.path, span, decls)
-        if s.covered_by is None:
+        try:
+            complete = os.fstat(s.fd).st_size <= s.print.length
+        except OSError:
+            complete = False
+        cached = self._held_content.get(s.stream)
+        if cached is None or cached[0] != len(s.held):  # new records: sum them again
+            lc = log_content(s.path, s.held, epoch=epoch)
+            if lc is None:
+                return None
+            self._held_content[s.stream] = (len(s.held), lc)
+            if len(self._held_content) > MAX_PAIRED_LOGS:  # streams that ended undecided
+                for k in [k for k in self._held_content if k not in self._open]:
+                    del self._held_content[k]
+        else:
+            lc = cached[1]
+        lc = replace(lc, complete=complete)
+        end = max(int(b.end_ms.max()) for b in s.held)
+        decls: list[Declaration] = []
+        # fio creates its output before writing: a file of unknown kind may be a stream
+        pending = any(
+            o.kind is None or (o.kind == "json" and o.parser is None and o.covered_by is None)
+            for o in self._open.values()
+            if o is not s
+        )
+        for stream, parser in self._json_parsers.items():
+            o = self._open.get(stream)
+            live = o is not None and o.parser is parser
+            if not parser.splitter.documents:
+                pending = pending or live
+                continue
+            d = self._json_declaration(stream, parser)
+            if live and d.names_log(s.path) and d.overlaps(lc.span) and (d.at_ms or 0) < end:
+                pending = True  # its next dump may show this log's I/Os
+            decls.append(d)
+        held = sum(len(b) for b in s.held)
+        if pending and not force and self._clock() - s.opened_at < HOLD_S and held < HOLD_RECORDS:
+            return None
+        s.decided = True
+        self._held_content.pop(s.stream, None)
+        # earlier decisions hold their share of the streams still known (in order)
+        covered = [
+            c
+            for c in self._covered_logs
+            if c.path != s.path and self._covered_by.get(c.path) in self._json_parsers
+        ]
+        by = claims([*covered, lc], decls, ordered=False).get(s.path, ("", frozenset()))[0]
+        if not by:
+            # A json+ stream closed before this run (its bins unknown until it is read
+            # again): its name and time decide, as before content was compared.
+            for c in self._closed.values():
+                r = c.resume
+                if r.declares and r.records and not r.gone and r.stream not in self._json_parsers:
+                    d = _declaration(r)
+                    if d.names_log(s.path) and d.overlaps(lc.span):
+                        by = r.stream
+                        break
+        if not by:
+            self._remember(self._published_logs, lc)
             return False
+        s.covered_by = by
+        self._remember(self._covered_logs, lc)
+        self._covered_by = {c.path: self._covered_by.get(c.path, by) for c in self._covered_logs}
+        self._covered_by[lc.path] = by
         self.stats.files_covered += 1
         self.changes += 1
         s.parser = None
         log.info(
             "%s: not published: the json+ stream %s holds the same I/Os (it declares this "
-            "hist log's name and covers its time)",
+            "hist log's name, covers its time, and its jobs' bins hold the log's counts)",
             s.path,
             s.covered_by,
         )
         return True
+
+    def _json_declaration(self, stream: str, parser: JsonStatusParser) -> Declaration:
+        """A json+ stream's declaration with its jobs' bins from its latest dump."""
+        d = parser.declaration(stream)
+        doc = parser.last_document
+        if doc is None:
+            return d
+        cached = self._json_content.get(stream)
+        if cached is None or cached[0] != id(doc):
+            cached = self._json_content[stream] = (id(doc), job_contents(doc), is_grouped(doc))
+        ts = doc.get("timestamp_ms")
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+        return replace(d, jobs=cached[1], at_ms=at, grouped=cached[2])
+
+    def _remember(self, logs: list[LogContent], lc: LogContent) -> None:
+        """Keep a decided log's sums (not its records) for later pairing, the newest ones."""
+        logs[:] = [c for c in logs if c.path != lc.path][-(MAX_PAIRED_LOGS - 1) :]
+        logs.append(replace(lc, upto=None))
+
+    def _release(self, s: _Stream, *, force: bool = False) -> Iterator[Outgoing]:
+        """Decide a hist log whose records are held; publish them unless it is covered."""
+        verdict = self._decide(s, force=force)
+        if verdict is None:
+            return
+        held, s.held = s.held, []
+        if not verdict:
+            for batch in held:
+                yield from self._publish(s, batch)
+
+    def _skip_published(self, s: _Stream, parser: JsonStatusParser, doc: dict[str, object]) -> None:
+        """Before a json+ dump becomes records: skip jobs whose hist logs went out first."""
+        d = parser.declaration(s.stream)
+        if parser.splitter.documents <= 1:  # its first dump (again, after a restart)
+            self._read_back_published(d)
+        if not self._published_logs:
+            return
+        logs = [c for c in self._published_logs if d.names_log(c.path)]
+        if not logs:
+            return
+        content = self._json_content[s.stream] = (id(doc), job_contents(doc), is_grouped(doc))
+        ts = doc.get("timestamp_ms")
+        at = ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+        d = replace(d, jobs=content[1], at_ms=at, grouped=content[2])
+        new = explained_by(d, logs) - parser.skip_jobs
+        if not new:
+            return
+        parser.skip_jobs = parser.skip_jobs | new
+        self.stats.jobs_skipped += len(new)
+        self.changes += 1
+        log.warning(
+            "%s: not publishing job(s) %s of stream %s: hist logs published before its dump "
+            "showed them hold the same I/Os (%s)",
+            s.path,
+            ", ".join(str(p) for p in sorted(new)),
+            s.stream,
+            ", ".join(c.path for c in logs[:4]),
+        )
+
+    def _read_back_published(self, d: Declaration) -> None:
+        """Sums of hist logs published before this agent started that ``d`` names.
+
+        Which jobs a stream skipped is not saved: after a restart the stream is read again
+        from its start, and its first dump must skip the same jobs, so the logs that went
+        out before are read back (once each) from their files.
+        """
+        earlier = [
+            (c.resume.path, c.resume.time_offset_ms)
+            for c in self._closed.values()
+            if c.resume.records and c.resume.covered_by is None and not c.resume.declares
+        ]
+        earlier += [
+            (o.path, o.time_offset_ms)
+            for o in self._open.values()
+            if o.kind == "hist" and o.decided and o.covered_by is None and o.acked_floor
+        ]
+        for path, offset in earlier:
+            if path in self._read_back or not d.names_log(path):
+                continue
+            self._read_back.add(path)
+            lc = _read_log_content(path, offset or 0, self.log_hist_msec, self.max_line_bytes)
+            if lc is not None:
+                self._remember(self._published_logs, lc)
 
     def _relative_offset(self, s: _Stream) -> int:
         """Wall-clock offset for a relative-time log (0 for an epoch-stamped one)."""
@@ -995,6 +1176,8 @@ class Follower:
         if s.parser is not None:
             yield from self._emit(s, s.parser.finish())
             self._collect_problems(s)
+        if not s.decided and s.held:
+            yield from self._release(s, force=True)
         self._open.pop(s.stream, None)
         self.changes += 1
         r = self._resume(s, s.acked_floor)
@@ -1024,8 +1207,13 @@ class Follower:
     def _emit(self, s: _Stream, batch: RecordBatch | None) -> Iterator[Outgoing]:
         if batch is None or not len(batch):
             return
-        if not s.decided and self._decide(s, batch):
-            return  # covered: its I/Os are published by a json+ stream
+        if not s.decided:  # a hist log: held until it is known whether a stream covers it
+            s.held.append(batch)
+            yield from self._release(s)
+            return
+        yield from self._publish(s, batch)
+
+    def _publish(self, s: _Stream, batch: RecordBatch) -> Iterator[Outgoing]:
         # Times the wire cannot carry (a stamp of 18 digits, a relative log placed before
         # 1970) are bad input like any other: counted, never a crash.
         ok = (batch.start_ms >= 0) & (batch.end_ms < MAX_TIME_MS) & (batch.end_ms >= batch.start_ms)
@@ -1082,9 +1270,22 @@ class Follower:
                 s.stream,
             )
             return
-        del self._open[s.stream]
+        old = s.stream
+        del self._open[old]
         s.stream = stream
         self._open[stream] = s
+        # The pairing state knows a json+ stream by its id: a renamed live stream must not
+        # look ended (it would stop holding the hist logs its next dump may explain).
+        if old in self._json_parsers:
+            self._json_parsers[stream] = self._json_parsers.pop(old)
+        if old in self._json_content:
+            self._json_content[stream] = self._json_content.pop(old)
+        if old in self._held_content:
+            self._held_content[stream] = self._held_content.pop(old)
+        self._covered_by = {k: stream if v == old else v for k, v in self._covered_by.items()}
+        for o in self._open.values():
+            if o.covered_by == old:
+                o.covered_by = stream
         self._heads = None  # it listed the provisional id
         self.changes += 1
 
@@ -1198,6 +1399,31 @@ def _content_key(fd: int, *, is_json: bool) -> bytes:
     if end < 0:
         end = head.rfind(b"\n")
     return head[: end + 1] if end >= anchor else head
+
+
+READ_BACK_BYTES = 256 << 20  # how much of a published hist log is read back to pair it
+
+
+def _read_log_content(
+    path: str, offset_ms: int, interval_ms: int | None, max_line_bytes: int
+) -> LogContent | None:
+    """A hist log's sums, read from its file (None: unreadable or no records)."""
+    parser = HistLogParser(
+        path,
+        options=HistLogOptions(
+            interval_ms=interval_ms, time_offset_ms=offset_ms, max_line_bytes=max_line_bytes
+        ),
+    )
+    batches = []
+    try:
+        with open(path, "rb") as fh:
+            while fh.tell() < READ_BACK_BYTES and (chunk := fh.read(READ_BYTES)):
+                batches.append(parser.feed(chunk))
+    except OSError:
+        return None
+    batches.append(parser.finish())
+    lc = log_content(path, batches, epoch=parser.time_kind == "epoch")
+    return None if lc is None else replace(lc, upto=None)
 
 
 def _fd_path(fd: int) -> str | None:

@@ -344,6 +344,7 @@ class Agent:
             spool_disk_errors=self.spool.disk_errors,
             files_closed=f.files_closed,
             files_covered=f.files_covered,
+            jobs_skipped=f.jobs_skipped,
             files_copies=f.files_copies,
             copies_diverged=f.copies_diverged,
             files_refused=f.files_refused,

@@ -8,21 +8,29 @@ close quanta behind the slowest one, keeping memory bounded for runs of any leng
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, BinaryIO, Literal
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.clientlog import client_log_host
+from fiomon.clientlog import ClientLogUndo, client_log_host
 from fiomon.errors import ConfigError, InputError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
-from fiomon.fiolog import EPOCH_MS_MIN, HistLogOptions, TimeKind
+from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
-from fiomon.overlap import Declaration, covering, hist_log_name
-from fiomon.parsers import SNIFF_BYTES, ParserOptions, RecordParser, open_parser, sniff
+from fiomon.overlap import Declaration, LogContent, claims, is_grouped, job_contents, log_content
+from fiomon.parsers import (
+    SNIFF_BYTES,
+    ClientHistLogParser,
+    ParserOptions,
+    RecordParser,
+    open_parser,
+    sniff,
+)
 from fiomon.problems import ProblemLog
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
@@ -72,16 +80,19 @@ class FileSource:
         # do not make it a hist log here and a json+ stream there).
         head = self._fh.read(SNIFF_BYTES)
         self._fh.seek(0)
-        self.parser: RecordParser = open_parser(
-            head,
-            self.name,
-            self.problems,
-            ParserOptions(
-                host=host,
-                hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
-                json_group_nr=options.group_nr,
-                skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+        self.parser: RecordParser = detecting_client_sums(
+            open_parser(
+                head,
+                self.name,
+                self.problems,
+                ParserOptions(
+                    host=host,
+                    hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
+                    json_group_nr=options.group_nr,
+                    skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+                ),
             ),
+            self.problems,
         )
         self.kind = self.parser.kind
 
@@ -156,6 +167,17 @@ def check_refusals(sources: Sequence[FileSource]) -> None:
             refusals[s.name] = s.refusal
     if refusals:
         raise InputError(refusals)
+
+
+def detecting_client_sums(parser: RecordParser, problems: ProblemLog) -> RecordParser:
+    """A local-named hist log's parser that also undoes fio --client running sums it shows.
+
+    pbench-fio files the logs of ``fio --client`` without the server's name; their
+    records tell (:func:`fiomon.clientlog.looks_like_running_sums`).
+    """
+    if isinstance(parser, HistLogParser):
+        return ClientHistLogParser(parser, ClientLogUndo(parser.source, problems, detect=True))
+    return parser
 
 
 HOST_FROM_HELP = (
@@ -276,7 +298,6 @@ SOURCE_HELP = {
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
 _TAIL_BYTES = 4 << 20  # how much of a file's end is read for its last time stamp
 _TS_RE = re.compile(rb'"timestamp_ms"\s*:\s*(\d{1,16})')
-_THREAD_RE = re.compile(r"_clat_hist\.(\d+)\.log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,11 +306,10 @@ class _JsonInput:
 
     path: Path
     declaration: Declaration
-    job_names: dict[int, str]  # job position -> the hist-log name prefix it writes
 
 
-def _json_input(path: Path) -> _JsonInput:
-    """Declarations from a json+ file's first document, and its last dump's time."""
+def _json_input(path: Path, host: str) -> _JsonInput:
+    """Declarations from a json+ file's first document; its jobs' bins from its last."""
     parser = JsonStatusParser(str(path), problems=ProblemLog())
     splitter = JsonSplitter(str(path), parser.problems, max_document_bytes=_DECLARATION_BYTES)
     with path.open("rb") as fh:
@@ -304,35 +324,77 @@ def _json_input(path: Path) -> _JsonInput:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(max(0, size - _TAIL_BYTES))
         stamps = _TS_RE.findall(fh.read())
+        last = _last_document(fh, size)
     d = parser.declaration(str(path))
     if stamps and d.first_ms is not None:
-        d = Declaration(d.stream, d.names, d.first_ms, max(int(stamps[-1]), d.last_ms or 0))
-    return _JsonInput(path, d, dict(parser.job_prefixes))
+        d = replace(d, last_ms=max(int(stamps[-1]), d.last_ms or 0))
+    if last is not None:
+        ts = last.get("timestamp_ms")
+        d = replace(
+            d,
+            jobs=job_contents(last),
+            at_ms=ts if isinstance(ts, int) else None,
+            grouped=is_grouped(last),
+        )
+    return _JsonInput(path, replace(d, host=host))
 
 
-def _hist_span(path: Path) -> tuple[int, int] | None:
-    """Epoch ms of a hist log's first and last stamps (None: relative or unreadable)."""
+def _last_document(fh: BinaryIO, size: int) -> dict[str, Any] | None:
+    """The last complete JSON document of a json+ file (its jobs' final bins), or None.
+
+    Read from the end, in growing pieces: a document starts at a line that opens with
+    ``{`` (fio writes each at the start of a line).
+    """
+    decoder = json.JSONDecoder()
+    want = _TAIL_BYTES
+    while True:
+        start = max(0, size - want)
+        fh.seek(start)
+        text = fh.read(size - start).decode("utf-8", errors="replace")
+        pos = len(text)
+        while (pos := text.rfind("{", 0, pos)) >= 0:
+            if pos and text[pos - 1] != "\n":
+                continue
+            try:
+                doc, _ = decoder.raw_decode(text, pos)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(doc, dict) and (
+                isinstance(doc.get("jobs"), list) or isinstance(doc.get("client_stats"), list)
+            ):
+                return doc
+        if start == 0 or want >= _DECLARATION_BYTES:
+            return None
+        want *= 4
+
+
+def _log_content(path: Path, host: str) -> LogContent | None:
+    """A hist log's summed histogram, read as the report reads it (client sums undone)."""
+    problems = ProblemLog()
     try:
         with path.open("rb") as fh:
-            head = fh.read(65536)
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - 65536))
-            tail = fh.read()
+            head = fh.read(SNIFF_BYTES)
+            if sniff(head) != "hist":
+                return None
+            parser = detecting_client_sums(open_parser(head, str(path), problems), problems)
+            fh.seek(0)
+            batches = [parser.feed(chunk) for chunk in iter(lambda: fh.read(CHUNK_BYTES), b"")]
     except OSError:
         return None
-    stamps = []
-    for text in (head, tail):
-        lines = [ln for ln in text.split(b"\n") if ln.strip()]
-        if len(lines) > 1 and text is tail:
-            lines = lines[1:]  # the tail's first line may be cut
-        for ln in lines[:1] if text is head else lines[-1:]:
-            try:
-                stamps.append(int(ln.split(b",", 1)[0]))
-            except ValueError:
-                return None
-    if len(stamps) != 2 or min(stamps) < EPOCH_MS_MIN:
-        return None
-    return stamps[0] - 60_000, stamps[1]  # the first record may span a long interval
+    batches.append(parser.finish())
+    epoch = parser.time_kind == "epoch"
+    return log_content(str(path), batches, epoch=epoch, host=host)
+
+
+def _host_folders(paths: Sequence[Path]) -> list[str]:
+    """Each file's folder, resolved: the host identity pairing compares (rule b)."""
+    out = []
+    for p in paths:
+        try:
+            out.append(str(p.resolve().parent))
+        except (OSError, RuntimeError):
+            out.append(str(p.parent))
+    return out
 
 
 def choose_sources(
@@ -367,6 +429,7 @@ def choose_sources(
             unique.append(p)
         else:
             notes.append(f"warning: {p} is {first} again: read once")
+    folders = dict(zip(map(str, unique), _host_folders(unique), strict=True))
     json_inputs: list[_JsonInput] = []
     for p in unique:
         try:
@@ -375,15 +438,36 @@ def choose_sources(
         except OSError:
             continue
         if is_json:
-            json_inputs.append(_json_input(p))
+            json_inputs.append(_json_input(p, folders[str(p)]))
     decls = [j.declaration for j in json_inputs]
+    json_paths = {j.path for j in json_inputs}
+    logs = [
+        c
+        for p in unique
+        if p not in json_paths
+        and any(d.jobs and d.names_log(str(p)) for d in decls)
+        and (c := _log_content(p, folders[str(p)])) is not None
+    ]
+    claimed = claims(logs, decls)
     covered: dict[str, list[Path]] = {}
+    held: dict[str, set[int]] = {}
     for p in unique:
-        if any(j.path == p for j in json_inputs):
-            continue
-        by = covering(str(p), _hist_span(p), decls)
-        if by is not None:
+        if str(p) in claimed:
+            by, positions = claimed[str(p)]
             covered.setdefault(by, []).append(p)
+            held.setdefault(by, set()).update(positions)
+    for d in decls:
+        if d.names and not d.jobs:
+            notes.append(
+                f"note: {d.stream}: its jobs carry no histogram bins (plain json, not "
+                "json+?): it covers no hist log, and any hist logs of its jobs are read"
+            )
+    for c in logs:
+        if c.path not in claimed:
+            notes.append(
+                f"note: {c.path} has a name a json+ stream declares, but no stream given "
+                "holds its I/Os (folder, time or counts differ): read as I/Os of their own"
+            )
     if not covered or choice == "both":
         if covered:
             n = sum(len(v) for v in covered.values())
@@ -399,8 +483,9 @@ def choose_sources(
             lines.append(f"  {by} and {len(hist)} hist log(s): {names}")
         options = "\n".join(f"  --source {k:<5} {v}" for k, v in SOURCE_HELP.items())
         msg = (
-            "these inputs describe the same I/Os twice: a json+ status stream declares the "
-            "hist logs of its jobs (write_hist_log) and covers their time:\n"
+            "these inputs describe the same I/Os twice: a json+ status stream and hist logs "
+            "of its jobs (same folder, a write_hist_log name it declares, its time, and its "
+            "jobs' bins hold the logs' counts):\n"
             + "\n".join(lines)
             + f"\nChoose one view:\n{options}"
         )
@@ -411,32 +496,29 @@ def choose_sources(
         return [p for p in unique if str(p) not in drop], notes, {}
     skips: dict[str, frozenset[int]] = {}
     dropped: list[str] = []
+    kept: set[str] = set()
     for j in json_inputs:
-        hist = covered.get(str(j.path), [])
-        if not hist:
+        skip = frozenset(held.get(str(j.path), ()))
+        if not skip:
             continue
-        skip = frozenset(pos for pos, name in j.job_names.items() if _writes(pos, name, hist))
-        if skip >= set(j.job_names):
+        jobs = {job.position for job in j.declaration.jobs}
+        if skip >= jobs:
             dropped.append(str(j.path))
+        elif any(job.server is not None for job in j.declaration.jobs):
+            # a fio --client stream is read whole: its covered logs are left out instead
+            kept.update(str(h) for h in covered[str(j.path)])
+            notes.append(
+                f"--source hist: {j.path} (fio --client) has jobs without hist logs and "
+                f"is read whole: not reading the {len(covered[str(j.path)])} hist log(s) it covers"
+            )
         else:
             skips[str(j.path)] = skip
             notes.append(
                 f"--source hist: {j.path}: not reading {len(skip)} of its "
-                f"{len(j.job_names)} jobs (their hist logs are given)"
+                f"{len(jobs)} jobs (their hist logs are given)"
             )
     if dropped:
         notes.append(
             f"--source hist: not reading {len(dropped)} json+ stream(s): {', '.join(dropped)}"
         )
-    return [p for p in unique if str(p) not in set(dropped)], notes, skips
-
-
-def _writes(pos: int, name: str, hist: list[Path]) -> bool:
-    """Whether job ``pos`` (writing hist logs named ``name``) wrote one of ``hist``."""
-    for h in hist:
-        if hist_log_name(str(h)) != name:
-            continue
-        m = _THREAD_RE.search(h.name)
-        if m is None or int(m.group(1)) == pos + 1:  # fio numbers threads from 1
-            return True
-    return False
+    return [p for p in unique if str(p) not in set(dropped) | kept], notes, skips

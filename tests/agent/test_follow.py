@@ -20,6 +20,7 @@ import pytest
 from fiomon.agent.follow import RESCAN_S, Follower
 from fiomon.agent.positions import FollowState, load_positions, save_positions
 from fiomon.agent.spool import Outgoing
+from fiomon.bins import plat_idx_to_val
 from fiomon.tools.simulate import format_line
 from fiomon.wire import decode
 
@@ -315,7 +316,12 @@ def test_descriptor_cap_closes_quiet_files_and_reopens_them_without_resending(
     assert max(seen.values()) == 1
 
 
-def _json_doc(ts: int, prefix: str, count: int) -> str:
+def _json_doc(ts: int, prefix: str, count: int, lines: int = 0) -> str:
+    """A json+ dump of one job; with ``lines``, its bins hold what line(0..lines-1) hold."""
+    bins = {"20480": count}
+    if lines:
+        idx = np.array([700 + i % 50 for i in range(lines)])
+        bins = {str(v): 5 + i for i, v in enumerate(plat_idx_to_val(idx).tolist())}
     return (
         json.dumps(
             {
@@ -326,7 +332,7 @@ def _json_doc(ts: int, prefix: str, count: int) -> str:
                     {
                         "jobname": "j",
                         "job_runtime": 1000,
-                        "read": {"io_bytes": 4096 * count, "clat_ns": {"bins": {"20480": count}}},
+                        "read": {"io_bytes": 4096 * count, "clat_ns": {"bins": bins}},
                     }
                 ],
             }
@@ -338,7 +344,7 @@ def _json_doc(ts: int, prefix: str, count: int) -> str:
 def test_hist_logs_covered_by_a_followed_json_stream_are_not_published(tmp_path: Path) -> None:
     f = follower(tmp_path)
     run = tmp_path / "run.json"
-    run.write_text(_json_doc(T0 + 1000, "h", 10) + _json_doc(T0 + 2000, "h", 25))
+    run.write_text(_json_doc(T0 + 1000, "h", 10, 1) + _json_doc(T0 + 2000, "h", 25, 2))
     covered = tmp_path / "h_clat_hist.1.log"  # sorts before run.json, same poll
     covered.write_text(line(0) + line(1))
     other = tmp_path / "other_clat_hist.1.log"  # no json+ stream declares "other"
@@ -377,7 +383,7 @@ def test_a_hist_log_is_covered_whatever_folder_fio_wrote_it_from(tmp_path: Path)
     """fio's prefix names another folder (a bind mount, a symlink, fio's working dir)."""
     f = follower(tmp_path)
     run = tmp_path / "run.json"
-    run.write_text(_json_doc(T0 + 1000, "/mnt/other/view/h", 10))
+    run.write_text(_json_doc(T0 + 1000, "/mnt/other/view/h", 10, 1))
     (tmp_path / "h_clat_hist.1.log").write_text(line(0))
     got = records(list(f.poll()))
     assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {str(run): 1}
@@ -393,7 +399,7 @@ def test_a_hist_log_written_before_the_first_status_dump_waits_for_it(tmp_path: 
     (tmp_path / "h_clat_hist.1.log").write_text(line(0))
     assert list(f.poll()) == []  # held: the stream may still declare it
     clock.t += 1
-    run.write_text(_json_doc(T0 + 1000, "h", 10))
+    run.write_text(_json_doc(T0 + 1000, "h", 10, 1))
     got = records(list(f.poll()))
     assert Counter(s.rsplit("@", 1)[0] for s, _, _ in got) == {str(run): 1}
     assert f.stats.files_covered == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fiomon.offline.sources import FileSource, SourceOptions
 from fiomon.tools.simulate import format_line
@@ -50,11 +51,41 @@ def test_running_sums_two_back_are_read_as_intervals(tmp_path: Path) -> None:
     for d in (0, 1):
         assert (totals[d] == sum(truth[d])).all()
     assert any("written by fio --client" in p for p in problems)
-    # The same lines under a local name are taken as they are (running sums included).
+    # The same lines under a local name (pbench-fio drops the server's name): recognised
+    # by their content, and undone the same way.
     local = tmp_path / "h_clat_hist.1.log"
     local.write_text(log.read_text())
-    totals, _ = _read(local)
-    assert int(totals[0].sum()) > sum(int(c.sum()) for c in truth[0])
+    totals, problems = _read(local)
+    for d in (0, 1):
+        assert (totals[d] == sum(truth[d])).all()
+    assert any("recognised by content" in p for p in problems)
+
+
+@pytest.mark.parametrize("shape", ["level", "ramp", "one-bin", "short", "noisy-ramp", "from-idle"])
+def test_a_log_fio_wrote_itself_is_never_taken_for_running_sums(tmp_path: Path, shape: str) -> None:
+    rng = np.random.default_rng(7)
+    rows = []
+    for k in range(4 if shape == "short" else 40):
+        counts = np.zeros(1856, dtype=np.int64)
+        if shape == "one-bin":
+            counts[700] = 25
+        elif shape == "level":
+            counts[rng.integers(600, 620, 25)] += 1
+        elif shape == "ramp":
+            counts[700:710] = 10 * (k + 1)  # load climbing evenly: bin by bin monotone
+        elif shape == "from-idle":  # idle, then a load that steps up two records at a time
+            counts[700] = 10 * max(0, k // 2 - 1)
+            counts[701] = k % 2
+        elif shape == "noisy-ramp":
+            counts[700:710] = 10 * (k + 1) + rng.integers(0, 3, 10)
+        else:
+            counts[700] = 10 * (k // 2 + 1)  # a staircase, but too few records to tell
+        rows.append(counts)
+    log = tmp_path / "h_clat_hist.1.log"
+    log.write_text("".join(format_line(T0 + 250 * (k + 1), 0, 4096, c) for k, c in enumerate(rows)))
+    totals, problems = _read(log)
+    assert (totals[0] == sum(rows)).all()
+    assert not any("running sums" in p for p in problems)
 
 
 def test_a_client_log_that_is_not_in_that_form_is_read_as_it_is(tmp_path: Path) -> None:

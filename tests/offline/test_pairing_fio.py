@@ -1,0 +1,213 @@
+"""One truth per I/O by identity, offline, against real fio's own total_ios.
+
+Each case runs real fio (short rate-limited jobs) and checks ``fiomon report`` against
+fio's final ``total_ios``: exact from json+ streams, and from hist logs within the last
+partial interval fio never writes to them (log_hist_msec=250 at 100 IOPS: 25 I/Os, plus
+jitter).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEADLINE_S, free_port
+from tests.fiorun import fiomon, job_file, report_counts, start_fio, total_ios, wait_fio
+from tests.offline.test_fio_client import final_ios, listening, load
+
+pytestmark = pytest.mark.fio
+
+LAST_INTERVAL = 60  # I/Os a hist log may lack: fio's unwritten last partial interval
+
+
+def _hist_ok(counted: float, truth: int) -> bool:
+    return truth - LAST_INTERVAL <= counted <= truth
+
+
+def test_three_hosts_sharing_a_prefix_pair_only_within_their_folder(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """client-01/, client-02/, client-03/: one job file (write_hist_log=run) on each host."""
+    hosts = ["client-01", "client-02", "client-03"]
+    procs = []
+    for i, h in enumerate(hosts):
+        job = job_file(tmp_path / h, iops=100 + 30 * i, runtime=2)
+        procs.append(start_fio(fio_bin, job, tmp_path / h / "vm.json"))
+    wait_fio(procs)
+    truth = {h: total_ios(tmp_path / h / "vm.json") for h in hosts}
+    files = [
+        p for h in hosts for p in sorted((tmp_path / h).glob("*")) if p.suffix in (".json", ".log")
+    ]
+    assert len(files) == 6
+    # --source json: every host exactly its stream's I/Os
+    assert report_counts("--per-host", "--source", "json", *files) == {
+        h: float(n) for h, n in truth.items()
+    }
+    # --source hist: every host its own logs (no stream of another host is read)
+    hist = report_counts("--per-host", "--source", "hist", *files)
+    print(f"three hosts, --source hist: {hist} against fio's {truth}")
+    assert set(hist) == set(hosts)
+    for h in hosts:
+        assert _hist_ok(hist[h], truth[h]), (h, hist[h], truth[h])
+    # no --source: asks, naming each host's stream with its own log
+    r = fiomon("report", "--per-host", *files)
+    assert r.returncode != 0
+    for h in hosts:
+        assert (
+            f"{tmp_path / h / 'vm.json'} and 1 hist log(s): {tmp_path / h}/run_clat_hist.1.log"
+            in r.stderr
+        )
+
+
+def test_two_concurrent_runs_sharing_a_prefix_in_one_folder(tmp_path: Path, fio_bin: str) -> None:
+    """Run a (one job) and run b (two jobs, per_job_logs=0) write 'run' logs side by side.
+
+    Both name their logs after the prefix 'run': only the content tells which stream holds
+    which log.
+    """
+    a = job_file(tmp_path, iops=100, runtime=2, name="a.fio")
+    b = job_file(tmp_path, iops=60, runtime=2, name="b.fio", extra="numjobs=2\nper_job_logs=0")
+    wait_fio(
+        [start_fio(fio_bin, a, tmp_path / "a.json"), start_fio(fio_bin, b, tmp_path / "b.json")]
+    )
+    logs = sorted(tmp_path.glob("run_clat_hist*.log"))
+    assert [p.name for p in logs] == ["run_clat_hist.1.log", "run_clat_hist.log"]
+    files = [tmp_path / "a.json", tmp_path / "b.json", *logs]
+    truth = total_ios(tmp_path / "a.json") + total_ios(tmp_path / "b.json")
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    print(f"two concurrent runs, one folder, --source hist: {counted} against fio's {truth}")
+    assert truth - 2 * LAST_INTERVAL <= counted <= truth, (counted, truth)  # two logs
+
+
+def test_a_rerun_into_the_same_names_pairs_with_its_own_stream(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """Two runs one after the other write the same hist log name; the second overwrites it.
+
+    Seconds apart, time cannot tell the runs apart (a log may reach a status interval and
+    more past its stream's last dump): the log's counts can.
+    """
+    first = job_file(tmp_path, iops=150, runtime=2, name="first.fio")
+    wait_fio([start_fio(fio_bin, first, tmp_path / "first.json")])
+    second = job_file(tmp_path, iops=80, runtime=2, name="second.fio")
+    wait_fio([start_fio(fio_bin, second, tmp_path / "second.json")])
+    log = tmp_path / "run_clat_hist.1.log"
+    files = [tmp_path / "first.json", tmp_path / "second.json", log]
+    t1, t2 = total_ios(tmp_path / "first.json"), total_ios(tmp_path / "second.json")
+    # --source hist: the second run from its log, the first from its stream (no log left)
+    counted = report_counts("--source", "hist", *files)[""]
+    print(f"re-run, --source hist: {counted} against fio's {t1} + {t2}")
+    assert _hist_ok(counted - t1, t2), (counted, t1, t2)
+    assert report_counts("--source", "json", *files) == {"": float(t1 + t2)}
+
+
+def test_a_plain_json_stream_covers_nothing(tmp_path: Path, fio_bin: str) -> None:
+    """--output-format=json has no bins: its hist logs are the only histograms, read as is."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "plain.json", fmt="json")])
+    log = tmp_path / "run_clat_hist.1.log"
+    counted = report_counts(tmp_path / "plain.json", log)[""]
+    assert _hist_ok(counted, total_ios(tmp_path / "plain.json"))
+
+
+def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str) -> None:
+    """fio --client on two servers; the logs moved to clients/<server>/ without the suffix.
+
+    Their running sums are recognised by content and undone: per server, fio's total_ios
+    (less the last partial interval).
+    """
+    servers = []
+    port = free_port()
+    ips = ("127.0.0.2", "127.0.0.3")
+    try:
+        for ip in ips:
+            servers.append(
+                subprocess.Popen(
+                    [fio_bin, f"--server=ip:{ip},{port}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for ip in ips:
+            deadline = time.monotonic() + DEADLINE_S
+            while not listening(ip, port):
+                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
+                time.sleep(0.05)
+        job = job_file(tmp_path, prefix="h", rw="randrw", iops=100, runtime=3)
+        cmd = [fio_bin]
+        for ip in ips:
+            cmd += [f"--client=ip:{ip},{port}", str(job)]
+        out = tmp_path / "fio-result.json"
+        cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(DEADLINE_S)
+    truth = final_ios(load(out))
+    files = []
+    for ip in ips:  # as pbench-fio files them: clients/<host>/, fio's suffix removed
+        folder = tmp_path / "clients" / ip
+        folder.mkdir(parents=True)
+        (tmp_path / f"h_clat_hist.1.log.{ip}").rename(folder / "h_clat_hist.1.log")
+        files.append(folder / "h_clat_hist.1.log")
+    counted = report_counts("--per-host", *files)
+    print(f"fio --client logs as pbench files them: {counted} against fio's {truth}")
+    assert set(counted) == set(ips)
+    for ip in ips:
+        assert truth[ip] - 2 * LAST_INTERVAL <= counted[ip] <= truth[ip], (ip, counted, truth)
+    done = fiomon("report", *files)
+    assert "recognised by content" in done.stderr
+    # With the controller's json+ beside them (pbench's fio-result): both views, paired by
+    # server (fio's suffix, or the clients/<server>/ folder) and content.
+    both = [out, *files]
+    asked = fiomon("report", "--per-host", *both)
+    assert asked.returncode != 0
+    assert "and 2 hist log(s)" in asked.stderr
+    assert report_counts("--per-host", "--source", "json", *both) == {
+        ip: float(n) for ip, n in truth.items()
+    }
+    assert report_counts("--per-host", "--source", "hist", *both) == counted
+
+
+@pytest.mark.parametrize(
+    ("extra", "logs"),
+    [
+        ("numjobs=2\ngroup_reporting=1", 2),  # one json entry, a log per thread
+        ("numjobs=2\nper_job_logs=0", 1),  # two json entries, one log for both
+        ("numjobs=2", 2),  # log N is job N-1
+        ("lat_percentiles=1", 1),  # json+ carries clat_ns and lat_ns bins
+        ("log_hist_coarseness=4", 1),  # the log's bins are 16 of json+'s
+    ],
+)
+def test_options_that_shape_logs_and_entries_pair_exactly(
+    tmp_path: Path, fio_bin: str, extra: str, logs: int
+) -> None:
+    job = job_file(tmp_path, iops=100, runtime=2, extra=extra)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    hist = sorted(tmp_path.glob("run_clat_hist*.log"))
+    assert len(hist) == logs
+    files = [tmp_path / "vm.json", *hist]
+    truth = total_ios(tmp_path / "vm.json")
+    r = fiomon("report", *files)
+    assert r.returncode != 0
+    assert f"and {logs} hist log(s)" in r.stderr  # every log paired: asks
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    assert truth - logs * LAST_INTERVAL <= counted <= truth, (counted, truth)
+
+
+def test_hist_logs_of_zeros_beside_lat_only_bins_pair_with_nothing(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """clat_percentiles=0, lat_percentiles=1: fio 3.33's json+ has lat_ns bins only and its
+    hist logs hold zeros; nothing to choose between, the stream counts every I/O."""
+    job = job_file(tmp_path, iops=100, runtime=2, extra="clat_percentiles=0\nlat_percentiles=1")
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    files = [tmp_path / "vm.json", tmp_path / "run_clat_hist.1.log"]
+    assert report_counts(*files) == {"": float(total_ios(tmp_path / "vm.json"))}
