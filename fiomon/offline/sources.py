@@ -22,7 +22,15 @@ from fiomon.errors import ConfigError, InputError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.model import RecordBatch
-from fiomon.overlap import Declaration, LogContent, claims, is_grouped, job_contents, log_content
+from fiomon.overlap import (
+    Declaration,
+    LogContent,
+    claims,
+    is_grouped,
+    job_contents,
+    log_content,
+    same_host,
+)
 from fiomon.parsers import (
     SNIFF_BYTES,
     ClientHistLogParser,
@@ -456,18 +464,31 @@ def choose_sources(
             by, positions = claimed[str(p)]
             covered.setdefault(by, []).append(p)
             held.setdefault(by, set()).update(positions)
+    plain: set[str] = set()  # streams without bins whose jobs' hist logs are given
     for d in decls:
         if d.names and not d.jobs:
-            notes.append(
-                f"note: {d.stream}: its jobs carry no histogram bins (plain json, not "
-                "json+?): it covers no hist log, and any hist logs of its jobs are read"
-            )
+            own = [
+                p
+                for p in unique
+                if p not in json_paths
+                and d.names_log(str(p))
+                and same_host(d.host, folders[str(p)])
+            ]
+            if own:
+                plain.add(d.stream)
+                notes.append(
+                    f"note: {d.stream}: its jobs carry no histogram bins (plain json, not "
+                    f"json+): not read; its jobs' I/Os are counted from their {len(own)} "
+                    "hist log(s) given beside it"
+                )
     for c in logs:
         if c.path not in claimed:
             notes.append(
                 f"note: {c.path} has a name a json+ stream declares, but no stream given "
                 "holds its I/Os (folder, time or counts differ): read as I/Os of their own"
             )
+    if plain:
+        unique = [p for p in unique if str(p) not in plain]
     if not covered or choice == "both":
         if covered:
             n = sum(len(v) for v in covered.values())
