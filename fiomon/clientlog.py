@@ -60,11 +60,11 @@ def client_log_host(path: Path) -> str | None:
     return None if m is None else m.group("host")
 
 
-DETECT_RECORDS = 6  # entries per direction needed to recognise running sums by content
+DETECT_RECORDS = 4  # entries per direction needed to recognise running sums by content
 _DETECT_HOLD = 64  # records held (per file) while the form is not known yet
 
 
-def looks_like_running_sums(batch: RecordBatch) -> bool | None:
+def looks_like_running_sums(batch: RecordBatch, *, pbench: bool = False) -> bool | None:
     """Whether a hist log's first records are fio --client's running sums (see above).
 
     Per direction with I/O and at least ``DETECT_RECORDS`` entries, all of: the first two
@@ -74,25 +74,54 @@ def looks_like_running_sums(batch: RecordBatch) -> bool | None:
     steady load); and some bin is smaller than the entry right before (two chains of sums,
     interleaved; a load ramping up smoothly grows at every step). None: too few records
     to tell yet.
+
+    Args:
+        batch: the log's first records.
+        pbench: the log lies where pbench-fio files fio --client's logs
+            (``clients/<server>/``, :func:`filed_by_pbench`): three entries per direction
+            suffice (a 2-second job at 500 ms writes no more), and the third must be at
+            least 1.5 times the first two (two intervals against one, less the jitter
+            of a short run).
     """
     dense = batch.dense()
     order = np.argsort(batch.end_ms, kind="stable")
     found = False
+    need, growth = (3, 1.5) if pbench else (DETECT_RECORDS, 2.0)
     for d in np.unique(batch.direction).tolist():
         rows = dense[order[batch.direction[order] == d]]
         totals = rows.sum(axis=1)
-        if len(rows) < DETECT_RECORDS or not totals.any():
+        if len(rows) < need or not totals.any():
             continue
         if bool((rows[2:] < rows[:-2]).any()):
             return False  # some bin went down two entries on: intervals, not sums
         if not (totals[0] and totals[1]):
             return False  # sums start from two intervals with I/O; a ramp from idle does not
-        if int(totals[-1]) < 2 * max(int(totals[0]), int(totals[1])):
+        if int(totals[-1]) < growth * max(int(totals[0]), int(totals[1])):
             return False
         if not bool((rows[1:] < rows[:-1]).any()):
             return False  # grows at every step: a ramp, not two chains of sums
         found = True
     return found if found or len(batch) >= _DETECT_HOLD else None
+
+
+def filed_by_pbench(path: Path) -> bool:
+    """Whether ``path`` lies in ``clients/<server>/`` (pbench-fio's place for fio --client logs)."""
+    return path.parent.parent.name == "clients"
+
+
+def ambiguous_sums(batch: RecordBatch) -> bool:
+    """Whether a log too short to tell could still be running sums.
+
+    Three entries in some direction, the first two with I/O and the third at least the
+    first bin by bin: it is read as it is, and the reader says so.
+    """
+    dense = batch.dense()
+    order = np.argsort(batch.end_ms, kind="stable")
+    for d in np.unique(batch.direction).tolist():
+        rows = dense[order[batch.direction[order] == d]]
+        if len(rows) == 3 and rows[0].any() and rows[1].any() and not (rows[2] < rows[0]).any():
+            return True
+    return False
 
 
 class ClientLogUndo:
@@ -110,6 +139,7 @@ class ClientLogUndo:
         self.problems = problems
         self.active = True
         self._detecting = detect
+        self._pbench = detect and filed_by_pbench(Path(name))
         self._held: list[RecordBatch] = []
         if not detect:
             problems.warn(
@@ -131,13 +161,23 @@ class ClientLogUndo:
         if not self._held:
             return None
         held = RecordBatch.concat(self._held)
-        verdict = looks_like_running_sums(held)
+        verdict = looks_like_running_sums(held, pbench=self._pbench)
         if verdict is None and not final:
             return None
         self._held = []
         self._detecting = False
         if not verdict:
             self.active = False
+            if verdict is None and ambiguous_sums(held):
+                self.problems.warn(
+                    self.name,
+                    0,
+                    "client-log",
+                    "too few records to tell whether these are the running sums fio "
+                    "--client writes (the third entry holds the first): read as they are; "
+                    "if fio --client wrote this log, its counts after the second entry "
+                    "are too high",
+                )
             return held
         self.problems.warn(
             self.name,
