@@ -83,7 +83,8 @@ import numpy.typing as npt
 from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
-from fiomon.clientlog import client_log_host
+from fiomon.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
+from fiomon.decode import container, fio_log_store
 from fiomon.fiojson import JsonStatusParser
 from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
 from fiomon.model import RecordBatch
@@ -97,7 +98,15 @@ from fiomon.overlap import (
     job_contents,
     log_content,
 )
-from fiomon.parsers import SNIFF_BYTES, Kind, ParserOptions, RecordParser, open_parser, sniff
+from fiomon.parsers import (
+    FIO_STORE_REFUSAL,
+    SNIFF_BYTES,
+    Kind,
+    ParserOptions,
+    RecordParser,
+    open_parser,
+    sniff,
+)
 from fiomon.problems import Problem, ProblemLog
 from fiomon.wire import MAX_TIME_MS, encode, wire_id
 
@@ -112,7 +121,11 @@ QUIET_S = 5.0  # a change after this much quiet is checked in full (rewrite, not
 IDLE_CLOSE_S = 2.0  # at the descriptor cap, a stream this quiet may be closed for another
 FORGET_S = 3600.0  # a closed stream not seen at any watched path for this long is forgotten
 MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
-HOLD_S = 30.0  # longest a hist log waits for json+ streams to declare their jobs
+# Longest a hist log waits for json+ streams to declare their jobs: fio writes a job's log
+# when the job exits, and a stream's first dump comes a status interval after fio started
+# (a 35 s interval and a job of a few seconds left 30 s short, and the stream then had to
+# drop that job's last partial interval); a minute covers the intervals people use.
+HOLD_S = 60.0
 HOLD_RECORDS = 100_000  # a hist log held longer than this many records is decided at once
 MAX_PAIRED_LOGS = 4096  # covered and published hist logs remembered for pairing
 MAX_ENDED_STREAMS = 64  # ended json+ streams whose last dump still pairs hist logs
@@ -120,6 +133,7 @@ RESCAN_S = 5.0  # full rescan (and stat of closed files) at least this often
 TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for, at most
 KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
 KEY_READ = 1 << 20  # ... found within this much of the file's start
+PBENCH_PROBE_BYTES = 4 << 20  # of a log in clients/<server>/ read to tell running sums
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
@@ -388,24 +402,69 @@ class Follower:
             del self._closed[stream]
             self.changes += 1
 
-    def _refuse_client_log(self, path: str) -> None:
+    def _refuse_client_log(self, path: str, *, pbench: bool = False) -> None:
         """Say once per file why a hist log of ``fio --client`` is not followed.
 
         fio writes those on the controller when each job ends, every server's under the
         controller's host, as running sums (see :mod:`fiomon.clientlog`): the agent
         cannot publish them as live records of their hosts. ``fiomon report`` reads them.
+        ``pbench``: known by its place (``clients/<server>/``) and its running sums, fio's
+        ``.<server>`` suffix being gone.
         """
         if path in self._refused:
             return
         self._refused.add(path)
         self.stats.files_refused += 1
+        server = Path(path).parent.name if pbench else client_log_host(Path(path))
         log.warning(
-            "%s: a hist log written by fio --client (server %s), at the end of the run: not "
-            "published (use fiomon report on it; for live records run fio on each host "
+            "%s: a hist log written by fio --client (server %s%s), at the end of the run: "
+            "not published (use fiomon report on it; for live records run fio on each host "
             "with an agent beside it, see README 'fio's client/server mode')",
             path,
-            client_log_host(Path(path)),
+            server,
+            "; filed by pbench-fio, its running sums recognised by content" if pbench else "",
         )
+
+    def _pbench_client_log(self, s: _Stream) -> bool:
+        """Whether ``s`` is a fio --client log as pbench-fio files it (place and content).
+
+        Such a log is written whole when the run ends; its first records tell
+        (:func:`fiomon.clientlog.looks_like_running_sums`). A log elsewhere, or one whose
+        records are intervals, is followed as usual.
+        """
+        if not filed_by_pbench(Path(s.path)):
+            return False
+        try:
+            data = os.pread(s.fd, PBENCH_PROBE_BYTES, 0)
+        except OSError:
+            return False
+        parser = HistLogParser(s.path, options=self._parser_options(s).hist)
+        batches = [b for b in (parser.feed(data), parser.finish()) if b is not None and len(b)]
+        if not batches:
+            return False
+        return bool(looks_like_running_sums(RecordBatch.concat(batches), pbench=True))
+
+    def _refuse_packed(self, s: _Stream, packed: str | None) -> None:
+        """Say once why a compressed file is followed but never published.
+
+        fio writes its logs and status streams uncompressed while it runs; a compressed
+        one was made after the run (``gzip`` of a log the agent already published, which
+        would count its I/Os twice) or is fio's own ``log_store_compressed`` store, which
+        is not a readable log. ``fiomon report`` reads the former and names the fix for
+        the latter.
+        """
+        s.decided = True
+        self.stats.files_refused += 1
+        if packed is not None:
+            log.warning(
+                "%s: %s-compressed, made after the run: not published (its records, if "
+                "fio wrote them here, went out from the uncompressed file; fiomon report "
+                "reads compressed logs offline)",
+                s.path,
+                packed,
+            )
+        else:
+            log.warning("%s: %s", s.path, FIO_STORE_REFUSAL)
 
     def _glob(self, now: float) -> dict[str, os.stat_result] | None:
         """Regular files matching the patterns, with their stat; None if nothing changed.
@@ -943,7 +1002,15 @@ class Follower:
         s.started = True
         if s.covered_by is not None:
             return  # a copy, or a hist log another stream covers: followed, never parsed
+        packed = container(first)
+        if packed != "plain" or fio_log_store(first):
+            self._refuse_packed(s, packed if packed != "plain" else None)
+            return
         s.kind = "json" if sniff(first) == "json" else "hist"
+        if s.kind == "hist" and self._pbench_client_log(s):
+            s.decided = True
+            self._refuse_client_log(s.path, pbench=True)
+            return
         if s.kind == "json":
             s.decided = True
         elif s.time_offset_ms is None:
@@ -1490,6 +1557,8 @@ def head_tells_kind(head: bytes) -> bool:
         return False
     if body[:1] == b"{" or body[:1].isdigit():
         return True
+    if container(head) != "plain" or fio_log_store(head):
+        return True  # compressed: refused (Follower._refuse_packed)
     return b"\n{" in body
 
 
