@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, cast
 
 from fiomon.bins import BinLayout, Unit
 from fiomon.clientlog import ClientLogUndo, client_log_host
+from fiomon.decode import InputDecoder
 from fiomon.errors import ConfigError, InputError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
@@ -304,6 +306,7 @@ SOURCE_HELP = {
     "both": "count both anyway (every I/O of those jobs twice)",
 }
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
+_SPOOL_BYTES = 64 << 20  # a decoded json+ file held in memory for pairing, at most
 _TAIL_BYTES = 4 << 20  # how much of a file's end is read for its last time stamp
 _TS_RE = re.compile(rb'"timestamp_ms"\s*:\s*(\d{1,16})')
 
@@ -320,7 +323,7 @@ def _json_input(path: Path, host: str) -> _JsonInput:
     """Declarations from a json+ file's first document; its jobs' bins from its last."""
     parser = JsonStatusParser(str(path), problems=ProblemLog())
     splitter = JsonSplitter(str(path), parser.problems, max_document_bytes=_DECLARATION_BYTES)
-    with path.open("rb") as fh:
+    with _decoded(path) as fh:
         read = 0
         found = False
         while not found and read < _DECLARATION_BYTES and (chunk := fh.read(CHUNK_BYTES)):
@@ -345,6 +348,30 @@ def _json_input(path: Path, host: str) -> _JsonInput:
             grouped=is_grouped(last),
         )
     return _JsonInput(path, replace(d, host=host))
+
+
+def _decoded(path: Path) -> BinaryIO:
+    """``path`` opened as UTF-8 bytes: compressed or UTF-16 files decoded first.
+
+    The pairing reads a json+ file's first and last documents, seeking to its end; a
+    compressed or re-encoded file cannot seek, so it is decoded once into a temporary file
+    (in memory up to :data:`_SPOOL_BYTES`, on disk beyond). Plain files open as they are.
+    """
+    fh = path.open("rb")
+    head = fh.read(SNIFF_BYTES)
+    fh.seek(0)
+    dec = InputDecoder(head)
+    if not dec.needed:
+        return fh
+    out = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115 -- returned
+    with fh:
+        for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            for piece in dec.feed(chunk):
+                out.write(piece)
+        for piece in dec.finish():
+            out.write(piece)
+    out.seek(0)
+    return cast("BinaryIO", out)
 
 
 def _last_document(fh: BinaryIO, size: int) -> dict[str, Any] | None:

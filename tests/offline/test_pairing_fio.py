@@ -8,6 +8,7 @@ jitter).
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import time
 from pathlib import Path
@@ -211,3 +212,19 @@ def test_hist_logs_of_zeros_beside_lat_only_bins_pair_with_nothing(
     wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
     files = [tmp_path / "vm.json", tmp_path / "run_clat_hist.1.log"]
     assert report_counts(*files) == {"": float(total_ios(tmp_path / "vm.json"))}
+
+
+def test_a_compressed_stream_pairs_with_its_hist_log(tmp_path: Path, fio_bin: str) -> None:
+    """A json+ stream gzipped after the run still declares its jobs: no double count."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    truth = total_ios(tmp_path / "vm.json")
+    packed = tmp_path / "vm.json.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "vm.json").read_bytes()))
+    (tmp_path / "vm.json").unlink()
+    log = tmp_path / "run_clat_hist.1.log"
+    r = fiomon("report", packed, log)
+    assert r.returncode != 0, "a gzipped json+ beside its own hist log must ask for --source"
+    assert f"{packed} and 1 hist log(s): {log}" in r.stderr, r.stderr
+    assert report_counts("--source", "json", packed, log) == {"": float(truth)}
+    assert _hist_ok(report_counts("--source", "hist", packed, log)[""], truth)
