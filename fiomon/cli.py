@@ -75,8 +75,11 @@ inputs:
   recognised by content. Use log_unix_epoch=1 so hosts share one clock. Also read: json+
   after fio's text (note: lines, --output-format=json+,normal), gzip/bzip2/xz files,
   UTF-8 with a BOM or UTF-16, and unified_rw_reporting's mixed sections (direction
-  mixed). Refused, naming the file and the fio option that fixes it: plain json (no
-  bins), lat/bw/iops logs, fio's log_store_compressed .fz files, text-only output.
+  mixed). fio --client hist logs hold running sums, undone whether fio's .<server>
+  suffix is on the name or pbench-fio filed them as clients/<server>/ (by content).
+  Refused, naming the file and the fio option that fixes it: plain json (no bins; not
+  read, with a note, when its jobs' hist logs are given beside it), lat/bw/iops logs,
+  fio's log_store_compressed .fz files, text-only output.
 
 semantics:
   a hist-log line is stamped at the END of its interval; records that straddle a quantum
