@@ -8,6 +8,7 @@ close quanta behind the slowest one, keeping memory bounded for runs of any leng
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -350,6 +351,63 @@ def _json_input(path: Path, host: str) -> _JsonInput:
     return _JsonInput(path, replace(d, host=host))
 
 
+_COPY_HEAD_BYTES = 1 << 20  # decoded bytes compared to tell a copy of another input
+
+
+def _content_key(path: Path) -> bytes | None:
+    """A digest of the first :data:`_COPY_HEAD_BYTES` of ``path``'s decoded content.
+
+    Decoded, so that ``out.json.gz`` (``gzip -k``) and ``out.json`` give the same key.
+    None: unreadable, or blank (nothing to count twice).
+    """
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(_COPY_HEAD_BYTES)
+            dec = InputDecoder(raw)
+            if not dec.needed:
+                head = raw
+            else:
+                out = bytearray()
+                chunk = raw
+                while chunk and len(out) < _COPY_HEAD_BYTES:
+                    for piece in dec.feed(chunk):
+                        out += piece
+                    chunk = fh.read(CHUNK_BYTES) if len(out) < _COPY_HEAD_BYTES else b""
+                if not chunk:
+                    for piece in dec.finish():
+                        out += piece
+                head = bytes(out[:_COPY_HEAD_BYTES])
+    except OSError:
+        return None
+    if not head.strip():
+        return None
+    return hashlib.blake2b(head, digest_size=16).digest()
+
+
+def _distinct_content(paths: list[Path], notes: list[str]) -> list[Path]:
+    """``paths`` less the copies of an earlier one (same decoded content), with a warning.
+
+    A backup (``out.json.bak``), a file compressed beside its original (``gzip -k``) or a
+    log filed twice (fio's suffixed name and pbench's ``clients/<server>/`` copy) holds
+    the same I/Os as the file it copies: reading both counts them twice. Files are the
+    same when their first MiB of decoded content is (stamps and histograms make different
+    fio outputs differ within their first line); the first one given is read.
+    """
+    seen: dict[bytes, Path] = {}
+    out = []
+    for p in paths:
+        key = _content_key(p)
+        first = seen.setdefault(key, p) if key is not None else p
+        if first is p:
+            out.append(p)
+        else:
+            notes.append(
+                f"warning: {p} holds the same content as {first} (a copy, a backup or the "
+                "same file compressed): read once"
+            )
+    return out
+
+
 def _decoded(path: Path) -> BinaryIO:
     """``path`` opened as UTF-8 bytes: compressed or UTF-16 files decoded first.
 
@@ -464,6 +522,7 @@ def choose_sources(
             unique.append(p)
         else:
             notes.append(f"warning: {p} is {first} again: read once")
+    unique = _distinct_content(unique, notes)
     folders = dict(zip(map(str, unique), _host_folders(unique), strict=True))
     json_inputs: list[_JsonInput] = []
     for p in unique:

@@ -228,3 +228,22 @@ def test_a_compressed_stream_pairs_with_its_hist_log(tmp_path: Path, fio_bin: st
     assert f"{packed} and 1 hist log(s): {log}" in r.stderr, r.stderr
     assert report_counts("--source", "json", packed, log) == {"": float(truth)}
     assert _hist_ok(report_counts("--source", "hist", packed, log)[""], truth)
+
+
+def test_copies_of_an_input_are_read_once(tmp_path: Path, fio_bin: str) -> None:
+    """A backup, a `gzip -k` copy and the original given together: their I/Os count once."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
+    truth = total_ios(tmp_path / "vm.json")
+    stream, log = tmp_path / "vm.json", tmp_path / "run_clat_hist.1.log"
+    backup = tmp_path / "vm.json.bak"
+    backup.write_bytes(stream.read_bytes())
+    packed = tmp_path / "run_clat_hist.1.log.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    r = fiomon("report", "--format", "jsonl", "--source", "json", stream, backup, log, packed)
+    assert r.returncode == 0, r.stderr
+    assert f"{backup} holds the same content as {stream}" in r.stderr, r.stderr
+    assert f"{packed} holds the same content as {log}" in r.stderr, r.stderr
+    assert report_counts("--source", "json", stream, backup, log, packed) == {"": float(truth)}
+    hist = report_counts("--source", "hist", stream, backup, log, packed)[""]
+    assert _hist_ok(hist, truth), (hist, truth)
