@@ -42,10 +42,11 @@ I64 = npt.NDArray[np.int64]
 # What fio --client appends to a hist log's name: the server's host name (or address),
 # perhaps compressed after the run (``h_clat_hist.1.log.127.0.0.2.gz``). Not a host: a
 # compression or backup suffix (``.fz``, ``.gz``, ``.bz2``, ``.xz``, ``.bak``, ``.old``,
-# ``.orig``) or a rotation number (``.1``), alone or followed by such suffixes.
+# ``.orig``, ``.log``: ``fio --inflate-log=X.fz > X.fz.log``) or a rotation number (``.1``),
+# alone or followed by such suffixes.
 _CLIENT_SUFFIX = re.compile(
     r"_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?\."
-    r"(?!(?:fz|gz|bz2|xz|bak|old|orig|\d+)(?:\.(?:gz|bz2|xz|bak|old|orig))*$)"
+    r"(?!(?:fz|gz|bz2|xz|bak|old|orig|log|\d+)(?:\.(?:gz|bz2|xz|bak|old|orig|log))*$)"
     r"(?P<host>[^/]+?)(?:\.(?:gz|bz2|xz))?$"
 )
 

@@ -189,8 +189,10 @@ def open_parser(
 
 FIO_STORE_REFUSAL = (
     "fio's zlib-compressed log store (log_compression with log_store_compressed=1), "
-    "not a readable log: inflate it with `fio --inflate-log=FILE > FILE.log` and give "
-    "fiomon that file"
+    "not a readable log; a lat/bw/iops log inflates with `fio --inflate-log=FILE`, but a "
+    "hist log does not (fio 3.33 prints a memory address where its bins were): re-run fio "
+    "with log_store_compressed=0 (log_compression alone still bounds fio's memory and "
+    "writes a readable log)"
 )
 
 
