@@ -117,8 +117,8 @@ def test_a_hist_log_of_another_run_with_the_same_name_is_not_covered(tmp_path: P
     assert paths == [run, later]
     assert skips == {}
     assert notes == [
-        f"note: {later} has a name a json+ stream declares, but no stream given holds its "
-        "I/Os (folder, time or counts differ): read as I/Os of their own"
+        f"note: {later} is read as I/Os of its own: no json+ stream given holds them "
+        f"(checked {run}: its records are outside that stream's time)"
     ]
 
 

@@ -32,6 +32,7 @@ from fiomon.overlap import (
     job_contents,
     log_content,
     same_host,
+    why_not_covered,
 )
 from fiomon.parsers import (
     SNIFF_BYTES,
@@ -347,7 +348,7 @@ def _json_input(path: Path, host: str) -> _JsonInput:
             at_ms=ts if isinstance(ts, int) else None,
             grouped=is_grouped(last),
         )
-    return _JsonInput(path, replace(d, host=host))
+    return _JsonInput(path, replace(d, host=host, stem=_from_file(path)))
 
 
 def _decoded(path: Path) -> BinaryIO:
@@ -511,8 +512,8 @@ def choose_sources(
     for c in logs:
         if c.path not in claimed:
             notes.append(
-                f"note: {c.path} has a name a json+ stream declares, but no stream given "
-                "holds its I/Os (folder, time or counts differ): read as I/Os of their own"
+                f"note: {c.path} is read as I/Os of its own: no json+ stream given holds "
+                f"them ({why_not_covered(c, decls, logs)})"
             )
     if plain:
         unique = [p for p in unique if str(p) not in plain]
@@ -532,8 +533,8 @@ def choose_sources(
         options = "\n".join(f"  --source {k:<5} {v}" for k, v in SOURCE_HELP.items())
         msg = (
             "these inputs describe the same I/Os twice: a json+ status stream and hist logs "
-            "of its jobs (same folder, a write_hist_log name it declares, its time, and its "
-            "jobs' bins hold the logs' counts):\n"
+            "of its jobs (same host folder or a sibling folder, a write_hist_log name it "
+            "declares, its time, and its jobs' bins hold the logs' counts):\n"
             + "\n".join(lines)
             + f"\nChoose one view:\n{options}"
         )
