@@ -193,8 +193,9 @@ def detecting_client_sums(parser: RecordParser, problems: ProblemLog) -> RecordP
 
 HOST_FROM_HELP = (
     "how a file's host is named: auto (default: the nearest folder level whose names tell "
-    "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/; with all files "
-    "in one folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
+    "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/, or the level "
+    "above sub-folders every host has, c1 for c1/json/ and c1/hist/; with all files in one "
+    "folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
     "file (the file name without fio's suffix: client-07 from client-07.json and "
     "client-07_clat_hist.1.log, as `fiomon fio` names them; the server from the suffix "
     "fio --client appends: 127.0.0.2 from h_clat_hist.1.log.127.0.0.2, which auto "
@@ -265,6 +266,23 @@ def _distinguishing_folders(paths: list[Path]) -> list[str]:
         if all(names) and len(set(names)) == len(names):
             by_folder = dict(zip(distinct, names, strict=True))
             return [by_folder[f] for f in folders]
+    # Each host's results split into the same sub-folders (c1/json, c1/hist, c2/json,
+    # c2/hist): the hosts are the level above them.
+    for level in range(1, max(len(f.parts) for f in distinct)):
+        if any(level > len(f.parents) for f in distinct):
+            break
+        groups: dict[Path, set[Path]] = {}
+        for f in distinct:
+            up = f.parents[level - 1]
+            groups.setdefault(up, set()).add(f.relative_to(up))
+        shapes = list(groups.values())
+        if (
+            len(groups) >= 2
+            and all(up.name for up in groups)
+            and len({up.name for up in groups}) == len(groups)
+            and all(s == shapes[0] for s in shapes)
+        ):
+            return [f.parents[level - 1].name for f in folders]
     # No single level tells them apart (c1/x/r, c2/x/r, c1/y/r): their paths below the
     # common ancestor do.
     common = Path(os.path.commonpath(distinct))
