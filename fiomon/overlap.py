@@ -378,6 +378,16 @@ def _tag(name: str, declared: str) -> str | None:
     return name[:cut] if name[cut] in _SEPARATORS else None
 
 
+def _another_of_series(tag: str | None, stem: str | None) -> bool:
+    """Whether a stream's stem names another of the series a log's tag is one of.
+
+    ``client-01-out`` for the tag ``client-02``: equal but for their digits.
+    """
+    if not tag or not stem:
+        return False
+    return _agrees(_DIGITS.sub("#", tag), _DIGITS.sub("#", stem)) and not _agrees(tag, stem)
+
+
 def _agrees(tag: str, stem: str) -> bool:
     """Whether a log's tag and a stream file's stem name one thing (one begins the other)."""
     if tag == stem:
@@ -486,7 +496,8 @@ def candidates(
     ``client-01/hist/``) whose own folder holds no log they name (a folder of streams
     only). Where collecting added a tag to the log's name (``client-01-run_...``), streams
     whose file stem agrees with that tag (``client-01-out.json``) come first and alone; a
-    stream whose stem agrees with another log's tag never takes it.
+    stream whose stem agrees with another log's tag, or names another of the tag's series
+    (``client-02-out.json``), never takes it.
     """
     named = [d for d in declarations if d.jobs and d.names_log(log.path)]
     near = [d for d in named if same_host(d.host, log.host)]
@@ -501,7 +512,12 @@ def candidates(
     if strong:
         return strong
     tags = {t for other in logs for d in near if (t := d.log_tag(other.path)) is not None}
-    return [d for d in near if not any(_agrees(t, d.stem or "") for t in tags)]
+    return [
+        d
+        for d in near
+        if not any(_agrees(t, d.stem or "") for t in tags)
+        and not _another_of_series(d.log_tag(log.path), d.stem)
+    ]
 
 
 def claims(
@@ -555,7 +571,7 @@ def why_not_covered(
             if sibling_folders(d.host, log.host):
                 why = "in a sibling folder that holds hist logs of its own"
             else:
-                why = f"its name's tag {d.log_tag(log.path)!r} is another stream's"
+                why = f"its name's tag {d.log_tag(log.path)!r} does not name that stream"
         elif sibling_folders(d.host, log.host):
             why = "in a sibling folder, and its own folder holds a stream naming it"
         else:
