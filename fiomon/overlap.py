@@ -23,10 +23,22 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      suffix, or by the folder pbench-fio files it in, ``clients/<server>/``).
      ``per_job_logs=0`` writes one log for all jobs of the prefix: it is compared with
      their sum. ``group_reporting`` folds a job's threads into one json entry while
-     each thread keeps its log: any entry of that name may claim it;
-  b. **host**: offline, the log and the stream are in the same host's folder (the
-     level of folders that tells the inputs apart: ``client-01/`` and ``client-02/``
-     never pair, even with the same prefix); the agent follows one host;
+     each thread keeps its log: any entry of that name may claim it. Offline, also
+     the names collecting results gives (:meth:`Declaration.log_names`): the prefix
+     ends with a declared name after ``-``, ``_`` or ``.`` (``client-01-run`` for
+     ``run``), or is the stream file's stem, alone or before a separator (``node1``
+     for ``node1.json``, as ``fiomon fio`` names them: any job, thread ``N`` still job
+     ``N - 1``). What precedes the declared name is the log's *tag*: a stream whose
+     stem agrees with it (``client-01-out.json``) is offered the log alone, and a
+     stream whose stem agrees with another log's tag or names another of the tag's
+     series (``client-02-out.json``) never takes it;
+  b. **host**: offline, the log and the stream are in the same folder, or one inside
+     the other (``client-01/`` and ``client-02/`` never pair, even with the same
+     prefix). Only where no stream there names the log, a stream in a *sibling*
+     folder may hold it (``client-01/json/`` for ``client-01/hist/``) if that folder
+     holds no log the stream names and the two names are not of one series
+     (``client-01`` and ``client-02``, ``run1`` and ``run2``: :func:`sibling_folders`);
+     the agent follows one host and compares fio's own names only;
   c. **content**: the log's histogram summed over its records and directions, in the
      log's bins (``log_hist_coarseness``), is bin by bin at most the job's final
      cumulative json+ histogram (``clat_ns`` bins, summed over directions, so a
@@ -44,12 +56,14 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
 
 Examples (real fio 3.33): three hosts run one job file with ``write_hist_log=run`` and
 their results are collected in ``client-01/``, ``client-02/``, ``client-03/``: each
-host's logs pair with its own stream only (b). Two runs with the same prefix, at the
-same time, in two folders on one host: a log pairs with the stream whose job holds its
-I/Os (c), the other run's log is read. ``--status-interval=35`` with a job that ends
-before the first dump: the agent holds the log until the stream's first dump shows
-that job, then covers it; had it already published the log (after ``HOLD_S``), the
-stream skips that job (:func:`explained_by`).
+host's logs pair with its own stream only (b); collected into one folder as
+``client-01-out.json`` and ``client-01-run_clat_hist.N.log``, ... (a: the tag), or into
+``client-01/json/`` and ``client-01/hist/``, ... (b: sibling folders), the same. Two
+runs with the same prefix, at the same time, in two folders on one host: a log pairs
+with the stream whose job holds its I/Os (c), the other run's log is read.
+``--status-interval=35`` with a job that ends before the first dump: the agent holds
+the log until the stream's first dump shows that job, then covers it; had it already
+published the log (after ``HOLD_S``), the stream skips that job (:func:`explained_by`).
 """
 
 from __future__ import annotations
