@@ -575,7 +575,7 @@ def why_not_covered(
     near = any(same_host(d.host, log.host) for d in named)
     reasons = []
     for d in named:
-        if d in offered:
+        if any(x is d for x in offered):
             if not d.overlaps(log.span):
                 why = "its records are outside that stream's time"
             else:

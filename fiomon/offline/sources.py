@@ -27,6 +27,7 @@ from fiomon.model import RecordBatch
 from fiomon.overlap import (
     Declaration,
     LogContent,
+    candidates,
     claims,
     is_grouped,
     job_contents,
@@ -369,6 +370,75 @@ def _json_input(path: Path, host: str) -> _JsonInput:
     return _JsonInput(path, replace(d, host=host, stem=_from_file(path)))
 
 
+_DOC_OR_RUNTIME = re.compile(rb'\n\{|"job_runtime"\s{0,8}:\s{0,8}(\d{1,16})(?=\D)')
+_MAX_RUNS = 64  # earlier runs of one appended json+ file compared, at most
+
+
+def _earlier_runs(path: Path, base: Declaration) -> list[Declaration]:
+    """Each earlier run's final jobs in a json+ file that fio runs appended to (``>>``).
+
+    A run starts where the first job's ``job_runtime`` goes down; the document before is
+    that run's last dump (its jobs' final bins). Found by a scan of the text, and only
+    those documents decoded.
+    """
+    ends: list[tuple[int, int]] = []
+    with _decoded(path) as fh:
+        cur: int | None = 0 if fh.read(1) == b"{" else None
+        fh.seek(0)
+        prev: int | None = None
+        cur_rt: int | None = None
+        prev_rt: int | None = None
+        origin, data = 0, b""
+        while len(ends) < _MAX_RUNS:
+            chunk = fh.read(CHUNK_BYTES)
+            data += chunk
+            limit = len(data) if not chunk else max(0, len(data) - 64)
+            keep = max(0, limit - 64)
+            for m in _DOC_OR_RUNTIME.finditer(data, 0, limit):
+                keep = max(keep, m.end())
+                if m.group(1) is None:
+                    prev, prev_rt = cur, cur_rt
+                    cur, cur_rt = origin + m.start() + 1, None
+                elif cur_rt is None:
+                    cur_rt = int(m.group(1))
+                    restarted = prev_rt is not None and cur_rt < prev_rt
+                    if restarted and prev is not None and cur is not None:
+                        ends.append((prev, cur))  # the first job's runtime went down: a new run
+            if not chunk:
+                break
+            origin += keep
+            data = data[keep:]
+        out = []
+        for k, (start, end) in enumerate(ends):
+            if end - start > _DECLARATION_BYTES:
+                continue
+            fh.seek(start)
+            try:
+                doc = json.loads(fh.read(end - start).decode("utf-8", errors="replace"))
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(doc, dict):
+                continue
+            jobs = job_contents(doc)
+            ts = doc.get("timestamp_ms")
+            if not jobs or not isinstance(ts, int) or isinstance(ts, bool):
+                continue
+            first = ts - max(j.runtime_ms for j in jobs)
+            out.append(
+                replace(
+                    base,
+                    stream=f"{base.stream}, run {k + 1}",
+                    names=base.names | {j.name for j in jobs},
+                    first_ms=first,
+                    last_ms=ts,
+                    jobs=jobs,
+                    at_ms=ts,
+                    grouped=is_grouped(doc),
+                )
+            )
+    return out
+
+
 def _decoded(path: Path) -> BinaryIO:
     """``path`` opened as UTF-8 bytes: compressed or UTF-16 files decoded first.
 
@@ -503,12 +573,35 @@ def choose_sources(
         and (c := _log_content(p, folders[str(p)])) is not None
     ]
     claimed = claims(logs, decls)
+    runs: dict[str, list[str]] = {str(j.path): [j.declaration.stream] for j in json_inputs}
+    run_of = {j.declaration.stream: str(j.path) for j in json_inputs}
+    loose = [c for c in logs if c.path not in claimed]
+    if loose:  # fio runs appended to one json+ file (>>): each run's last dump compared
+        more: list[Declaration] = []
+        for i, j in enumerate(json_inputs):
+            d = j.declaration
+            if not d.jobs or not any(
+                any(x is d for x in candidates(c, decls, logs)) for c in loose
+            ):
+                continue
+            earlier = _earlier_runs(j.path, d)
+            if earlier:  # the last run's time starts at its own first dump
+                end = d.at_ms if d.at_ms is not None else d.last_ms
+                start = None if end is None else end - max(job.runtime_ms for job in d.jobs)
+                decls[i] = replace(d, first_ms=start)
+            for r in earlier:
+                more.append(r)
+                runs[str(j.path)].append(r.stream)
+                run_of[r.stream] = str(j.path)
+        if more:
+            decls = decls + more
+            claimed = claims(logs, decls)
     covered: dict[str, list[Path]] = {}
     held: dict[str, set[int]] = {}
     for p in unique:
         if str(p) in claimed:
             by, positions = claimed[str(p)]
-            covered.setdefault(by, []).append(p)
+            covered.setdefault(run_of.get(by, by), []).append(p)
             held.setdefault(by, set()).update(positions)
     plain: set[str] = set()  # streams without bins whose jobs' hist logs are given
     for d in decls:
@@ -565,7 +658,18 @@ def choose_sources(
     dropped: list[str] = []
     kept: set[str] = set()
     for j in json_inputs:
-        skip = frozenset(held.get(str(j.path), ()))
+        streams = runs[str(j.path)]
+        skip = frozenset.intersection(*(frozenset(held.get(r, ())) for r in streams))
+        partial = [
+            p for p, (by, positions) in claimed.items() if by in streams and not positions <= skip
+        ]
+        if partial:  # runs appended to one file: a job is skipped only if every run has its log
+            kept.update(partial)
+            notes.append(
+                f"--source hist: {j.path} holds {len(streams)} fio runs appended to it; "
+                f"jobs without a hist log in every run are read from it: not reading "
+                f"{len(partial)} hist log(s) of those jobs"
+            )
         if not skip:
             continue
         jobs = {job.position for job in j.declaration.jobs}
