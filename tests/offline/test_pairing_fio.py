@@ -333,3 +333,39 @@ def test_logs_in_a_sibling_folder_of_their_stream_pair_per_host(
     counted = report_counts("--per-host", *files)
     assert counted["client-01"] == float(truth["client-01"])
     assert truth["client-02"] - 2 * LAST_INTERVAL <= counted["client-02"] <= truth["client-02"]
+
+
+def test_runs_appended_to_one_json_file_pair_with_each_runs_log(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """`fio ... --output-format=json+ >> out.json` twice, the first run's log moved to run1/:
+    each log pairs with its own run's last dump in the file (a restart: counts go down)."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    out = tmp_path / "out.json"
+    truth = 0
+    for run in (1, 2):
+        with out.open("ab") as fh:
+            ran = subprocess.run(
+                [fio_bin, str(job), "--status-interval=1", "--output-format=json+"],
+                cwd=tmp_path,
+                stdout=fh,
+                stderr=subprocess.PIPE,
+                timeout=120,
+                check=False,
+            )
+        assert ran.returncode == 0, ran.stderr
+        truth += total_ios(out)  # the file's last document: this run's final one
+        if run == 1:
+            (tmp_path / "run1").mkdir()
+            (tmp_path / "run_clat_hist.1.log").rename(tmp_path / "run1" / "run_clat_hist.1.log")
+    logs = [tmp_path / "run1" / "run_clat_hist.1.log", tmp_path / "run_clat_hist.1.log"]
+    files = [out, *logs]
+    r = fiomon("report", *files)
+    assert r.returncode != 0, r.stderr
+    assert f"{out} and 2 hist log(s)" in r.stderr, r.stderr
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    print(f"two runs appended to one json+ file, --source hist: {counted} against {truth}")
+    assert truth - 2 * LAST_INTERVAL <= counted <= truth, (counted, truth)
+    # run 1's log alone: the stream is read whole (run 2 has no log), the log is not
+    assert report_counts("--source", "hist", out, logs[0]) == {"": float(truth)}
