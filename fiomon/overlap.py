@@ -54,6 +54,10 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      minus the job's runtime, to its last dump), give or take ``slack_ms``. Logs with
      relative stamps cannot be placed: the content decides for them.
 
+Offline, a json+ file fio runs were appended to (``>>``) holds several runs: where a
+log it names pairs with nothing, each earlier run's last dump (the document before the
+first job's runtime goes down) is a declaration of its own, with that run's time.
+
 Examples (real fio 3.33): three hosts run one job file with ``write_hist_log=run`` and
 their results are collected in ``client-01/``, ``client-02/``, ``client-03/``: each
 host's logs pair with its own stream only (b); collected into one folder as
