@@ -23,10 +23,22 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      suffix, or by the folder pbench-fio files it in, ``clients/<server>/``).
      ``per_job_logs=0`` writes one log for all jobs of the prefix: it is compared with
      their sum. ``group_reporting`` folds a job's threads into one json entry while
-     each thread keeps its log: any entry of that name may claim it;
-  b. **host**: offline, the log and the stream are in the same host's folder (the
-     level of folders that tells the inputs apart: ``client-01/`` and ``client-02/``
-     never pair, even with the same prefix); the agent follows one host;
+     each thread keeps its log: any entry of that name may claim it. Offline, also
+     the names collecting results gives (:meth:`Declaration.log_names`): the prefix
+     ends with a declared name after ``-``, ``_`` or ``.`` (``client-01-run`` for
+     ``run``), or is the stream file's stem, alone or before a separator (``node1``
+     for ``node1.json``, as ``fiomon fio`` names them: any job, thread ``N`` still job
+     ``N - 1``). What precedes the declared name is the log's *tag*: a stream whose
+     stem agrees with it (``client-01-out.json``) is offered the log alone, and a
+     stream whose stem agrees with another log's tag or names another of the tag's
+     series (``client-02-out.json``) never takes it;
+  b. **host**: offline, the log and the stream are in the same folder, or one inside
+     the other (``client-01/`` and ``client-02/`` never pair, even with the same
+     prefix). Only where no stream there names the log, a stream in a *sibling*
+     folder may hold it (``client-01/json/`` for ``client-01/hist/``) if that folder
+     holds no log the stream names and the two names are not of one series
+     (``client-01`` and ``client-02``, ``run1`` and ``run2``: :func:`sibling_folders`);
+     the agent follows one host and compares fio's own names only;
   c. **content**: the log's histogram summed over its records and directions, in the
      log's bins (``log_hist_coarseness``), is bin by bin at most the job's final
      cumulative json+ histogram (``clat_ns`` bins, summed over directions, so a
@@ -42,18 +54,25 @@ The rule fiomon applies everywhere (offline and in the agent), by identity, not 
      minus the job's runtime, to its last dump), give or take ``slack_ms``. Logs with
      relative stamps cannot be placed: the content decides for them.
 
+Offline, a json+ file fio runs were appended to (``>>``) holds several runs: where a
+log it names pairs with nothing, each earlier run's last dump (the document before the
+first job's runtime goes down) is a declaration of its own, with that run's time.
+
 Examples (real fio 3.33): three hosts run one job file with ``write_hist_log=run`` and
 their results are collected in ``client-01/``, ``client-02/``, ``client-03/``: each
-host's logs pair with its own stream only (b). Two runs with the same prefix, at the
-same time, in two folders on one host: a log pairs with the stream whose job holds its
-I/Os (c), the other run's log is read. ``--status-interval=35`` with a job that ends
-before the first dump: the agent holds the log until the stream's first dump shows
-that job, then covers it; had it already published the log (after ``HOLD_S``), the
-stream skips that job (:func:`explained_by`).
+host's logs pair with its own stream only (b); collected into one folder as
+``client-01-out.json`` and ``client-01-run_clat_hist.N.log``, ... (a: the tag), or into
+``client-01/json/`` and ``client-01/hist/``, ... (b: sibling folders), the same. Two
+runs with the same prefix, at the same time, in two folders on one host: a log pairs
+with the stream whose job holds its I/Os (c), the other run's log is read.
+``--status-interval=35`` with a job that ends before the first dump: the agent holds
+the log until the stream's first dump shows that job, then covers it; had it already
+published the log (after ``HOLD_S``), the stream skips that job (:func:`explained_by`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -79,6 +98,7 @@ _MAX_KEY = 1 << 40  # a json+ bin key beyond this (ns) is not fio's
 I64 = npt.NDArray[np.int64]
 
 
+@functools.lru_cache(maxsize=4096)
 def hist_log_name(path: str) -> str | None:
     """The prefix part of a fio hist log's file name (``h`` for ``h_clat_hist.2.log``)."""
     m = _HIST_NAME.match(os.path.basename(path))
@@ -147,11 +167,47 @@ class Declaration:
     at_ms: int | None = None
     grouped: bool = False
     host: str | None = None
+    stem: str | None = None
+
+    def log_names(self, hist_path: str) -> frozenset[str]:
+        """Rule a (name only): the declared names a log's file name stands for (none: {}).
+
+        fio's own name (the prefix is a declared name) everywhere; offline (``stem`` set)
+        also what collecting results makes of it: the prefix ends with a declared name
+        after a separator (``client-01-run`` for ``run``), or is the stream file's own
+        stem, alone or followed by a separator (``node1`` for ``node1.json``: any job).
+        """
+        name = hist_log_name(hist_path)
+        if name is None:
+            return frozenset()
+        if name in self.names:
+            return frozenset({name})
+        if self.stem is None:
+            return frozenset()
+        tagged = frozenset(d for d in self.names if _tag(name, d) is not None)
+        if tagged:
+            return tagged
+        if _agrees(name, self.stem) and name.startswith(self.stem):
+            return self.names | {j.name for j in self.jobs}
+        return frozenset()
 
     def names_log(self, hist_path: str) -> bool:
         """Rule a (name only): the log's file name is one this stream's jobs write."""
+        return bool(self.log_names(hist_path))
+
+    def log_tag(self, hist_path: str) -> str | None:
+        """What collecting added to a log's name before the declared one, if anything.
+
+        ``client-01`` for ``client-01-run_clat_hist.1.log`` (declared ``run``), ``node1``
+        for ``node1_clat_hist.1.log`` beside ``node1.json``; None for fio's own name.
+        """
         name = hist_log_name(hist_path)
-        return name is not None and name in self.names
+        if name is None or name in self.names or self.stem is None:
+            return None
+        tags = [t for d in self.names if (t := _tag(name, d)) is not None]
+        if tags:
+            return min(tags, key=len)
+        return self.stem if _agrees(name, self.stem) and name.startswith(self.stem) else None
 
     def overlaps(self, span: tuple[int, int] | None) -> bool:
         """Rule d: the log's epoch span meets the stream's time (None: cannot tell, yes)."""
@@ -328,6 +384,36 @@ def _job_hist(job: Mapping[str, Any]) -> tuple[I64 | None, bool]:
     return None, False
 
 
+_SEPARATORS = "-_."
+_DIGITS = re.compile(r"\d+")
+
+
+def _tag(name: str, declared: str) -> str | None:
+    """``client-01`` for ``client-01-run`` and ``run``: what precedes a separator and it."""
+    if not declared or len(name) <= len(declared) + 1 or not name.endswith(declared):
+        return None
+    cut = len(name) - len(declared) - 1
+    return name[:cut] if name[cut] in _SEPARATORS else None
+
+
+def _another_of_series(tag: str | None, stem: str | None) -> bool:
+    """Whether a stream's stem names another of the series a log's tag is one of.
+
+    ``client-01-out`` for the tag ``client-02``: equal but for their digits.
+    """
+    if not tag or not stem:
+        return False
+    return _agrees(_DIGITS.sub("#", tag), _DIGITS.sub("#", stem)) and not _agrees(tag, stem)
+
+
+def _agrees(tag: str, stem: str) -> bool:
+    """Whether a log's tag and a stream file's stem name one thing (one begins the other)."""
+    if tag == stem:
+        return True
+    short, long = sorted((tag, stem), key=len)
+    return long.startswith(short) and long[len(short)] in _SEPARATORS
+
+
 def slack_ios(log: LogContent, job_total: int) -> int:
     """How many of a finished job's I/Os its complete hist log may lack.
 
@@ -395,7 +481,8 @@ def _capacities(
     decl: Declaration, log: LogContent, pool: dict[tuple[str, tuple[int, ...]], _Capacity]
 ) -> list[_Capacity]:
     """The capacities of ``decl`` that could hold ``log`` (rule a), shared via ``pool``."""
-    named = [j for j in decl.jobs if j.name == log.name]
+    names = decl.log_names(log.path)
+    named = [j for j in decl.jobs if j.name in names]
     servers = {j.server for j in named if j.server is not None}
     if servers:  # fio --client: the server from fio's suffix, or pbench's clients/<host>/
         server = client_log_host(Path(log.path)) or os.path.basename(os.path.dirname(log.path))
@@ -417,15 +504,49 @@ def _capacities(
     return out
 
 
+def candidates(
+    log: LogContent, declarations: Sequence[Declaration], logs: Sequence[LogContent] = ()
+) -> list[Declaration]:
+    """The streams that may cover ``log`` by name and host (rules a and b), in order.
+
+    Streams of its host (the same folder, or one inside the other) first; only where none
+    of those names the log, streams in a sibling folder (``client-01/json/`` for a log in
+    ``client-01/hist/``) whose own folder holds no log they name (a folder of streams
+    only). Where collecting added a tag to the log's name (``client-01-run_...``), streams
+    whose file stem agrees with that tag (``client-01-out.json``) come first and alone; a
+    stream whose stem agrees with another log's tag, or names another of the tag's series
+    (``client-02-out.json``), never takes it.
+    """
+    named = [d for d in declarations if d.jobs and d.names_log(log.path)]
+    near = [d for d in named if same_host(d.host, log.host)]
+    if not near:
+        near = [
+            d
+            for d in named
+            if sibling_folders(d.host, log.host)
+            and not any(same_host(d.host, other.host) and d.names_log(other.path) for other in logs)
+        ]
+    strong = [d for d in near if (t := d.log_tag(log.path)) is None or _agrees(t, d.stem or "")]
+    if strong:
+        return strong
+    tags = {t for other in logs for d in near if (t := d.log_tag(other.path)) is not None}
+    return [
+        d
+        for d in near
+        if not any(_agrees(t, d.stem or "") for t in tags)
+        and not _another_of_series(d.log_tag(log.path), d.stem)
+    ]
+
+
 def claims(
     logs: Sequence[LogContent], declarations: Iterable[Declaration], *, ordered: bool = True
 ) -> dict[str, tuple[str, frozenset[int]]]:
     """Which stream covers which hist log (rules a to d), and the jobs that hold it.
 
-    A log is offered to the streams in order; the first job that explains it claims it,
-    and later logs must fit in what that job's histogram has left. Logs left out are
-    not covered. The logs are taken by host, name and thread, or as given when not
-    ``ordered`` (the agent: earlier decisions first).
+    A log is offered to its :func:`candidates` in order; the first job that explains it
+    claims it, and later logs must fit in what that job's histogram has left. Logs left
+    out are not covered. The logs are taken by host, name and thread, or as given when
+    not ``ordered`` (the agent: earlier decisions first).
     """
     decls = [d for d in declarations if d.jobs]
     pool: dict[tuple[str, tuple[int, ...]], _Capacity] = {}
@@ -433,10 +554,8 @@ def claims(
     if ordered:
         logs = sorted(logs, key=lambda g: (g.host or "", g.name or "", g.thread or 0, g.path))
     for log in logs:
-        for d in decls:
-            if not d.names_log(log.path) or not d.overlaps(log.span):
-                continue
-            if not same_host(d.host, log.host):
+        for d in candidates(log, decls, logs):
+            if not d.overlaps(log.span):
                 continue
             cap = next(
                 (c for c in _capacities(d, log, pool) if c.fits(log, tight=not d.grouped)),
@@ -447,6 +566,37 @@ def claims(
                 out[log.path] = (d.stream, frozenset(j.position for j in cap.jobs))
                 break
     return out
+
+
+def why_not_covered(
+    log: LogContent, declarations: Sequence[Declaration], logs: Sequence[LogContent] = ()
+) -> str:
+    """What was checked for a log no stream covers: each stream naming it, and why not."""
+    named = [d for d in declarations if d.jobs and d.names_log(log.path)]
+    if not named:
+        return "no json+ stream given declares its name"
+    offered = candidates(log, named, logs)
+    near = any(same_host(d.host, log.host) for d in named)
+    reasons = []
+    for d in named:
+        if any(x is d for x in offered):
+            if not d.overlaps(log.span):
+                why = "its records are outside that stream's time"
+            else:
+                thread = "" if log.thread is None else f" (thread {log.thread})"
+                why = f"its counts do not fit in the json+ bins of that stream's job{thread}"
+        elif same_host(d.host, log.host) or (sibling_folders(d.host, log.host) and not near):
+            if sibling_folders(d.host, log.host):
+                why = "in a sibling folder that holds hist logs of its own"
+            else:
+                why = f"its name's tag {d.log_tag(log.path)!r} does not name that stream"
+        elif sibling_folders(d.host, log.host):
+            why = "in a sibling folder, and its own folder holds a stream naming it"
+        else:
+            why = "another host's folder"
+        reasons.append(f"{d.stream}: {why}")
+    more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    return "checked " + "; ".join(reasons[:3]) + more
 
 
 def assign(logs: Sequence[LogContent], declarations: Iterable[Declaration]) -> dict[str, str]:
@@ -475,6 +625,22 @@ def same_host(a: str | None, b: str | None) -> bool:
     if a is None or b is None or a == b:
         return True
     return a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def sibling_folders(a: str | None, b: str | None) -> bool:
+    """Two folders of one parent that split one host's results (``json/`` and ``hist/``).
+
+    Folders whose names are two of one series (equal but for their digits: ``client-01``
+    and ``client-02``, ``node1`` and ``node2``, ``run1`` and ``run2``) are hosts or runs,
+    never one host's parts.
+    """
+    if a is None or b is None:
+        return False
+    a, b = a.rstrip("/"), b.rstrip("/")
+    if a == b or os.path.dirname(a) != os.path.dirname(b) or os.path.dirname(a) == a:
+        return False
+    series = [_DIGITS.sub("#", os.path.basename(f)) for f in (a, b)]
+    return series[0] != series[1]
 
 
 def log_content(

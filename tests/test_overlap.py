@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from fiomon.overlap import (
     hist_log_name,
     job_contents,
     same_host,
+    sibling_folders,
 )
 from fiomon.tools.simulate import format_line
 from tests.agent.agentkit import report_samples
@@ -117,8 +119,8 @@ def test_a_hist_log_of_another_run_with_the_same_name_is_not_covered(tmp_path: P
     assert paths == [run, later]
     assert skips == {}
     assert notes == [
-        f"note: {later} has a name a json+ stream declares, but no stream given holds its "
-        "I/Os (folder, time or counts differ): read as I/Os of their own"
+        f"note: {later} is read as I/Os of its own: no json+ stream given holds them "
+        f"(checked {run}: its records are outside that stream's time)"
     ]
 
 
@@ -261,3 +263,42 @@ def test_a_dump_older_than_the_log_bounds_its_records_through_that_dump() -> Non
     # the log of a later run: nothing of it is as old as the old stream's last dump
     later = Declaration("s.json", frozenset({"run"}), jobs=(job,), at_ms=T0 + 500)
     assert not assign([log], [later])
+
+
+def test_names_collecting_gives_a_log_pair_with_the_stream_they_name() -> None:
+    """Offline (a stream file's stem known): the host put before fio's prefix, or the
+    prefix replaced by the stream's stem; a tag agreeing with a stream's stem picks it."""
+    jobs = (_job(0, "run", {700: 50}), _job(1, "run", {700: 50}))
+    d = Declaration("c/client-01-out.json", frozenset({"run"}), jobs=jobs, stem="client-01-out")
+    assert d.log_names("c/client-01-run_clat_hist.2.log") == {"run"}
+    assert d.log_tag("c/client-01-run_clat_hist.2.log") == "client-01"
+    assert d.log_names("c/client-01-out_clat_hist.1.log") == {"run"}  # the stem
+    assert not d.log_names("c/client-01-rerun_clat_hist.1.log")  # no separator before run
+    assert not replace(d, stem=None).log_names("c/client-01-run_clat_hist.1.log")  # the agent
+    e = replace(d, stream="c/client-02-out.json", stem="client-02-out")
+    logs = [
+        _log(f"c/{h}-run_clat_hist.{n}.log", {700: 48})
+        for h in ("client-01", "client-02")
+        for n in (1, 2)
+    ]
+    assert assign(logs, [d, e]) == {
+        "c/client-01-run_clat_hist.1.log": "c/client-01-out.json",
+        "c/client-01-run_clat_hist.2.log": "c/client-01-out.json",
+        "c/client-02-run_clat_hist.1.log": "c/client-02-out.json",
+        "c/client-02-run_clat_hist.2.log": "c/client-02-out.json",
+    }
+    assert assign(logs[2:], [d]) == {}  # client-02's logs never fill client-01's stream
+
+
+def test_a_sibling_folder_is_one_hosts_part_unless_the_two_are_one_series() -> None:
+    assert sibling_folders("/c/client-01/json", "/c/client-01/hist")
+    assert not sibling_folders("/c/client-01/json", "/c/client-02/hist")
+    assert not sibling_folders("/c/client-01", "/c/client-02")
+    assert not sibling_folders("/r/run1", "/r/run2")
+    assert not sibling_folders("/c/json", "/c/json")
+    jobs = (_job(0, "run", {700: 50}),)
+    d = Declaration("o.json", frozenset({"run"}), jobs=jobs, host="/c/client-01/json")
+    log = _log("/c/client-01/hist/run_clat_hist.1.log", {700: 48}, host="/c/client-01/hist")
+    assert assign([log], [d]) == {log.path: "o.json"}
+    own = _log("/c/client-01/json/run_clat_hist.1.log", {700: 48}, host="/c/client-01/json")
+    assert assign([log, own], [d]) == {own.path: "o.json"}  # its folder has its own log

@@ -24,15 +24,17 @@ from fiomon.decode import InputDecoder
 from fiomon.errors import ConfigError, InputError, OverlapError
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
-from fiomon.model import RecordBatch
+from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.overlap import (
     Declaration,
     LogContent,
+    candidates,
     claims,
     is_grouped,
     job_contents,
     log_content,
     same_host,
+    why_not_covered,
 )
 from fiomon.parsers import (
     SNIFF_BYTES,
@@ -193,8 +195,9 @@ def detecting_client_sums(parser: RecordParser, problems: ProblemLog) -> RecordP
 
 HOST_FROM_HELP = (
     "how a file's host is named: auto (default: the nearest folder level whose names tell "
-    "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/; with all files "
-    "in one folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
+    "the files' folders apart, e.g. c1 and c2 in c1/results/ and c2/results/, or the level "
+    "above sub-folders every host has, c1 for c1/json/ and c1/hist/; with all files in one "
+    "folder, the file rule), dir (the file's folder), dir:N (the folder N levels up), "
     "file (the file name without fio's suffix: client-07 from client-07.json and "
     "client-07_clat_hist.1.log, as `fiomon fio` names them; the server from the suffix "
     "fio --client appends: 127.0.0.2 from h_clat_hist.1.log.127.0.0.2, which auto "
@@ -265,6 +268,23 @@ def _distinguishing_folders(paths: list[Path]) -> list[str]:
         if all(names) and len(set(names)) == len(names):
             by_folder = dict(zip(distinct, names, strict=True))
             return [by_folder[f] for f in folders]
+    # Each host's results split into the same sub-folders (c1/json, c1/hist, c2/json,
+    # c2/hist): the hosts are the level above them.
+    for level in range(1, max(len(f.parts) for f in distinct)):
+        if any(level > len(f.parents) for f in distinct):
+            break
+        groups: dict[Path, set[Path]] = {}
+        for f in distinct:
+            up = f.parents[level - 1]
+            groups.setdefault(up, set()).add(f.relative_to(up))
+        shapes = list(groups.values())
+        if (
+            len(groups) >= 2
+            and all(up.name for up in groups)
+            and len({up.name for up in groups}) == len(groups)
+            and all(s == shapes[0] for s in shapes)
+        ):
+            return [f.parents[level - 1].name for f in folders]
     # No single level tells them apart (c1/x/r, c2/x/r, c1/y/r): their paths below the
     # common ancestor do.
     common = Path(os.path.commonpath(distinct))
@@ -318,6 +338,26 @@ class _JsonInput:
 
     path: Path
     declaration: Declaration
+    ios_without_bins: int = 0  # I/Os its last dump counts in sections without bins
+
+
+def _ios_without_bins(doc: dict[str, Any]) -> int:
+    """I/Os a dump's jobs count (``total_ios``) in direction sections that carry no bins."""
+    jobs = doc.get("jobs")
+    n = 0
+    for job in jobs if isinstance(jobs, list) else []:
+        if not isinstance(job, dict):
+            continue
+        for label in DIRECTION_LABELS:
+            sec = job.get(label)
+            if not isinstance(sec, dict):
+                continue
+            ios = sec.get("total_ios")
+            lat = sec.get("clat_ns") if isinstance(sec.get("clat_ns"), dict) else {}
+            binned = isinstance(lat, dict) and isinstance(lat.get("bins"), dict)
+            if isinstance(ios, int) and not isinstance(ios, bool) and ios > 0 and not binned:
+                n += ios
+    return n
 
 
 def _json_input(path: Path, host: str) -> _JsonInput:
@@ -348,7 +388,77 @@ def _json_input(path: Path, host: str) -> _JsonInput:
             at_ms=ts if isinstance(ts, int) else None,
             grouped=is_grouped(last),
         )
-    return _JsonInput(path, replace(d, host=host))
+    plain = 0 if last is None else _ios_without_bins(last)
+    return _JsonInput(path, replace(d, host=host, stem=_from_file(path)), plain)
+
+
+_DOC_OR_RUNTIME = re.compile(rb'\n\{|"job_runtime"\s{0,8}:\s{0,8}(\d{1,16})(?=\D)')
+_MAX_RUNS = 64  # earlier runs of one appended json+ file compared, at most
+
+
+def _earlier_runs(path: Path, base: Declaration) -> list[Declaration]:
+    """Each earlier run's final jobs in a json+ file that fio runs appended to (``>>``).
+
+    A run starts where the first job's ``job_runtime`` goes down; the document before is
+    that run's last dump (its jobs' final bins). Found by a scan of the text, and only
+    those documents decoded.
+    """
+    ends: list[tuple[int, int]] = []
+    with _decoded(path) as fh:
+        cur: int | None = 0 if fh.read(1) == b"{" else None
+        fh.seek(0)
+        prev: int | None = None
+        cur_rt: int | None = None
+        prev_rt: int | None = None
+        origin, data = 0, b""
+        while len(ends) < _MAX_RUNS:
+            chunk = fh.read(CHUNK_BYTES)
+            data += chunk
+            limit = len(data) if not chunk else max(0, len(data) - 64)
+            keep = max(0, limit - 64)
+            for m in _DOC_OR_RUNTIME.finditer(data, 0, limit):
+                keep = max(keep, m.end())
+                if m.group(1) is None:
+                    prev, prev_rt = cur, cur_rt
+                    cur, cur_rt = origin + m.start() + 1, None
+                elif cur_rt is None:
+                    cur_rt = int(m.group(1))
+                    restarted = prev_rt is not None and cur_rt < prev_rt
+                    if restarted and prev is not None and cur is not None:
+                        ends.append((prev, cur))  # the first job's runtime went down: a new run
+            if not chunk:
+                break
+            origin += keep
+            data = data[keep:]
+        out = []
+        for k, (start, end) in enumerate(ends):
+            if end - start > _DECLARATION_BYTES:
+                continue
+            fh.seek(start)
+            try:
+                doc = json.loads(fh.read(end - start).decode("utf-8", errors="replace"))
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(doc, dict):
+                continue
+            jobs = job_contents(doc)
+            ts = doc.get("timestamp_ms")
+            if not jobs or not isinstance(ts, int) or isinstance(ts, bool):
+                continue
+            first = ts - max(j.runtime_ms for j in jobs)
+            out.append(
+                replace(
+                    base,
+                    stream=f"{base.stream}, run {k + 1}",
+                    names=base.names | {j.name for j in jobs},
+                    first_ms=first,
+                    last_ms=ts,
+                    jobs=jobs,
+                    at_ms=ts,
+                    grouped=is_grouped(doc),
+                )
+            )
+    return out
 
 
 _COPY_HEAD_BYTES = 1 << 20  # decoded bytes compared to tell a copy of another input
@@ -543,16 +653,40 @@ def choose_sources(
         and (c := _log_content(p, folders[str(p)])) is not None
     ]
     claimed = claims(logs, decls)
+    runs: dict[str, list[str]] = {str(j.path): [j.declaration.stream] for j in json_inputs}
+    run_of = {j.declaration.stream: str(j.path) for j in json_inputs}
+    loose = [c for c in logs if c.path not in claimed]
+    if loose:  # fio runs appended to one json+ file (>>): each run's last dump compared
+        more: list[Declaration] = []
+        for i, j in enumerate(json_inputs):
+            d = j.declaration
+            if not d.jobs or not any(
+                any(x is d for x in candidates(c, decls, logs)) for c in loose
+            ):
+                continue
+            earlier = _earlier_runs(j.path, d)
+            if earlier:  # the last run's time starts at its own first dump
+                end = d.at_ms if d.at_ms is not None else d.last_ms
+                start = None if end is None else end - max(job.runtime_ms for job in d.jobs)
+                decls[i] = replace(d, first_ms=start)
+            for r in earlier:
+                more.append(r)
+                runs[str(j.path)].append(r.stream)
+                run_of[r.stream] = str(j.path)
+        if more:
+            decls = decls + more
+            claimed = claims(logs, decls)
     covered: dict[str, list[Path]] = {}
     held: dict[str, set[int]] = {}
     for p in unique:
         if str(p) in claimed:
             by, positions = claimed[str(p)]
-            covered.setdefault(by, []).append(p)
+            covered.setdefault(run_of.get(by, by), []).append(p)
             held.setdefault(by, set()).update(positions)
     plain: set[str] = set()  # streams without bins whose jobs' hist logs are given
-    for d in decls:
-        if d.names and not d.jobs:
+    for j in json_inputs:
+        d = j.declaration
+        if d.names and not d.jobs and j.ios_without_bins:
             own = [
                 p
                 for p in unique
@@ -563,15 +697,15 @@ def choose_sources(
             if own:
                 plain.add(d.stream)
                 notes.append(
-                    f"note: {d.stream}: its jobs carry no histogram bins (plain json, not "
-                    f"json+): not read; its jobs' I/Os are counted from their {len(own)} "
-                    "hist log(s) given beside it"
+                    f"note: {d.stream}: its jobs' {j.ios_without_bins} I/Os carry no "
+                    "histogram bins (plain json, not json+): not read; they are counted from "
+                    f"their {len(own)} hist log(s) given beside it"
                 )
     for c in logs:
         if c.path not in claimed:
             notes.append(
-                f"note: {c.path} has a name a json+ stream declares, but no stream given "
-                "holds its I/Os (folder, time or counts differ): read as I/Os of their own"
+                f"note: {c.path} is read as I/Os of its own: no json+ stream given holds "
+                f"them ({why_not_covered(c, decls, logs)})"
             )
     if plain:
         unique = [p for p in unique if str(p) not in plain]
@@ -591,8 +725,8 @@ def choose_sources(
         options = "\n".join(f"  --source {k:<5} {v}" for k, v in SOURCE_HELP.items())
         msg = (
             "these inputs describe the same I/Os twice: a json+ status stream and hist logs "
-            "of its jobs (same folder, a write_hist_log name it declares, its time, and its "
-            "jobs' bins hold the logs' counts):\n"
+            "of its jobs (same host folder or a sibling folder, a write_hist_log name it "
+            "declares, its time, and its jobs' bins hold the logs' counts):\n"
             + "\n".join(lines)
             + f"\nChoose one view:\n{options}"
         )
@@ -605,7 +739,18 @@ def choose_sources(
     dropped: list[str] = []
     kept: set[str] = set()
     for j in json_inputs:
-        skip = frozenset(held.get(str(j.path), ()))
+        streams = runs[str(j.path)]
+        skip = frozenset.intersection(*(frozenset(held.get(r, ())) for r in streams))
+        partial = [
+            p for p, (by, positions) in claimed.items() if by in streams and not positions <= skip
+        ]
+        if partial:  # runs appended to one file: a job is skipped only if every run has its log
+            kept.update(partial)
+            notes.append(
+                f"--source hist: {j.path} holds {len(streams)} fio runs appended to it; "
+                f"jobs without a hist log in every run are read from it: not reading "
+                f"{len(partial)} hist log(s) of those jobs"
+            )
         if not skip:
             continue
         jobs = {job.position for job in j.declaration.jobs}

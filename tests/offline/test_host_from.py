@@ -48,6 +48,21 @@ SCP = _paths(
             ["client-01", "client-01", "client-02"],
         ),
         (_paths("a/run_clat_hist.1.log", "b/run_clat_hist.1.log"), "auto", ["a", "b"]),
+        (  # each host's results split into the same sub-folders: the hosts are above them
+            _paths(
+                "client-01/json/out.json",
+                "client-01/hist/run_clat_hist.1.log",
+                "client-02/json/out.json",
+                "client-02/hist/run_clat_hist.1.log",
+            ),
+            "auto",
+            ["client-01", "client-01", "client-02", "client-02"],
+        ),
+        (  # not the same sub-folders on every host: their paths tell them apart
+            _paths("c1/x/r.log", "c2/x/r.log", "c1/y/r.log"),
+            "auto",
+            ["c1/x", "c2/x", "c1/y"],
+        ),
         (_paths("a/run_clat_hist.1.log", "a/notes.txt"), "file", ["run", "notes"]),
         (  # fio --client: every server's logs on the controller, named after the server
             _paths("run1/h_clat_hist.1.log.127.0.0.2", "run2/h_clat_hist.2.log.srv-b"),

@@ -247,3 +247,144 @@ def test_copies_of_an_input_are_read_once(tmp_path: Path, fio_bin: str) -> None:
     assert report_counts("--source", "json", stream, backup, log, packed) == {"": float(truth)}
     hist = report_counts("--source", "hist", stream, backup, log, packed)[""]
     assert _hist_ok(hist, truth), (hist, truth)
+
+
+def _three_hosts(tmp_path: Path, fio_bin: str) -> dict[str, Path]:
+    """Three hosts' runs of one job file (numjobs=2, write_hist_log=run): host -> its folder."""
+    hosts = {h: tmp_path / "runs" / h for h in ("client-01", "client-02", "client-03")}
+    procs = []
+    for i, folder in enumerate(hosts.values()):
+        job = job_file(folder, iops=80 + 20 * i, runtime=2, rw="randrw", extra="numjobs=2")
+        procs.append(start_fio(fio_bin, job, folder / "out.json"))
+    wait_fio(procs)
+    return hosts
+
+
+def test_logs_renamed_when_collected_pair_with_their_stream(tmp_path: Path, fio_bin: str) -> None:
+    """Results collected into one folder under the host's name, as people and `fiomon fio`
+    name them: node1.json with node1_clat_hist.N.log (the prefix replaced), and
+    client-0N-out.json with client-0N-run_clat_hist.N.log (the host put before it)."""
+    hosts = _three_hosts(tmp_path, fio_bin)
+    truth = {h: total_ios(folder / "out.json") for h, folder in hosts.items()}
+    # node1.json and node1_clat_hist.N.log
+    node = tmp_path / "node"
+    node.mkdir()
+    src = hosts["client-01"]
+    (node / "node1.json").write_bytes((src / "out.json").read_bytes())
+    for n in (1, 2):
+        (node / f"node1_clat_hist.{n}.log").write_bytes(
+            (src / f"run_clat_hist.{n}.log").read_bytes()
+        )
+    files = sorted(node.iterdir())
+    r = fiomon("report", *files)
+    assert r.returncode != 0, r.stderr
+    assert f"{node / 'node1.json'} and 2 hist log(s)" in r.stderr
+    assert report_counts("--source", "json", *files) == {"": float(truth["client-01"])}
+    counted = report_counts("--source", "hist", *files)[""]
+    assert truth["client-01"] - 2 * LAST_INTERVAL <= counted <= truth["client-01"], counted
+    # client-0N-out.json and client-0N-run_clat_hist.N.log, all in one folder
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for h, folder in hosts.items():
+        (flat / f"{h}-out.json").write_bytes((folder / "out.json").read_bytes())
+        for n in (1, 2):
+            (flat / f"{h}-run_clat_hist.{n}.log").write_bytes(
+                (folder / f"run_clat_hist.{n}.log").read_bytes()
+            )
+    files = sorted(flat.iterdir())
+    r = fiomon("report", *files)
+    assert r.returncode != 0, r.stderr
+    for h in hosts:
+        assert f"{flat / h}-out.json and 2 hist log(s): {flat / h}-run_clat_hist.1.log" in r.stderr
+    everything = sum(truth.values())
+    assert report_counts("--source", "json", *files) == {"": float(everything)}
+    counted = report_counts("--source", "hist", *files)[""]
+    print(f"collected flat, --source hist: {counted} against fio's {everything}")
+    assert everything - 6 * LAST_INTERVAL <= counted <= everything, (counted, everything)
+    # a host's logs without its stream pair with no other host's stream: read as its own
+    alone = [p for p in files if p.name != "client-02-out.json"]
+    counted = report_counts("--source", "json", *alone)[""]
+    assert truth["client-01"] + truth["client-03"] < counted <= everything
+
+
+def test_logs_in_a_sibling_folder_of_their_stream_pair_per_host(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """client-0N/json/out.json with client-0N/hist/run_clat_hist.N.log: the logs pair with
+    the stream of their own host's json/ folder, never another host's."""
+    hosts = _three_hosts(tmp_path, fio_bin)
+    truth = {h: total_ios(folder / "out.json") for h, folder in hosts.items()}
+    split = tmp_path / "split"
+    streams, logs = [], []
+    for h, folder in hosts.items():
+        (split / h / "json").mkdir(parents=True)
+        (split / h / "hist").mkdir()
+        streams.append(split / h / "json" / "out.json")
+        streams[-1].write_bytes((folder / "out.json").read_bytes())
+        for n in (1, 2):
+            logs.append(split / h / "hist" / f"run_clat_hist.{n}.log")
+            logs[-1].write_bytes((folder / f"run_clat_hist.{n}.log").read_bytes())
+    files = streams + logs
+    r = fiomon("report", "--per-host", *files)
+    assert r.returncode != 0, r.stderr
+    for h in hosts:
+        assert f"{split / h / 'json' / 'out.json'} and 2 hist log(s)" in r.stderr
+    assert report_counts("--per-host", "--source", "json", *files) == {
+        h: float(n) for h, n in truth.items()
+    }
+    hist = report_counts("--per-host", "--source", "hist", *files)
+    print(f"split json/ and hist/, --source hist: {hist} against fio's {truth}")
+    assert set(hist) == set(hosts)
+    for h in hosts:
+        assert truth[h] - 2 * LAST_INTERVAL <= hist[h] <= truth[h], (h, hist[h], truth[h])
+    # client-01's stream and client-02's logs: two hosts, not one host's two folders
+    apart = [split / "client-01" / "json" / "out.json", *(split / "client-02" / "hist").iterdir()]
+    other = tmp_path / "apart"
+    for p in apart:
+        host = "client-01" if p.suffix == ".json" else "client-02"
+        (other / host).mkdir(parents=True, exist_ok=True)
+        (other / host / p.name).write_bytes(p.read_bytes())
+    files = sorted(other.glob("*/*"))
+    r = fiomon("report", "--per-host", "--format", "jsonl", *files)
+    assert r.returncode == 0, r.stderr
+    assert "another host's folder" in r.stderr, r.stderr
+    assert "no stream given holds its I/Os" not in r.stderr
+    counted = report_counts("--per-host", *files)
+    assert counted["client-01"] == float(truth["client-01"])
+    assert truth["client-02"] - 2 * LAST_INTERVAL <= counted["client-02"] <= truth["client-02"]
+
+
+def test_runs_appended_to_one_json_file_pair_with_each_runs_log(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """`fio ... --output-format=json+ >> out.json` twice, the first run's log moved to run1/:
+    each log pairs with its own run's last dump in the file (a restart: counts go down)."""
+    job = job_file(tmp_path, iops=100, runtime=2)
+    out = tmp_path / "out.json"
+    truth = 0
+    for run in (1, 2):
+        with out.open("ab") as fh:
+            ran = subprocess.run(
+                [fio_bin, str(job), "--status-interval=1", "--output-format=json+"],
+                cwd=tmp_path,
+                stdout=fh,
+                stderr=subprocess.PIPE,
+                timeout=120,
+                check=False,
+            )
+        assert ran.returncode == 0, ran.stderr
+        truth += total_ios(out)  # the file's last document: this run's final one
+        if run == 1:
+            (tmp_path / "run1").mkdir()
+            (tmp_path / "run_clat_hist.1.log").rename(tmp_path / "run1" / "run_clat_hist.1.log")
+    logs = [tmp_path / "run1" / "run_clat_hist.1.log", tmp_path / "run_clat_hist.1.log"]
+    files = [out, *logs]
+    r = fiomon("report", *files)
+    assert r.returncode != 0, r.stderr
+    assert f"{out} and 2 hist log(s)" in r.stderr, r.stderr
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    counted = report_counts("--source", "hist", *files)[""]
+    print(f"two runs appended to one json+ file, --source hist: {counted} against {truth}")
+    assert truth - 2 * LAST_INTERVAL <= counted <= truth, (counted, truth)
+    # run 1's log alone: the stream is read whole (run 2 has no log), the log is not
+    assert report_counts("--source", "hist", out, logs[0]) == {"": float(truth)}
