@@ -327,6 +327,7 @@ SOURCE_HELP = {
     "both": "count both anyway (every I/O of those jobs twice)",
 }
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
+_BEYOND_DUMP_MS = 2_000  # a claimed log's records this far past its stream's last dump
 _SPOOL_BYTES = 64 << 20  # a decoded json+ file held in memory for pairing, at most
 _TAIL_BYTES = 4 << 20  # how much of a file's end is read for its last time stamp
 _TS_RE = re.compile(rb'"timestamp_ms"\s*:\s*(\d{1,16})')
@@ -394,6 +395,30 @@ def _json_input(path: Path, host: str) -> _JsonInput:
 
 _DOC_OR_RUNTIME = re.compile(rb'\n\{|"job_runtime"\s{0,8}:\s{0,8}(\d{1,16})(?=\D)')
 _MAX_RUNS = 64  # earlier runs of one appended json+ file compared, at most
+
+
+def _beyond_their_stream(
+    logs: Sequence[LogContent],
+    claimed: Mapping[str, tuple[str, frozenset[int]]],
+    decls: Sequence[Declaration],
+) -> list[tuple[str, str]]:
+    """Claimed logs whose records run on past their stream's last dump (log, stream).
+
+    fio writes a finished run's last dump after its jobs' last hist-log records, so a log
+    reaching :data:`_BEYOND_DUMP_MS` past it holds I/Os of another run appended to it (or
+    fio was killed before its last dump: refusing ``--source hist`` then is cautious).
+    """
+    by_stream = {d.stream: d for d in decls}
+    out = []
+    for c in logs:
+        if c.path not in claimed or c.end_ms is None:
+            continue
+        d = by_stream.get(claimed[c.path][0])
+        if d is None or d.at_ms is None:
+            continue
+        if c.end_ms > d.at_ms + _BEYOND_DUMP_MS:
+            out.append((c.path, d.stream))
+    return out
 
 
 def _earlier_runs(path: Path, base: Declaration) -> list[Declaration]:
@@ -731,8 +756,24 @@ def choose_sources(
             + f"\nChoose one view:\n{options}"
         )
         raise OverlapError(msg)
+    beyond = _beyond_their_stream(logs, claimed, decls)
+    if choice == "hist" and beyond:
+        msg = (
+            "--source hist cannot be exact here: these hist logs hold I/Os after the last "
+            "dump of the json+ stream that holds their first part (fio runs appended to one "
+            "log: per_job_logs=0 or a re-run), which another stream given may hold too:\n"
+            + "\n".join(f"  {log} (first part: {by})" for log, by in beyond)
+            + "\nUse --source json, or give each run's files on their own"
+        )
+        raise OverlapError(msg)
     if choice == "json":
         drop = {str(h) for hist in covered.values() for h in hist}
+        for log, by in beyond:
+            notes.append(
+                f"warning: --source json: not reading {log}, whose first part {by} holds; "
+                "its later records (another run appended to it) count only through their "
+                "own json+ stream, if it is given"
+            )
         notes.append(f"--source json: not reading {len(drop)} hist log(s) the json+ streams cover")
         return [p for p in unique if str(p) not in drop], notes, {}
     skips: dict[str, frozenset[int]] = {}

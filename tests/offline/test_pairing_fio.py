@@ -388,3 +388,23 @@ def test_runs_appended_to_one_json_file_pair_with_each_runs_log(
     assert truth - 2 * LAST_INTERVAL <= counted <= truth, (counted, truth)
     # run 1's log alone: the stream is read whole (run 2 has no log), the log is not
     assert report_counts("--source", "hist", out, logs[0]) == {"": float(truth)}
+
+
+def test_runs_appended_to_one_log_never_count_twice(tmp_path: Path, fio_bin: str) -> None:
+    """per_job_logs=0 appends a second run to the first run's log: no view counts it twice.
+
+    The log's first part is run 1's (out1.json holds it); its second part is run 2's,
+    which out2.json holds too. --source json is exact; --source hist cannot split the
+    log between the streams, so it is an error that says so, never a double count.
+    """
+    job = job_file(tmp_path, iops=100, runtime=2, extra="per_job_logs=0")
+    wait_fio([start_fio(fio_bin, job, tmp_path / "out1.json")])
+    wait_fio([start_fio(fio_bin, job, tmp_path / "out2.json")])
+    truth = total_ios(tmp_path / "out1.json") + total_ios(tmp_path / "out2.json")
+    log = tmp_path / "run_clat_hist.log"
+    files = [tmp_path / "out1.json", tmp_path / "out2.json", log]
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    r = fiomon("report", "--source", "hist", *files)
+    assert r.returncode != 0, f"--source hist over a log of two runs must refuse: {r.stdout}"
+    assert f"{log} (first part: {tmp_path / 'out1.json'})" in r.stderr, r.stderr
+    assert "--source json" in r.stderr
