@@ -568,6 +568,40 @@ def claims(
     return out
 
 
+def mixture_of(log: LogContent, declarations: Sequence[Declaration]) -> tuple[str, ...]:
+    """The streams whose jobs together hold a log that no single stream explains.
+
+    Two runs at once with ``per_job_logs=0`` and one prefix write one log, their records
+    interleaved: neither stream's bins hold it, both together do (rules a, b, d for each
+    stream, rule c for their sum, short by at most each run's last partial interval).
+    Such a log is theirs, not I/Os of its own. Empty: not a mixture of the streams given.
+    """
+    streams = [d for d in candidates(log, declarations) if d.jobs and d.overlaps(log.span)]
+    if len(streams) < 2:
+        return ()
+    total: I64 = np.zeros(BinLayout().fine_nbins, dtype=np.int64)
+    total_only = False
+    for d in streams:
+        names = d.log_names(log.path)
+        for j in d.jobs:
+            if j.name in names or not names:
+                total += j.hist
+                total_only = total_only or j.total_only
+    have, held = int(total.sum()), int(log.hist.sum())
+    if total_only:
+        fits = held <= have
+    else:
+        folded = _fold(total, log.layout)
+        fits = (
+            folded is not None
+            and len(folded) == len(log.hist)
+            and not bool((log.hist > folded).any())
+        )
+    if not fits or have - held > len(streams) * slack_ios(log, have):
+        return ()
+    return tuple(d.stream for d in streams)
+
+
 def why_not_covered(
     log: LogContent, declarations: Sequence[Declaration], logs: Sequence[LogContent] = ()
 ) -> str:

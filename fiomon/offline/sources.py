@@ -33,6 +33,7 @@ from fiomon.overlap import (
     is_grouped,
     job_contents,
     log_content,
+    mixture_of,
     same_host,
     why_not_covered,
 )
@@ -726,14 +727,38 @@ def choose_sources(
                     "histogram bins (plain json, not json+): not read; they are counted from "
                     f"their {len(own)} hist log(s) given beside it"
                 )
+    mixtures: dict[str, tuple[str, ...]] = {}  # log -> the streams that hold it together
     for c in logs:
-        if c.path not in claimed:
+        if c.path in claimed:
+            continue
+        mixture = mixture_of(c, decls)
+        if mixture:
+            mixtures[c.path] = tuple(dict.fromkeys(run_of.get(m, m) for m in mixture))
+        else:
             notes.append(
                 f"note: {c.path} is read as I/Os of its own: no json+ stream given holds "
                 f"them ({why_not_covered(c, decls, logs)})"
             )
     if plain:
         unique = [p for p in unique if str(p) not in plain]
+    if mixtures and choice == "hist":
+        msg = (
+            "--source hist cannot be exact here: these hist logs hold the I/Os of several "
+            "json+ streams at once (runs at the same time writing one log, per_job_logs=0), "
+            "and a log cannot be split between them:\n"
+            + "\n".join(f"  {log} (held by {', '.join(bys)})" for log, bys in mixtures.items())
+            + "\nUse --source json, or give each run's files on their own"
+        )
+        raise OverlapError(msg)
+    if mixtures and choice == "json":
+        notes.append(
+            f"--source json: not reading {len(mixtures)} hist log(s) that several json+ "
+            f"streams hold together: {', '.join(mixtures)}"
+        )
+        unique = [p for p in unique if str(p) not in mixtures]
+    if mixtures and choice is None:
+        for log, bys in mixtures.items():
+            covered.setdefault(" + ".join(bys), []).append(Path(log))
     if not covered or choice == "both":
         if covered:
             n = sum(len(v) for v in covered.values())

@@ -408,3 +408,24 @@ def test_runs_appended_to_one_log_never_count_twice(tmp_path: Path, fio_bin: str
     assert r.returncode != 0, f"--source hist over a log of two runs must refuse: {r.stdout}"
     assert f"{log} (first part: {tmp_path / 'out1.json'})" in r.stderr, r.stderr
     assert "--source json" in r.stderr
+
+
+def test_two_runs_writing_one_log_at_once_never_count_twice(tmp_path: Path, fio_bin: str) -> None:
+    """Two runs at once with per_job_logs=0 and one prefix interleave their records in one log.
+
+    Neither stream explains the log alone, both do together: it is theirs (asked without
+    --source, left out by --source json, refused by --source hist), never I/Os of its own.
+    """
+    job = job_file(tmp_path, iops=100, runtime=3, extra="per_job_logs=0")
+    procs = [start_fio(fio_bin, job, tmp_path / f"out{k}.json") for k in (1, 2)]
+    wait_fio(procs)
+    truth = total_ios(tmp_path / "out1.json") + total_ios(tmp_path / "out2.json")
+    log = tmp_path / "run_clat_hist.log"
+    files = [tmp_path / "out1.json", tmp_path / "out2.json", log]
+    r = fiomon("report", *files)
+    assert r.returncode != 0, f"both views given without --source must ask: {r.stdout}"
+    assert str(log) in r.stderr, r.stderr
+    assert report_counts("--source", "json", *files) == {"": float(truth)}
+    r = fiomon("report", "--source", "hist", *files)
+    assert r.returncode != 0, f"--source hist cannot split one log between runs: {r.stdout}"
+    assert f"{log} (held by " in r.stderr, r.stderr
