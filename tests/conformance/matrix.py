@@ -274,16 +274,26 @@ def hist_content(paths: tuple[Path, ...], *, running_sums: bool = False) -> int:
 
 
 def hist_expect(
-    truth: dict[str, int], bound: dict[str, float], content: dict[str, int] | None
+    truth: dict[str, int],
+    bound: dict[str, float],
+    content: dict[str, int] | None,
+    *,
+    lossy: bool = False,
 ) -> Expect:
     """``hist``: within the bound of fio's total_ios, and equal to what the logs hold.
+
+    ``lossy``: logs of ``fio --client``, whose servers send their histogram samples over
+    the network; on a loaded machine fio wrote fewer entries (one CI run: 184 of a
+    server's 400 I/Os held), so only "never more than total_ios" is asked of fio there.
+    What fiomon counts must still equal what the logs hold.
 
     Raises:
         RuntimeError: fio's own logs and totals disagree by more than the bound (then the
             case, not fiomon, is wrong).
     """
     for key, n in (content or {}).items():
-        if not 0 <= truth[key] - n <= bound[key]:
+        short = truth[key] - n
+        if not (short >= 0 and (lossy or short <= bound[key])):
             msg = (
                 f"{key}: fio's hist logs hold {n} I/Os, its total_ios {truth[key]}: "
                 f"not within the bound {bound[key]:g}"
@@ -326,7 +336,7 @@ def hist_of(
     if any(not logs_of(ctx, k) for k in truth):
         msg = f"no hist logs for some of {list(truth)} in {ctx.folder}"
         raise RuntimeError(msg)
-    return hist_expect(truth, bound, content)
+    return hist_expect(truth, bound, content, lossy=running_sums)
 
 
 def total_of(e: Expect) -> Expect:
@@ -879,7 +889,7 @@ def _cs_pbench() -> Case:
         total = sum(client_totals(ctx.truth / "out.json").values())
         key = "|".join((ctx.name, *CS_PBENCH))
         held = hist_content(hist_logs(ctx.folder), running_sums=True)
-        e = hist_expect({key: total}, {key: hist_bound(2)}, {key: held})
+        e = hist_expect({key: total}, {key: hist_bound(2)}, {key: held}, lossy=True)
         return Expect(
             "hist-or-refuse",
             e.truth,
