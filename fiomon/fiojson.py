@@ -304,6 +304,11 @@ class JsonStatusParser:
                 self._interval_ms = max(self._interval_ms, min(ts - self.last_ms, 600_000))
             self.last_ms = ts if self.last_ms is None else max(self.last_ms, ts)
 
+    @property
+    def dump_interval_ms(self) -> int:
+        """The largest spacing of its dumps' ``timestamp_ms`` seen, in ms (0: one dump so far)."""
+        return self._interval_ms
+
     def feed(self, data: bytes) -> RecordBatch | None:
         """Records of every document completed by ``data`` (``None`` if there are none)."""
         return self._collect(self.splitter.feed(data))

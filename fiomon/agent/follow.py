@@ -49,7 +49,8 @@ Identity rules (``agents/README.md`` states them for users):
   followed but not published. The decision is taken once per stream, before its first
   record goes out. Its records are held (at most ``HOLD_S``) while a json+ stream has not
   yet written its first document, or one that names the log has not yet dumped at or
-  after the log's last record. A log published first (the hold ran out) is the truth for
+  after the log's last record and has not ended (both files quiet for ``STREAM_QUIET_S``
+  and twice its dump spacing). A log published first (the hold ran out) is the truth for
   its job: a stream whose later dump shows that job skips it (logged, counted in
   ``jobs_skipped``; after a restart the published logs are read back so the re-read
   stream skips the same jobs). A stream without histogram bins (plain json) covers
@@ -126,6 +127,12 @@ MAX_GONE = 10_000  # deleted streams remembered (to recognise copies of them)
 # (a 35 s interval and a job of a few seconds left 30 s short, and the stream then had to
 # drop that job's last partial interval); a minute covers the intervals people use.
 HOLD_S = 60.0
+# A json+ stream whose file has not changed for this long, and for twice the spacing of its
+# dumps, has written its last dump (fio exited or stalled): a hist log whose time goes
+# past that dump no longer waits for it (the hold would otherwise run to HOLD_S, records
+# reaching the aggregator a minute late). Should it dump again after all, it skips the
+# jobs whose logs went out first, so one truth per I/O holds either way.
+STREAM_QUIET_S = 5.0
 HOLD_RECORDS = 100_000  # a hist log held longer than this many records is decided at once
 MAX_PAIRED_LOGS = 4096  # covered and published hist logs remembered for pairing
 MAX_ENDED_STREAMS = 64  # ended json+ streams whose last dump still pairs hist logs
@@ -208,6 +215,7 @@ class FollowStats:
     open_errors: int = 0
     read_errors: int = 0
     files_waiting: int = 0
+    logs_held: int = 0  # hist logs whose records wait to know if a json+ stream holds them
     patterns_idle: int = 0
     problems: dict[str, int] = field(default_factory=dict)
 
@@ -1088,7 +1096,13 @@ class Follower:
                 pending = pending or live
                 continue
             d = self._json_declaration(stream, parser)
-            if live and d.names_log(s.path) and d.overlaps(lc.span) and (d.at_ms or 0) < end:
+            if (
+                live
+                and d.names_log(s.path)
+                and d.overlaps(lc.span)
+                and (d.at_ms or 0) < end
+                and not self._dumps_ended(o, parser, s)  # (o is not None when live)
+            ):
                 pending = True  # its next dump may show this log's I/Os
             decls.append(d)
         held = sum(len(b) for b in s.held)
@@ -1130,6 +1144,19 @@ class Follower:
             s.covered_by,
         )
         return True
+
+    def _dumps_ended(self, o: _Stream | None, parser: JsonStatusParser, s: _Stream) -> bool:
+        """Whether json+ stream ``o`` will dump no more while hist log ``s`` waits for it.
+
+        Both files unchanged for ``STREAM_QUIET_S`` and for twice the stream's dump spacing
+        (fio writes a job's hist log at the job's exit and its final dump at its own, so a
+        stream that holds the log dumps soon after the log was written).
+        """
+        if o is None:
+            return True
+        quiet = max(STREAM_QUIET_S, 2 * parser.dump_interval_ms / 1000)
+        now = self._clock()
+        return now - o.changed_at >= quiet and now - s.changed_at >= quiet
 
     def _json_declaration(self, stream: str, parser: JsonStatusParser) -> Declaration:
         """A json+ stream's declaration with its jobs' bins from its latest dump."""
@@ -1424,6 +1451,7 @@ class Follower:
     def _update_counts(self) -> None:
         self.stats.files_followed = len(self._open)
         self.stats.files_closed = len(self._closed)
+        self.stats.logs_held = sum(1 for s in self._open.values() if s.held and not s.decided)
 
     def __enter__(self) -> Follower:
         return self

@@ -349,6 +349,7 @@ class Agent:
             copies_diverged=f.copies_diverged,
             files_refused=f.files_refused,
             files_waiting=f.files_waiting,
+            logs_held=f.logs_held,
             renames=f.renames,
             rewrites=f.rewrites,
             open_errors=f.open_errors,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.agent.follow import HOLD_S, Follower
+from fiomon.agent.follow import HOLD_S, STREAM_QUIET_S, Follower
 from fiomon.agent.service import Agent
 from fiomon.config import AgentConfig, BrokerConfig
 from fiomon.wire import decode
@@ -247,3 +247,61 @@ def test_a_log_published_first_makes_the_stream_skip_its_job(
     poll(g)
     assert published == before
     assert g.stats.jobs_skipped == 1
+
+
+def test_a_log_no_live_stream_will_dump_for_is_not_held_a_minute(
+    tmp_path: Path, fio_bin: str, follower_factory: list[Follower]
+) -> None:
+    """Two runs at once with one log prefix, in two folders: run a (json+, its log) ends
+    first, run b (its log only) two seconds later. Run a's stream names b's log and its
+    last dump is older than the log's end, but it has ended: b's log goes out once both
+    files are quiet for STREAM_QUIET_S, not after HOLD_S (a minute late for the
+    aggregator's lateness), and counts exactly what it holds.
+    """
+    a, b = tmp_path / "a", tmp_path / "b"
+    runs = [
+        start_fio(fio_bin, job_file(a, runtime=2), a / "run.json"),
+        start_fio(fio_bin, job_file(b, runtime=4), b / "unwatched.json"),
+    ]
+    wait_fio(runs)
+    truth_a = total_ios(a / "run.json")
+    held_b = log_sum(b / "run_clat_hist.1.log")
+    data = tmp_path / "data"
+    for sub in ("a", "b"):
+        (data / sub).mkdir(parents=True)
+    clock = Clock()
+    f = Follower(
+        (str(data / "*" / "*.log"), str(data / "*" / "*.json")),
+        agent="client-07",
+        max_message_bytes=256 * 1024,
+        log_hist_msec=250,
+        clock=clock,
+    )
+    follower_factory.append(f)
+    published: dict[str, int] = {}
+
+    def poll() -> None:
+        for m in f.poll():
+            msg = decode(m.payload)
+            name = str(Path(msg.stream.rsplit("@", 1)[0]).relative_to(data))
+            published[name] = published.get(name, 0) + int(msg.batch.samples().sum())
+
+    # run a as the agent saw it: its stream's dumps, then its log (covered by the stream)
+    (data / "a" / "run.json").write_bytes((a / "run.json").read_bytes())
+    (data / "a" / "run_clat_hist.1.log").write_bytes((a / "run_clat_hist.1.log").read_bytes())
+    poll()
+    clock.t += 1
+    poll()
+    assert published == {"a/run.json": truth_a}
+    assert f.stats.files_covered == 1
+    # two seconds later, run b's log: its time goes past run a's last dump
+    clock.t += 1
+    (data / "b" / "run_clat_hist.1.log").write_bytes((b / "run_clat_hist.1.log").read_bytes())
+    poll()
+    assert "b/run_clat_hist.1.log" not in published  # the stream may still dump: held
+    assert f.stats.logs_held == 1
+    clock.t += STREAM_QUIET_S
+    poll()
+    assert f.stats.logs_held == 0
+    assert published == {"a/run.json": truth_a, "b/run_clat_hist.1.log": held_b}
+    assert clock.t - 1000.0 < HOLD_S / 4

@@ -27,9 +27,47 @@ from tests.offline.test_fio_client import listening
 
 PREFIX = "fiomonconf"
 AGG_ID = "fiomon-aggregator-conformance"
-# After the last fio exits, the aggregator's received count must hold still this long
-# (agents flush every 200 ms; a hist log that waits for a stream decides within 30 s).
+# After the last fio exits and every agent says it holds nothing back (no hist log waiting
+# for a json+ stream, nothing spooled), the aggregator's received count must hold still
+# this long (agents flush every 200 ms).
 QUIET_S = 5.0
+
+
+class AgentStatuses:
+    """Every agent's latest retained status (``counters``), read from the real broker."""
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt  # noqa: PLC0415 (the harness alone needs it)
+        from paho.mqtt.enums import CallbackAPIVersion  # noqa: PLC0415
+
+        self.latest: dict[str, tuple[float, dict[str, Any]]] = {}  # host -> (monotonic, doc)
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="conf-status")
+        self._client.on_connect = lambda c, *_: c.subscribe(f"{PREFIX}/v1/+/status", qos=1)
+        self._client.on_message = self._on_message
+        self._client.connect("127.0.0.1", port)
+        self._client.loop_start()
+
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        try:
+            doc = json.loads(msg.payload)
+        except ValueError:
+            return
+        if isinstance(doc, dict) and isinstance(doc.get("agent"), str):
+            self.latest[doc["agent"]] = (time.monotonic(), doc)
+
+    def holding(self, hosts: list[str], since: float) -> list[str]:
+        """Hosts without a status after ``since`` saying nothing is held back (empty: none)."""
+        out = []
+        for h in hosts:
+            at, doc = self.latest.get(h, (-1.0, {}))
+            c = doc.get("counters", {})
+            if at < since or c.get("logs_held") != 0 or c.get("spooled_messages") != 0:
+                out.append(h)
+        return out
+
+    def close(self) -> None:
+        self._client.loop_stop()
+        self._client.disconnect()
 
 
 @dataclass
@@ -143,6 +181,7 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
     for sub in ("cases", "truth", "data", "state", "logs"):
         (root / sub).mkdir(parents=True)
     procs = Procs()
+    statuses: AgentStatuses | None = None
     broker = Mosquitto(mosquitto_bin, root / "mosquitto")
     agg_log = root / "logs" / "aggregator.log"
     try:
@@ -200,6 +239,7 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
                 lambda ips=ips, port=port: all(listening(ip, port) for ip in ips),
                 f"fio --server on {ips} port {port}",
             )
+        statuses = seen = AgentStatuses(broker.port)
         res.timings["setup"] = time.monotonic() - t0
         # every case at once; a case's offline commands start as soon as its fio is done
         ctxs = {c.name: Ctx(c.name, fio, root, servers) for c in CASES}
@@ -228,7 +268,20 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
             res.timings["fio"] = time.monotonic() - t0
             res.offline = {k: f.result() for k, f in outs.items()}
         res.timings["offline"] = time.monotonic() - t0
-        # live: until the aggregator's received count holds still for QUIET_S
+        # live: every agent has published what it holds (a hist log waits for a json+
+        # stream at most a minute: fiomon.agent.follow.HOLD_S) ...
+        fio_done = t0 + res.timings["fio"]
+        try:
+            wait(
+                lambda: not seen.holding(labels, fio_done),
+                "every agent's status saying it holds nothing back",
+                within=2 * DEADLINE_S,  # a hist log may wait a minute (follow.HOLD_S)
+            )
+        except TimeoutError as exc:
+            late = {h: seen.latest.get(h) for h in seen.holding(labels, fio_done)}
+            msg = f"{exc}; the statuses of those that do: {late}"
+            raise TimeoutError(msg) from None
+        # ... and the aggregator's received count holds still for QUIET_S
         last, since = received(metrics), time.monotonic()
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() - since < QUIET_S:
@@ -243,6 +296,8 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
         res.aggregator_rc = aggregator.wait(DEADLINE_S)
         res.timings["live"] = time.monotonic() - t0
     finally:
+        if statuses is not None:
+            statuses.close()
         procs.stop_all()
         broker.stop()
     quanta = root / "quanta.jsonl"

@@ -731,10 +731,14 @@ def _concurrent_two_folders() -> Case:
                 cwd=a,
             )
 
-        def run_b() -> None:  # hist logs only; its json (truth) outside the watched folder
+        # hist logs only; its json (truth) outside the watched folder. It ends after run
+        # a, whose json+ stream names the same log prefix: once that stream has ended, the
+        # agent must not wait a minute for a dump that will not come (a CI run's
+        # aggregator was stopped before the agent published host-b's log: 396 of 743)
+        def run_b() -> None:
             ctx.fio_run(
                 [
-                    *ctx.job(f"--write_hist_log={b / 'run'}", EPOCH),
+                    *ctx.job(f"--write_hist_log={b / 'run'}", EPOCH, runtime=RUNTIME + 2),
                     "--output-format=json",
                     f"--output={ctx.truth / 'b.json'}",
                 ],
