@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from fiomon.aggregator.partials import PartialRow, encode, split
-from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
+from fiomon.root.merger import RootMerger
 from fiomon.windows import RawPartial, Scope
 
 LAY = BinLayout()

@@ -1018,7 +1018,7 @@ def _service(args: argparse.Namespace, name: str) -> int:
 
         main_coro = run_agent(cfg)
     elif name == "root":
-        from fiomon.aggregator.root_service import run_root  # noqa: PLC0415
+        from fiomon.root.service import run_root  # noqa: PLC0415
 
         main_coro = run_root(
             cfg,

@@ -2,7 +2,7 @@
 
 :class:`AggregatorCore` is driven by ``now_ms`` (tests use a fake clock) and does no
 network I/O; its disk I/O is the journal append on receipt and, on a thread of its own,
-the quanta file (:class:`~fiomon.aggregator.quantafile.QuantaWriter`).
+the quanta file (:class:`~fiomon.server.quantafile.QuantaWriter`).
 
 Two steps, so that intake costs little per message and the rest is batched:
 
@@ -43,22 +43,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook, Transition, rules_not_computed
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot
-from fiomon.aggregator.journal import GridState, Journal, StateLock
-from fiomon.aggregator.live import LiveFeed, status_of
-from fiomon.aggregator.metrics import (
-    OTHER_HOST,
-    Counts,
-    Health,
-    QuantumGauges,
-    build_snapshot,
-    with_outbox,
-)
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import rows_of
-from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
@@ -66,6 +53,19 @@ from fiomon.config import AggregatorConfig
 from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.server.alerts import AlertBook, Transition, rules_not_computed
+from fiomon.server.exporter import BucketHistogram, Snapshot
+from fiomon.server.journal import GridState, Journal, StateLock
+from fiomon.server.live import LiveFeed, status_of
+from fiomon.server.metrics import (
+    OTHER_HOST,
+    Counts,
+    Health,
+    QuantumGauges,
+    build_snapshot,
+    with_outbox,
+)
+from fiomon.server.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
 
@@ -221,16 +221,21 @@ class AggregatorCore:
             )
         if self.quanta is not None or self.state_path is not None:
             self.writer = QuantaWriter(self.quanta, self.state_path, self.problem)
-        grid, why = GridState.load(self.state_path) if self.state_path else (None, None)
+        grid, why = (
+            GridState.load(self.state_path, KnownStreams.from_json)
+            if self.state_path
+            else (None, None)
+        )
         if why:
             self.problem("state-unreadable", why)
         tail = self.quanta.tail() if self.quanta is not None else None
         self._learn_published(grid, tail)
-        if grid is not None and grid.known is not None:
+        known = grid.known if grid is not None else None
+        if isinstance(known, KnownStreams):
             # Hosts whose records all lie in confirmed quanta are not in the journal:
             # without this the first hosts to come back could close a quantum without them.
-            self.watermark.restore_known(grid.known)
-            log.info("the previous run knew %d live streams", len(grid.known.streams))
+            self.watermark.restore_known(known)
+            log.info("the previous run knew %d live streams", len(known.streams))
         if grid is not None and grid.quantum_ms == cfg.quantum_ms:
             g, c, unit = grid.layout
             self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """The aggregator as a service: MQTT in, ``/metrics`` out, alert sinks, signals, reload.
 
 :func:`run_aggregator` restores the state directory, serves ``/metrics`` from a child
-process (:mod:`fiomon.aggregator.metrics_server`: each new snapshot is pickled to it; rendering and
+process (:mod:`fiomon.server.metrics_server`: each new snapshot is pickled to it; rendering and
 every request's HTTP work happen there, off this interpreter's lock), and runs these tasks
 on one event loop:
 
@@ -14,7 +14,7 @@ on one event loop:
 * ``fiomon.close``: ticks the core a few times per quantum (decode, merge, close), then
   hands the alerts to the sinks without waiting for them.
 * ``fiomon.alertmanager``: posts to Alertmanager
-  (:class:`~fiomon.aggregator.alerts.AlertDispatcher`).
+  (:class:`~fiomon.server.alerts.AlertDispatcher`).
 * ``fiomon.partials`` (a cell, ``partials:`` configured): sends the closed quanta from
   the outbox to the root's broker (:mod:`fiomon.aggregator.outbox`).
 * ``fiomon.reload``: SIGHUP re-reads the configuration and applies what can change
@@ -53,9 +53,7 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.aggregator import mqttread
-from fiomon.aggregator.alerts import AlertDispatcher
 from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
-from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.outbox import publish_partials
 from fiomon.config import AggregatorConfig, load_aggregator_config
 from fiomon.errors import ConfigError
@@ -68,6 +66,8 @@ from fiomon.mqtt import (
     make_client,
 )
 from fiomon.runtime import GRACE_S, cancel_and_wait, keep_alive, sd_notify, stop_on_signals
+from fiomon.server.alerts import AlertDispatcher
+from fiomon.server.metrics_server import MetricsProcess
 
 log = logging.getLogger("fiomon.aggregator")
 

@@ -29,10 +29,10 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.agent.follow import Follower
-from fiomon.aggregator.alerts import Phase
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.config import AggregatorConfig, SlaRule
+from fiomon.server.alerts import Phase
+from fiomon.server.metrics_server import MetricsProcess
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 from fiomon.windows import ClosedQuantum
 

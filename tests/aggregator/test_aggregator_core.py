@@ -18,18 +18,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.alerts import AlertState, Phase, evaluate
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot, bucket_edges_s
-from fiomon.aggregator.metrics import CELL_INFO
-from fiomon.aggregator.quantafile import QuantaFile
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import HistStats, cumulative_at
 from fiomon.model import RecordBatch
 from fiomon.offline.output import JsonlWriter
+from fiomon.server.alerts import AlertState, Phase, evaluate
+from fiomon.server.exporter import FiomonCollector, Snapshot, bucket_edges_s
+from fiomon.server.metrics import CELL_INFO
+from fiomon.server.quantafile import QuantaFile
 from fiomon.windows import ClosedQuantum
 from fiomon.wire import encode
 from tests.batches import batch as make_batch

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.aggregator.alerts import AlertState, Phase
 from fiomon.aggregator.core import AggregatorCore, StateLockedError
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.server.alerts import AlertState, Phase
 from fiomon.wire import encode
 from tests.batches import batch
 
@@ -569,8 +569,8 @@ def test_a_restart_waits_for_known_hosts_whose_records_all_lie_in_confirmed_quan
 def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load(
     tmp_path: Path,
 ) -> None:
-    from fiomon.aggregator.journal import GridState  # noqa: PLC0415
     from fiomon.aggregator.watermark import KnownStreams, Watermark  # noqa: PLC0415
+    from fiomon.server.journal import GridState  # noqa: PLC0415
 
     w = Watermark(lateness_ms=5000)
     for h, end in (("h1", 20_000), ("h2", 17_000), ("h3", 14_000)):
@@ -582,7 +582,7 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     assert known.streams == (("h1", "s", T0 + 20_000),)
     path = tmp_path / "state.json"
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert why is None
     assert grid is not None
     assert grid.known == known
@@ -592,22 +592,22 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     # The encoding of the known streams is reused for the same object only.
     later = KnownStreams(T0 + 30_000, (("h9", "s", T0 + 29_000),))
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, later).save(path)
-    grid, _ = GridState.load(path)
+    grid, _ = GridState.load(path, KnownStreams.from_json)
     assert grid is not None and grid.known == later
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
-    grid, _ = GridState.load(path)
+    grid, _ = GridState.load(path, KnownStreams.from_json)
     assert grid is not None and grid.known == known
     doc = json.loads(path.read_text())
     del doc["known"]
     path.write_text(json.dumps(doc))  # a state file of an older version
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert why is None
     assert grid is not None
     assert grid.known is None
     assert grid.closed_ms == T0 + 19_000
     doc["known"] = {"newest_end_ms": 5, "streams": [["h1", "s", -3]]}
     path.write_text(json.dumps(doc))
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert grid is not None, "the grid is still good"
     assert grid.known is None
     assert why is not None

@@ -4,7 +4,7 @@ Reads an aggregator configuration (its ``broker``, ``topic_prefix``, ``client_id
 ``quantum``, ``lateness``, ``percentiles``, ``confidence_level``, ``per_host``,
 ``listen``, ``quanta_file``, ``sla``, ``max_message_size``) plus its ``root`` section
 (expected ``cells``, ``cell_timeout``), subscribes to ``<prefix>/v1/_partials/+`` with a
-persistent session, merges with :class:`~fiomon.aggregator.root.RootMerger`, writes the
+persistent session, merges with :class:`~fiomon.root.merger.RootMerger`, writes the
 closed quanta with the aggregators' quanta file writer, evaluates the SLA rules (cluster
 scope: the whole cluster) and serves ``/metrics`` like an aggregator (the same latency
 families, plus ``fiomon_root_*``: cells up, rows merged/duplicate/late, refused
@@ -40,18 +40,18 @@ from typing import cast
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook, rules_not_computed
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot
-from fiomon.aggregator.journal import Journal, StateLock, write_atomic
-from fiomon.aggregator.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
-from fiomon.aggregator.metrics_server import MetricsProcess
-from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
-from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
 from fiomon.errors import ConfigError
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
+from fiomon.root.merger import RootMerger
 from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
+from fiomon.server.alerts import AlertBook, rules_not_computed
+from fiomon.server.exporter import BucketHistogram, Snapshot
+from fiomon.server.journal import Journal, StateLock, write_atomic
+from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
+from fiomon.server.metrics_server import MetricsProcess
+from fiomon.server.quantafile import QuantaFile, QuantaWriter
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")

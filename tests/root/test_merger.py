@@ -17,12 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot
-from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
-from fiomon.aggregator.root import RootMerger
-from fiomon.aggregator.root_service import RootService
 from fiomon.bins import BinLayout
 from fiomon.config import (
     AggregatorConfig,
@@ -33,6 +29,10 @@ from fiomon.config import (
 )
 from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.root.merger import RootMerger
+from fiomon.root.service import RootService
+from fiomon.server.exporter import FiomonCollector, Snapshot
+from fiomon.server.metrics import with_root
 from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
 from fiomon.wire import encode as encode_records
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiomon.aggregator.journal import GridState
+from fiomon.server.journal import GridState
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")

@@ -11,9 +11,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from fiomon.aggregator.alerts import AlertBook, AlertState, Phase, alertmanager_payload, evaluate
 from fiomon.bins import BinLayout
 from fiomon.config import SlaRule
+from fiomon.server.alerts import AlertBook, AlertState, Phase, alertmanager_payload, evaluate
 from fiomon.windows import ClosedQuantum, QuantumEngine
 from tests.latencydists import batch_of_quanta, fio_quanta, lognormal_cdf
 

@@ -20,10 +20,10 @@ import aiomqtt
 
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.partials import PartialsMessage, decode
-from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.model import RecordBatch
+from fiomon.root.merger import RootMerger
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (
@@ -33,8 +33,8 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
-from tests.aggregator.test_root import T0, assert_same, engine, records
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
+from tests.root.test_merger import T0, assert_same, engine, records
 
 ROOT_PREFIX = "fiomonroot"
 CELLS = {"c1": (1, 2, 3), "c2": (4, 5, 6)}

@@ -14,9 +14,9 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from fiomon.aggregator.alerts import AlertDispatcher
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
+from fiomon.server.alerts import AlertDispatcher
 from fiomon.wire import encode
 from tests.aggregator.test_aggregator_core import T0, Clock, batch
 from tests.conftest import until

@@ -19,7 +19,7 @@ format (``segment-<n>.bin``: ``<u32 length><payload>``) are replayed too.
 
 ``state.json`` holds the grid (quantum, phase, layout) and how far the quanta file is
 confirmed, written atomically after each write of the quanta file. The quanta file's own
-last lines say what was published (:mod:`fiomon.aggregator.quantafile`), so losing or garbling
+last lines say what was published (:mod:`fiomon.server.quantafile`), so losing or garbling
 ``state.json`` never publishes a quantum twice.
 
 A lock file (``flock``) keeps a second aggregator off the same state directory.
@@ -37,8 +37,8 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from fiomon.aggregator.watermark import KnownStreams
 from fiomon.wire import describe
 
 SEGMENT_BYTES = 32 * 1024 * 1024
@@ -48,6 +48,19 @@ _OLD_LEN = struct.Struct("<I")
 _FAR = 2**62
 
 ProblemSink = Callable[[str, str], None]  # (kind, text): log and count
+
+
+class KnownState(Protocol):
+    """A merger's own state saved beside the grid, opaque here (JSON in ``state.json``).
+
+    The aggregator saves its watermark's known streams
+    (:class:`fiomon.aggregator.watermark.KnownStreams`); the state directory only stores
+    and returns it, so persistence does not depend on one merger's internals.
+    """
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON form that the loader's ``parse_known`` reads back."""
+        ...
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -77,15 +90,16 @@ class GridState:
         phase_ms: the quanta grid's phase.
         layout: ``(group_nr, coarseness, unit)`` of the merged histograms.
         closed_ms: every quantum ending at or before this is confirmed in the quanta file.
-        known: the streams the watermark knew (so a restart waits for hosts whose records
-            all lie in confirmed quanta); None in state files of older versions.
+        known: the merger's own state (the aggregator: the streams the watermark knew, so
+            a restart waits for hosts whose records all lie in confirmed quanta); None in
+            state files of older versions.
     """
 
     quantum_ms: int
     phase_ms: int
     layout: tuple[int, int, str]
     closed_ms: int | None
-    known: KnownStreams | None = None
+    known: KnownState | None = None
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
@@ -105,11 +119,14 @@ class GridState:
         }
 
     @classmethod
-    def load(cls, path: Path) -> tuple[GridState | None, str | None]:
+    def load(
+        cls, path: Path, parse_known: Callable[[object], KnownState] | None = None
+    ) -> tuple[GridState | None, str | None]:
         """``(state, None)``; ``(None, None)`` if absent; ``(None, why)`` if unreadable.
 
-        Garbled known streams alone give ``(state without them, why)``: the grid and what
-        was published are still good.
+        ``parse_known`` reads the merger's own state back (raising ``ValueError`` when it
+        is garbled); without it that state is not read. Garbled known state alone gives
+        ``(state without it, why)``: the grid and what was published are still good.
         """
         try:
             text = path.read_bytes()
@@ -129,10 +146,10 @@ class GridState:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             return None, f"{path} is garbled ({type(exc).__name__}: {exc}; {len(text)} bytes)"
-        if "known" not in d:
+        if "known" not in d or parse_known is None:
             return grid, None
         try:
-            known = KnownStreams.from_json(d["known"])
+            known = parse_known(d["known"])
         except ValueError as exc:
             return grid, f"{path}: the known streams are garbled and ignored ({exc})"
         return dataclasses.replace(grid, known=known), None
@@ -140,8 +157,8 @@ class GridState:
     def save(self, path: Path) -> None:
         """Write atomically (the folder is created if it vanished).
 
-        The known streams are encoded once per :class:`KnownStreams` object: the core
-        passes the same one for several saves (their encoding is most of the cost).
+        The known state is encoded once per object: the merger passes the same one for
+        several saves (its encoding is most of the cost).
         """
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_json_base())
@@ -150,10 +167,10 @@ class GridState:
         write_atomic(path, text.encode())
 
 
-_last_known: tuple[KnownStreams, str] | None = None  # the last encoding (one writer thread)
+_last_known: tuple[KnownState, str] | None = None  # the last encoding (one writer thread)
 
 
-def _known_text(known: KnownStreams) -> str:
+def _known_text(known: KnownState) -> str:
     """``known`` as JSON, encoded once per object.
 
     The core passes the same object to every save between two collections of it.

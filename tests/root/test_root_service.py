@@ -14,8 +14,6 @@ import aiomqtt
 import numpy as np
 import pytest
 
-from fiomon.aggregator.journal import StateLock
-from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
 from fiomon.bins import BinLayout
 from fiomon.config import (
     AggregatorConfig,
@@ -26,9 +24,11 @@ from fiomon.config import (
     load_aggregator_config,
     root_ignored_keys,
 )
+from fiomon.root.service import STATE_FILE, RootService, run_root
+from fiomon.server.journal import StateLock
 from fiomon.windows import ALL_DIRECTIONS
-from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
 from tests.conftest import Mosquitto, free_port, until
+from tests.root.test_merger import LAY, T0, Clock, Q, _one_row_message
 
 ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),)  # 1 ns
 
