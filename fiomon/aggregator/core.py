@@ -50,7 +50,7 @@ from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.config import AggregatorConfig
-from fiomon.errors import LayoutError
+from fiomon.errors import LayoutError, StateLockedError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.server.alerts import AlertBook, Transition, rules_not_computed
@@ -66,6 +66,7 @@ from fiomon.server.metrics import (
     with_outbox,
 )
 from fiomon.server.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
+from fiomon.server.reload import warn_restart_only
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
 
@@ -83,23 +84,6 @@ KNOWN_EVERY_MS = 10_000
 OPEN_BYTES = 1 << 30  # open quanta's histograms at most (more close the oldest early)
 _FAR = 2**62
 _PREFIX = MAGIC + bytes([VERSION])
-
-
-class StateLockedError(RuntimeError):
-    """Raised when another aggregator process holds the state directory.
-
-    Args:
-        folder: the state directory.
-        holder: the other process (its pid, as written in the lock file).
-    """
-
-    def __init__(self, folder: Path, holder: str) -> None:
-        self.folder = folder
-        self.holder = holder
-        super().__init__(
-            f"another aggregator (pid {holder or '?'}) uses the state directory {folder}; "
-            "two aggregators must not share one (nor one MQTT client_id)"
-        )
 
 
 class AggregatorCore:
@@ -206,10 +190,10 @@ class AggregatorCore:
         cfg = self.cfg
         if cfg.state_dir is not None:
             try:
-                self.lock = StateLock(cfg.state_dir)
-            except BlockingIOError:
+                self.lock = StateLock(cfg.state_dir, "aggregator")
+            except StateLockedError:
                 self.counts.state_errors["lock"] += 1
-                raise StateLockedError(cfg.state_dir, _holder(cfg.state_dir)) from None
+                raise
             self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
             if cfg.partials is not None:
                 self.outbox = Outbox(
@@ -908,13 +892,7 @@ class AggregatorCore:
             host_timeout_ms=new.host_timeout_ms,
         )
         self.live.set_rules(self.cfg.sla)
-        fixed = [
-            f.name
-            for f in dataclasses.fields(AggregatorConfig)
-            if getattr(new, f.name) != getattr(self.cfg, f.name)
-        ]
-        if fixed:
-            log.warning("reload: %s changed but take effect at the next start", ", ".join(fixed))
+        warn_restart_only(self.cfg, new, log)
         self.snapshot = self._build()
         return done
 
@@ -955,13 +933,6 @@ def _drop(
     else:
         out[lo:hi] &= new
     return out
-
-
-def _holder(folder: Path) -> str:
-    try:
-        return (folder / "lock").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _hook(h: object) -> str:

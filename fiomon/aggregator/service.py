@@ -55,8 +55,7 @@ from fiomon import __version__
 from fiomon.aggregator import mqttread
 from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.outbox import publish_partials
-from fiomon.config import AggregatorConfig, load_aggregator_config
-from fiomon.errors import ConfigError
+from fiomon.config import AggregatorConfig, Overrides
 from fiomon.mqtt import (
     SUBSCRIBE_TIMEOUT_S,
     Backoff,
@@ -68,6 +67,7 @@ from fiomon.mqtt import (
 from fiomon.runtime import GRACE_S, cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 from fiomon.server.alerts import AlertDispatcher
 from fiomon.server.metrics_server import MetricsProcess
+from fiomon.server.reload import apply_log_level, reread
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -87,14 +87,13 @@ class _Service:
         *,
         final: bool,
         config_path: Path | None,
-        log_level_fixed: bool,
+        overrides: Overrides | None,
     ) -> None:
-        self.cfg = cfg
         self.core = core
         self.stop = stop
         self.final = final
         self.config_path = config_path
-        self.log_level_fixed = log_level_fixed
+        self.overrides = overrides
         self.topics = Topics(cfg.topic_prefix)
         self.dispatcher = AlertDispatcher(cfg.webhook, core.counts.alert_deliveries, core.now_ms)
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue(maxsize=100)
@@ -117,6 +116,11 @@ class _Service:
         self.intake_stopped = asyncio.Event()
         self.alerts_final = asyncio.Event()
         self.disconnect = asyncio.Event()
+
+    @property
+    def cfg(self) -> AggregatorConfig:
+        """The running configuration: the core's (a reload replaces it there only)."""
+        return self.core.cfg
 
     def taken_over(self) -> bool:
         """Another aggregator took our MQTT session (we stopped reading)."""
@@ -142,7 +146,7 @@ async def run_aggregator(
     ready: Callable[[AggregatorCore], None] | None = None,
     final: bool = False,
     config_path: Path | None = None,
-    log_level_fixed: bool = False,
+    overrides: Overrides | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop``).
 
@@ -153,16 +157,16 @@ async def run_aggregator(
         final: close every open quantum when stopping (the end of a run); otherwise open
             quanta stay in the journal for the next start.
         config_path: the file SIGHUP re-reads (None: SIGHUP is logged and ignored).
-        log_level_fixed: the command line fixed the log level (a reload keeps it).
+        overrides: the command line's settings over the file (``cfg`` has them already):
+            a reload applies them again, so they never read as a change.
 
     Raises:
-        fiomon.aggregator.StateLockedError: another aggregator holds the state directory.
+        fiomon.errors.StateLockedError: another aggregator holds the state directory.
     """
     stop = stop or asyncio.Event()
     core = AggregatorCore(cfg)
     core.restore()
-    if cfg.log_level and not log_level_fixed:
-        logging.getLogger().setLevel(cfg.log_level.upper())
+    apply_log_level(cfg)
     now = core.now_ms()
     # Until connected (and lateness after), only the streams' own progress closes quanta:
     # records of the quanta that were open may still be queued in the broker.
@@ -175,7 +179,7 @@ async def run_aggregator(
         stop,
         final=final,
         config_path=config_path,
-        log_level_fixed=log_level_fixed,
+        overrides=overrides,
     )
     addr, port = cfg.listen_addr
 
@@ -404,23 +408,12 @@ async def _reload_loop(svc: _Service) -> None:
 
 
 def _reload(svc: _Service) -> None:
-    if svc.config_path is None:
-        log.warning("SIGHUP: no configuration file to re-read; nothing reloaded")
-        return
-    try:
-        new = load_aggregator_config(svc.config_path)
-    except ConfigError as exc:
-        for p in exc.problems:
-            log.error("SIGHUP: %s", p)
-        log.error("SIGHUP: %s not reloaded; the running configuration stays", svc.config_path)
+    new = reread(svc.config_path, svc.overrides, log)
+    if new is None:
         return
     done = svc.core.reload(new)
     svc.dispatcher.reconfigure(new.webhook)
-    if new.log_level and not svc.log_level_fixed:
-        logging.getLogger().setLevel(new.log_level.upper())
-    elif new.log_level and svc.log_level_fixed:
-        done.append("log_level kept (set by --log-level)")
-    svc.cfg = svc.core.cfg
+    apply_log_level(new)
     log.info("SIGHUP: reloaded %s: %s", svc.config_path, "; ".join(done) if done else "no changes")
 
 

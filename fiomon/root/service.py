@@ -41,8 +41,13 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.bins import BinLayout
-from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
-from fiomon.errors import ConfigError
+from fiomon.config import (
+    ROOT_IGNORED,
+    AggregatorConfig,
+    Overrides,
+    RootConfig,
+    root_ignored_keys,
+)
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
 from fiomon.root.merger import RootMerger
 from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
@@ -52,6 +57,7 @@ from fiomon.server.journal import Journal, StateLock, write_atomic
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
 from fiomon.server.metrics_server import MetricsProcess
 from fiomon.server.quantafile import QuantaFile, QuantaWriter
+from fiomon.server.reload import apply_log_level, reread, warn_restart_only
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
@@ -86,11 +92,7 @@ class RootService:
         self.lock: StateLock | None = None
         self.state_path: Path | None = None
         if cfg.state_dir is not None:
-            try:
-                self.lock = StateLock(cfg.state_dir)
-            except BlockingIOError:
-                msg = f"another process uses the state directory {cfg.state_dir}"
-                raise RuntimeError(msg) from None
+            self.lock = StateLock(cfg.state_dir, "root")
             self.state_path = cfg.state_dir / STATE_FILE
         # What was closed before: the quanta file's last quantum (the record of
         # publication), else the mark in the state directory.
@@ -238,31 +240,30 @@ class RootService:
         if done is not None:
             self.journal.release(done)
 
-    def reload(self, path: Path | None, *, log_level_fixed: bool) -> None:
-        """SIGHUP: re-read ``path`` and take its SLA rules and log level (nothing else)."""
-        if path is None:
-            log.warning("SIGHUP: no configuration file to re-read; nothing reloaded")
-            return
-        try:
-            new = load_aggregator_config(path)
-        except ConfigError as exc:
-            for p in exc.problems:
-                log.error("SIGHUP: %s", p)
-            log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
+    def reload(self, path: Path | None, overrides: Overrides | None = None) -> None:
+        """SIGHUP: re-read ``path`` (with ``overrides``) and take its SLA rules and log level.
+
+        Everything else the root uses waits for the next start and is named in the log;
+        what the root ignores (:data:`fiomon.config.ROOT_IGNORED`) is not.
+        """
+        new = reread(path, overrides, log)
+        if new is None:
             return
         done = []
-        if new.sla != self.cfg.sla:
-            cfg = self.cfg
+        cfg = self.cfg
+        if new.sla != cfg.sla:
             refused = rules_not_computed(new.sla, cfg.percentiles, cfg.confidence_level)
             if refused is not None:
                 log.error("SIGHUP: %s", refused)
             else:
                 done.append(self.alerts.replace_rules(new.sla))
-                self.cfg = dataclasses.replace(cfg, sla=new.sla)
-        if new.log_level and not log_level_fixed:
-            logging.getLogger().setLevel(new.log_level.upper())
-        elif new.log_level:
-            done.append("log_level kept (set by --log-level)")
+                cfg = dataclasses.replace(cfg, sla=new.sla)
+        if new.log_level != cfg.log_level:
+            done.append(f"log_level {cfg.log_level} -> {new.log_level}")
+            cfg = dataclasses.replace(cfg, log_level=new.log_level)
+        self.cfg = cfg
+        apply_log_level(cfg)
+        warn_restart_only(cfg, dataclasses.replace(new, sla=cfg.sla), log, ROOT_IGNORED)
         self.snapshot = self._build()
         log.info(
             "SIGHUP: reloaded %s (the root takes only its SLA rules and log level): %s",
@@ -317,7 +318,7 @@ async def run_root(
     ready: Callable[[RootService], None] | None = None,
     final: bool = False,
     config_path: Path | None = None,
-    log_level_fixed: bool = False,
+    overrides: Overrides | None = None,
 ) -> None:
     """Run the root until SIGTERM/SIGINT (or ``stop``).
 
@@ -328,12 +329,15 @@ async def run_root(
         final: close every open quantum when stopping (the end of a run).
         config_path: the file SIGHUP re-reads (SLA rules and log level only; None:
             SIGHUP is logged and ignored).
-        log_level_fixed: the command line fixed the log level (the file's is ignored).
+        overrides: the command line's settings over the file (``cfg`` has them already):
+            a reload applies them again, so they never read as a change.
+
+    Raises:
+        fiomon.errors.StateLockedError: another root holds the state directory.
     """
     stop = stop or asyncio.Event()
     svc = RootService(cfg)
-    if cfg.log_level and not log_level_fixed:
-        logging.getLogger().setLevel(cfg.log_level.upper())
+    apply_log_level(cfg)
     addr, port = cfg.listen_addr
 
     def restarted() -> None:
@@ -379,7 +383,7 @@ async def run_root(
             main.cancel()
 
     def reload() -> None:
-        svc.reload(config_path, log_level_fixed=log_level_fixed)
+        svc.reload(config_path, overrides)
         metrics.poke()
 
     closed = False

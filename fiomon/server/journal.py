@@ -22,7 +22,7 @@ confirmed, written atomically after each write of the quanta file. The quanta fi
 last lines say what was published (:mod:`fiomon.server.quantafile`), so losing or garbling
 ``state.json`` never publishes a quantum twice.
 
-A lock file (``flock``) keeps a second aggregator off the same state directory.
+A lock file (``flock``) keeps a second aggregator (or root) off the same state directory.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from fiomon.errors import StateLockedError
 from fiomon.wire import describe
 
 SEGMENT_BYTES = 32 * 1024 * 1024
@@ -182,26 +183,27 @@ def _known_text(known: KnownState) -> str:
 
 
 class StateLock:
-    """An exclusive ``flock`` on ``<state_dir>/lock``, so two aggregators never share one.
+    """An exclusive ``flock`` on ``<state_dir>/lock``, so two services never share one.
 
     Args:
         folder: the state directory (created).
+        service: who locks (``aggregator`` or ``root``), for the refusal's message.
 
     Raises:
         OSError: the folder cannot be created or the lock file opened.
-        BlockingIOError: another process holds the lock (its pid is in :attr:`holder`).
+        StateLockedError: another process holds the lock (naming its pid).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, service: str = "aggregator") -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "lock"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip()
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip()
             os.close(self._fd)
-            raise
+            raise StateLockedError(folder, holder, service) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         self.holder = str(os.getpid())

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.aggregator.core import AggregatorCore, StateLockedError
+from fiomon.aggregator.core import AggregatorCore
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
+from fiomon.errors import StateLockedError
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.server.alerts import AlertState, Phase
 from fiomon.wire import encode

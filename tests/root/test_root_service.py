@@ -8,7 +8,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import numpy as np
@@ -19,6 +18,7 @@ from fiomon.config import (
     AggregatorConfig,
     BrokerConfig,
     ExportConfig,
+    Overrides,
     RootConfig,
     SlaRule,
     load_aggregator_config,
@@ -226,8 +226,8 @@ async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> 
         box.append(svc)
         real = svc.reload
 
-        def reload(path: Path | None, **kw: Any) -> None:
-            real(path, **kw)
+        def reload(path: Path | None, overrides: Overrides | None = None) -> None:
+            real(path, overrides)
             reloaded.set()
 
         svc.reload = reload  # type: ignore[method-assign]
@@ -258,13 +258,13 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
     cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
     svc = RootService(cfg)
     assert cfg.confidence_level == 0.95
-    svc.reload(conf, log_level_fixed=False)
+    svc.reload(conf)
     assert svc.cfg.sla == ALWAYS
     assert [r.name for r in svc.alerts.rules] == ["p99-read"]
     assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
     # The same rule at the running level is taken.
     conf.write_text(conf.read_text().replace("0.9", "0.95"))
-    svc.reload(conf, log_level_fixed=False)
+    svc.reload(conf)
     assert [r.name for r in svc.cfg.sla] == ["r"]
     svc.close()
 
