@@ -105,13 +105,6 @@ class AggregatorCore:
         self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
         self.engine: QuantumEngine | None = None
         self.counts = Counts()
-        # The counters under their long-standing names (tests, demo, service status).
-        self.records = self.counts.records
-        self.invalid = self.counts.invalid
-        self.lost = self.counts.lost
-        self.recovered = self.counts.recovered
-        self.duplicates = self.counts.duplicates
-        self.id_conflicts = self.counts.id_conflicts
         self.gauges = QuantumGauges(cfg.percentiles, cfg.fit_tail)
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
@@ -167,10 +160,10 @@ class AggregatorCore:
         log.error("%s: %s", kind, text)
 
     def _invalid(self, reason: str, detail: str) -> None:
-        self.invalid[reason] += 1
+        self.counts.invalid[reason] += 1
         # The first few of each reason are logged; the counters say the rest.
-        if self.invalid[reason] <= 5 or self.invalid[reason] % 1000 == 0:
-            log.warning("refused (%s, %d so far): %s", reason, self.invalid[reason], detail)
+        if self.counts.invalid[reason] <= 5 or self.counts.invalid[reason] % 1000 == 0:
+            log.warning("refused (%s, %d so far): %s", reason, self.counts.invalid[reason], detail)
 
     # -- start ------------------------------------------------------------------------------
 
@@ -267,7 +260,7 @@ class AggregatorCore:
         if not self._queue:
             return
         self._drain(self.now_ms(), force=True)
-        self.replayed = self.records["replayed"]
+        self.replayed = self.counts.records["replayed"]
         if self.engine is not None:
             # Parts of replayed records in quanta published before the restart are not
             # late: they were in those quanta.
@@ -297,11 +290,6 @@ class AggregatorCore:
         for host, payload in ok:
             self._queue.append((host, payload, segment, False))
             self._queued_bytes += len(payload)
-
-    @property
-    def quanta_closed(self) -> int:
-        """Quanta closed by this process."""
-        return self.counts.quanta_closed
 
     @property
     def queued_bytes(self) -> int:
@@ -362,15 +350,15 @@ class AggregatorCore:
                 continue
             if verdict.refused:
                 self._invalid("streams-over-cap", f"stream {g.streams[k]!r} of {agent}")
-                self.records["refused"] += hi - lo
+                self.counts.records["refused"] += hi - lo
                 keep = _drop(keep, len(batch), lo, hi)
                 continue
             # Counters stay sparse (a zero entry per host would cost every snapshot).
             if verdict.duplicates:
-                self.records["duplicate"] += verdict.duplicates
-                self.duplicates[label] += verdict.duplicates
+                self.counts.records["duplicate"] += verdict.duplicates
+                self.counts.duplicates[label] += verdict.duplicates
             if verdict.lost:
-                self.lost[label] += verdict.lost
+                self.counts.lost[label] += verdict.lost
                 log.warning(
                     "%s: %d records of %s lost (seq gap before %d)",
                     agent,
@@ -379,7 +367,7 @@ class AggregatorCore:
                     first[k] + int(np.argmax(verdict.new)),
                 )
             if verdict.recovered:
-                self.recovered[label] += verdict.recovered
+                self.counts.recovered[label] += verdict.recovered
             if not verdict.new.all():
                 keep = _drop(keep, len(batch), lo, hi, verdict.new)
         keep = self._sane(batch, keep, g, now)
@@ -402,10 +390,10 @@ class AggregatorCore:
             replays = np.array([queued[i][3] for i in g.index.tolist()], dtype=np.bool_)
             rows = np.repeat(replays, np.diff(g.offsets))
             n_replay = int(rows.sum() if keep is None else (rows & keep).sum())
-            self.records["replayed"] += n_replay
-            self.records["received"] += len(kept) - n_replay
+            self.counts.records["replayed"] += n_replay
+            self.counts.records["received"] += len(kept) - n_replay
         else:
-            self.records["received"] += len(kept)
+            self.counts.records["received"] += len(kept)
         if self.engine is not None:
             self._merge(kept, g.labels)
         else:
@@ -430,7 +418,7 @@ class AggregatorCore:
         for mask, reason in ((future, "future"), (span, "span")):
             bad = keep & mask
             if bad.any():
-                self.records[f"invalid-{reason}"] += int(bad.sum())
+                self.counts.records[f"invalid-{reason}"] += int(bad.sum())
                 for k in np.unique(msg_of[bad]).tolist():
                     n = int((msg_of[bad] == k).sum())
                     self._invalid(reason, f"{n} records of {g.streams[k]} from {g.agents[k]}")
@@ -495,7 +483,7 @@ class AggregatorCore:
         if isinstance(instance, str) and not retained:
             prev = self.instances.get(topic_host)
             if prev is not None and prev[0] != instance and now - prev[1] < 30_000:
-                self.id_conflicts[topic_host] += 1
+                self.counts.id_conflicts[topic_host] += 1
                 log.warning(
                     "two agents claim the id %r (instances %s and %s): give each host its own "
                     "`host` name; their records cannot be told apart",

@@ -133,8 +133,9 @@ class _Service:
         if not self.ready:
             b = self.cfg.broker
             return f"waiting for the broker at {b.host}:{b.port} (/metrics on {self.cfg.listen})"
+        counts = core.counts
         return (
-            f"{core.records['received']} records, {core.counts.quanta_closed} quanta closed, "
+            f"{counts.records['received']} records, {counts.quanta_closed} quanta closed, "
             f"{core.hosts_up()} hosts up"
         )
 
@@ -332,9 +333,9 @@ def _final_counters(core: AggregatorCore) -> str:
     late = sum(engine.late_records.values()) if engine is not None else 0
     still_open = engine.open_quanta if engine is not None else 0
     return (
-        f"{core.records['received']} records received, "
-        f"{core.records['duplicate']} duplicate, {sum(core.lost.values())} lost, "
-        f"{late} late, {sum(core.invalid.values())} invalid messages; "
+        f"{core.counts.records['received']} records received, "
+        f"{core.counts.records['duplicate']} duplicate, {sum(core.counts.lost.values())} lost, "
+        f"{late} late, {sum(core.counts.invalid.values())} invalid messages; "
         f"{core.counts.quanta_closed} quanta closed, {still_open} left open"
     )
 
@@ -564,13 +565,13 @@ def _handle(svc: _Service, batch: list[aiomqtt.Message]) -> None:
                 elif topic == svc.conflict_topic:
                     _conflict(svc, payload)
         except Exception:  # a bug must not stop intake: say so, count it, go on
-            core.invalid["internal"] += 1
+            core.counts.invalid["internal"] += 1
             log.exception("cannot handle a message on %s", topic)
     if records:
         try:
             core.receive(records)
         except Exception:
-            core.invalid["internal"] += len(records)
+            core.counts.invalid["internal"] += len(records)
             log.exception("cannot take %d messages", len(records))
         if core.queued_bytes > QUEUED_BYTES_LIMIT:
             core.tick()

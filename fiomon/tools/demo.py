@@ -150,7 +150,7 @@ class _View:
             ] = r
         state = core.alerts.states.get((RULE.name, None))
         phase = state.phase.value if state is not None else Phase.INACTIVE.value
-        lost = sum(core.lost.values())
+        lost = sum(core.counts.lost.values())
         late = sum(core.engine.late_records.values()) if core.engine else 0
         for end, got in sorted(by_end.items()):
             rd, wr, al = got.get(("read", None)), got.get(("write", None)), got.get(("all", None))
@@ -328,10 +328,10 @@ def _run(
         for f in followers.values():
             f.close()
     err.write(
-        f"fiomon demo: {core.records['received']} records from {hosts} agents, "
-        f"{core.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "
-        f"lost {sum(core.lost.values())}, duplicates {core.records['duplicate']}\n"
+        f"fiomon demo: {core.counts.records['received']} records from {hosts} agents, "
+        f"{core.counts.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "
+        f"lost {sum(core.counts.lost.values())}, duplicates {core.counts.records['duplicate']}\n"
     )
-    if seconds is not None and core.quanta_closed == 0:
+    if seconds is not None and core.counts.quanta_closed == 0:
         return 1
     return 0

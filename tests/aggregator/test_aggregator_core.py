@@ -430,7 +430,7 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
     c.on_records("h1", wrong)
     future = encode("h1", "s@3", 0, batch([T0 + 3_600_000]))
     c.on_records("h1", future)
-    assert dict(c.invalid) == {
+    assert dict(c.counts.invalid) == {
         "not-fiomon": 1,
         "truncated": 1,
         "version": 1,
@@ -439,9 +439,9 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
         "layout": 1,
         "future": 1,
     }
-    assert c.records["received"] == 2
-    assert c.records["duplicate"] == 2
-    assert c.records["invalid-future"] == 1
+    assert c.counts.records["received"] == 2
+    assert c.counts.records["duplicate"] == 2
+    assert c.counts.records["invalid-future"] == 1
 
 
 def test_a_silent_agent_does_not_hold_quanta_open() -> None:
@@ -478,10 +478,11 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     assert len(hosts) == 5
     cluster = [r for r in rows if r.scope == "cluster" and r.direction == "read"]
     assert cluster[0].stats.samples == 40 * 200  # every host still counts in the cluster
-    assert c.lost == {} and set(c.duplicates) <= {f"h{i}" for i in range(5)} | {"_other"}
+    assert c.counts.lost == {}
+    assert set(c.counts.duplicates) <= {f"h{i}" for i in range(5)} | {"_other"}
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
-    assert c.id_conflicts["h1"] == 1
+    assert c.counts.id_conflicts["h1"] == 1
 
 
 def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:

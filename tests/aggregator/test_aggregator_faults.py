@@ -266,10 +266,10 @@ def test_hostile_status_payloads_are_counted_and_change_nothing() -> None:
     core.on_status("h1", b'{"state": 5}')
     core.on_status("h1", b'"online"')
     core.on_status("h1", b"{" + b" " * 70_000 + b"}")  # over the size limit: not parsed
-    assert dict(core.invalid) == {"status": 4, "status-oversized": 2}
+    assert dict(core.counts.invalid) == {"status": 4, "status-oversized": 2}
     assert core.hosts_up() == 0
     core.on_records(*message(0, 1))
-    assert core.records["received"] == 2
+    assert core.counts.records["received"] == 2
 
 
 def test_hosts_up_counts_hosts_that_send_or_hold_a_fresh_status() -> None:
@@ -372,7 +372,7 @@ def test_a_graceful_stop_right_after_receiving_keeps_what_it_received(
     core.receive([message(h, CRASH_AT) for h in range(len(HOSTS))])
     core.close()
     again = second_run(tmp_path, clock)
-    assert again.records["replayed"] >= 2 * len(HOSTS)
+    assert again.counts.records["replayed"] >= 2 * len(HOSTS)
     assert_exact(tmp_path, reference)
 
 

@@ -303,7 +303,7 @@ async def test_a_final_stop_sends_the_final_close_to_the_root(
         await mosquitto.wait_for_log(subscription("fiomon-cell-final"))
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub") as pub:
             await pub.publish("fiomonlive/v1/a/records", encode_records("a", "s", 0, batch), qos=1)
-        await until(lambda: cores[0].records["received"] == len(batch), what="records in")
+        await until(lambda: cores[0].counts.records["received"] == len(batch), what="records in")
         await until(
             lambda: cores[0].engine is not None and cores[0].engine.open_quanta > 0,
             what="open quanta in the cell",
