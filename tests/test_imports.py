@@ -33,7 +33,8 @@ FORBIDDEN = {
 }
 # Crossings allowed for now: the partials format, which a cell writes and the root reads,
 # moves beside wire.py (issue 23) on its own branch; until then the root reads it there.
-ALLOWED = {("root", "fiomon.aggregator.partials")}
+# Likewise the bulk MQTT reader goes into the one MQTT session object (fiomon/mqtt.py).
+ALLOWED = {("root", "fiomon.aggregator.partials"), ("server", "fiomon.aggregator.mqttread")}
 TOP = {"cli", "__main__", "__init__"}  # the command line wires every side together
 
 

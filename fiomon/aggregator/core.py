@@ -56,6 +56,7 @@ from fiomon.model import RecordBatch, StreamInfo
 from fiomon.server.alerts import AlertBook, Transition, rules_not_computed
 from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.server.journal import GridState, Journal, StateLock
+from fiomon.server.link import Link
 from fiomon.server.live import LiveFeed, status_of
 from fiomon.server.metrics import (
     OTHER_HOST,
@@ -109,9 +110,9 @@ class AggregatorCore:
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
         self.transitions: list[Transition] = []
-        self.session_taken_over = False
-        self.broker_connected = False  # the service sets it as its MQTT session comes and goes
-        self.backlog_max = 0  # the service: most messages waiting unprocessed at once
+        # The server's read-out of its broker connection (the snapshot shows it; the
+        # core never writes it).
+        self.link = Link()
         self.last_record_ms: int | None = None  # wall ms of the newest record received
         self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
         self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
@@ -150,6 +151,11 @@ class AggregatorCore:
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
+
+    @property
+    def broker_connected(self) -> bool:
+        """The server's MQTT session is up (read from :attr:`link`)."""
+        return self.link.connected
 
     # -- problems ---------------------------------------------------------------------------
 
@@ -800,9 +806,9 @@ class AggregatorCore:
             hosts_up=self.hosts_up(now),
             streams=len(self.tracker),
             open_quanta=engine.open_quanta if engine is not None else None,
-            session_taken_over=self.session_taken_over,
-            broker_connected=self.broker_connected,
-            backlog_max=self.backlog_max,
+            session_taken_over=self.link.taken_over,
+            broker_connected=self.link.connected,
+            backlog_max=self.link.backlog_max,
             active=self.active,
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,

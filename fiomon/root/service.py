@@ -27,15 +27,13 @@ closes. A second signal cuts the waiting short.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
 
 import aiomqtt
 
@@ -48,16 +46,16 @@ from fiomon.config import (
     RootConfig,
     root_ignored_keys,
 )
-from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
 from fiomon.root.merger import RootMerger
-from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
+from fiomon.runtime import GRACE_S
 from fiomon.server.alerts import AlertBook, rules_not_computed
+from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.server.journal import Journal, StateLock, write_atomic
+from fiomon.server.link import Link
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
-from fiomon.server.metrics_server import MetricsProcess
 from fiomon.server.quantafile import QuantaFile, QuantaWriter
-from fiomon.server.reload import apply_log_level, reread, warn_restart_only
+from fiomon.server.reload import warn_restart_only
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
@@ -69,18 +67,26 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RootService:
-    """The root's state between its tasks (one event loop).
+class RootService(Hooks):
+    """The root as the server's merger: partials journaled, merged, closed and published.
 
     Args:
         cfg: the configuration.
         now_ms: the wall clock (epoch ms).
+
+    Raises:
+        fiomon.errors.StateLockedError: another root holds the state directory.
     """
+
+    name = "root"
+    log = log
 
     def __init__(self, cfg: AggregatorConfig, now_ms: Callable[[], int] = _now) -> None:
         self.cfg = cfg
+        self._now = now_ms
+        # The server's read-out of its broker connection (the snapshot shows it).
+        self.link = Link()
         self.rc = cfg.root or RootConfig()
-        self.now_ms = now_ms
         self.counts = Counts()
         self.quanta: QuantaFile | None = None
         self.writer: QuantaWriter | None = None
@@ -120,8 +126,16 @@ class RootService:
         if cfg.state_dir is not None:
             self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
             self._replay()
-        self.broker_connected = False
         self.snapshot = self._build()
+
+    @property
+    def broker_connected(self) -> bool:
+        """The server's MQTT session is up (read from :attr:`link`)."""
+        return self.link.connected
+
+    def now_ms(self) -> int:
+        """The wall clock, epoch ms."""
+        return self._now()
 
     def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
         """The exported bucket histogram for this configuration, every direction at 0."""
@@ -186,6 +200,57 @@ class RootService:
             )
         self._release()
 
+    # -- what the server drives ------------------------------------------------------------
+
+    def subscriptions(self) -> list[str]:
+        """Every cell's partials."""
+        return [f"{self.cfg.topic_prefix}/v1/_partials/+"]
+
+    def handle(self, batch: Sequence[aiomqtt.Message]) -> None:
+        """Each message journaled, then merged (the server acknowledges the batch after)."""
+        for m in batch:
+            topic = m.topic.value
+            try:
+                self.on_message(topic.rsplit("/", 1)[-1], bytes(m.payload))
+            except Exception:  # a bug must not stop intake: say so, count it, go on
+                self.merger.counts.invalid["internal"] += 1
+                log.exception("cannot handle a partials message on %s", topic)
+
+    def banner(self) -> str:
+        """The start-up line."""
+        cfg = self.cfg
+        return (
+            f"fiomon root {__version__}: /metrics on {cfg.listen}, broker "
+            f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells) or '(any)'}, "
+            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+        )
+
+    def stopping(self, *, final: bool) -> str:
+        """What the first stop signal logs."""
+        if final:
+            return "stopping (open quanta close now: --final)"
+        if self.cfg.state_dir is not None:
+            return "stopping (open quanta stay in the journal)"
+        return "stopping (open quanta are dropped: no state_dir)"
+
+    def status(self) -> str:
+        """Systemd's ``STATUS=`` line."""
+        cfg = self.cfg
+        if not self.link.ready:
+            b = cfg.broker
+            return f"waiting for the broker at {b.host}:{b.port} (/metrics on {cfg.listen})"
+        m = self.merger
+        live = m.live_cells(self.now_ms())
+        return f"{m.counts.quanta_closed} quanta closed, {len(live)} cells up"
+
+    def summary(self) -> str:
+        """The counters an operator checks after a stop, as one line."""
+        m = self.merger.counts
+        return (
+            f"{m.quanta_closed} quanta closed ({m.closed_by_lateness} by lateness), "
+            f"rows {dict(m.rows)}, {sum(m.invalid.values())} refused messages"
+        )
+
     def on_message(self, cell: str, payload: bytes) -> None:
         """One message from the broker: journaled, then merged (the caller acknowledges)."""
         segment = self.journal.append([(cell, payload)]) if self.journal is not None else -1
@@ -240,15 +305,12 @@ class RootService:
         if done is not None:
             self.journal.release(done)
 
-    def reload(self, path: Path | None, overrides: Overrides | None = None) -> None:
-        """SIGHUP: re-read ``path`` (with ``overrides``) and take its SLA rules and log level.
+    def reload(self, new: AggregatorConfig) -> list[str]:
+        """SIGHUP: take the SLA rules and log level of ``new``; returns what changed.
 
         Everything else the root uses waits for the next start and is named in the log;
         what the root ignores (:data:`fiomon.config.ROOT_IGNORED`) is not.
         """
-        new = reread(path, overrides, log)
-        if new is None:
-            return
         done = []
         cfg = self.cfg
         if new.sla != cfg.sla:
@@ -262,14 +324,9 @@ class RootService:
             done.append(f"log_level {cfg.log_level} -> {new.log_level}")
             cfg = dataclasses.replace(cfg, log_level=new.log_level)
         self.cfg = cfg
-        apply_log_level(cfg)
         warn_restart_only(cfg, dataclasses.replace(new, sla=cfg.sla), log, ROOT_IGNORED)
         self.snapshot = self._build()
-        log.info(
-            "SIGHUP: reloaded %s (the root takes only its SLA rules and log level): %s",
-            path,
-            "; ".join(done) if done else "no changes",
-        )
+        return done
 
     def _build(self) -> Snapshot:
         now = self.now_ms()
@@ -277,7 +334,7 @@ class RootService:
         m = self.merger.counts
         health = Health(
             open_quanta=self.merger.open_quanta,
-            broker_connected=self.broker_connected,
+            broker_connected=self.link.connected,
             active=bool(live),
             version=__version__,
             python=platform.python_version(),
@@ -325,7 +382,7 @@ async def run_root(
     Args:
         cfg: the configuration.
         stop: set it to stop (tests); signals set it too.
-        ready: called with the service once it is serving.
+        ready: called with the service once it is serving (signal handlers in place).
         final: close every open quantum when stopping (the end of a run).
         config_path: the file SIGHUP re-reads (SLA rules and log level only; None:
             SIGHUP is logged and ignored).
@@ -335,37 +392,7 @@ async def run_root(
     Raises:
         fiomon.errors.StateLockedError: another root holds the state directory.
     """
-    stop = stop or asyncio.Event()
     svc = RootService(cfg)
-    apply_log_level(cfg)
-    addr, port = cfg.listen_addr
-
-    def restarted() -> None:
-        svc.counts.metrics_server_restarts += 1
-
-    try:
-        metrics = MetricsProcess(
-            addr,
-            port,
-            lambda: svc.snapshot,
-            certfile=cfg.tls_cert,
-            keyfile=cfg.tls_key,
-            on_restart=restarted,
-        )
-        metrics.start()
-    except BaseException:
-        svc.close()
-        raise
-    log.info(
-        "fiomon root %s: /metrics on %s, broker %s:%d, cells %s, quantum %d ms, lateness %d ms",
-        __version__,
-        cfg.listen,
-        cfg.broker.host,
-        cfg.broker.port,
-        ",".join(svc.rc.cells) or "(any)",
-        cfg.quantum_ms,
-        cfg.lateness_ms,
-    )
     ignored = root_ignored_keys(cfg)
     if ignored:
         log.warning(
@@ -373,194 +400,5 @@ async def run_root(
             "from Prometheus on fiomon_sla_breach)",
             ", ".join(ignored),
         )
-    steps = _Steps()
-    main = asyncio.current_task()
-
-    def cut_short(signame: str) -> None:
-        log.warning("%s again: not waiting any longer", signame)
-        steps.forced = True
-        if main is not None:
-            main.cancel()
-
-    def reload() -> None:
-        svc.reload(config_path, overrides)
-        metrics.poke()
-
-    closed = False
-    try:
-        with stop_on_signals(
-            stop,
-            again=cut_short,
-            reload=reload,
-            logger=log,
-            stopping="stopping (open quanta close now: --final)"
-            if final
-            else "stopping (open quanta stay in the journal)"
-            if cfg.state_dir is not None
-            else "stopping (open quanta are dropped: no state_dir)",
-        ):
-            if ready is not None:
-                ready(svc)  # the signal handlers are in place
-            async with asyncio.TaskGroup() as tg:
-                mqtt = tg.create_task(_mqtt_loop(svc, stop, steps), name="fiomon.root.mqtt")
-                closer = tg.create_task(_close_loop(svc, stop, metrics), name="fiomon.root.close")
-                await stop.wait()
-                closed = True  # _shutdown closes the service, whatever happens in it
-                await _shutdown(svc, steps, final=final, mqtt=mqtt, closer=closer)
-    finally:
-        if not closed:  # a task failed, or the stop was cut short before the sequence
-            svc.close(0.5 if steps.forced else GRACE_S)
-        metrics.close()
-        m = svc.merger.counts
-        log.info(
-            "stopped: %d quanta closed (%d by lateness), rows %s, %d refused messages",
-            m.quanta_closed,
-            m.closed_by_lateness,
-            dict(m.rows),
-            sum(m.invalid.values()),
-        )
-
-
-@dataclasses.dataclass(slots=True)
-class _Steps:
-    """The stop sequence's hand-offs between the root's tasks (:func:`_shutdown`)."""
-
-    intake_stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    disconnect: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    forced: bool = False  # a second signal: wait for nothing more
-
-
-async def _shutdown(
-    svc: RootService,
-    steps: _Steps,
-    *,
-    final: bool,
-    mqtt: asyncio.Task[None],
-    closer: asyncio.Task[None],
-) -> None:
-    """The root's stop, in this order, all within ``GRACE_S`` (``stop`` is set).
-
-    1. Intake stops: the MQTT task stops reading but stays connected; what it has not
-       taken stays unacknowledged, the broker's to redeliver at the next start (every
-       message taken was journaled and acknowledged).
-    2. The close loop ends; with ``final`` every open quantum closes (written, evaluated
-       and exported like any other); without, open quanta stay in the journal (with a
-       ``state_dir``) for the next start.
-    3. Flush: the quanta file is written, the closed-through mark saved, the journal
-       closed and the state directory unlocked (:meth:`RootService.close`, in a thread:
-       it waits for the disk, for what is left of the grace time).
-    4. Disconnect, for what is left of the grace time (then the MQTT task is cancelled).
-
-    ``run_root`` then ends the ``/metrics`` process.
-    """
-    loop = asyncio.get_running_loop()
-    end = loop.time() + GRACE_S
-
-    def left() -> float:
-        return max(0.0, end - loop.time())
-
-    try:
-        intake = asyncio.ensure_future(steps.intake_stopped.wait())  # step 1
-        try:
-            done, _ = await asyncio.wait(
-                {intake, mqtt}, timeout=left(), return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            intake.cancel()
-        if not done:  # still connecting or subscribing: nothing was taken there
-            log.warning("the MQTT task did not stop within the grace time: cancelled")
-            await cancel_and_wait(mqtt)
-        await closer  # step 2
-        if final and not steps.forced:
-            rows = svc.flush()
-            log.info("final stop: closed %d open rows", len(rows))
-    finally:
-        # Step 3, even when cut short: what was closed is written and the directory unlocked.
-        timeout = 0.5 if steps.forced else max(0.5, left())
-        await asyncio.shield(asyncio.to_thread(svc.close, timeout))
-    steps.disconnect.set()  # step 4
-    await asyncio.wait({mqtt}, timeout=left())
-    if not mqtt.done():
-        log.warning("the broker did not take the disconnect within the grace time")
-        await cancel_and_wait(mqtt)
-
-
-async def _close_loop(svc: RootService, stop: asyncio.Event, metrics: MetricsProcess) -> None:
-    period = min(0.25, svc.cfg.quantum_ms / 4000)
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
-        svc.tick()
-        metrics.poke()
-
-
-async def _mqtt_loop(svc: RootService, stop: asyncio.Event, steps: _Steps) -> None:
-    """Receive until ``stop``; reconnect on errors.
-
-    At ``stop`` it takes no more messages (``steps.intake_stopped``) but keeps a
-    connection that is up until ``steps.disconnect`` (:func:`_shutdown`).
-    """
-    try:
-        await _receive(svc, stop, steps)
-    finally:
-        steps.intake_stopped.set()
-
-
-async def _receive(svc: RootService, stop: asyncio.Event, steps: _Steps) -> None:
-    cfg = svc.cfg
-    topic = f"{cfg.topic_prefix}/v1/_partials/+"
-    client = make_client(
-        cfg.broker,
-        identifier=cfg.client_id,
-        persistent_session_s=max(1, cfg.session_expiry_ms // 1000),
-        receive_maximum=cfg.max_inflight,
-        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
-    )
-    queue = IncomingQueue.made[-1]
-    # Acknowledge only after journaling (aiomqtt has no manual-ack API: paho's switch).
-    paho = client._client
-    paho.manual_ack_set(True)
-    backoff = Backoff(base_s=0.25, cap_s=5.0)
-    while not stop.is_set():
-        # What the last connection left unread must not be acknowledged on this one.
-        drop_stale(queue, log)
-        try:
-            async with client:
-                await client.subscribe(topic, qos=1, timeout=SUBSCRIBE_TIMEOUT_S)
-                svc.broker_connected = True
-                backoff.reset()
-                log.info("subscribed to %s on %s:%d", topic, cfg.broker.host, cfg.broker.port)
-                reader = asyncio.create_task(_read(svc, client), name="fiomon.root.read")
-                stopper = asyncio.ensure_future(stop.wait())
-                try:
-                    # The reader ends only with the connection (or a bug): then reconnect.
-                    await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stopper.cancel()
-                    await cancel_and_wait(reader)
-                if stop.is_set():
-                    steps.intake_stopped.set()
-                    await steps.disconnect.wait()
-                else:
-                    exc = reader.exception() if not reader.cancelled() else None
-                    if isinstance(exc, aiomqtt.MqttError):
-                        raise exc
-                    log.error("the root's reader ended (%r): reconnecting", exc)
-        except aiomqtt.MqttError as exc:
-            log.warning("broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
-        svc.broker_connected = False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff.next())
-
-
-async def _read(svc: RootService, client: aiomqtt.Client) -> None:
-    paho = client._client
-    async for m in client.messages:
-        topic = str(m.topic)
-        try:
-            svc.on_message(topic.rsplit("/", 1)[-1], bytes(m.payload))
-        except Exception:  # a bug must not stop intake: say so, count it, go on
-            svc.merger.counts.invalid["internal"] += 1
-            log.exception("cannot handle a partials message on %s", topic)
-        if m.qos > 0:
-            paho.ack(m.mid, m.qos)
+    server = Server(svc, stop=stop, final=final, config_path=config_path, overrides=overrides)
+    await server.run(None if ready is None else lambda: ready(svc))

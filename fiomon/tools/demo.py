@@ -248,7 +248,7 @@ def _run(
         quantum_ms=1000, lateness_ms=3000, align="auto", listen=listen, sla=(RULE,)
     )
     core = AggregatorCore(cfg)
-    core.broker_connected = True  # the in-process transport is always up
+    core.link.connected = True  # the in-process transport is always up
     followers = {
         name: Follower(
             (str(folder / name / "*.log"), str(folder / name / "*.json")),

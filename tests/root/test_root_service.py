@@ -18,7 +18,6 @@ from fiomon.config import (
     AggregatorConfig,
     BrokerConfig,
     ExportConfig,
-    Overrides,
     RootConfig,
     SlaRule,
     load_aggregator_config,
@@ -226,9 +225,10 @@ async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> 
         box.append(svc)
         real = svc.reload
 
-        def reload(path: Path | None, overrides: Overrides | None = None) -> None:
-            real(path, overrides)
+        def reload(new: AggregatorConfig) -> list[str]:
+            done = real(new)
             reloaded.set()
+            return done
 
         svc.reload = reload  # type: ignore[method-assign]
 
@@ -258,13 +258,13 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
     cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
     svc = RootService(cfg)
     assert cfg.confidence_level == 0.95
-    svc.reload(conf)
+    svc.reload(load_aggregator_config(conf))
     assert svc.cfg.sla == ALWAYS
     assert [r.name for r in svc.alerts.rules] == ["p99-read"]
     assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
     # The same rule at the running level is taken.
     conf.write_text(conf.read_text().replace("0.9", "0.95"))
-    svc.reload(conf)
+    svc.reload(load_aggregator_config(conf))
     assert [r.name for r in svc.cfg.sla] == ["r"]
     svc.close()
 
