@@ -33,11 +33,9 @@ import dataclasses
 import json
 import logging
 import platform
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -50,12 +48,12 @@ from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.config import AggregatorConfig
-from fiomon.errors import LayoutError, StateLockedError
+from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.server.alerts import AlertBook, Transition, rules_not_computed
 from fiomon.server.exporter import BucketHistogram, Snapshot
-from fiomon.server.journal import GridState, Journal, StateLock
+from fiomon.server.journal import GridState
 from fiomon.server.link import Link
 from fiomon.server.live import LiveFeed, status_of
 from fiomon.server.metrics import (
@@ -66,8 +64,9 @@ from fiomon.server.metrics import (
     build_snapshot,
     with_outbox,
 )
-from fiomon.server.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
+from fiomon.server.quantafile import RowKey, Tail
 from fiomon.server.reload import warn_restart_only
+from fiomon.server.state import StateDir
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
 
@@ -128,14 +127,10 @@ class AggregatorCore:
         self._skip: tuple[int, frozenset[RowKey]] | None = None
         self._snapshot_ms = -_FAR
         self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
-        self._problem_lock = threading.Lock()  # problems also come from the writer thread
-        self.lock: StateLock | None = None
-        self.journal: Journal | None = None
-        self.state_path: Path | None = None
-        if cfg.state_dir is not None:
-            self.state_path = cfg.state_dir / "state.json"
-        self.quanta: QuantaFile | None = None
-        self.writer: QuantaWriter | None = None
+        # The state directory and quanta file (opened by restore()).
+        self.state = StateDir(
+            cfg, service="aggregator", counts=self.counts, log=log, grid_state=True
+        )
         # Exported at 0 from the start, with fio's standard bins (records with other bins
         # replace it when the engine starts): rate() and increase() see a series' growth
         # only from its first scrape on, so a series born with the first quantum's counts
@@ -161,9 +156,7 @@ class AggregatorCore:
 
     def problem(self, kind: str, text: str) -> None:
         """A problem with the state directory or quanta file: logged and counted."""
-        with self._problem_lock:
-            self.counts.state_errors[kind] += 1
-        log.error("%s: %s", kind, text)
+        self.state.problem(kind, text)
 
     def _invalid(self, reason: str, detail: str) -> None:
         self.counts.invalid[reason] += 1
@@ -187,31 +180,19 @@ class AggregatorCore:
             OSError: the state directory cannot be created.
         """
         cfg = self.cfg
-        if cfg.state_dir is not None:
-            try:
-                self.lock = StateLock(cfg.state_dir, "aggregator")
-            except StateLockedError:
-                self.counts.state_errors["lock"] += 1
-                raise
-            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
-            if cfg.partials is not None:
-                self.outbox = Outbox(
-                    cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
-                )
-        if cfg.quanta_file is not None:
-            self.quanta = QuantaFile(
-                cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
+        self.state.open()
+        if cfg.state_dir is not None and cfg.partials is not None:
+            self.outbox = Outbox(
+                cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
             )
-        if self.quanta is not None or self.state_path is not None:
-            self.writer = QuantaWriter(self.quanta, self.state_path, self.problem)
         grid, why = (
-            GridState.load(self.state_path, KnownStreams.from_json)
-            if self.state_path
+            GridState.load(self.state.state_path, KnownStreams.from_json)
+            if self.state.state_path
             else (None, None)
         )
         if why:
             self.problem("state-unreadable", why)
-        tail = self.quanta.tail() if self.quanta is not None else None
+        tail = self.state.quanta.tail() if self.state.quanta is not None else None
         self._learn_published(grid, tail)
         known = grid.known if grid is not None else None
         if isinstance(known, KnownStreams):
@@ -228,16 +209,16 @@ class AggregatorCore:
             log.warning("quantum changed since the last run: its journal starts a new grid")
         elif tail is not None and tail.end_ms - tail.start_ms == cfg.quantum_ms:
             self._phase_ms = tail.end_ms % cfg.quantum_ms  # keep the published grid
-        if self.journal is not None:
+        if self.state.journal is not None:
             self._replay()
 
     def _learn_published(self, grid: GridState | None, tail: Tail | None) -> None:
         """Set :attr:`published_ms` (and which rows of the last quantum exist)."""
         confirmed = grid.closed_ms if grid is not None else None
-        lost_state = self.state_path is not None and grid is None
+        lost_state = self.state.state_path is not None and grid is None
         if tail is None or (confirmed is not None and confirmed >= tail.end_ms):
             self.published_ms = confirmed
-        elif not lost_state and self.journal is not None:
+        elif not lost_state and self.state.journal is not None:
             # Written, not confirmed: the journal still holds that quantum's records.
             self.published_ms = tail.start_ms
             self._skip = (tail.end_ms, tail.keys)
@@ -253,15 +234,15 @@ class AggregatorCore:
         if lost_state and tail is not None:
             self.problem(
                 "state-lost",
-                f"{self.state_path} is missing or unreadable: quanta through "
+                f"{self.state.state_path} is missing or unreadable: quanta through "
                 f"{self.published_ms} are taken as published (the quanta file says so); "
                 "quanta that were open when the previous run stopped may miss what it had "
                 "received",
             )
 
     def _replay(self) -> None:
-        assert self.journal is not None  # noqa: S101 -- only called with a journal
-        for segment, host, payload in self.journal.replay():
+        assert self.state.journal is not None  # noqa: S101 -- only called with a journal
+        for segment, host, payload in self.state.journal.replay():
             self._queue.append((host, payload, segment, True))
         if not self._queue:
             return
@@ -292,7 +273,7 @@ class AggregatorCore:
             ok.append((host, payload))
         if not ok:
             return
-        segment = self.journal.append(ok) if self.journal is not None else -1
+        segment = self.state.journal.append(ok) if self.state.journal is not None else -1
         for host, payload in ok:
             self._queue.append((host, payload, segment, False))
             self._queued_bytes += len(payload)
@@ -387,11 +368,11 @@ class AggregatorCore:
         self.watermark.observe_parts(
             slots[kept.stream_idx] + kept.direction.astype(np.int64), kept.end_ms, now
         )
-        if self.journal is not None:
+        if self.state.journal is not None:
             ends = batch.end_ms if keep is None else np.where(keep, batch.end_ms, -_FAR)
             top = np.maximum.reduceat(ends, g.offsets[:-1]).tolist()
             for k, i in enumerate(g.index.tolist()):
-                self.journal.note(queued[i][2], top[k])
+                self.state.journal.note(queued[i][2], top[k])
         if any_replay:
             replays = np.array([queued[i][3] for i in g.index.tolist()], dtype=np.bool_)
             rows = np.repeat(replays, np.diff(g.offsets))
@@ -675,9 +656,9 @@ class AggregatorCore:
         if self.published_ms is not None:
             # Records for published quanta are late: they are never published twice.
             self.engine.close_through(self.published_ms)
-        if self.writer is not None and self.state_path is not None:
+        if self.state.writer is not None and self.state.state_path is not None:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
-            self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
+            self.state.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
         if self.buckets is None or self.buckets.layout != layout:
             self.buckets = self._new_buckets(layout)
             self.gauges.buckets = self.buckets
@@ -704,11 +685,11 @@ class AggregatorCore:
         self.counts.quanta_closed += len(ends)
         through = max(mark, ends[-1])
         self._send_partials(rows, through)  # before the state can say "published"
-        if self.writer is not None:
+        if self.state.writer is not None:
             skip = None
             if self._skip is not None and self._skip[0] <= ends[-1]:
                 skip, self._skip = self._skip, None
-            self.writer.submit(rows, through, self._grid(through), skip)
+            self.state.writer.submit(rows, through, self._grid(through), skip)
         self.published_ms = through
         tails = self._tails(rows, ends[-1]) if self.cfg.fit_tail else None
         self.gauges.observe(rows, now, tails)
@@ -750,7 +731,7 @@ class AggregatorCore:
         in between the same object goes again, and its encoding is reused
         (:meth:`GridState.save`).
         """
-        if self.state_path is None or self.engine is None:
+        if self.state.state_path is None or self.engine is None:
             return None
         now = self.now_ms()
         if fresh or self._known is None or now - self._known_at >= KNOWN_EVERY_MS:
@@ -766,11 +747,7 @@ class AggregatorCore:
 
     def _release(self) -> None:
         """Let the journal drop what the quanta file has confirmed."""
-        if self.journal is None:
-            return
-        confirmed = self.writer.confirmed_ms if self.writer is not None else self.published_ms
-        if confirmed is not None:
-            self.journal.release(confirmed)
+        self.state.release(self.published_ms)
 
     def _tails(self, rows: list[ClosedQuantum], end: int) -> dict[str, tuple[float, float]]:
         """Head + tail fit of the newest quantum's cluster rows (fit_tail)."""
@@ -897,20 +874,14 @@ class AggregatorCore:
         where this one stopped. ``outbox=False`` leaves a cell's partials outbox open for
         a task that may still be sending from it (its owner closes it after).
         """
-        if self.writer is not None:
-            if self.engine is not None:
-                through = self.published_ms if self.published_ms is not None else -_FAR
-                self.writer.submit((), through, self._grid(self.published_ms, fresh=True))
-            if not self.writer.close(timeout_s):
-                self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        writer = self.state.writer
+        if writer is not None and self.engine is not None:
+            through = self.published_ms if self.published_ms is not None else -_FAR
+            writer.submit((), through, self._grid(self.published_ms, fresh=True))
+        self.state.finish(timeout_s)
         if outbox and self.outbox is not None:
             self.outbox.close()
-        if self.journal is not None:
-            # No release here: messages received since the last tick are journaled but
-            # not yet judged (their ends are not noted), so no segment is known done.
-            self.journal.close()
-        if self.lock is not None:
-            self.lock.release()
+        self.state.close()
 
 
 def _drop(

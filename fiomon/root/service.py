@@ -51,11 +51,11 @@ from fiomon.runtime import GRACE_S
 from fiomon.server.alerts import AlertBook, rules_not_computed
 from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import BucketHistogram, Snapshot
-from fiomon.server.journal import Journal, StateLock, write_atomic
+from fiomon.server.journal import write_atomic
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
-from fiomon.server.quantafile import QuantaFile, QuantaWriter
 from fiomon.server.reload import warn_restart_only
+from fiomon.server.state import StateDir
 from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
@@ -88,21 +88,16 @@ class RootService(Hooks):
         self.link = Link()
         self.rc = cfg.root or RootConfig()
         self.counts = Counts()
-        self.quanta: QuantaFile | None = None
-        self.writer: QuantaWriter | None = None
-        if cfg.quanta_file is not None:
-            self.quanta = QuantaFile(
-                cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
-            )
-            self.writer = QuantaWriter(self.quanta, None, self.problem)
-        self.lock: StateLock | None = None
-        self.state_path: Path | None = None
+        # The state directory (lock, journal) and the quanta file's writer.
+        self.state = StateDir(cfg, service="root", counts=self.counts, log=log, grid_state=False)
+        self.state.open()
+        self.mark_path: Path | None = None
         if cfg.state_dir is not None:
-            self.lock = StateLock(cfg.state_dir, "root")
-            self.state_path = cfg.state_dir / STATE_FILE
+            self.mark_path = cfg.state_dir / STATE_FILE
         # What was closed before: the quanta file's last quantum (the record of
         # publication), else the mark in the state directory.
-        tail = self.quanta.tail() if self.quanta is not None else None
+        quanta = self.state.quanta
+        tail = quanta.tail() if quanta is not None else None
         closed = tail.end_ms if tail is not None else self._load_mark()
         self._saved_ms = closed
         self.merger = RootMerger(
@@ -122,9 +117,7 @@ class RootService(Hooks):
         # series' growth only from its first scrape, so the first quantum must not create it.
         self.buckets = self._new_buckets(BinLayout())
         self.gauges.buckets = self.buckets
-        self.journal: Journal | None = None
-        if cfg.state_dir is not None:
-            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
+        if self.state.journal is not None:
             self._replay()
         self.snapshot = self._build()
 
@@ -145,23 +138,23 @@ class RootService(Hooks):
 
     def _load_mark(self) -> int | None:
         """The closed-through mark a previous run saved (None: none, or not usable)."""
-        if self.state_path is None:
+        if self.mark_path is None:
             return None
         try:
-            d = json.loads(self.state_path.read_bytes())
+            d = json.loads(self.mark_path.read_bytes())
             quantum, closed = int(d["quantum_ms"]), d["closed_ms"]
             closed = None if closed is None else int(closed)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            self.problem("state-unreadable", f"{self.state_path}: {exc}")
+            self.problem("state-unreadable", f"{self.mark_path}: {exc}")
             return None
         if quantum != self.cfg.quantum_ms:
             log.warning(
                 "quantum changed since the last run (%d ms, now %d ms): %s is ignored",
                 quantum,
                 self.cfg.quantum_ms,
-                self.state_path,
+                self.mark_path,
             )
             return None
         return closed
@@ -169,7 +162,7 @@ class RootService(Hooks):
     def _save_mark(self) -> None:
         """Save the closed-through mark (on the grid), once it moved past a quantum end."""
         m = self.merger
-        if self.state_path is None or m.closed_ms is None or m.phase_ms is None:
+        if self.mark_path is None or m.closed_ms is None or m.phase_ms is None:
             return
         q = m.quantum_ms
         mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= closed_ms
@@ -177,20 +170,20 @@ class RootService(Hooks):
             return
         doc = {"version": 1, "quantum_ms": q, "closed_ms": mark}
         try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.state_path, json.dumps(doc).encode())
+            self.mark_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.mark_path, json.dumps(doc).encode())
         except OSError as exc:
-            self.problem("state-write", f"cannot write {self.state_path}: {exc}")
+            self.problem("state-write", f"cannot write {self.mark_path}: {exc}")
             return
         self._saved_ms = mark
 
     def _replay(self) -> None:
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
-        assert self.journal is not None  # noqa: S101 -- only called with a journal
+        assert self.state.journal is not None  # noqa: S101 -- only called with a journal
         n = 0
-        for segment, _, payload in self.journal.replay():
+        for segment, _, payload in self.state.journal.replay():
             end = self.merger.receive(payload, self.now_ms(), replay=True)
-            self.journal.note(segment, end if end is not None else -(2**62))
+            self.state.journal.note(segment, end if end is not None else -(2**62))
             n += 1
         if n:
             merged = self.merger.counts.rows["merged"]
@@ -253,15 +246,16 @@ class RootService(Hooks):
 
     def on_message(self, cell: str, payload: bytes) -> None:
         """One message from the broker: journaled, then merged (the caller acknowledges)."""
-        segment = self.journal.append([(cell, payload)]) if self.journal is not None else -1
+        segment = (
+            self.state.journal.append([(cell, payload)]) if self.state.journal is not None else -1
+        )
         end = self.merger.receive(payload, self.now_ms(), max_bytes=self.cfg.max_message_bytes)
-        if self.journal is not None and end is not None:
-            self.journal.note(segment, end)
+        if self.state.journal is not None and end is not None:
+            self.state.journal.note(segment, end)
 
     def problem(self, kind: str, text: str) -> None:
         """A disk problem: logged and counted."""
-        self.counts.state_errors[kind] += 1
-        log.error("%s: %s", kind, text)
+        self.state.problem(kind, text)
 
     def tick(self) -> list[ClosedQuantum]:
         """Close what can close; write, alert and export it."""
@@ -282,8 +276,8 @@ class RootService(Hooks):
     def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
-            if self.writer is not None:
-                self.writer.submit(rows, self.merger.closed_ms or 0, None)
+            if self.state.writer is not None:
+                self.state.writer.submit(rows, self.merger.closed_ms or 0, None)
             lay = self.merger.layout
             if lay is not None and lay != self.buckets.layout:
                 self.buckets = self._new_buckets(lay)
@@ -299,11 +293,7 @@ class RootService(Hooks):
 
         With a quanta file: what it confirmed; without one: what the saved mark passed.
         """
-        if self.journal is None:
-            return
-        done = self.writer.confirmed_ms if self.writer is not None else self._saved_ms
-        if done is not None:
-            self.journal.release(done)
+        self.state.release(self._saved_ms)
 
     def reload(self, new: AggregatorConfig) -> list[str]:
         """SIGHUP: take the SLA rules and log level of ``new``; returns what changed.
@@ -358,14 +348,10 @@ class RootService(Hooks):
         Open quanta are not closed here: with a ``state_dir`` their partials stay in the
         journal for the next start; without one they are lost (``flush`` closes them).
         """
-        if self.writer is not None and not self.writer.close(timeout_s):
-            self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        self.state.finish(timeout_s)
         self._save_mark()
         self._release()
-        if self.journal is not None:
-            self.journal.close()
-        if self.lock is not None:
-            self.lock.release()
+        self.state.close()
 
 
 async def run_root(

@@ -75,12 +75,12 @@ def finish(core: AggregatorCore) -> None:
 
 def crash(core: AggregatorCore) -> None:
     """What kill -9 leaves: the page cache has every write; nothing else happens."""
-    assert core.writer is not None
-    core.writer.close()  # what was handed to the disk is on it
-    assert core.journal is not None
-    core.journal.close()
-    assert core.lock is not None
-    core.lock.release()  # the kernel drops the dead process's lock
+    assert core.state.writer is not None
+    core.state.writer.close()  # what was handed to the disk is on it
+    assert core.state.journal is not None
+    core.state.journal.close()
+    assert core.state.lock is not None
+    core.state.lock.release()  # the kernel drops the dead process's lock
 
 
 def rows(path: Path) -> list[dict[str, object]]:
@@ -111,8 +111,8 @@ def first_run(tmp: Path, *, confirm: bool = True) -> tuple[AggregatorCore, Clock
     if not confirm:
         # The crash comes between writing the last quantum and confirming it: the
         # journal still holds its records (they are released only after confirmation).
-        assert core.journal is not None
-        core.journal.release = lambda closed_ms: None  # type: ignore[method-assign]
+        assert core.state.journal is not None
+        core.state.journal.release = lambda closed_ms: None  # type: ignore[method-assign]
     feed(core, clock, range(1, CRASH_AT))
     clock.t += 300
     # The last batch is journaled (and would now be acknowledged); the crash comes before
@@ -526,11 +526,11 @@ def _confirmed_run(tmp: Path, clock: Clock) -> None:
     core.restore()
     feed(core, clock, range(1, CRASH_AT + 1))
     assert core.published_ms == T0 + 1000 * CRASH_AT, "every quantum closed early"
-    assert core.writer is not None
-    assert core.journal is not None
-    core.writer.close()  # what was handed to the disk is on it
-    assert core.writer.confirmed_ms == T0 + 1000 * CRASH_AT
-    core.journal.release(core.writer.confirmed_ms)  # what the next tick would do
+    assert core.state.writer is not None
+    assert core.state.journal is not None
+    core.state.writer.close()  # what was handed to the disk is on it
+    assert core.state.writer.confirmed_ms == T0 + 1000 * CRASH_AT
+    core.state.journal.release(core.state.writer.confirmed_ms)  # what the next tick would do
     crash(core)
 
 
