@@ -23,8 +23,8 @@ Two steps, so that intake costs little per message and the rest is batched:
 Restart (:meth:`~AggregatorCore.restore`): the quanta file says what was published, the
 journal re-forms what was open. A graceful stop closes nothing early, so it leaves exactly
 what ``kill -9`` leaves; :meth:`~AggregatorCore.flush` closes everything for a final stop.
-:func:`fiomon.aggregator.service.run_aggregator` wires the core to MQTT, ``/metrics`` and
-alert sinks.
+:func:`fiomon.aggregator.service.run_aggregator` runs the core in the server shell
+(:class:`fiomon.server.app.Server`: MQTT, ``/metrics``, signals) with its alert sinks.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from fiomon.config import AggregatorConfig
 from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.server.alerts import AlertBook, Transition, rules_not_computed
-from fiomon.server.exporter import BucketHistogram, Snapshot
+from fiomon.server.alerts import Transition, rules_not_computed
+from fiomon.server.exporter import Snapshot
 from fiomon.server.journal import GridState
 from fiomon.server.link import Link
 from fiomon.server.live import LiveFeed, status_of
@@ -60,10 +60,9 @@ from fiomon.server.metrics import (
     OTHER_HOST,
     Counts,
     Health,
-    QuantumGauges,
-    build_snapshot,
     with_outbox,
 )
+from fiomon.server.publish import Publisher
 from fiomon.server.quantafile import RowKey, Tail
 from fiomon.server.reload import warn_restart_only
 from fiomon.server.state import StateDir
@@ -102,10 +101,10 @@ class AggregatorCore:
         self.watermark = Watermark(
             cfg.lateness_ms, warmup_ms=min(cfg.lateness_ms, max(2 * cfg.quantum_ms, 2000))
         )
-        self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
+        # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
+        self.publisher = Publisher(cfg, log, fit_tail=cfg.fit_tail)
         self.engine: QuantumEngine | None = None
         self.counts = Counts()
-        self.gauges = QuantumGauges(cfg.percentiles, cfg.fit_tail)
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
         self.transitions: list[Transition] = []
@@ -131,12 +130,6 @@ class AggregatorCore:
         self.state = StateDir(
             cfg, service="aggregator", counts=self.counts, log=log, grid_state=True
         )
-        # Exported at 0 from the start, with fio's standard bins (records with other bins
-        # replace it when the engine starts): rate() and increase() see a series' growth
-        # only from its first scrape on, so a series born with the first quantum's counts
-        # would lose that quantum, a different share in every cell of a cross-cell sum.
-        self.buckets: BucketHistogram | None = self._new_buckets(BinLayout())
-        self.gauges.buckets = self.buckets
         # A cell's partials for the root (cfg.partials), on disk before the state says
         # they were published; the last quantum whose closing it has recorded.
         self.outbox: Outbox | None = None
@@ -595,7 +588,7 @@ class AggregatorCore:
         if active:
             log.info("records arrive: active")
         else:
-            settled = self.alerts.settle(now)
+            settled = self.publisher.alerts.settle(now)
             self.transitions.extend(settled)
             for t in settled:
                 log.info("sla %s", t.log_text())
@@ -659,15 +652,7 @@ class AggregatorCore:
         if self.state.writer is not None and self.state.state_path is not None:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
             self.state.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
-        if self.buckets is None or self.buckets.layout != layout:
-            self.buckets = self._new_buckets(layout)
-            self.gauges.buckets = self.buckets
-
-    def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram for this configuration, every direction at 0."""
-        return BucketHistogram.for_rules(
-            layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
-        )
+        self.publisher.use_layout(layout)
 
     def flush(self) -> list[ClosedQuantum]:
         """Merge what is queued and close everything still open (a final stop)."""
@@ -692,10 +677,7 @@ class AggregatorCore:
             self.state.writer.submit(rows, through, self._grid(through), skip)
         self.published_ms = through
         tails = self._tails(rows, ends[-1]) if self.cfg.fit_tail else None
-        self.gauges.observe(rows, now, tails)
-        for t in self.alerts.observe(rows):
-            self.transitions.append(t)
-            log.info("sla %s", t.log_text())
+        self.transitions += self.publisher.observe(rows, now, tails)
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
 
@@ -792,7 +774,7 @@ class AggregatorCore:
             python=platform.python_version(),
             cell=self.cfg.cell or "",
         )
-        snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
+        snap = self.publisher.snapshot(self.counts, health)
         status = status_of(
             now_ms=now,
             hosts_up=health.hosts_up,
@@ -800,7 +782,7 @@ class AggregatorCore:
             late=sum(self.counts.late.values()),
             lost=sum(self.counts.lost.values()),
             rules=self.cfg.sla,
-            alerts=self.alerts.snapshot(),
+            alerts=self.publisher.alerts.snapshot(),
         )
         snap = dataclasses.replace(snap, live=self.live.view(status))
         if self.outbox is None:
@@ -838,10 +820,10 @@ class AggregatorCore:
                 log.error("reload: %s", refused)
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
-                done.append(self.alerts.replace_rules(new.sla))
-                edges = set(self.buckets.edges_s.tolist()) if self.buckets is not None else set()
+                done.append(self.publisher.alerts.replace_rules(new.sla))
+                edges = set(self.publisher.buckets.edges_s.tolist())
                 for r in new.sla:
-                    if self.buckets is not None and r.threshold_ns / 1e9 not in edges:
+                    if r.threshold_ns / 1e9 not in edges:
                         log.warning(
                             "reload: rule %s's threshold %g ms is not a bucket edge of "
                             "fiomon_cluster_io_latency_seconds until the next start "

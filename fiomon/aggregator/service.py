@@ -235,13 +235,15 @@ class AggregatorService(Hooks):
         core = self.core
         transitions, core.transitions = core.transitions, []
         if transitions:
-            body = json.dumps({"time_ms": core.now_ms(), "alerts": core.alerts.snapshot()})
+            body = json.dumps(
+                {"time_ms": core.now_ms(), "alerts": core.publisher.alerts.snapshot()}
+            )
             try:
                 self.outbox.put_nowait((self.cfg.alert_topic, body.encode(), True))
                 self.counts.alert_deliveries[("mqtt", "queued")] += 1
             except asyncio.QueueFull:
                 self.counts.alert_deliveries[("mqtt", "dropped")] += 1
-        self.dispatcher.offer(core.alerts, transitions)
+        self.dispatcher.offer(core.publisher.alerts, transitions)
 
     def reload(self, new: AggregatorConfig) -> list[str]:
         """SLA rules, webhook, log level, host timeout (the core's rule)."""

@@ -10,18 +10,19 @@ scope: the whole cluster) and serves ``/metrics`` like an aggregator (the same l
 families, plus ``fiomon_root_*``: cells up, rows merged/duplicate/late, refused
 messages).
 
-With a ``state_dir``, every message is journaled before it is acknowledged to the broker
-(manual PUBACK, as the aggregator does), and a restart replays the journal, so the quanta
+It runs in the one service shell (:class:`fiomon.server.app.Server`), as the aggregator
+does: :class:`RootService` is the merger the shell drives. With a ``state_dir``
+(:class:`~fiomon.server.state.StateDir`), every message is journaled before it is
+acknowledged to the broker (manual PUBACK), and a restart replays the journal, so the quanta
 open when the root stopped (or was ``kill -9``-ed) are re-formed; a segment goes once the
 quanta file confirms every quantum its rows touch, or, without a quanta file, once the
 root's closed-through mark (``<state_dir>/root-state.json``, written after each close) is
 past them, so a restart never closes a quantum twice. Without one, partials of open
 quanta die with the process.
 
-Stopping (SIGTERM, SIGINT) goes in a written order (:func:`_shutdown`) under one
-``GRACE_S``: intake stops, the open quanta close (``final``) or stay in the journal,
-what was closed is written and the state directory unlocked, then the connection
-closes. A second signal cuts the waiting short.
+Stopping goes in the shell's written order under one ``GRACE_S``: intake stops, the
+open quanta close (``final``) or stay in the journal, what was closed is written and the
+state directory unlocked, then the connection closes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.bins import BinLayout
 from fiomon.config import (
     ROOT_IGNORED,
     AggregatorConfig,
@@ -48,12 +48,13 @@ from fiomon.config import (
 )
 from fiomon.root.merger import RootMerger
 from fiomon.runtime import GRACE_S
-from fiomon.server.alerts import AlertBook, rules_not_computed
+from fiomon.server.alerts import rules_not_computed
 from fiomon.server.app import Hooks, Server
-from fiomon.server.exporter import BucketHistogram, Snapshot
+from fiomon.server.exporter import Snapshot
 from fiomon.server.journal import write_atomic
 from fiomon.server.link import Link
-from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot, with_root
+from fiomon.server.metrics import Counts, Health, with_root
+from fiomon.server.publish import Publisher
 from fiomon.server.reload import warn_restart_only
 from fiomon.server.state import StateDir
 from fiomon.windows import ClosedQuantum
@@ -111,12 +112,8 @@ class RootService(Hooks):
             now_ms=now_ms(),
             closed_ms=closed,
         )
-        self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
-        self.gauges = QuantumGauges(cfg.percentiles, fit_tail=False)
-        # At 0 from the start with fio's standard bins (as the aggregator's): rate() sees a
-        # series' growth only from its first scrape, so the first quantum must not create it.
-        self.buckets = self._new_buckets(BinLayout())
-        self.gauges.buckets = self.buckets
+        # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
+        self.publisher = Publisher(cfg, log, fit_tail=False)
         if self.state.journal is not None:
             self._replay()
         self.snapshot = self._build()
@@ -129,12 +126,6 @@ class RootService(Hooks):
     def now_ms(self) -> int:
         """The wall clock, epoch ms."""
         return self._now()
-
-    def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram for this configuration, every direction at 0."""
-        return BucketHistogram.for_rules(
-            layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
-        )
 
     def _load_mark(self) -> int | None:
         """The closed-through mark a previous run saved (None: none, or not usable)."""
@@ -278,13 +269,9 @@ class RootService(Hooks):
             self.counts.quanta_closed = self.merger.counts.quanta_closed
             if self.state.writer is not None:
                 self.state.writer.submit(rows, self.merger.closed_ms or 0, None)
-            lay = self.merger.layout
-            if lay is not None and lay != self.buckets.layout:
-                self.buckets = self._new_buckets(lay)
-                self.gauges.buckets = self.buckets
-            self.gauges.observe(rows, now)
-            for t in self.alerts.observe(rows):
-                log.info("sla %s", t.log_text())
+            if self.merger.layout is not None:
+                self.publisher.use_layout(self.merger.layout)
+            self.publisher.observe(rows, now)
         self._save_mark()
         self._release()
 
@@ -308,7 +295,7 @@ class RootService(Hooks):
             if refused is not None:
                 log.error("SIGHUP: %s", refused)
             else:
-                done.append(self.alerts.replace_rules(new.sla))
+                done.append(self.publisher.alerts.replace_rules(new.sla))
                 cfg = dataclasses.replace(cfg, sla=new.sla)
         if new.log_level != cfg.log_level:
             done.append(f"log_level {cfg.log_level} -> {new.log_level}")
@@ -329,7 +316,7 @@ class RootService(Hooks):
             version=__version__,
             python=platform.python_version(),
         )
-        snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
+        snap = self.publisher.snapshot(self.counts, health)
         expected = self.merger.expected
         return with_root(
             snap,

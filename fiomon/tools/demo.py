@@ -148,7 +148,7 @@ class _View:
             by_end.setdefault(r.end_ms, {})[
                 (r.direction, r.host if r.scope == "host" else None)
             ] = r
-        state = core.alerts.states.get((RULE.name, None))
+        state = core.publisher.alerts.states.get((RULE.name, None))
         phase = state.phase.value if state is not None else Phase.INACTIVE.value
         lost = sum(core.counts.lost.values())
         late = sum(core.engine.late_records.values()) if core.engine else 0

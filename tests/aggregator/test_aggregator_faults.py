@@ -316,12 +316,17 @@ def test_reload_keeps_unchanged_rules_and_refuses_uncomputed_percentiles(
     a = SlaRule("a", "read", 99.0, 5e6, for_quanta=1, min_samples=1)
     b = SlaRule("b", "write", 99.0, 5e6, for_quanta=1, min_samples=1)
     core = AggregatorCore(AggregatorConfig(align="epoch", sla=(a, b)))
-    core.alerts.states[("a", None)] = core.alerts.states.get(("a", None)) or _firing()
-    core.alerts.states[("b", None)] = _firing()
+    core.publisher.alerts.states[("a", None)] = (
+        core.publisher.alerts.states.get(("a", None)) or _firing()
+    )
+    core.publisher.alerts.states[("b", None)] = _firing()
     changed_b = SlaRule("b", "write", 99.0, 9e6, for_quanta=1, min_samples=1)
     done = core.reload(AggregatorConfig(align="epoch", sla=(a, changed_b), log_level="debug"))
     assert "sla rules: 1 kept; changed b" in done[0]
-    assert ("a", None) in core.alerts.states and ("b", None) not in core.alerts.states
+    assert ("a", None) in core.publisher.alerts.states and (
+        "b",
+        None,
+    ) not in core.publisher.alerts.states
     assert core.cfg.log_level == "debug"
     bad = SlaRule("c", "read", 95.0, 5e6)
     with caplog.at_level(logging.ERROR):

@@ -49,7 +49,7 @@ def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
     svc = RootService(cfg, now_ms=clock)
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q))
     assert len(svc.tick()) == 1
-    assert [a["state"] for a in svc.alerts.snapshot()] == ["firing"]
+    assert [a["state"] for a in svc.publisher.alerts.snapshot()] == ["firing"]
     svc.close()
 
 
@@ -61,8 +61,8 @@ def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
     assert svc.tick() == []
     (row,) = svc.flush()
     assert row.end_ms == T0 + Q
-    assert [a["state"] for a in svc.alerts.snapshot()] == ["firing"]
-    assert svc.buckets.total["read"] == 10
+    assert [a["state"] for a in svc.publisher.alerts.snapshot()] == ["firing"]
+    assert svc.publisher.buckets.total["read"] == 10
     svc.close()
 
 
@@ -85,7 +85,7 @@ def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> N
     assert second.merger.open_quanta == 1  # only the open quantum is re-formed
     clock.t += 60_000
     assert {r.end_ms for r in second.tick()} == {T0 + 6 * Q}
-    assert second.buckets.total["read"] == 10
+    assert second.publisher.buckets.total["read"] == 10
     second.close()
     # Everything is closed and marked: the journal is released, a third start re-forms nothing.
     assert not list((tmp_path / "s" / "journal").glob("*.jnl"))
@@ -112,17 +112,17 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
         export=ExportConfig(buckets_per_octave=8),
     )
     svc = RootService(cfg, now_ms=clock)
-    assert set(svc.buckets.counts) == set(ALL_DIRECTIONS)
-    assert all(not c.any() for c in svc.buckets.counts.values())
-    ratios = np.diff(np.log2(svc.buckets.edges_s[:20]))
+    assert set(svc.publisher.buckets.counts) == set(ALL_DIRECTIONS)
+    assert all(not c.any() for c in svc.publisher.buckets.counts.values())
+    ratios = np.diff(np.log2(svc.publisher.buckets.edges_s[:20]))
     assert np.allclose(ratios, 1 / 8, atol=0.01)
     other = BinLayout(coarseness=1)
     assert other != LAY
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q, layout=other))
     svc.tick()
-    assert svc.buckets.layout == other
-    assert svc.buckets.total["read"] == 10
-    assert set(svc.buckets.counts) == set(ALL_DIRECTIONS)
+    assert svc.publisher.buckets.layout == other
+    assert svc.publisher.buckets.total["read"] == 10
+    assert set(svc.publisher.buckets.counts) == set(ALL_DIRECTIONS)
 
 
 def test_cells_up_counts_listed_cells_only() -> None:
@@ -260,7 +260,7 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
     assert cfg.confidence_level == 0.95
     svc.reload(load_aggregator_config(conf))
     assert svc.cfg.sla == ALWAYS
-    assert [r.name for r in svc.alerts.rules] == ["p99-read"]
+    assert [r.name for r in svc.publisher.alerts.rules] == ["p99-read"]
     assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
     # The same rule at the running level is taken.
     conf.write_text(conf.read_text().replace("0.9", "0.95"))

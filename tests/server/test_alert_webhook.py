@@ -55,13 +55,13 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
         c.on_records("h1", encode("h1", "s@1", 0, batch(ends, bin_=1400)))
         clock.advance(5001)
         c.tick()
-        dispatcher.offer(c.alerts, c.transitions)
+        dispatcher.offer(c.publisher.alerts, c.transitions)
         c.transitions.clear()
         await until(lambda: len(_Receiver.posts) >= 1, what="the firing alert is posted")
         clock.advance(c.idle_after_ms)
         c.tick()  # idle: the alert resolves
         assert [t.idle for t in c.transitions] == [True]
-        dispatcher.offer(c.alerts, c.transitions)
+        dispatcher.offer(c.publisher.alerts, c.transitions)
         await until(lambda: len(_Receiver.posts) >= 2, what="the resolution is posted")
     finally:
         stop.set()
