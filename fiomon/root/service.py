@@ -15,8 +15,8 @@ does: :class:`RootService` is the merger the shell drives. With a ``state_dir``
 (:class:`~fiomon.server.state.StateDir`), every message is journaled before it is
 acknowledged to the broker (manual PUBACK), and a restart replays the journal, so the quanta
 open when the root stopped (or was ``kill -9``-ed) are re-formed; a segment goes once the
-quanta file confirms every quantum its rows touch, or, without a quanta file, once the
-root's closed-through mark (``<state_dir>/root-state.json``, written after each close) is
+quanta file confirms every quantum its rows touch and the closed-through mark (the grid
+state, ``<state_dir>/state.json``, as the aggregator's, written after the quanta file) is
 past them, so a restart never closes a quantum twice. Without one, partials of open
 quanta die with the process.
 
@@ -51,7 +51,7 @@ from fiomon.runtime import GRACE_S
 from fiomon.server.alerts import rules_not_computed
 from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import Snapshot
-from fiomon.server.journal import write_atomic
+from fiomon.server.journal import GridState
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts, Health, with_root
 from fiomon.server.publish import Publisher
@@ -61,7 +61,8 @@ from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 
-STATE_FILE = "root-state.json"  # the closed-through mark (used without a quanta file)
+# Where an earlier version kept the closed-through mark (read once, at an upgrade).
+LEGACY_MARK_FILE = "root-state.json"
 
 
 def _now() -> int:
@@ -89,18 +90,16 @@ class RootService(Hooks):
         self.link = Link()
         self.rc = cfg.root or RootConfig()
         self.counts = Counts()
-        # The state directory (lock, journal) and the quanta file's writer.
-        self.state = StateDir(cfg, service="root", counts=self.counts, log=log, grid_state=False)
+        # The state directory (lock, journal, the closed-through mark in the grid state)
+        # and the quanta file's writer.
+        self.state = StateDir(cfg, service="root", counts=self.counts, log=log, grid_state=True)
         self.state.open()
-        self.mark_path: Path | None = None
-        if cfg.state_dir is not None:
-            self.mark_path = cfg.state_dir / STATE_FILE
         # What was closed before: the quanta file's last quantum (the record of
         # publication), else the mark in the state directory.
         quanta = self.state.quanta
         tail = quanta.tail() if quanta is not None else None
         closed = tail.end_ms if tail is not None else self._load_mark()
-        self._saved_ms = closed
+        self._marked_ms = closed  # the last mark handed to the writer
         self.merger = RootMerger(
             quantum_ms=cfg.quantum_ms,
             lateness_ms=cfg.lateness_ms,
@@ -128,45 +127,73 @@ class RootService(Hooks):
         return self._now()
 
     def _load_mark(self) -> int | None:
-        """The closed-through mark a previous run saved (None: none, or not usable)."""
-        if self.mark_path is None:
+        """The closed-through mark a previous run saved (None: none, or not usable).
+
+        It is in the grid state (``state.json``, as the aggregator's); a root of an earlier
+        version kept it in ``root-state.json``, read only when there is no ``state.json``.
+        """
+        path = self.state.state_path
+        if path is None:
             return None
-        try:
-            d = json.loads(self.mark_path.read_bytes())
-            quantum, closed = int(d["quantum_ms"]), d["closed_ms"]
-            closed = None if closed is None else int(closed)
-        except FileNotFoundError:
+        grid, why = GridState.load(path)
+        if why is not None:
+            self.problem("state-unreadable", why)
             return None
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            self.problem("state-unreadable", f"{self.mark_path}: {exc}")
-            return None
+        if grid is not None:
+            quantum, closed = grid.quantum_ms, grid.closed_ms
+        else:
+            path = path.with_name(LEGACY_MARK_FILE)
+            legacy = self._legacy_mark(path)
+            if legacy is None:
+                return None
+            quantum, closed = legacy
         if quantum != self.cfg.quantum_ms:
             log.warning(
                 "quantum changed since the last run (%d ms, now %d ms): %s is ignored",
                 quantum,
                 self.cfg.quantum_ms,
-                self.mark_path,
+                path,
             )
             return None
         return closed
 
-    def _save_mark(self) -> None:
-        """Save the closed-through mark (on the grid), once it moved past a quantum end."""
-        m = self.merger
-        if self.mark_path is None or m.closed_ms is None or m.phase_ms is None:
-            return
-        q = m.quantum_ms
-        mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= closed_ms
-        if self._saved_ms is not None and mark <= self._saved_ms:
-            return
-        doc = {"version": 1, "quantum_ms": q, "closed_ms": mark}
+    def _legacy_mark(self, path: Path) -> tuple[int, int | None] | None:
+        """``(quantum_ms, closed_ms)`` of an earlier version's ``root-state.json``."""
         try:
-            self.mark_path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.mark_path, json.dumps(doc).encode())
-        except OSError as exc:
-            self.problem("state-write", f"cannot write {self.mark_path}: {exc}")
+            d = json.loads(path.read_bytes())
+            quantum, closed = int(d["quantum_ms"]), d["closed_ms"]
+            return quantum, None if closed is None else int(closed)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            self.problem("state-unreadable", f"{path}: {exc}")
+            return None
+
+    def _write(self, rows: list[ClosedQuantum]) -> None:
+        """Hand closed rows and the closed-through mark to the writer.
+
+        The mark goes once it passed a quantum end, into the grid state after the rows
+        are in the quanta file (the writer's order), as the aggregator's does.
+        """
+        writer = self.state.writer
+        if writer is None:
             return
-        self._saved_ms = mark
+        m = self.merger
+        grid = None
+        lay = m.layout
+        if (
+            self.state.state_path is not None
+            and m.closed_ms is not None
+            and m.phase_ms is not None
+            and lay is not None
+        ):
+            q = m.quantum_ms
+            mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= it
+            if self._marked_ms is None or mark > self._marked_ms:
+                grid = GridState(q, m.phase_ms, (lay.group_nr, lay.coarseness, lay.unit), mark)
+                self._marked_ms = mark
+        if rows or grid is not None:
+            writer.submit(rows, m.closed_ms or 0, grid)
 
     def _replay(self) -> None:
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
@@ -267,20 +294,15 @@ class RootService(Hooks):
     def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
-            if self.state.writer is not None:
-                self.state.writer.submit(rows, self.merger.closed_ms or 0, None)
             if self.merger.layout is not None:
                 self.publisher.use_layout(self.merger.layout)
             self.publisher.observe(rows, now)
-        self._save_mark()
+        self._write(rows)
         self._release()
 
     def _release(self) -> None:
-        """Let the journal drop what is done with.
-
-        With a quanta file: what it confirmed; without one: what the saved mark passed.
-        """
-        self.state.release(self._saved_ms)
+        """Let the journal drop what the writer confirmed (rows and mark on disk)."""
+        self.state.release(self._marked_ms)
 
     def reload(self, new: AggregatorConfig) -> list[str]:
         """SIGHUP: take the SLA rules and log level of ``new``; returns what changed.
@@ -335,8 +357,8 @@ class RootService(Hooks):
         Open quanta are not closed here: with a ``state_dir`` their partials stay in the
         journal for the next start; without one they are lost (``flush`` closes them).
         """
+        self._write([])
         self.state.finish(timeout_s)
-        self._save_mark()
         self._release()
         self.state.close()
 

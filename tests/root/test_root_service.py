@@ -23,8 +23,9 @@ from fiomon.config import (
     load_aggregator_config,
     root_ignored_keys,
 )
-from fiomon.root.service import STATE_FILE, RootService, run_root
+from fiomon.root.service import LEGACY_MARK_FILE, RootService, run_root
 from fiomon.server.journal import StateLock
+from fiomon.server.state import GRID_STATE_FILE
 from fiomon.windows import ALL_DIRECTIONS
 from tests.conftest import Mosquitto, free_port, until
 from tests.root.test_merger import LAY, T0, Clock, Q, _one_row_message
@@ -79,8 +80,8 @@ def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> N
     first.on_message("c1", _one_row_message("c1", T0 + 6 * Q, T0 + 5 * Q))  # stays open
     assert first.tick() == []
     first.close()  # as after kill -9 (nothing was flushed)
-    mark = json.loads((tmp_path / "s" / STATE_FILE).read_text())
-    assert mark["closed_ms"] == T0 + 5 * Q
+    mark = json.loads((tmp_path / "s" / GRID_STATE_FILE).read_text())  # as an aggregator's
+    assert mark["closed_ms"] == T0 + 5 * Q and mark["quantum_ms"] == Q
     second = RootService(cfg, now_ms=clock)
     assert second.merger.open_quanta == 1  # only the open quantum is re-formed
     clock.t += 60_000
@@ -94,12 +95,26 @@ def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> N
     third.close()
 
 
-def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [GRID_STATE_FILE, LEGACY_MARK_FILE])
+def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path, name: str) -> None:
     state = tmp_path / "s"
     state.mkdir()
-    (state / STATE_FILE).write_text(json.dumps({"quantum_ms": 5000, "closed_ms": T0}))
+    doc = {"version": 1, "quantum_ms": 5000, "phase_ms": 0, "layout": [1, 1, "ns"]}
+    (state / name).write_text(json.dumps(doc | {"closed_ms": T0}))
     svc = RootService(AggregatorConfig(align="epoch", state_dir=state, root=RootConfig()))
     assert svc.merger.closed_ms is None
+    svc.close()
+
+
+def test_the_mark_of_an_earlier_version_is_read_once_there_is_no_grid_state(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / LEGACY_MARK_FILE).write_text(json.dumps({"quantum_ms": Q, "closed_ms": T0 + Q}))
+    cfg = AggregatorConfig(align="epoch", state_dir=state, root=RootConfig(cells=("c1",)))
+    svc = RootService(cfg, now_ms=Clock(T0 + 2 * Q))
+    assert svc.merger.closed_ms == T0 + Q  # an upgrade closes nothing twice
     svc.close()
 
 
