@@ -273,6 +273,7 @@ class Server:
             metrics.start()
         except BaseException:
             merger.close(GRACE_S)
+            merger.release()
             raise
         self.metrics = metrics
         log.info("%s", merger.banner())
