@@ -1,6 +1,6 @@
 """``fiomon aggregator``: the record merger in the server shell.
 
-:func:`run_aggregator` restores the :class:`~fiomon.aggregator.core.AggregatorCore` and
+:func:`run_aggregator` restores the :class:`~fiomon.aggregator.merger.AggregatorCore` and
 runs it in the one service shell (:class:`fiomon.server.app.Server`: ``/metrics``,
 signals, the MQTT intake with journal-before-acknowledge, the close loop, SIGHUP, the
 ordered stop). :class:`AggregatorService` is what the shell drives; it adds what only an
@@ -27,7 +27,7 @@ from typing import Any
 import aiomqtt
 
 from fiomon import __version__
-from fiomon.aggregator.core import SNAPSHOT_EVERY_MS, AggregatorCore
+from fiomon.aggregator.merger import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.outbox import publish_partials
 from fiomon.aggregator.presence import Presence
 from fiomon.config import AggregatorConfig, Overrides

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.agent.follow import Follower
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.server.alerts import Phase
 from fiomon.server.metrics_server import MetricsProcess

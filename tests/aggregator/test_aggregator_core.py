@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, ExportConfig, SlaRule

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.errors import StateLockedError

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import aiomqtt
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule, WebhookConfig
 from fiomon.model import RecordBatch

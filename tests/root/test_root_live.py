@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiomqtt
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.partials import PartialsMessage, decode
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig

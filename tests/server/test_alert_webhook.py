@@ -14,7 +14,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
 from fiomon.server.alerts import AlertDispatcher
 from fiomon.wire import encode

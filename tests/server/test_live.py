@@ -14,7 +14,7 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.model import RecordBatch
