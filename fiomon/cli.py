@@ -24,7 +24,7 @@ from fiomon import __version__
 from fiomon.align import parse_align
 from fiomon.bins import MAX_GROUP_NR, MIN_GROUP_NR
 from fiomon.confidence import DEFAULT_LEVEL
-from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
+from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError, StateLockedError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.offline.output import FORMATS, Format
@@ -1029,12 +1029,11 @@ def _service(args: argparse.Namespace, name: str) -> int:
     except asyncio.CancelledError:  # a second SIGTERM/SIGINT cut the stop short
         return EXIT_FAILED
     # e.g. an unreadable password file, a taken port, a state directory in use
-    # (StateLockedError is a RuntimeError)
-    except (ConfigError, OSError, RuntimeError) as exc:
+    except (ConfigError, StateLockedError, OSError, RuntimeError) as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ExceptionGroup as group:  # the same, raised in one of the service's tasks
-        expected, other = group.split((ConfigError, OSError, RuntimeError))
+        expected, other = group.split((ConfigError, StateLockedError, OSError, RuntimeError))
         if other is not None or expected is None:
             raise
         for leaf in _leaves(expected):
