@@ -15,7 +15,7 @@ Two steps, so that intake costs little per message and the rest is batched:
   once (:meth:`fiomon.wire.Decoder.decode_many`), drops duplicates and counts gaps by
   ``(agent, stream, seq)``, refuses records from the far future or with absurd spans,
   moves the watermark, merges the rest into the shared
-  :class:`~fiomon.windows.QuantumEngine` (the report's engine, so the same logs give the
+  :class:`~fiomon.engine.QuantumEngine` (the report's engine, so the same logs give the
   same numbers), closes what the :class:`~fiomon.aggregator.watermark.Watermark` allows
   and hands the closed rows to the quanta writer, the alert book and a fresh metrics
   snapshot.
@@ -57,16 +57,17 @@ from fiomon.aggregator.metrics import (
     with_outbox,
 )
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
+from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum
 from fiomon.config import AggregatorConfig
+from fiomon.engine import QuantumEngine
 from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
+from fiomon.partials import rows_of
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
 
 log = logging.getLogger("fiomon.aggregator")
