@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ALL_DIRECTIONS, Scope
-from fiomon.errors import WireFormatError
+from fiomon.errors import WireFormatError, WireReason
 from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
@@ -195,7 +195,7 @@ def encode(msg: PartialsMessage) -> bytes:
     return b"".join(parts)
 
 
-def _refuse(text: str, reason: str = "invalid") -> NoReturn:
+def _refuse(text: str, reason: WireReason = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
@@ -218,7 +218,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
     if version != VERSION:
         _refuse(f"partials version {version}, this root reads {VERSION}", "version")
     try:
-        layout = BinLayout(group_nr, coarseness, UNITS[unit])  # type: ignore[arg-type]
+        layout = BinLayout.from_codes(group_nr, coarseness, UNITS[unit])
     except (ValueError, IndexError) as exc:
         _refuse(f"bad bin layout: {exc}", "layout")
     if not 1 <= nstr <= MAX_STRINGS or nrows > MAX_ROWS:

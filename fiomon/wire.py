@@ -24,12 +24,13 @@ import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
+from fiomon.errors import WireFormatError, WireReason
 from fiomon.model import Direction, RecordBatch, StreamInfo
 
 MAGIC = b"FIOM"
@@ -215,22 +216,8 @@ class Cursor:
             raise WireFormatError(msg) from None
 
 
-# Why a payload was refused, as a metric label: the first words of the error's text.
-# Why a payload was refused, for the metric label (WireFormatError.reason).
-REASONS: tuple[str, ...] = (
-    "oversized",
-    "truncated",
-    "not-fiomon",
-    "version",
-    "layout",
-    "inconsistent",
-    "invalid",
-)
-
-
-def reason_of(exc: WireFormatError) -> str:
-    """The short reason of a refusal (one of :data:`REASONS`), for a metric label."""
-    return exc.reason
+# Why a payload was refused, for the metric label (WireFormatError.reason), in label order.
+REASONS: tuple[WireReason, ...] = get_args(WireReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +327,7 @@ class Decoder:
         self._tables: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
         self._last: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
         self._layouts = {
-            (g, c, u): BinLayout(g, c, name)  # type: ignore[arg-type]
+            (g, c, u): BinLayout.from_codes(g, c, name)
             for g in range(19, 59)
             for c in range(7)
             for u, name in enumerate(UNITS)
@@ -409,7 +396,7 @@ class Decoder:
         if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
             msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
             raise WireFormatError(msg, "layout")
-        layout = BinLayout(group_nr, coarse, UNITS[unit])  # type: ignore[arg-type]
+        layout = BinLayout.from_codes(group_nr, coarse, UNITS[unit])
         if not 0 < n <= MAX_RECORDS:
             msg = f"record count {n} outside 1..{MAX_RECORDS}"
             raise WireFormatError(msg)

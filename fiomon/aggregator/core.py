@@ -68,7 +68,7 @@ from fiomon.errors import LayoutError
 from fiomon.fit import FitError, fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.partials import rows_of
-from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
+from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -234,7 +234,7 @@ class AggregatorCore:
             log.info("the previous run knew %d live streams", len(grid.known.streams))
         if grid is not None and grid.quantum_ms == cfg.quantum_ms:
             g, c, unit = grid.layout
-            self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]
+            self._first_layout = BinLayout.from_codes(g, c, unit)
             self._phase_ms = grid.phase_ms
             self._create_engine(self._first_layout, grid.phase_ms)
         elif grid is not None:
@@ -300,7 +300,7 @@ class AggregatorCore:
             if len(payload) > limit or not payload.startswith(_PREFIX):
                 out = self.decoder.decode_many([payload])
                 for _, exc in out.errors:
-                    self._invalid(reason_of(exc), f"from {host}: {exc}")
+                    self._invalid(exc.reason, f"from {host}: {exc}")
                 continue
             ok.append((host, payload))
         if not ok:
@@ -332,7 +332,7 @@ class AggregatorCore:
         if queued:
             decoded = self.decoder.decode_many([q[1] for q in queued])
             for i, exc in decoded.errors:
-                self._invalid(reason_of(exc), f"from {queued[i][0]}: {exc}")
+                self._invalid(exc.reason, f"from {queued[i][0]}: {exc}")
             for group in decoded.groups:
                 self._accept(group, queued, now)
         if self.engine is None and self._pending:
