@@ -140,6 +140,10 @@ TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for,
 KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
 KEY_READ = 1 << 20  # ... found within this much of the file's start
 PBENCH_PROBE_BYTES = 4 << 20  # of a log in clients/<server>/ read to tell running sums
+# max_message_size bounds the MQTT packet, which also carries a fixed header, the topic
+# and a packet id; payloads are cut this much shorter (a broker's max_packet_size or an
+# aggregator's limit set to the agent's size still takes every message).
+PACKET_OVERHEAD = 1024
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
@@ -1385,7 +1389,8 @@ class Follower:
 
     def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
         """``batch`` as messages under the size cap, records in order (the wire sizes them)."""
-        for part in split(self.agent, stream, first, batch, self.max_message_bytes):
+        cap = self.max_message_bytes - PACKET_OVERHEAD
+        for part in split(self.agent, stream, first, batch, cap):
             yield Outgoing(stream, part.first_seq, part.records, part.payload)
 
     # -- state -----------------------------------------------------------------------------
