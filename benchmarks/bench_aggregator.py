@@ -67,8 +67,9 @@ from _support import RawPublisher, cpu_seconds, free_port, peak_rss_mb, scrape, 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ALL_DIRECTIONS
+from fiomon.engine import QuantumEngine
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ALL_DIRECTIONS, QuantumEngine
 from fiomon.wire import encode
 
 PREFIX = "fiomonbench"

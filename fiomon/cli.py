@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from fiomon import __version__
 from fiomon.align import parse_align
 from fiomon.bins import MAX_GROUP_NR, MIN_GROUP_NR
+from fiomon.closed import ALL_DIRECTIONS
 from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
 from fiomon.fiolog import interval_from_job_file
@@ -38,7 +39,6 @@ from fiomon.offline.sources import (
     choose_sources,
 )
 from fiomon.units import parse_duration_ms
-from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
     from fiomon.config import AgentConfig, AggregatorConfig

@@ -6,6 +6,14 @@ Every class also inherits the builtin that describes it, so callers may catch ei
 
 from __future__ import annotations
 
+from typing import Literal
+
+# Why a payload was refused, for a metric label (WireFormatError.reason); fiomon.wire.REASONS
+# lists them in this order.
+WireReason = Literal[
+    "oversized", "truncated", "not-fiomon", "version", "layout", "inconsistent", "invalid"
+]
+
 
 class FiomonError(Exception):
     """Raised for any failure fiomon reports to its user (base class)."""
@@ -72,11 +80,11 @@ class OverlapError(FiomonError, ValueError):
 class WireFormatError(FiomonError, ValueError):
     """Raised when an MQTT payload is not a valid fiomon wire-format message.
 
-    The message says why for a person; :attr:`reason` says it for a metric label (one of
-    ``fiomon.wire.REASONS``: oversized, truncated, not-fiomon, version, layout,
-    inconsistent, invalid).
+    The message says why for a person; :attr:`reason` says it for a metric label (a
+    :data:`WireReason`: oversized, truncated, not-fiomon, version, layout, inconsistent,
+    invalid; ``fiomon.wire.REASONS`` lists them).
     """
 
-    def __init__(self, message: str, reason: str = "invalid") -> None:
+    def __init__(self, message: str, reason: WireReason = "invalid") -> None:
         super().__init__(message)
         self.reason = reason

@@ -1,4 +1,4 @@
-"""Value objects shared by parsers, the quantum engine and (later) the wire format.
+"""Value objects shared by the parsers, the quantum engine and the wire format.
 
 A :class:`RecordBatch` holds many interval records as columns (structure of arrays) with
 the histogram counts in compressed sparse rows, because fio histograms are sparse (a few

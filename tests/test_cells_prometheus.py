@@ -33,9 +33,9 @@ import pytest
 import yaml
 
 from fiomon.cells import assign_cell
+from fiomon.closed import ALL_DIRECTIONS
 from fiomon.config import agent_config_from
 from fiomon.offline.sources import FileSource, SourceOptions
-from fiomon.windows import ALL_DIRECTIONS
 from tests.conftest import DEADLINE_S, Mosquitto, free_port
 from tests.metricskit import query, scrape, total
 

@@ -47,8 +47,8 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ALL_DIRECTIONS
 from fiomon.histogram import cumulative_at
-from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
     from fiomon.aggregator.live import LiveView

@@ -26,8 +26,8 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, TextIO
 
+from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")

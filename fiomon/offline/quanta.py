@@ -28,7 +28,9 @@ import numpy as np
 
 from fiomon.align import Align, auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
+from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum
 from fiomon.confidence import DEFAULT_LEVEL
+from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.model import RecordBatch
 from fiomon.offline.sources import (
@@ -40,7 +42,6 @@ from fiomon.offline.sources import (
 )
 from fiomon.offline.spans import SpanMerger
 from fiomon.problems import ProblemLog
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,9 @@ from fiomon.agent.follow import Follower
 from fiomon.aggregator.alerts import Phase
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
-from fiomon.windows import ClosedQuantum
 
 RULE = SlaRule("p99-read", "read", 99.0, 2e6, for_quanta=3, min_samples=50)
 # The shortest --duration in which the simulated failure both fires and resolves the

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fiomon.agent.follow import RESCAN_S, Follower
+from fiomon.agent.follow import PACKET_OVERHEAD, RESCAN_S, Follower
 from fiomon.agent.positions import FollowState, load_positions, save_positions
 from fiomon.agent.spool import Outgoing
 from fiomon.bins import plat_idx_to_val
@@ -443,7 +443,8 @@ def test_messages_respect_the_size_cap(tmp_path: Path) -> None:
     with Follower((str(p),), agent="h", max_message_bytes=64 * 1024, log_hist_msec=1000) as f:
         out = list(f.poll())
     assert len(out) > 1
-    assert all(len(m.payload) <= 64 * 1024 for m in out)
+    # the packet's header and topic fit beside each payload (follow.PACKET_OVERHEAD)
+    assert all(len(m.payload) <= 64 * 1024 - PACKET_OVERHEAD for m in out)
     assert [s for _, s, _ in records(out)] == list(range(20))
 
 

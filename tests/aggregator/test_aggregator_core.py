@@ -26,11 +26,11 @@ from fiomon.aggregator.metrics import CELL_INFO
 from fiomon.aggregator.quantafile import QuantaFile
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import HistStats, cumulative_at
 from fiomon.model import RecordBatch
 from fiomon.offline.output import JsonlWriter
-from fiomon.windows import ClosedQuantum
 from fiomon.wire import encode
 from tests.batches import batch as make_batch
 

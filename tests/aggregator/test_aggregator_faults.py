@@ -413,7 +413,7 @@ def test_the_clock_bound_holds_while_disconnected_and_for_lateness_after() -> No
 
 
 def test_open_quanta_are_bounded_by_memory_and_the_forced_closes_counted() -> None:
-    from fiomon.windows import QuantumEngine  # noqa: PLC0415
+    from fiomon.engine import QuantumEngine  # noqa: PLC0415
 
     engine = QuantumEngine(
         layout=BinLayout(), quantum_ms=1000, per_host=True, max_hosts=100, max_open_rows=20

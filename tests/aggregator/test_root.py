@@ -20,10 +20,10 @@ from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.exporter import FiomonCollector, Snapshot
 from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.root_service import RootService
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import (
     AggregatorConfig,
     PartialsConfig,
@@ -31,9 +31,10 @@ from fiomon.config import (
     SlaRule,
     aggregator_config_from,
 )
+from fiomon.engine import QuantumEngine
 from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
+from fiomon.partials import PartialRow, PartialsMessage, RawPartial, decode, encode, rows_of
 from fiomon.wire import encode as encode_records
 
 LAY = BinLayout()

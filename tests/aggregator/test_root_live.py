@@ -19,11 +19,11 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.partials import PartialsMessage, decode
 from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.model import RecordBatch
+from fiomon.partials import PartialsMessage, decode
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (

@@ -17,6 +17,7 @@ import pytest
 from fiomon.aggregator.journal import StateLock
 from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
 from fiomon.bins import BinLayout
+from fiomon.closed import ALL_DIRECTIONS
 from fiomon.config import (
     AggregatorConfig,
     BrokerConfig,
@@ -26,7 +27,6 @@ from fiomon.config import (
     load_aggregator_config,
     root_ignored_keys,
 )
-from fiomon.windows import ALL_DIRECTIONS
 from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
 from tests.conftest import Mosquitto, free_port, until
 

@@ -9,16 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fiomon.aggregator.partials import (
+from fiomon.bins import BinLayout
+from fiomon.closed import ALL_DIRECTIONS
+from fiomon.errors import WireFormatError
+from fiomon.partials import (
     PartialRow,
     PartialsMessage,
+    RawPartial,
     decode,
     encode,
     split,
 )
-from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
-from fiomon.windows import ALL_DIRECTIONS, RawPartial
 from fiomon.wire import MAX_TIME_MS, REASONS, Cursor
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us")]

@@ -4,7 +4,7 @@ The specification, with a byte table, is in ``docs/wire-format.md`` ("Partials")
 publishes, for every quantum it closes, one *partial row* per scope, host and direction
 (``all`` included, empty groups too): the float counts per bin, the covered time span,
 bytes, streams and late records -- everything the root needs to form the same
-:class:`~fiomon.windows.ClosedQuantum` rows one aggregator fed every record would have
+:class:`~fiomon.closed.ClosedQuantum` rows one aggregator fed every record would have
 formed. Every message also carries ``closed_through_ms``: the cell has closed every
 quantum ending at or before it, so a quantum it closed *with nothing in it* is closed too
 (a message with no rows is the cell's heartbeat and closed marker).
@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
-from fiomon.windows import ALL_DIRECTIONS, RawPartial, Scope
+from fiomon.closed import ALL_DIRECTIONS, Scope
+from fiomon.errors import WireFormatError, WireReason
 from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
@@ -58,6 +58,40 @@ _ROW = np.dtype(
     ]
 )
 assert _ROW.itemsize == 64  # noqa: S101 -- the documented row size
+
+
+@dataclass(frozen=True, slots=True)
+class RawPartial:
+    """One closed (quantum, scope, host, direction) group before statistics (a cell's partial).
+
+    Made by a :class:`~fiomon.engine.QuantumEngine` only when asked to (``keep_partials``),
+    for every group a close forms, empty ones included, so a root merging groups of
+    several engines reproduces the :class:`~fiomon.closed.ClosedQuantum` rows one engine
+    fed every record would have closed.
+
+    Args:
+        start_ms: quantum start (exclusive), ms.
+        end_ms: quantum end (inclusive), ms.
+        scope: ``cluster`` or ``host``.
+        host: the host for host scope, else ``None``.
+        direction: ``read``, ``write``, ``trim``, ``mixed`` or ``all``.
+        hist: float counts per bin of the engine's layout.
+        lo_ms: earliest covered time of the group's records, ms.
+        hi_ms: latest covered time, ms (``hi_ms - lo_ms`` is the covered span).
+        nbytes: bytes (overlap-weighted).
+        streams: number of streams that contributed.
+    """
+
+    start_ms: int
+    end_ms: int
+    scope: Scope
+    host: str | None
+    direction: str
+    hist: npt.NDArray[np.float64]
+    lo_ms: int
+    hi_ms: int
+    nbytes: float
+    streams: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +195,7 @@ def encode(msg: PartialsMessage) -> bytes:
     return b"".join(parts)
 
 
-def _refuse(text: str, reason: str = "invalid") -> NoReturn:
+def _refuse(text: str, reason: WireReason = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
@@ -184,7 +218,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
     if version != VERSION:
         _refuse(f"partials version {version}, this root reads {VERSION}", "version")
     try:
-        layout = BinLayout(group_nr, coarseness, UNITS[unit])  # type: ignore[arg-type]
+        layout = BinLayout.from_codes(group_nr, coarseness, UNITS[unit])
     except (ValueError, IndexError) as exc:
         _refuse(f"bad bin layout: {exc}", "layout")
     if not 1 <= nstr <= MAX_STRINGS or nrows > MAX_ROWS:
