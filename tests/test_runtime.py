@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
-from fiomon.runtime import cancel_and_wait, stop_on_signals
+from fiomon.runtime import cancel_and_wait, stop_on_signals, write_atomic
 from tests.conftest import DEADLINE_S, until
+from tests.diskfull import fill, free_bytes, is_enospc, small_tmpfs
 
 
 async def test_a_task_that_swallowed_one_cancellation_is_still_stopped() -> None:
@@ -59,3 +61,37 @@ def test_without_again_a_second_sigint_exits_at_once() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(service())
+
+
+def test_write_atomic_on_a_nearly_full_disk_keeps_the_old_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real filesystem, not a mock: on a nearly full tmpfs os.write writes what fits and
+    # returns less than asked (the short write), and only the next write fails.
+    with small_tmpfs(tmp_path / "fs") as fs:
+        path = fs / "state.json"
+        old = b'{"version": 1, "closed_ms": 1795000019000}'
+        write_atomic(path, old)
+        fill(fs, leave=8192)
+        new = bytes(range(256)) * 96  # 24 KiB: three times the space left
+        wrote: list[int] = []
+        real_write = os.write
+
+        def spy(fd: int, data: bytes | memoryview) -> int:
+            n = real_write(fd, data)
+            wrote.append(n)
+            return n
+
+        monkeypatch.setattr(os, "write", spy)
+        with pytest.raises(OSError) as info:
+            write_atomic(path, new)
+        monkeypatch.undo()
+        assert is_enospc(info.value)
+        assert wrote == [8192], "the disk took part of the data, then refused the rest"
+        assert path.read_bytes() == old
+        assert sorted(p.name for p in fs.iterdir()) == ["filler", "state.json"]
+        assert free_bytes(fs) == 8192, "the temporary file's blocks were given back"
+        (fs / "filler").unlink()  # room again: the next write goes through whole
+        write_atomic(path, new)
+        assert path.read_bytes() == new
+        assert sorted(p.name for p in fs.iterdir()) == ["state.json"]
