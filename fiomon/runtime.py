@@ -149,6 +149,16 @@ def watchdog_period_s() -> float | None:
     return None
 
 
+async def wait_event(ev: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``ev`` is set or ``timeout_s`` has passed; True if it is set.
+
+    The services' "sleep, unless told to stop (or woken) first".
+    """
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ev.wait(), timeout_s)
+    return ev.is_set()
+
+
 async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: float = 10.0) -> None:
     """Until ``stop``: ``WATCHDOG=1`` (if asked for) and a fresh ``STATUS=`` line.
 
@@ -162,8 +172,7 @@ async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: fl
         if watchdog:
             states.append("WATCHDOG=1")
         sd_notify(*states)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
+        await wait_event(stop, period)
     sd_notify("STOPPING=1", "STATUS=stopping")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.runtime import cancel_and_wait, stop_on_signals, write_atomic
+from fiomon.runtime import cancel_and_wait, stop_on_signals, wait_event, write_atomic
 from tests.conftest import DEADLINE_S, until
 from tests.diskfull import fill, free_bytes, is_enospc, small_tmpfs
 
@@ -30,6 +30,14 @@ async def test_a_task_that_swallowed_one_cancellation_is_still_stopped() -> None
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(task, every_s=0.05), 10)
     assert swallowed.is_set() and task.done()
+
+
+async def test_wait_event_says_whether_the_event_came() -> None:
+    ev = asyncio.Event()
+    assert await wait_event(ev, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, ev.set)
+    assert await wait_event(ev, DEADLINE_S) is True
+    assert await wait_event(ev, 0) is True  # already set: no wait
 
 
 async def test_a_signal_sets_stop_a_second_one_cuts_short_and_sighup_reloads() -> None:
