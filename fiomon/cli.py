@@ -24,7 +24,7 @@ from fiomon import __version__
 from fiomon.align import parse_align
 from fiomon.bins import MAX_GROUP_NR, MIN_GROUP_NR
 from fiomon.confidence import DEFAULT_LEVEL
-from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
+from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError, PlotError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.offline.output import FORMATS, Format
@@ -755,7 +755,7 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+    from fiomon.offline.plot import plot_kind, run_plot  # noqa: PLC0415
     from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     try:

@@ -23,6 +23,10 @@ class ConfigError(FiomonError, ValueError):
         super().__init__("; ".join(self.problems))
 
 
+class FitError(FiomonError, ValueError):
+    """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
+
+
 class LayoutError(FiomonError, ValueError):
     """Raised when no fio bin layout fits a histogram, or two layouts cannot be merged."""
 
@@ -67,6 +71,10 @@ class OverlapError(FiomonError, ValueError):
     Counting both would count every I/O twice; the message names the files and the
     ``--source`` choices.
     """
+
+
+class PlotError(FiomonError, ValueError):
+    """Raised when a plot cannot be made: an unknown extension or a missing extra."""
 
 
 class WireFormatError(FiomonError, ValueError):

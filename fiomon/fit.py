@@ -28,14 +28,11 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
+from fiomon.errors import FitError
 
 F64 = npt.NDArray[np.float64]
 MIN_IOS = 100
 EM_ROUNDS = 200
-
-
-class FitError(ValueError):
-    """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,8 +63,8 @@ from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.config import AggregatorConfig
-from fiomon.errors import LayoutError
-from fiomon.fit import FitError, fit_histogram
+from fiomon.errors import FitError, LayoutError
+from fiomon.fit import fit_histogram
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
