@@ -27,6 +27,7 @@ from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError, PlotError
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
@@ -38,7 +39,6 @@ from fiomon.offline.sources import (
     choose_sources,
 )
 from fiomon.units import parse_duration_ms
-from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
     from fiomon.config import AgentConfig, AggregatorConfig
@@ -56,7 +56,6 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
 # Defaults of the flags, named where a handler or a help text needs them too.
 QUANTUM = "1s"  # report, plot, fit --per-quantum
 MAX_SPAN = "60s"  # --target-error's longest span
-REPORT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9, 99.99)
 HIST_BINS = 12  # summary's text histogram
 HIST_SCALE: Literal["log", "linear"] = "log"
@@ -174,9 +173,9 @@ def _percentiles(text: str) -> tuple[float, ...]:
 
 def _directions(text: str) -> tuple[str, ...]:
     ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
-    bad = [d for d in ds if d not in ALL_DIRECTIONS]
+    bad = [d for d in ds if d not in DIRECTIONS]
     if bad or not ds:
-        msg = f"--directions: unknown {bad or text!r}; choose from {','.join(ALL_DIRECTIONS)}"
+        msg = f"--directions: unknown {bad or text!r}; choose from {','.join(DIRECTIONS)}"
         raise argparse.ArgumentTypeError(msg)
     return ds
 
@@ -242,7 +241,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         type=_directions,
         default=None,
         metavar="D[,D]",
-        help=f"operations to show, from {','.join(ALL_DIRECTIONS)} (default: all of them; "
+        help=f"operations to show, from {','.join(DIRECTIONS)} (default: all of them; "
         "report --format fiologparser: all only, as fiologparser_hist.py); mixed is the "
         "unified_rw_reporting section of a json+ stream (reads and writes in one histogram; "
         "all includes it); --direction is an older spelling",
@@ -384,7 +383,7 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         help="quantum phase: auto (match the records; default), epoch "
         "(multiples of the quantum) or an offset such as 250ms",
     )
-    _add_percentiles(p, REPORT_PERCENTILES)
+    _add_percentiles(p, DEFAULT_PERCENTILES)
     p.add_argument(
         "--per-host",
         action="store_true",
@@ -676,7 +675,7 @@ def _report_options(
         return EXIT_USAGE
     fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
     percentiles = args.percentiles
-    directions = args.directions or ALL_DIRECTIONS
+    directions = args.directions or DIRECTIONS
     target_pct = args.target_percentile
     if target_pct is None:
         target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
@@ -827,7 +826,7 @@ def _summary(args: argparse.Namespace) -> int:
         hosts=tuple(args.host),
         host_from=args.host_from,
         jobs=tuple(args.job),
-        directions=args.directions or ALL_DIRECTIONS,
+        directions=args.directions or DIRECTIONS,
         from_ms=args.from_,
         to_ms=args.to,
     )
@@ -859,7 +858,7 @@ def _fit(args: argparse.Namespace) -> int:
     logs, source = picked
     return run_fit(
         logs,
-        directions=args.directions or ALL_DIRECTIONS,
+        directions=args.directions or DIRECTIONS,
         source=source,
         per_quantum_ms=args.per_quantum,
         fmt=args.format,

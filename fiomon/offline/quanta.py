@@ -30,7 +30,7 @@ from fiomon.align import Align, auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.errors import FiomonError, LayoutError
-from fiomon.model import RecordBatch
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -40,7 +40,7 @@ from fiomon.offline.sources import (
 )
 from fiomon.offline.spans import SpanMerger
 from fiomon.problems import ProblemLog
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
+from fiomon.windows import ClosedQuantum, PreparedBatch, QuantumEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,8 @@ class QuantaOptions:
 
     quantum_ms: int = 1000
     align: Align = "auto"
-    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-    directions: tuple[str, ...] = ALL_DIRECTIONS
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    directions: tuple[str, ...] = DIRECTIONS
     per_host: bool = False
     host_from: str = "auto"
     source: SourceOptions = field(default_factory=SourceOptions)
