@@ -27,6 +27,16 @@ class FitError(FiomonError, ValueError):
     """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
 
 
+class UsageError(ConfigError):
+    """Raised when a command line is wrong in a way its parser cannot see.
+
+    ``fiomon`` prints each problem after the command's name and exits with 2.
+
+    Args:
+        problems: one message per problem, each naming the flag.
+    """
+
+
 class LayoutError(FiomonError, ValueError):
     """Raised when no fio bin layout fits a histogram, or two layouts cannot be merged."""
 
