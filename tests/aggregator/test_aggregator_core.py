@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fiomon.aggregator.alerts import AlertState, Phase, evaluate
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot, bucket_edges_s
+from fiomon.aggregator.exporter import Snapshot, bucket_edges_s
 from fiomon.aggregator.metrics import CELL_INFO
 from fiomon.aggregator.quantafile import QuantaFile
 from fiomon.aggregator.watermark import Watermark
@@ -34,6 +34,7 @@ from fiomon.windows import ClosedQuantum
 from fiomon.wire import encode
 from tests.batches import batch as make_batch
 from tests.clock import T0, FakeClock
+from tests.metricskit import FiomonCollector
 
 LAY = BinLayout()
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot
+from fiomon.aggregator.exporter import Snapshot
 from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
@@ -36,6 +36,7 @@ from fiomon.model import RecordBatch, StreamInfo
 from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
 from fiomon.wire import encode as encode_records
 from tests.clock import T0, FakeClock
+from tests.metricskit import FiomonCollector
 
 LAY = BinLayout()
 Q = 1000
