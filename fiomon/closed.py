@@ -23,13 +23,8 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.confidence import summarize_with_bounds
 from fiomon.histogram import HistStats, pct_key, summarize_many
-from fiomon.model import DIRECTION_LABELS, Direction
 
 Scope = Literal["cluster", "host"]
-# The direction rows a report or the aggregator can emit. "all" keeps index 3, which the
-# cells' partial rows carry on the wire (docs/wire-format.md); "mixed" (fio's
-# unified_rw_reporting sections, Direction.MIXED) came later and is appended.
-ALL_DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
 # Compact separators, as json.dumps(obj, separators=(",", ":")); one encoder, not one per row.
 _LINE_ENCODER = json.JSONEncoder(separators=(",", ":"))
 

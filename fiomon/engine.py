@@ -33,9 +33,17 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum, Scope, closed_row, group_stats
+from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.confidence import DEFAULT_LEVEL
-from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo, expand_ranges
+from fiomon.model import (
+    DEFAULT_PERCENTILES,
+    DIRECTION_LABELS,
+    DIRECTIONS,
+    Direction,
+    RecordBatch,
+    StreamInfo,
+    expand_ranges,
+)
 from fiomon.partials import RawPartial
 
 OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
@@ -150,7 +158,7 @@ class QuantumEngine:
         quantum_ms: quantum length Q in ms (> 0).
         phase_ms: grid offset in ms; quanta end at ``phase_ms + k*Q``.
         percentiles: percentiles to compute, e.g. ``(50, 90, 99, 99.9)``.
-        directions: which direction rows to emit (labels of :data:`~fiomon.closed.ALL_DIRECTIONS`).
+        directions: which direction rows to emit (labels of :data:`~fiomon.closed.DIRECTIONS`).
         per_host: also emit host-scope rows.
         max_hosts: hosts tracked for host scope; more are counted in ``hosts_over_cap``
             and only enter cluster scope.
@@ -175,8 +183,8 @@ class QuantumEngine:
         layout: BinLayout,
         quantum_ms: int,
         phase_ms: int = 0,
-        percentiles: Sequence[float] = (50, 90, 99, 99.9),
-        directions: Sequence[str] = ALL_DIRECTIONS,
+        percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+        directions: Sequence[str] = DIRECTIONS,
         per_host: bool = False,
         max_hosts: int = 1000,
         max_open_quanta: int = 100_000,
@@ -190,9 +198,9 @@ class QuantumEngine:
         if quantum_ms <= 0:
             msg = f"quantum_ms must be positive, got {quantum_ms}"
             raise ValueError(msg)
-        bad = [d for d in directions if d not in ALL_DIRECTIONS]
+        bad = [d for d in directions if d not in DIRECTIONS]
         if bad:
-            msg = f"unknown directions {bad}; choose from {list(ALL_DIRECTIONS)}"
+            msg = f"unknown directions {bad}; choose from {list(DIRECTIONS)}"
             raise ValueError(msg)
         self.layout = layout
         self.quantum_ms = quantum_ms

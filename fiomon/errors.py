@@ -31,6 +31,20 @@ class ConfigError(FiomonError, ValueError):
         super().__init__("; ".join(self.problems))
 
 
+class FitError(FiomonError, ValueError):
+    """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
+
+
+class UsageError(ConfigError):
+    """Raised when a command line is wrong in a way its parser cannot see.
+
+    ``fiomon`` prints each problem after the command's name and exits with 2.
+
+    Args:
+        problems: one message per problem, each naming the flag.
+    """
+
+
 class LayoutError(FiomonError, ValueError):
     """Raised when no fio bin layout fits a histogram, or two layouts cannot be merged."""
 
@@ -75,6 +89,10 @@ class OverlapError(FiomonError, ValueError):
     Counting both would count every I/O twice; the message names the files and the
     ``--source`` choices.
     """
+
+
+class PlotError(FiomonError, ValueError):
+    """Raised when a plot cannot be made: an unknown extension or a missing extra."""
 
 
 class WireFormatError(FiomonError, ValueError):

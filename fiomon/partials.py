@@ -28,8 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.closed import ALL_DIRECTIONS, Scope
+from fiomon.closed import Scope
 from fiomon.errors import WireFormatError, WireReason
+from fiomon.model import DIRECTIONS
 from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
@@ -53,7 +54,7 @@ _ROW = np.dtype(
         ("streams", "<u4"),
         ("nnz", "<u4"),
         ("scope", "u1"),
-        ("direction", "u1"),  # index into ALL_DIRECTIONS
+        ("direction", "u1"),  # index into DIRECTIONS
         ("pad", "<u2"),
     ]
 )
@@ -185,7 +186,7 @@ def encode(msg: PartialsMessage) -> bytes:
             p.streams,
             len(nz),
             SCOPES.index(p.scope),
-            ALL_DIRECTIONS.index(p.direction),
+            DIRECTIONS.index(p.direction),
             0,
         )
     parts.append(table.tobytes())
@@ -254,7 +255,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
             end_ms=end,
             scope=SCOPES[scope],
             host=None if host < 0 else strings[host],
-            direction=ALL_DIRECTIONS[direction],
+            direction=DIRECTIONS[direction],
             hist=hist,
             lo_ms=lo,
             hi_ms=hi,
@@ -286,7 +287,7 @@ def _check_rows(
     nb = table["nbytes"]
     if not np.all(np.isfinite(nb)) or np.any(nb < 0):
         _refuse("bytes not finite or negative")
-    if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(ALL_DIRECTIONS)):
+    if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(DIRECTIONS)):
         _refuse("unknown scope or direction")
     if np.any(table["pad"] != 0):
         _refuse("non-zero padding", "inconsistent")

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fiomon.bins import BinLayout
-from fiomon.closed import ALL_DIRECTIONS
 from fiomon.errors import WireFormatError
+from fiomon.model import DIRECTIONS
 from fiomon.partials import (
     PartialRow,
     PartialsMessage,
@@ -42,7 +42,7 @@ def rows(draw: st.DrawFn, layout: BinLayout) -> PartialRow:
         end_ms=end,
         scope="cluster" if host is None else "host",
         host=host,
-        direction=draw(st.sampled_from(ALL_DIRECTIONS)),
+        direction=draw(st.sampled_from(DIRECTIONS)),
         hist=hist,
         lo_ms=lo,
         hi_ms=draw(st.integers(lo, end)),

@@ -61,12 +61,12 @@ from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
-from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
 from fiomon.engine import QuantumEngine
-from fiomon.errors import LayoutError
-from fiomon.fit import FitError, fit_histogram
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.errors import FitError, LayoutError
+from fiomon.fit import fit_histogram
+from fiomon.model import DIRECTIONS, RecordBatch, StreamInfo
 from fiomon.partials import rows_of
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder
 
@@ -675,7 +675,7 @@ class AggregatorCore:
             phase_ms=phase,
             percentiles=self.cfg.percentiles,
             confidence_level=self.cfg.confidence_level,
-            directions=ALL_DIRECTIONS,
+            directions=DIRECTIONS,
             per_host=self.cfg.per_host,
             max_hosts=self.cfg.max_hosts,
             max_open_quanta=self.cfg.max_open_quanta,

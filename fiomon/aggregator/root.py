@@ -30,8 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, coarsen_hist, merged_layout
-from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum, Scope, closed_row, group_stats
+from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.errors import LayoutError, WireFormatError
+from fiomon.model import DIRECTIONS
 from fiomon.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
 
 log = logging.getLogger("fiomon.root")
@@ -403,7 +404,7 @@ class RootMerger:
         groups = self._open.pop(end)
         self._closed_any = True
         assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
-        order = {d: i for i, d in enumerate(ALL_DIRECTIONS)}
+        order = {d: i for i, d in enumerate(DIRECTIONS)}
         keys = sorted(
             groups,
             key=lambda k: (k[0] != "cluster", k[1] or "", order[k[2]]),

@@ -28,11 +28,11 @@ import numpy as np
 
 from fiomon.align import Align, auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
-from fiomon.closed import ALL_DIRECTIONS, ClosedQuantum
+from fiomon.closed import ClosedQuantum
 from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
-from fiomon.model import RecordBatch
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -68,8 +68,8 @@ class QuantaOptions:
 
     quantum_ms: int = 1000
     align: Align = "auto"
-    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-    directions: tuple[str, ...] = ALL_DIRECTIONS
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    directions: tuple[str, ...] = DIRECTIONS
     per_host: bool = False
     host_from: str = "auto"
     source: SourceOptions = field(default_factory=SourceOptions)

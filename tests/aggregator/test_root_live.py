@@ -33,7 +33,8 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
-from tests.aggregator.test_root import T0, assert_same, engine, records
+from tests.aggregator.test_root import assert_same, engine, records
+from tests.clock import T0
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 
 ROOT_PREFIX = "fiomonroot"
