@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import numpy as np
-
-from fiomon.align import Align, auto_phase, phase_for
+from fiomon.align import Align, phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.closed import ClosedQuantum
 from fiomon.confidence import DEFAULT_LEVEL
@@ -204,14 +202,7 @@ class QuantaReader:
         self.relative = "relative" in kinds.values()
         phase = phase_for(opts.align, opts.quantum_ms)
         if phase is None:
-            batches = [b for bs in first.values() for b in bs]
-            ends = np.concatenate([b.end_ms for b in batches]) if batches else np.zeros(0, np.int64)
-            weights = (
-                np.concatenate([b.samples() for b in batches]).astype(np.float64)
-                if batches
-                else np.zeros(0)
-            )
-            phase = auto_phase(ends, weights, opts.quantum_ms)
+            phase = phase_from([b for bs in first.values() for b in bs], opts.quantum_ms)
         self.phase_ms = phase
         self._engine = QuantumEngine(
             layout=self.layout,
