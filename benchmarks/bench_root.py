@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.bins import BinLayout
+from fiomon.closed import Scope
+from fiomon.partials import PartialRow, RawPartial, encode, split
 from fiomon.root.merger import RootMerger
-from fiomon.windows import RawPartial, Scope
 
 LAY = BinLayout()
 Q = 1000

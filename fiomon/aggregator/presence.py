@@ -22,9 +22,9 @@ from collections.abc import Callable
 import aiomqtt
 
 from fiomon import __version__
+from fiomon.runtime import wait_event
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts
-from fiomon.server.wait import wait_event
 
 log = logging.getLogger("fiomon.aggregator")
 

@@ -30,6 +30,7 @@ from fiomon import __version__
 from fiomon.aggregator.merger import SNAPSHOT_EVERY_MS, AggregatorCore
 from fiomon.aggregator.outbox import publish_partials
 from fiomon.aggregator.presence import Presence
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, Overrides
 from fiomon.mqtt import Topics
 from fiomon.runtime import GRACE_S
@@ -37,7 +38,6 @@ from fiomon.server.alerts import AlertDispatcher
 from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import Snapshot
 from fiomon.server.metrics import Counts
-from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon import __version__
+from fiomon.closed import ClosedQuantum
 from fiomon.config import (
     ROOT_IGNORED,
     AggregatorConfig,
@@ -57,7 +58,6 @@ from fiomon.server.metrics import Counts, Health, with_root
 from fiomon.server.publish import Publisher
 from fiomon.server.reload import warn_restart_only
 from fiomon.server.state import StateDir
-from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 

@@ -30,16 +30,22 @@ from typing import Any, Protocol
 
 import aiomqtt
 
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, Overrides
-from fiomon.runtime import GRACE_S, cancel_and_wait, keep_alive, sd_notify, stop_on_signals
+from fiomon.runtime import (
+    GRACE_S,
+    cancel_and_wait,
+    keep_alive,
+    sd_notify,
+    stop_on_signals,
+    wait_event,
+)
 from fiomon.server.exporter import Snapshot
 from fiomon.server.intake import Intake
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts
 from fiomon.server.metrics_server import MetricsProcess
 from fiomon.server.reload import apply_log_level, reread
-from fiomon.server.wait import wait_event
-from fiomon.windows import ClosedQuantum
 
 STALL_TOLERANCE_MS = 1000  # ticks further apart than the period plus this: a stall
 

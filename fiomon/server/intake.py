@@ -24,8 +24,7 @@ import aiomqtt
 # The bulk reader is the MQTT session helper's (it keeps this name importable).
 from fiomon.aggregator import mqttread
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
-from fiomon.runtime import cancel_and_wait, sd_notify
-from fiomon.server.wait import wait_event
+from fiomon.runtime import cancel_and_wait, sd_notify, wait_event
 
 if TYPE_CHECKING:
     from fiomon.server.app import Merger, Server

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fiomon.errors import StateLockedError
+from fiomon.runtime import write_atomic as write_atomic  # noqa: PLC0414 -- re-exported
 from fiomon.wire import describe
 
 SEGMENT_BYTES = 32 * 1024 * 1024
@@ -62,24 +63,6 @@ class KnownState(Protocol):
     def to_json(self) -> dict[str, object]:
         """The JSON form that the loader's ``parse_known`` reads back."""
         ...
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename itself durable where supported
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 @dataclass(frozen=True, slots=True)

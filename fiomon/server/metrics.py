@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
 from fiomon.server.alerts import AlertBook
 from fiomon.server.exporter import BucketHistogram, Snapshot
-from fiomon.windows import ClosedQuantum
 from fiomon.wire import REASONS
 
 OTHER_HOST = "_other"  # label of per-host counters beyond the host cap

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Mapping
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
 from fiomon.server.alerts import AlertBook, Transition
 from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot
-from fiomon.windows import ClosedQuantum
 
 
 class Publisher:

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fiomon.closed import ClosedQuantum
 from fiomon.server.journal import GridState
-from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon.aggregator.merger import AggregatorCore
-from fiomon.aggregator.partials import PartialsMessage, decode
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.model import RecordBatch
+from fiomon.partials import PartialsMessage, decode
 from fiomon.root.merger import RootMerger
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
@@ -33,8 +33,9 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
+from tests.clock import T0
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
-from tests.root.test_merger import T0, assert_same, engine, records
+from tests.root.test_merger import assert_same, engine, records
 
 ROOT_PREFIX = "fiomonroot"
 CELLS = {"c1": (1, 2, 3), "c2": (4, 5, 6)}

@@ -23,12 +23,13 @@ from fiomon.config import (
     load_aggregator_config,
     root_ignored_keys,
 )
+from fiomon.model import DIRECTIONS
 from fiomon.root.service import LEGACY_MARK_FILE, RootService, run_root
 from fiomon.server.journal import StateLock
 from fiomon.server.state import GRID_STATE_FILE
-from fiomon.windows import ALL_DIRECTIONS
+from tests.clock import T0, FakeClock
 from tests.conftest import Mosquitto, free_port, until
-from tests.root.test_merger import LAY, T0, Clock, Q, _one_row_message
+from tests.root.test_merger import LAY, Q, _one_row_message
 
 ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),)  # 1 ns
 
@@ -38,7 +39,7 @@ ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),) 
 def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
     tmp_path: Path, with_state: bool, with_quanta: bool
 ) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -55,7 +56,7 @@ def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
 
 
 def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(align="epoch", lateness_ms=5000, root=RootConfig(), sla=ALWAYS)
     svc = RootService(cfg, now_ms=clock)
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0))  # c1 has not closed it
@@ -68,7 +69,7 @@ def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
 
 
 def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch", lateness_ms=5000, state_dir=tmp_path / "s", root=RootConfig(cells=("c1",))
     )
@@ -113,13 +114,13 @@ def test_the_mark_of_an_earlier_version_is_read_once_there_is_no_grid_state(
     state.mkdir()
     (state / LEGACY_MARK_FILE).write_text(json.dumps({"quantum_ms": Q, "closed_ms": T0 + Q}))
     cfg = AggregatorConfig(align="epoch", state_dir=state, root=RootConfig(cells=("c1",)))
-    svc = RootService(cfg, now_ms=Clock(T0 + 2 * Q))
+    svc = RootService(cfg, now_ms=FakeClock(T0 + 2 * Q))
     assert svc.merger.closed_ms == T0 + Q  # an upgrade closes nothing twice
     svc.close()
 
 
 def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -127,7 +128,7 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
         export=ExportConfig(buckets_per_octave=8),
     )
     svc = RootService(cfg, now_ms=clock)
-    assert set(svc.publisher.buckets.counts) == set(ALL_DIRECTIONS)
+    assert set(svc.publisher.buckets.counts) == set(DIRECTIONS)
     assert all(not c.any() for c in svc.publisher.buckets.counts.values())
     ratios = np.diff(np.log2(svc.publisher.buckets.edges_s[:20]))
     assert np.allclose(ratios, 1 / 8, atol=0.01)
@@ -137,11 +138,11 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
     svc.tick()
     assert svc.publisher.buckets.layout == other
     assert svc.publisher.buckets.total["read"] == 10
-    assert set(svc.publisher.buckets.counts) == set(ALL_DIRECTIONS)
+    assert set(svc.publisher.buckets.counts) == set(DIRECTIONS)
 
 
 def test_cells_up_counts_listed_cells_only() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch", root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=10_000)
     )

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 
 import aiomqtt
 
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, BrokerConfig
 from fiomon.server.alerts import AlertBook
 from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import Snapshot
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot
-from fiomon.windows import ClosedQuantum
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 
 TOPIC = "shell/v1/in"
