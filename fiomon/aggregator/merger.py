@@ -44,7 +44,7 @@ from fiomon import __version__
 from fiomon.aggregator.dedup import SeqTracker
 from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.watermark import KnownStreams, Watermark
-from fiomon.align import auto_phase, phase_for
+from fiomon.align import phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
@@ -614,9 +614,7 @@ class AggregatorCore:
             )
             if not (waited or force):
                 return False
-            ends = np.concatenate([b.end_ms for b in self._pending])
-            weights = np.concatenate([b.samples() for b in self._pending]).astype(np.float64)
-            phase = auto_phase(ends, weights, self.cfg.quantum_ms)
+            phase = phase_from(self._pending, self.cfg.quantum_ms)
             log.info("align auto: quanta end at %d ms past each quantum", phase)
         self._create_engine(self._first_layout, phase)
         pending, self._pending = self._pending, []
