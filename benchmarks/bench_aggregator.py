@@ -474,7 +474,7 @@ def wiped_quanta(state: Path, quanta: Path) -> set[int]:
 
     Read after the aggregator stopped and before the directory is deleted.
     """
-    from fiomon.aggregator.journal import Journal  # noqa: PLC0415
+    from fiomon.server.journal import Journal  # noqa: PLC0415
     from fiomon.wire import Decoder  # noqa: PLC0415
 
     lines = quanta.read_text().splitlines() if quanta.exists() else []

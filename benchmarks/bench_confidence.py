@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from bench_aggregator import TEMPLATES, second, templates
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.config import AggregatorConfig
 from fiomon.wire import encode
 

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
 from fiomon.closed import Scope
 from fiomon.partials import PartialRow, RawPartial, encode, split
+from fiomon.root.merger import RootMerger
 
 LAY = BinLayout()
 Q = 1000

@@ -31,6 +31,7 @@ from fiomon.errors import (
     OverlapError,
     ParseError,
     PlotError,
+    StateLockedError,
     UsageError,
 )
 from fiomon.fiolog import interval_from_job_file
@@ -49,7 +50,7 @@ from fiomon.offline.sources import (
 from fiomon.units import parse_duration_ms
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
-    from fiomon.config import AgentConfig, AggregatorConfig
+    from fiomon.config import AgentConfig, AggregatorConfig, Overrides
     from fiomon.offline.summary import HistBins
 
     # argparse's own type (subscriptable only for type checkers)
@@ -948,29 +949,25 @@ def _setting(flag: str | None, env: str, flag_name: str) -> tuple[str | None, st
     return (value, env) if value else (None, "")
 
 
-def _with_overrides(
-    args: argparse.Namespace, cfg: AgentConfig | AggregatorConfig
-) -> tuple[AgentConfig | AggregatorConfig, list[str]]:
-    """``cfg`` with the broker and listen address of the flags or the environment.
+def _overrides(args: argparse.Namespace, log_level: str | None) -> Overrides:
+    """The settings of the flags or the environment that go over the file, as data.
 
-    Raises:
-        ConfigError: a bad address, naming the flag or variable it came from.
+    The service applies them with the file at start and again at every SIGHUP
+    (:func:`fiomon.config.load`).
     """
-    from dataclasses import replace  # noqa: PLC0415
+    from fiomon.config import Overrides  # noqa: PLC0415
 
-    from fiomon.config import AggregatorConfig, check_listen, with_broker  # noqa: PLC0415
-
-    notes = []
-    broker, where = _setting(args.broker, ENV_BROKER, "--broker")
-    if broker is not None:
-        cfg = replace(cfg, broker=with_broker(cfg.broker, broker, what=where))
-        notes.append(f"broker {cfg.broker.host}:{cfg.broker.port} (from {where})")
-    if isinstance(cfg, AggregatorConfig):
-        listen, where = _setting(args.listen, ENV_LISTEN, "--listen")
-        if listen is not None:
-            cfg = replace(cfg, listen=check_listen(listen, what=where))
-            notes.append(f"/metrics on {listen} (from {where})")
-    return cfg, notes
+    broker, broker_from = _setting(args.broker, ENV_BROKER, "--broker")
+    listen, listen_from = (None, "")
+    if hasattr(args, "listen"):  # aggregator and root
+        listen, listen_from = _setting(args.listen, ENV_LISTEN, "--listen")
+    return Overrides(
+        broker=broker,
+        listen=listen,
+        log_level=log_level,
+        broker_from=broker_from or "--broker",
+        listen_from=listen_from or "--listen",
+    )
 
 
 def _service(args: argparse.Namespace, name: str) -> int:
@@ -984,43 +981,34 @@ def _service(args: argparse.Namespace, name: str) -> int:
     try:
         level, where = _setting(args.log_level, ENV_LOG_LEVEL, "--log-level")
         fmt, fmt_from = _setting(args.log_format, ENV_LOG_FORMAT, "--log-format")
-        setup_logging(
-            parse_log_level(level or "info", what=where),
-            parse_log_format(fmt or "logfmt", what=fmt_from),
-        )
+        log_level = parse_log_level(level, what=where) if level is not None else None
+        setup_logging(log_level or "info", parse_log_format(fmt or "logfmt", what=fmt_from))
+        # A flag or FIOMON_LOG_LEVEL wins over the file's log_level, at start and reload.
+        overrides = _overrides(args, log_level)
         cfg: AgentConfig | AggregatorConfig
         if name == "agent":
-            cfg = config.load_agent_config(args.config)
+            cfg = overrides.apply_agent(config.load_agent_config(args.config))
         else:
-            cfg = config.load_aggregator_config(args.config)
-        cfg, notes = _with_overrides(args, cfg)
+            cfg = config.load(args.config, overrides)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"fiomon {name}: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    for note in notes:
+    for note in overrides.notes(cfg.broker):
         logging.getLogger(f"fiomon.{name}").info("%s", note)
     if isinstance(cfg, config.AgentConfig):
         from fiomon.agent.service import run_agent  # noqa: PLC0415
 
         main_coro = run_agent(cfg)
     elif name == "root":
-        from fiomon.aggregator.root_service import run_root  # noqa: PLC0415
+        from fiomon.root.service import run_root  # noqa: PLC0415
 
-        main_coro = run_root(
-            cfg,
-            final=args.final,
-            config_path=args.config,
-            log_level_fixed=level is not None,  # a flag or FIOMON_LOG_LEVEL wins over the file
-        )
+        main_coro = run_root(cfg, final=args.final, config_path=args.config, overrides=overrides)
     else:
         from fiomon.aggregator.service import run_aggregator  # noqa: PLC0415
 
         main_coro = run_aggregator(
-            cfg,
-            final=args.final,
-            config_path=args.config,
-            log_level_fixed=level is not None,  # a flag or FIOMON_LOG_LEVEL wins over the file
+            cfg, final=args.final, config_path=args.config, overrides=overrides
         )
     try:
         asyncio.run(main_coro)
@@ -1029,11 +1017,11 @@ def _service(args: argparse.Namespace, name: str) -> int:
     except asyncio.CancelledError:  # a second SIGTERM/SIGINT cut the stop short
         return EXIT_FAILED
     # e.g. an unreadable password file, a taken port, a state directory in use
-    except (ConfigError, OSError, RuntimeError) as exc:
+    except (ConfigError, StateLockedError, OSError, RuntimeError) as exc:
         print(f"fiomon {name}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ExceptionGroup as group:  # the same, raised in one of the service's tasks
-        expected, other = group.split((ConfigError, OSError, RuntimeError))
+        expected, other = group.split((ConfigError, StateLockedError, OSError, RuntimeError))
         if other is not None or expected is None:
             raise
         for leaf in _leaves(expected):

@@ -4,8 +4,9 @@
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
-Nothing is read from the environment: the command line applies its overrides
-(flag > environment > file) with :func:`with_broker` and :func:`check_listen`.
+Nothing is read from the environment: the command line gathers its overrides (flag >
+environment > file) into an :class:`Overrides`, and :func:`load` applies them over the
+file at start and again at every reload, so a reload never takes them for a change.
 
 Every default is written once, on its dataclass. Each section of a file is one table,
 YAML key -> (dataclass field, converter): the table is the set of keys the section knows,
@@ -1007,6 +1008,76 @@ def load_aggregator_config(path: Path) -> AggregatorConfig:
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Settings the command line (or the environment) puts over a service's file.
+
+    Carried as data into the service, so the one loader (:func:`load`) applies them at
+    start and at every SIGHUP alike. Values are the text given; they are checked when
+    applied.
+
+    Args:
+        broker: ``HOST[:PORT]`` over ``broker.host`` (and ``broker.port`` if a port is
+            given); None: the file's.
+        listen: ``HOST:PORT`` over ``listen`` (aggregator and root); None: the file's.
+        log_level: over ``log_level``; None: the file's.
+        broker_from: the flag or variable ``broker`` came from, for messages.
+        listen_from: the flag or variable ``listen`` came from, for messages.
+    """
+
+    broker: str | None = None
+    listen: str | None = None
+    log_level: str | None = None
+    broker_from: str = "--broker"
+    listen_from: str = "--listen"
+
+    def apply_agent(self, cfg: AgentConfig) -> AgentConfig:
+        """``cfg`` with the broker override (an agent has no ``listen`` or ``log_level``).
+
+        Raises:
+            ConfigError: a bad address, naming the flag or variable it came from.
+        """
+        if self.broker is None:
+            return cfg
+        return replace(cfg, broker=with_broker(cfg.broker, self.broker, what=self.broker_from))
+
+    def apply(self, cfg: AggregatorConfig) -> AggregatorConfig:
+        """``cfg`` with every override put over it.
+
+        Raises:
+            ConfigError: a bad address, naming the flag or variable it came from.
+        """
+        if self.broker is not None:
+            cfg = replace(cfg, broker=with_broker(cfg.broker, self.broker, what=self.broker_from))
+        if self.listen is not None:
+            cfg = replace(cfg, listen=check_listen(self.listen, what=self.listen_from))
+        if self.log_level is not None:
+            cfg = replace(cfg, log_level=self.log_level)
+        return cfg
+
+    def notes(self, broker: BrokerConfig) -> list[str]:
+        """What was overridden, for the start-up log (``broker`` as applied)."""
+        out = []
+        if self.broker is not None:
+            out.append(f"broker {broker.host}:{broker.port} (from {self.broker_from})")
+        if self.listen is not None:
+            out.append(f"/metrics on {self.listen} (from {self.listen_from})")
+        return out
+
+
+def load(path: Path, overrides: Overrides | None = None) -> AggregatorConfig:
+    """The aggregator's (or root's) configuration: the file, then ``overrides`` over it.
+
+    The one loader of a running service: used at start and at every SIGHUP, so what the
+    command line set is never reported as a change of the file.
+
+    Raises:
+        ConfigError: as :func:`load_aggregator_config`, or a bad override.
+    """
+    cfg = load_aggregator_config(path)
+    return cfg if overrides is None else overrides.apply(cfg)
 
 
 def load_agent_config(path: Path) -> AgentConfig:

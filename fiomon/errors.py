@@ -6,7 +6,10 @@ Every class also inherits the builtin that describes it, so callers may catch ei
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Why a payload was refused, for a metric label (WireFormatError.reason); fiomon.wire.REASONS
 # lists them in this order.
@@ -106,3 +109,24 @@ class WireFormatError(FiomonError, ValueError):
     def __init__(self, message: str, reason: WireReason = "invalid") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class StateLockedError(FiomonError, RuntimeError):
+    """Raised when another process holds a service's state directory (its ``flock``).
+
+    Two aggregators (or roots) on one state directory would each journal and publish the
+    other's quanta; the second one refuses to start instead.
+
+    Args:
+        folder: the state directory.
+        holder: the other process's pid, as its lock file says ("" when unreadable).
+        service: who is refused, for the message (``aggregator`` or ``root``).
+    """
+
+    def __init__(self, folder: Path, holder: str, service: str = "aggregator") -> None:
+        self.folder = folder
+        self.holder = holder
+        super().__init__(
+            f"another {service} (pid {holder or '?'}) uses the state directory {folder}; "
+            f"two {service}s must not share one (nor one MQTT client_id)"
+        )

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from fiomon.aggregator.exporter import (
+from fiomon.server.exporter import (
     CLUSTER_LATENCY,
     HELP,
     HOST_LATENCY,
@@ -106,7 +106,7 @@ async def wait_http(url: str, seconds: float = DEADLINE_S) -> None:
 
 
 class FiomonCollector:
-    """The oracle of :func:`fiomon.aggregator.exporter.render`: the snapshot as families.
+    """The oracle of :func:`fiomon.server.exporter.render`: the snapshot as families.
 
     Registered in a ``CollectorRegistry``, ``generate_latest`` writes what ``/metrics``
     must serve for the snapshot, byte for byte (prometheus_client's own text writer).

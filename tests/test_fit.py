@@ -88,7 +88,7 @@ def test_cli_per_quantum_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_aggregator_exports_the_tail_fit_only_when_asked() -> None:
-    from fiomon.aggregator.core import AggregatorCore  # noqa: PLC0415
+    from fiomon.aggregator.merger import AggregatorCore  # noqa: PLC0415
     from fiomon.config import AggregatorConfig  # noqa: PLC0415
     from fiomon.model import RecordBatch, StreamInfo  # noqa: PLC0415
     from fiomon.wire import encode  # noqa: PLC0415

@@ -1,1 +1,1 @@
-"""The aggregator: merges records into quanta, exports metrics, evaluates SLA rules."""
+"""``fiomon aggregator``: the record merger (decode, dedup, watermark, engine) and its service."""

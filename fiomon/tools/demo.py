@@ -29,11 +29,11 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.agent.follow import Follower
-from fiomon.aggregator.alerts import Phase
-from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.metrics_server import MetricsProcess
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, SlaRule
+from fiomon.server.alerts import Phase
+from fiomon.server.metrics_server import MetricsProcess
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 from fiomon.units import format_latency_ns
 
@@ -144,9 +144,9 @@ class _View:
             by_end.setdefault(r.end_ms, {})[
                 (r.direction, r.host if r.scope == "host" else None)
             ] = r
-        state = core.alerts.states.get((RULE.name, None))
+        state = core.publisher.alerts.states.get((RULE.name, None))
         phase = state.phase.value if state is not None else Phase.INACTIVE.value
-        lost = sum(core.lost.values())
+        lost = sum(core.counts.lost.values())
         late = sum(core.engine.late_records.values()) if core.engine else 0
         for end, got in sorted(by_end.items()):
             rd, wr, al = got.get(("read", None)), got.get(("write", None)), got.get(("all", None))
@@ -247,7 +247,7 @@ def _run(
         quantum_ms=1000, lateness_ms=3000, align="auto", listen=listen, sla=(RULE,)
     )
     core = AggregatorCore(cfg)
-    core.broker_connected = True  # the in-process transport is always up
+    core.link.connected = True  # the in-process transport is always up
     followers = {
         name: Follower(
             (str(folder / name / "*.log"), str(folder / name / "*.json")),
@@ -327,10 +327,10 @@ def _run(
         for f in followers.values():
             f.close()
     err.write(
-        f"fiomon demo: {core.records['received']} records from {hosts} agents, "
-        f"{core.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "
-        f"lost {sum(core.lost.values())}, duplicates {core.records['duplicate']}\n"
+        f"fiomon demo: {core.counts.records['received']} records from {hosts} agents, "
+        f"{core.counts.quanta_closed} quanta closed; SLA fired {fired}x, resolved {resolved}x; "
+        f"lost {sum(core.counts.lost.values())}, duplicates {core.counts.records['duplicate']}\n"
     )
-    if seconds is not None and core.quanta_closed == 0:
+    if seconds is not None and core.counts.quanta_closed == 0:
         return 1
     return 0

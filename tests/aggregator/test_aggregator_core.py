@@ -18,12 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.alerts import AlertState, Phase, evaluate
-from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import Snapshot, bucket_edges_s
-from fiomon.aggregator.metrics import CELL_INFO
-from fiomon.aggregator.quantafile import QuantaFile
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
@@ -31,6 +27,10 @@ from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import HistStats, cumulative_at
 from fiomon.model import RecordBatch
 from fiomon.offline.output import JsonlWriter
+from fiomon.server.alerts import AlertState, Phase, evaluate
+from fiomon.server.exporter import Snapshot, bucket_edges_s
+from fiomon.server.metrics import CELL_INFO
+from fiomon.server.quantafile import QuantaFile
 from fiomon.wire import encode
 from tests.batches import batch as make_batch
 from tests.clock import T0, FakeClock
@@ -418,7 +418,7 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
     c.on_records("h1", wrong)
     future = encode("h1", "s@3", 0, batch([T0 + 3_600_000]))
     c.on_records("h1", future)
-    assert dict(c.invalid) == {
+    assert dict(c.counts.invalid) == {
         "not-fiomon": 1,
         "truncated": 1,
         "version": 1,
@@ -427,9 +427,9 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
         "layout": 1,
         "future": 1,
     }
-    assert c.records["received"] == 2
-    assert c.records["duplicate"] == 2
-    assert c.records["invalid-future"] == 1
+    assert c.counts.records["received"] == 2
+    assert c.counts.records["duplicate"] == 2
+    assert c.counts.records["invalid-future"] == 1
 
 
 def test_a_silent_agent_does_not_hold_quanta_open() -> None:
@@ -466,10 +466,11 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     assert len(hosts) == 5
     cluster = [r for r in rows if r.scope == "cluster" and r.direction == "read"]
     assert cluster[0].stats.samples == 40 * 200  # every host still counts in the cluster
-    assert c.lost == {} and set(c.duplicates) <= {f"h{i}" for i in range(5)} | {"_other"}
+    assert c.counts.lost == {}
+    assert set(c.counts.duplicates) <= {f"h{i}" for i in range(5)} | {"_other"}
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
-    assert c.id_conflicts["h1"] == 1
+    assert c.counts.id_conflicts["h1"] == 1
 
 
 def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:

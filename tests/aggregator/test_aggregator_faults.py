@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.aggregator.alerts import AlertState, Phase
-from fiomon.aggregator.core import AggregatorCore, StateLockedError
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
+from fiomon.errors import StateLockedError
 from fiomon.model import RecordBatch, StreamInfo
+from fiomon.server.alerts import AlertState, Phase
 from fiomon.wire import encode
 from tests.batches import batch
 from tests.clock import T0, FakeClock
@@ -66,12 +67,12 @@ def finish(core: AggregatorCore) -> None:
 
 def crash(core: AggregatorCore) -> None:
     """What kill -9 leaves: the page cache has every write; nothing else happens."""
-    assert core.writer is not None
-    core.writer.close()  # what was handed to the disk is on it
-    assert core.journal is not None
-    core.journal.close()
-    assert core.lock is not None
-    core.lock.release()  # the kernel drops the dead process's lock
+    assert core.state.writer is not None
+    core.state.writer.close()  # what was handed to the disk is on it
+    assert core.state.journal is not None
+    core.state.journal.close()
+    assert core.state.lock is not None
+    core.state.lock.release()  # the kernel drops the dead process's lock
 
 
 def rows(path: Path) -> list[dict[str, object]]:
@@ -102,8 +103,8 @@ def first_run(tmp: Path, *, confirm: bool = True) -> tuple[AggregatorCore, FakeC
     if not confirm:
         # The crash comes between writing the last quantum and confirming it: the
         # journal still holds its records (they are released only after confirmation).
-        assert core.journal is not None
-        core.journal.release = lambda closed_ms: None  # type: ignore[method-assign]
+        assert core.state.journal is not None
+        core.state.journal.release = lambda closed_ms: None  # type: ignore[method-assign]
     feed(core, clock, range(1, CRASH_AT))
     clock.t += 300
     # The last batch is journaled (and would now be acknowledged); the crash comes before
@@ -257,10 +258,10 @@ def test_hostile_status_payloads_are_counted_and_change_nothing() -> None:
     core.on_status("h1", b'{"state": 5}')
     core.on_status("h1", b'"online"')
     core.on_status("h1", b"{" + b" " * 70_000 + b"}")  # over the size limit: not parsed
-    assert dict(core.invalid) == {"status": 4, "status-oversized": 2}
+    assert dict(core.counts.invalid) == {"status": 4, "status-oversized": 2}
     assert core.hosts_up() == 0
     core.on_records(*message(0, 1))
-    assert core.records["received"] == 2
+    assert core.counts.records["received"] == 2
 
 
 def test_hosts_up_counts_hosts_that_send_or_hold_a_fresh_status() -> None:
@@ -307,12 +308,17 @@ def test_reload_keeps_unchanged_rules_and_refuses_uncomputed_percentiles(
     a = SlaRule("a", "read", 99.0, 5e6, for_quanta=1, min_samples=1)
     b = SlaRule("b", "write", 99.0, 5e6, for_quanta=1, min_samples=1)
     core = AggregatorCore(AggregatorConfig(align="epoch", sla=(a, b)))
-    core.alerts.states[("a", None)] = core.alerts.states.get(("a", None)) or _firing()
-    core.alerts.states[("b", None)] = _firing()
+    core.publisher.alerts.states[("a", None)] = (
+        core.publisher.alerts.states.get(("a", None)) or _firing()
+    )
+    core.publisher.alerts.states[("b", None)] = _firing()
     changed_b = SlaRule("b", "write", 99.0, 9e6, for_quanta=1, min_samples=1)
     done = core.reload(AggregatorConfig(align="epoch", sla=(a, changed_b), log_level="debug"))
     assert "sla rules: 1 kept; changed b" in done[0]
-    assert ("a", None) in core.alerts.states and ("b", None) not in core.alerts.states
+    assert ("a", None) in core.publisher.alerts.states and (
+        "b",
+        None,
+    ) not in core.publisher.alerts.states
     assert core.cfg.log_level == "debug"
     bad = SlaRule("c", "read", 95.0, 5e6)
     with caplog.at_level(logging.ERROR):
@@ -363,7 +369,7 @@ def test_a_graceful_stop_right_after_receiving_keeps_what_it_received(
     core.receive([message(h, CRASH_AT) for h in range(len(HOSTS))])
     core.close()
     again = second_run(tmp_path, clock)
-    assert again.records["replayed"] >= 2 * len(HOSTS)
+    assert again.counts.records["replayed"] >= 2 * len(HOSTS)
     assert_exact(tmp_path, reference)
 
 
@@ -517,11 +523,11 @@ def _confirmed_run(tmp: Path, clock: FakeClock[int]) -> None:
     core.restore()
     feed(core, clock, range(1, CRASH_AT + 1))
     assert core.published_ms == T0 + 1000 * CRASH_AT, "every quantum closed early"
-    assert core.writer is not None
-    assert core.journal is not None
-    core.writer.close()  # what was handed to the disk is on it
-    assert core.writer.confirmed_ms == T0 + 1000 * CRASH_AT
-    core.journal.release(core.writer.confirmed_ms)  # what the next tick would do
+    assert core.state.writer is not None
+    assert core.state.journal is not None
+    core.state.writer.close()  # what was handed to the disk is on it
+    assert core.state.writer.confirmed_ms == T0 + 1000 * CRASH_AT
+    core.state.journal.release(core.state.writer.confirmed_ms)  # what the next tick would do
     crash(core)
 
 
@@ -561,8 +567,8 @@ def test_a_restart_waits_for_known_hosts_whose_records_all_lie_in_confirmed_quan
 def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load(
     tmp_path: Path,
 ) -> None:
-    from fiomon.aggregator.journal import GridState  # noqa: PLC0415
     from fiomon.aggregator.watermark import KnownStreams, Watermark  # noqa: PLC0415
+    from fiomon.server.journal import GridState  # noqa: PLC0415
 
     w = Watermark(lateness_ms=5000)
     for h, end in (("h1", 20_000), ("h2", 17_000), ("h3", 14_000)):
@@ -574,7 +580,7 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     assert known.streams == (("h1", "s", T0 + 20_000),)
     path = tmp_path / "state.json"
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert why is None
     assert grid is not None
     assert grid.known == known
@@ -584,22 +590,22 @@ def test_known_streams_go_once_idle_in_event_time_and_old_state_files_still_load
     # The encoding of the known streams is reused for the same object only.
     later = KnownStreams(T0 + 30_000, (("h9", "s", T0 + 29_000),))
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, later).save(path)
-    grid, _ = GridState.load(path)
+    grid, _ = GridState.load(path, KnownStreams.from_json)
     assert grid is not None and grid.known == later
     GridState(1000, 0, (1, 1, "ns"), T0 + 19_000, known).save(path)
-    grid, _ = GridState.load(path)
+    grid, _ = GridState.load(path, KnownStreams.from_json)
     assert grid is not None and grid.known == known
     doc = json.loads(path.read_text())
     del doc["known"]
     path.write_text(json.dumps(doc))  # a state file of an older version
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert why is None
     assert grid is not None
     assert grid.known is None
     assert grid.closed_ms == T0 + 19_000
     doc["known"] = {"newest_end_ms": 5, "streams": [["h1", "s", -3]]}
     path.write_text(json.dumps(doc))
-    grid, why = GridState.load(path)
+    grid, why = GridState.load(path, KnownStreams.from_json)
     assert grid is not None, "the grid is still good"
     assert grid.known is None
     assert why is not None

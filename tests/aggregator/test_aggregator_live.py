@@ -13,7 +13,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
@@ -125,10 +125,10 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     agents = [await _agent(tmp_path, f"client-{h:02d}", mosquitto.port) for h in (1, 2, 3)]
     try:
         await until(
-            lambda: cores[0].records["received"] >= summary.records,
+            lambda: cores[0].counts.records["received"] >= summary.records,
             what=f"all {summary.records} records received",
         )
-        assert cores[0].records["received"] == summary.records
+        assert cores[0].counts.records["received"] == summary.records
     finally:
         for a in agents:
             a.terminate()
@@ -138,9 +138,9 @@ async def test_online_equals_offline(mosquitto: Mosquitto, tmp_path: Path) -> No
     online = [json.loads(line) for line in (tmp_path / "quanta.jsonl").read_text().splitlines()]
     assert_rows_equal(online, offline)
     core = cores[0]
-    assert core.records["duplicate"] == 0
-    assert sum(core.lost.values()) == 0
-    assert not core.invalid
+    assert core.counts.records["duplicate"] == 0
+    assert sum(core.counts.lost.values()) == 0
+    assert not core.counts.invalid
 
 
 async def replay_logs(staged: list[Path], dest: Path, *, start_ms: int, speedup: float) -> None:
@@ -430,15 +430,17 @@ async def test_bad_payloads_over_a_real_broker_are_counted_and_the_rest_flows(
         await c.publish(topic, encode("h1", "s@3", 0, _one(now + 3_600_000)), qos=1)  # future
         await c.publish(f"{PREFIX}/v1/h2/records", good, qos=1)  # another host's id
         core = cores[0]
-        await until(lambda: core.quanta_closed >= 1, what="the first quantum closes (lateness 1 s)")
+        await until(
+            lambda: core.counts.quanta_closed >= 1, what="the first quantum closes (lateness 1 s)"
+        )
         await c.publish(topic, encode("h1", "s@4", 0, _one(now - 3_600_000)), qos=1)  # past
         await c.publish(topic, encode("h1", "s@1", 1, _one(now + 10_000)), qos=1)
         await until(
             lambda: (
-                core.records["received"] >= 3
+                core.counts.records["received"] >= 3
                 and core.engine is not None
                 and sum(core.engine.late_records.values()) >= 1
-                and core.quanta_closed >= 2
+                and core.counts.quanta_closed >= 2
             ),
             what="the last two records received, the old one late, a second quantum closed",
         )
@@ -466,4 +468,4 @@ async def test_bad_payloads_over_a_real_broker_are_counted_and_the_rest_flows(
         if name == "fiomon_late_records_total" and v
     }
     assert late == {"h1": 1.0}  # the hour-old record reached a closed quantum
-    assert cores[0].engine is not None and cores[0].quanta_closed >= 2
+    assert cores[0].engine is not None and cores[0].counts.quanta_closed >= 2

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import aiomqtt
 
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule, WebhookConfig
 from fiomon.model import RecordBatch
@@ -219,7 +219,7 @@ async def test_a_hanging_alertmanager_never_delays_a_quantum(
     core = cores[0]
     delays = close_delays(core)
     print(f"close delays: {delays}; webhook: {dict(core.counts.alert_deliveries)}")
-    assert core.quanta_closed >= 9
+    assert core.counts.quanta_closed >= 9
     # The first two closes may wait for the start; no other waited for the webhook.
     assert delays.n - delays.at_most(2.0) <= 2, "no close waited for the webhook"
     assert core.counts.alert_deliveries[("webhook", "failed")] >= 1
@@ -260,7 +260,7 @@ async def test_hostile_retained_statuses_are_counted_at_every_start(
             if n == "fiomon_invalid_messages_total" and v
         }
         assert invalid == {"status": 1, "status-oversized": 1}, run
-        assert cores[0].records["received"] == 4, run
+        assert cores[0].counts.records["received"] == 4, run
         # The retained "online" without a time is no evidence of life; h1 sends records.
         assert m[("fiomon_hosts_up", ())] == 1.0, run
 

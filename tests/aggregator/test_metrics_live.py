@@ -21,7 +21,7 @@ import aiomqtt
 import pytest
 
 from fiomon import __version__
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from tests.aggregator.test_aggregator_service import PREFIX, _publish_seconds

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fiomon.aggregator.journal import GridState
-from fiomon.aggregator.quantafile import QuantaWriter
 from fiomon.aggregator.watermark import KnownStreams
+from fiomon.server.journal import GridState
+from fiomon.server.quantafile import QuantaWriter
 from tests.clock import T0
 from tests.diskfull import fill, free_bytes, small_tmpfs
 
@@ -43,11 +43,11 @@ def test_a_grid_state_too_big_for_the_disk_leaves_the_old_one(tmp_path: Path) ->
         assert [kind for kind, _ in problems] == ["state-write"]
         assert "No space left on device" in problems[0][1]
         assert path.read_bytes() == before, "state.json is the old one, whole"
-        loaded, why = GridState.load(path)
+        loaded, why = GridState.load(path, KnownStreams.from_json)
         assert why is None
         assert loaded == grid(10, 2)
         assert sorted(p.name for p in fs.iterdir()) == ["filler", "state.json"]
         assert free_bytes(fs) == 8192
         (fs / "filler").unlink()
         big.save(path)  # with room again the new state is written whole
-        assert GridState.load(path) == (big, None)
+        assert GridState.load(path, KnownStreams.from_json) == (big, None)

@@ -19,10 +19,10 @@ format (``segment-<n>.bin``: ``<u32 length><payload>``) are replayed too.
 
 ``state.json`` holds the grid (quantum, phase, layout) and how far the quanta file is
 confirmed, written atomically after each write of the quanta file. The quanta file's own
-last lines say what was published (:mod:`fiomon.aggregator.quantafile`), so losing or garbling
+last lines say what was published (:mod:`fiomon.server.quantafile`), so losing or garbling
 ``state.json`` never publishes a quantum twice.
 
-A lock file (``flock``) keeps a second aggregator off the same state directory.
+A lock file (``flock``) keeps a second aggregator (or root) off the same state directory.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from fiomon.aggregator.watermark import KnownStreams
+from fiomon.errors import StateLockedError
 from fiomon.runtime import write_atomic as write_atomic  # noqa: PLC0414 -- re-exported
 from fiomon.wire import describe
 
@@ -51,6 +52,19 @@ _FAR = 2**62
 ProblemSink = Callable[[str, str], None]  # (kind, text): log and count
 
 
+class KnownState(Protocol):
+    """A merger's own state saved beside the grid, opaque here (JSON in ``state.json``).
+
+    The aggregator saves its watermark's known streams
+    (:class:`fiomon.aggregator.watermark.KnownStreams`); the state directory only stores
+    and returns it, so persistence does not depend on one merger's internals.
+    """
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON form that the loader's ``parse_known`` reads back."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class GridState:
     """What a restart must keep.
@@ -60,15 +74,16 @@ class GridState:
         phase_ms: the quanta grid's phase.
         layout: ``(group_nr, coarseness, unit)`` of the merged histograms.
         closed_ms: every quantum ending at or before this is confirmed in the quanta file.
-        known: the streams the watermark knew (so a restart waits for hosts whose records
-            all lie in confirmed quanta); None in state files of older versions.
+        known: the merger's own state (the aggregator: the streams the watermark knew, so
+            a restart waits for hosts whose records all lie in confirmed quanta); None in
+            state files of older versions.
     """
 
     quantum_ms: int
     phase_ms: int
     layout: tuple[int, int, str]
     closed_ms: int | None
-    known: KnownStreams | None = None
+    known: KnownState | None = None
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
@@ -88,11 +103,14 @@ class GridState:
         }
 
     @classmethod
-    def load(cls, path: Path) -> tuple[GridState | None, str | None]:
+    def load(
+        cls, path: Path, parse_known: Callable[[object], KnownState] | None = None
+    ) -> tuple[GridState | None, str | None]:
         """``(state, None)``; ``(None, None)`` if absent; ``(None, why)`` if unreadable.
 
-        Garbled known streams alone give ``(state without them, why)``: the grid and what
-        was published are still good.
+        ``parse_known`` reads the merger's own state back (raising ``ValueError`` when it
+        is garbled); without it that state is not read. Garbled known state alone gives
+        ``(state without it, why)``: the grid and what was published are still good.
         """
         try:
             text = path.read_bytes()
@@ -112,10 +130,10 @@ class GridState:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             return None, f"{path} is garbled ({type(exc).__name__}: {exc}; {len(text)} bytes)"
-        if "known" not in d:
+        if "known" not in d or parse_known is None:
             return grid, None
         try:
-            known = KnownStreams.from_json(d["known"])
+            known = parse_known(d["known"])
         except ValueError as exc:
             return grid, f"{path}: the known streams are garbled and ignored ({exc})"
         return dataclasses.replace(grid, known=known), None
@@ -123,8 +141,8 @@ class GridState:
     def save(self, path: Path) -> None:
         """Write atomically (the folder is created if it vanished).
 
-        The known streams are encoded once per :class:`KnownStreams` object: the core
-        passes the same one for several saves (their encoding is most of the cost).
+        The known state is encoded once per object: the merger passes the same one for
+        several saves (its encoding is most of the cost).
         """
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.to_json_base())
@@ -133,10 +151,10 @@ class GridState:
         write_atomic(path, text.encode())
 
 
-_last_known: tuple[KnownStreams, str] | None = None  # the last encoding (one writer thread)
+_last_known: tuple[KnownState, str] | None = None  # the last encoding (one writer thread)
 
 
-def _known_text(known: KnownStreams) -> str:
+def _known_text(known: KnownState) -> str:
     """``known`` as JSON, encoded once per object.
 
     The core passes the same object to every save between two collections of it.
@@ -148,26 +166,27 @@ def _known_text(known: KnownStreams) -> str:
 
 
 class StateLock:
-    """An exclusive ``flock`` on ``<state_dir>/lock``, so two aggregators never share one.
+    """An exclusive ``flock`` on ``<state_dir>/lock``, so two services never share one.
 
     Args:
         folder: the state directory (created).
+        service: who locks (``aggregator`` or ``root``), for the refusal's message.
 
     Raises:
         OSError: the folder cannot be created or the lock file opened.
-        BlockingIOError: another process holds the lock (its pid is in :attr:`holder`).
+        StateLockedError: another process holds the lock (naming its pid).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, service: str = "aggregator") -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "lock"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip()
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip()
             os.close(self._fd)
-            raise
+            raise StateLockedError(folder, holder, service) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         self.holder = str(os.getpid())

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import aiomqtt
 
-from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.root import RootMerger
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.model import RecordBatch
 from fiomon.partials import PartialsMessage, decode
+from fiomon.root.merger import RootMerger
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (
@@ -33,9 +33,9 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
-from tests.aggregator.test_root import assert_same, engine, records
 from tests.clock import T0
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
+from tests.root.test_merger import assert_same, engine, records
 
 ROOT_PREFIX = "fiomonroot"
 CELLS = {"c1": (1, 2, 3), "c2": (4, 5, 6)}
@@ -304,7 +304,7 @@ async def test_a_final_stop_sends_the_final_close_to_the_root(
         await mosquitto.wait_for_log(subscription("fiomon-cell-final"))
         async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="pub") as pub:
             await pub.publish("fiomonlive/v1/a/records", encode_records("a", "s", 0, batch), qos=1)
-        await until(lambda: cores[0].records["received"] == len(batch), what="records in")
+        await until(lambda: cores[0].counts.records["received"] == len(batch), what="records in")
         await until(
             lambda: cores[0].engine is not None and cores[0].engine.open_quanta > 0,
             what="open quanta in the cell",

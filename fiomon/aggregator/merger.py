@@ -2,7 +2,7 @@
 
 :class:`AggregatorCore` is driven by ``now_ms`` (tests use a fake clock) and does no
 network I/O; its disk I/O is the journal append on receipt and, on a thread of its own,
-the quanta file (:class:`~fiomon.aggregator.quantafile.QuantaWriter`).
+the quanta file (:class:`~fiomon.server.quantafile.QuantaWriter`).
 
 Two steps, so that intake costs little per message and the rest is batched:
 
@@ -23,8 +23,8 @@ Two steps, so that intake costs little per message and the rest is batched:
 Restart (:meth:`~AggregatorCore.restore`): the quanta file says what was published, the
 journal re-forms what was open. A graceful stop closes nothing early, so it leaves exactly
 what ``kill -9`` leaves; :meth:`~AggregatorCore.flush` closes everything for a final stop.
-:func:`fiomon.aggregator.service.run_aggregator` wires the core to MQTT, ``/metrics`` and
-alert sinks.
+:func:`fiomon.aggregator.service.run_aggregator` runs the core in the server shell
+(:class:`fiomon.server.app.Server`: MQTT, ``/metrics``, signals) with its alert sinks.
 """
 
 from __future__ import annotations
@@ -33,33 +33,18 @@ import dataclasses
 import json
 import logging
 import platform
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from fiomon import __version__
-from fiomon.aggregator.alerts import AlertBook, Transition, rules_not_computed
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot
-from fiomon.aggregator.journal import GridState, Journal, StateLock
-from fiomon.aggregator.live import LiveFeed, status_of
-from fiomon.aggregator.metrics import (
-    OTHER_HOST,
-    Counts,
-    Health,
-    QuantumGauges,
-    build_snapshot,
-    with_outbox,
-)
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import KnownStreams, Watermark
-from fiomon.align import auto_phase, phase_for
+from fiomon.align import phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
@@ -68,6 +53,21 @@ from fiomon.errors import FitError, LayoutError
 from fiomon.fit import fit_histogram
 from fiomon.model import DIRECTIONS, RecordBatch, StreamInfo
 from fiomon.partials import rows_of
+from fiomon.server.alerts import Transition, rules_not_computed
+from fiomon.server.exporter import Snapshot
+from fiomon.server.journal import GridState
+from fiomon.server.link import Link
+from fiomon.server.live import LiveFeed, status_of
+from fiomon.server.metrics import (
+    OTHER_HOST,
+    Counts,
+    Health,
+    with_outbox,
+)
+from fiomon.server.publish import Publisher
+from fiomon.server.quantafile import RowKey, Tail
+from fiomon.server.reload import warn_restart_only
+from fiomon.server.state import StateDir
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder
 
 log = logging.getLogger("fiomon.aggregator")
@@ -86,23 +86,6 @@ _FAR = 2**62
 _PREFIX = MAGIC + bytes([VERSION])
 
 
-class StateLockedError(RuntimeError):
-    """Raised when another aggregator process holds the state directory.
-
-    Args:
-        folder: the state directory.
-        holder: the other process (its pid, as written in the lock file).
-    """
-
-    def __init__(self, folder: Path, holder: str) -> None:
-        self.folder = folder
-        self.holder = holder
-        super().__init__(
-            f"another aggregator (pid {holder or '?'}) uses the state directory {folder}; "
-            "two aggregators must not share one (nor one MQTT client_id)"
-        )
-
-
 class AggregatorCore:
     """Everything between received payloads and published results.
 
@@ -119,23 +102,16 @@ class AggregatorCore:
         self.watermark = Watermark(
             cfg.lateness_ms, warmup_ms=min(cfg.lateness_ms, max(2 * cfg.quantum_ms, 2000))
         )
-        self.alerts = AlertBook(cfg.sla, cfg.max_hosts)
+        # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
+        self.publisher = Publisher(cfg, log, fit_tail=cfg.fit_tail)
         self.engine: QuantumEngine | None = None
         self.counts = Counts()
-        # The counters under their long-standing names (tests, demo, service status).
-        self.records = self.counts.records
-        self.invalid = self.counts.invalid
-        self.lost = self.counts.lost
-        self.recovered = self.counts.recovered
-        self.duplicates = self.counts.duplicates
-        self.id_conflicts = self.counts.id_conflicts
-        self.gauges = QuantumGauges(cfg.percentiles, cfg.fit_tail)
         self.online: dict[str, bool] = {}
         self.instances: dict[str, tuple[str, int]] = {}
         self.transitions: list[Transition] = []
-        self.session_taken_over = False
-        self.broker_connected = False  # the service sets it as its MQTT session comes and goes
-        self.backlog_max = 0  # the service: most messages waiting unprocessed at once
+        # The server's read-out of its broker connection (the snapshot shows it; the
+        # core never writes it).
+        self.link = Link()
         self.last_record_ms: int | None = None  # wall ms of the newest record received
         self.active = False  # records within idle_after_ms (else the gauges are withdrawn)
         self.last_seen: dict[str, int] = {}  # host label (capped) -> wall ms of life
@@ -151,20 +127,10 @@ class AggregatorCore:
         self._skip: tuple[int, frozenset[RowKey]] | None = None
         self._snapshot_ms = -_FAR
         self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
-        self._problem_lock = threading.Lock()  # problems also come from the writer thread
-        self.lock: StateLock | None = None
-        self.journal: Journal | None = None
-        self.state_path: Path | None = None
-        if cfg.state_dir is not None:
-            self.state_path = cfg.state_dir / "state.json"
-        self.quanta: QuantaFile | None = None
-        self.writer: QuantaWriter | None = None
-        # Exported at 0 from the start, with fio's standard bins (records with other bins
-        # replace it when the engine starts): rate() and increase() see a series' growth
-        # only from its first scrape on, so a series born with the first quantum's counts
-        # would lose that quantum, a different share in every cell of a cross-cell sum.
-        self.buckets: BucketHistogram | None = self._new_buckets(BinLayout())
-        self.gauges.buckets = self.buckets
+        # The state directory and quanta file (opened by restore()).
+        self.state = StateDir(
+            cfg, service="aggregator", counts=self.counts, log=log, grid_state=True
+        )
         # A cell's partials for the root (cfg.partials), on disk before the state says
         # they were published; the last quantum whose closing it has recorded.
         self.outbox: Outbox | None = None
@@ -175,19 +141,22 @@ class AggregatorCore:
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
 
+    @property
+    def broker_connected(self) -> bool:
+        """The server's MQTT session is up (read from :attr:`link`)."""
+        return self.link.connected
+
     # -- problems ---------------------------------------------------------------------------
 
     def problem(self, kind: str, text: str) -> None:
         """A problem with the state directory or quanta file: logged and counted."""
-        with self._problem_lock:
-            self.counts.state_errors[kind] += 1
-        log.error("%s: %s", kind, text)
+        self.state.problem(kind, text)
 
     def _invalid(self, reason: str, detail: str) -> None:
-        self.invalid[reason] += 1
+        self.counts.invalid[reason] += 1
         # The first few of each reason are logged; the counters say the rest.
-        if self.invalid[reason] <= 5 or self.invalid[reason] % 1000 == 0:
-            log.warning("refused (%s, %d so far): %s", reason, self.invalid[reason], detail)
+        if self.counts.invalid[reason] <= 5 or self.counts.invalid[reason] % 1000 == 0:
+            log.warning("refused (%s, %d so far): %s", reason, self.counts.invalid[reason], detail)
 
     # -- start ------------------------------------------------------------------------------
 
@@ -205,33 +174,26 @@ class AggregatorCore:
             OSError: the state directory cannot be created.
         """
         cfg = self.cfg
-        if cfg.state_dir is not None:
-            try:
-                self.lock = StateLock(cfg.state_dir)
-            except BlockingIOError:
-                self.counts.state_errors["lock"] += 1
-                raise StateLockedError(cfg.state_dir, _holder(cfg.state_dir)) from None
-            self.journal = Journal(cfg.state_dir / "journal", problems=self.problem)
-            if cfg.partials is not None:
-                self.outbox = Outbox(
-                    cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
-                )
-        if cfg.quanta_file is not None:
-            self.quanta = QuantaFile(
-                cfg.quanta_file, cfg.quanta_file_max_bytes, cfg.quanta_file_keep, self.problem
+        self.state.open()
+        if cfg.state_dir is not None and cfg.partials is not None:
+            self.outbox = Outbox(
+                cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
             )
-        if self.quanta is not None or self.state_path is not None:
-            self.writer = QuantaWriter(self.quanta, self.state_path, self.problem)
-        grid, why = GridState.load(self.state_path) if self.state_path else (None, None)
+        grid, why = (
+            GridState.load(self.state.state_path, KnownStreams.from_json)
+            if self.state.state_path
+            else (None, None)
+        )
         if why:
             self.problem("state-unreadable", why)
-        tail = self.quanta.tail() if self.quanta is not None else None
+        tail = self.state.quanta.tail() if self.state.quanta is not None else None
         self._learn_published(grid, tail)
-        if grid is not None and grid.known is not None:
+        known = grid.known if grid is not None else None
+        if isinstance(known, KnownStreams):
             # Hosts whose records all lie in confirmed quanta are not in the journal:
             # without this the first hosts to come back could close a quantum without them.
-            self.watermark.restore_known(grid.known)
-            log.info("the previous run knew %d live streams", len(grid.known.streams))
+            self.watermark.restore_known(known)
+            log.info("the previous run knew %d live streams", len(known.streams))
         if grid is not None and grid.quantum_ms == cfg.quantum_ms:
             g, c, unit = grid.layout
             self._first_layout = BinLayout.from_codes(g, c, unit)
@@ -241,16 +203,16 @@ class AggregatorCore:
             log.warning("quantum changed since the last run: its journal starts a new grid")
         elif tail is not None and tail.end_ms - tail.start_ms == cfg.quantum_ms:
             self._phase_ms = tail.end_ms % cfg.quantum_ms  # keep the published grid
-        if self.journal is not None:
+        if self.state.journal is not None:
             self._replay()
 
     def _learn_published(self, grid: GridState | None, tail: Tail | None) -> None:
         """Set :attr:`published_ms` (and which rows of the last quantum exist)."""
         confirmed = grid.closed_ms if grid is not None else None
-        lost_state = self.state_path is not None and grid is None
+        lost_state = self.state.state_path is not None and grid is None
         if tail is None or (confirmed is not None and confirmed >= tail.end_ms):
             self.published_ms = confirmed
-        elif not lost_state and self.journal is not None:
+        elif not lost_state and self.state.journal is not None:
             # Written, not confirmed: the journal still holds that quantum's records.
             self.published_ms = tail.start_ms
             self._skip = (tail.end_ms, tail.keys)
@@ -266,20 +228,20 @@ class AggregatorCore:
         if lost_state and tail is not None:
             self.problem(
                 "state-lost",
-                f"{self.state_path} is missing or unreadable: quanta through "
+                f"{self.state.state_path} is missing or unreadable: quanta through "
                 f"{self.published_ms} are taken as published (the quanta file says so); "
                 "quanta that were open when the previous run stopped may miss what it had "
                 "received",
             )
 
     def _replay(self) -> None:
-        assert self.journal is not None  # noqa: S101 -- only called with a journal
-        for segment, host, payload in self.journal.replay():
+        assert self.state.journal is not None  # noqa: S101 -- only called with a journal
+        for segment, host, payload in self.state.journal.replay():
             self._queue.append((host, payload, segment, True))
         if not self._queue:
             return
         self._drain(self.now_ms(), force=True)
-        self.replayed = self.records["replayed"]
+        self.replayed = self.counts.records["replayed"]
         if self.engine is not None:
             # Parts of replayed records in quanta published before the restart are not
             # late: they were in those quanta.
@@ -305,15 +267,10 @@ class AggregatorCore:
             ok.append((host, payload))
         if not ok:
             return
-        segment = self.journal.append(ok) if self.journal is not None else -1
+        segment = self.state.journal.append(ok) if self.state.journal is not None else -1
         for host, payload in ok:
             self._queue.append((host, payload, segment, False))
             self._queued_bytes += len(payload)
-
-    @property
-    def quanta_closed(self) -> int:
-        """Quanta closed by this process."""
-        return self.counts.quanta_closed
 
     @property
     def queued_bytes(self) -> int:
@@ -374,15 +331,15 @@ class AggregatorCore:
                 continue
             if verdict.refused:
                 self._invalid("streams-over-cap", f"stream {g.streams[k]!r} of {agent}")
-                self.records["refused"] += hi - lo
+                self.counts.records["refused"] += hi - lo
                 keep = _drop(keep, len(batch), lo, hi)
                 continue
             # Counters stay sparse (a zero entry per host would cost every snapshot).
             if verdict.duplicates:
-                self.records["duplicate"] += verdict.duplicates
-                self.duplicates[label] += verdict.duplicates
+                self.counts.records["duplicate"] += verdict.duplicates
+                self.counts.duplicates[label] += verdict.duplicates
             if verdict.lost:
-                self.lost[label] += verdict.lost
+                self.counts.lost[label] += verdict.lost
                 log.warning(
                     "%s: %d records of %s lost (seq gap before %d)",
                     agent,
@@ -391,7 +348,7 @@ class AggregatorCore:
                     first[k] + int(np.argmax(verdict.new)),
                 )
             if verdict.recovered:
-                self.recovered[label] += verdict.recovered
+                self.counts.recovered[label] += verdict.recovered
             if not verdict.new.all():
                 keep = _drop(keep, len(batch), lo, hi, verdict.new)
         keep = self._sane(batch, keep, g, now)
@@ -405,19 +362,19 @@ class AggregatorCore:
         self.watermark.observe_parts(
             slots[kept.stream_idx] + kept.direction.astype(np.int64), kept.end_ms, now
         )
-        if self.journal is not None:
+        if self.state.journal is not None:
             ends = batch.end_ms if keep is None else np.where(keep, batch.end_ms, -_FAR)
             top = np.maximum.reduceat(ends, g.offsets[:-1]).tolist()
             for k, i in enumerate(g.index.tolist()):
-                self.journal.note(queued[i][2], top[k])
+                self.state.journal.note(queued[i][2], top[k])
         if any_replay:
             replays = np.array([queued[i][3] for i in g.index.tolist()], dtype=np.bool_)
             rows = np.repeat(replays, np.diff(g.offsets))
             n_replay = int(rows.sum() if keep is None else (rows & keep).sum())
-            self.records["replayed"] += n_replay
-            self.records["received"] += len(kept) - n_replay
+            self.counts.records["replayed"] += n_replay
+            self.counts.records["received"] += len(kept) - n_replay
         else:
-            self.records["received"] += len(kept)
+            self.counts.records["received"] += len(kept)
         if self.engine is not None:
             self._merge(kept, g.labels)
         else:
@@ -442,7 +399,7 @@ class AggregatorCore:
         for mask, reason in ((future, "future"), (span, "span")):
             bad = keep & mask
             if bad.any():
-                self.records[f"invalid-{reason}"] += int(bad.sum())
+                self.counts.records[f"invalid-{reason}"] += int(bad.sum())
                 for k in np.unique(msg_of[bad]).tolist():
                     n = int((msg_of[bad] == k).sum())
                     self._invalid(reason, f"{n} records of {g.streams[k]} from {g.agents[k]}")
@@ -507,7 +464,7 @@ class AggregatorCore:
         if isinstance(instance, str) and not retained:
             prev = self.instances.get(topic_host)
             if prev is not None and prev[0] != instance and now - prev[1] < 30_000:
-                self.id_conflicts[topic_host] += 1
+                self.counts.id_conflicts[topic_host] += 1
                 log.warning(
                     "two agents claim the id %r (instances %s and %s): give each host its own "
                     "`host` name; their records cannot be told apart",
@@ -632,7 +589,7 @@ class AggregatorCore:
         if active:
             log.info("records arrive: active")
         else:
-            settled = self.alerts.settle(now)
+            settled = self.publisher.alerts.settle(now)
             self.transitions.extend(settled)
             for t in settled:
                 log.info("sla %s", t.log_text())
@@ -657,9 +614,7 @@ class AggregatorCore:
             )
             if not (waited or force):
                 return False
-            ends = np.concatenate([b.end_ms for b in self._pending])
-            weights = np.concatenate([b.samples() for b in self._pending]).astype(np.float64)
-            phase = auto_phase(ends, weights, self.cfg.quantum_ms)
+            phase = phase_from(self._pending, self.cfg.quantum_ms)
             log.info("align auto: quanta end at %d ms past each quantum", phase)
         self._create_engine(self._first_layout, phase)
         pending, self._pending = self._pending, []
@@ -693,18 +648,10 @@ class AggregatorCore:
         if self.published_ms is not None:
             # Records for published quanta are late: they are never published twice.
             self.engine.close_through(self.published_ms)
-        if self.writer is not None and self.state_path is not None:
+        if self.state.writer is not None and self.state.state_path is not None:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
-            self.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
-        if self.buckets is None or self.buckets.layout != layout:
-            self.buckets = self._new_buckets(layout)
-            self.gauges.buckets = self.buckets
-
-    def _new_buckets(self, layout: BinLayout) -> BucketHistogram:
-        """The exported bucket histogram for this configuration, every direction at 0."""
-        return BucketHistogram.for_rules(
-            layout, [r.threshold_ns for r in self.cfg.sla], self.cfg.export.buckets_per_octave
-        )
+            self.state.writer.submit((), self.published_ms or -_FAR, self._grid(self.published_ms))
+        self.publisher.use_layout(layout)
 
     def flush(self) -> list[ClosedQuantum]:
         """Merge what is queued and close everything still open (a final stop)."""
@@ -722,17 +669,14 @@ class AggregatorCore:
         self.counts.quanta_closed += len(ends)
         through = max(mark, ends[-1])
         self._send_partials(rows, through)  # before the state can say "published"
-        if self.writer is not None:
+        if self.state.writer is not None:
             skip = None
             if self._skip is not None and self._skip[0] <= ends[-1]:
                 skip, self._skip = self._skip, None
-            self.writer.submit(rows, through, self._grid(through), skip)
+            self.state.writer.submit(rows, through, self._grid(through), skip)
         self.published_ms = through
         tails = self._tails(rows, ends[-1]) if self.cfg.fit_tail else None
-        self.gauges.observe(rows, now, tails)
-        for t in self.alerts.observe(rows):
-            self.transitions.append(t)
-            log.info("sla %s", t.log_text())
+        self.transitions += self.publisher.observe(rows, now, tails)
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
 
@@ -768,7 +712,7 @@ class AggregatorCore:
         in between the same object goes again, and its encoding is reused
         (:meth:`GridState.save`).
         """
-        if self.state_path is None or self.engine is None:
+        if self.state.state_path is None or self.engine is None:
             return None
         now = self.now_ms()
         if fresh or self._known is None or now - self._known_at >= KNOWN_EVERY_MS:
@@ -784,11 +728,7 @@ class AggregatorCore:
 
     def _release(self) -> None:
         """Let the journal drop what the quanta file has confirmed."""
-        if self.journal is None:
-            return
-        confirmed = self.writer.confirmed_ms if self.writer is not None else self.published_ms
-        if confirmed is not None:
-            self.journal.release(confirmed)
+        self.state.release(self.published_ms)
 
     def _tails(self, rows: list[ClosedQuantum], end: int) -> dict[str, tuple[float, float]]:
         """Head + tail fit of the newest quantum's cluster rows (fit_tail)."""
@@ -824,16 +764,16 @@ class AggregatorCore:
             hosts_up=self.hosts_up(now),
             streams=len(self.tracker),
             open_quanta=engine.open_quanta if engine is not None else None,
-            session_taken_over=self.session_taken_over,
-            broker_connected=self.broker_connected,
-            backlog_max=self.backlog_max,
+            session_taken_over=self.link.taken_over,
+            broker_connected=self.link.connected,
+            backlog_max=self.link.backlog_max,
             active=self.active,
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,
             python=platform.python_version(),
             cell=self.cfg.cell or "",
         )
-        snap = build_snapshot(self.counts, self.gauges, health, self.alerts)
+        snap = self.publisher.snapshot(self.counts, health)
         status = status_of(
             now_ms=now,
             hosts_up=health.hosts_up,
@@ -841,7 +781,7 @@ class AggregatorCore:
             late=sum(self.counts.late.values()),
             lost=sum(self.counts.lost.values()),
             rules=self.cfg.sla,
-            alerts=self.alerts.snapshot(),
+            alerts=self.publisher.alerts.snapshot(),
         )
         snap = dataclasses.replace(snap, live=self.live.view(status))
         if self.outbox is None:
@@ -879,10 +819,10 @@ class AggregatorCore:
                 log.error("reload: %s", refused)
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
-                done.append(self.alerts.replace_rules(new.sla))
-                edges = set(self.buckets.edges_s.tolist()) if self.buckets is not None else set()
+                done.append(self.publisher.alerts.replace_rules(new.sla))
+                edges = set(self.publisher.buckets.edges_s.tolist())
                 for r in new.sla:
-                    if self.buckets is not None and r.threshold_ns / 1e9 not in edges:
+                    if r.threshold_ns / 1e9 not in edges:
                         log.warning(
                             "reload: rule %s's threshold %g ms is not a bucket edge of "
                             "fiomon_cluster_io_latency_seconds until the next start "
@@ -904,13 +844,7 @@ class AggregatorCore:
             host_timeout_ms=new.host_timeout_ms,
         )
         self.live.set_rules(self.cfg.sla)
-        fixed = [
-            f.name
-            for f in dataclasses.fields(AggregatorConfig)
-            if getattr(new, f.name) != getattr(self.cfg, f.name)
-        ]
-        if fixed:
-            log.warning("reload: %s changed but take effect at the next start", ", ".join(fixed))
+        warn_restart_only(self.cfg, new, log)
         self.snapshot = self._build()
         return done
 
@@ -921,20 +855,14 @@ class AggregatorCore:
         where this one stopped. ``outbox=False`` leaves a cell's partials outbox open for
         a task that may still be sending from it (its owner closes it after).
         """
-        if self.writer is not None:
-            if self.engine is not None:
-                through = self.published_ms if self.published_ms is not None else -_FAR
-                self.writer.submit((), through, self._grid(self.published_ms, fresh=True))
-            if not self.writer.close(timeout_s):
-                self.problem("quanta-file-write", f"the disk did not finish in {timeout_s:g} s")
+        writer = self.state.writer
+        if writer is not None and self.engine is not None:
+            through = self.published_ms if self.published_ms is not None else -_FAR
+            writer.submit((), through, self._grid(self.published_ms, fresh=True))
+        self.state.finish(timeout_s)
         if outbox and self.outbox is not None:
             self.outbox.close()
-        if self.journal is not None:
-            # No release here: messages received since the last tick are journaled but
-            # not yet judged (their ends are not noted), so no segment is known done.
-            self.journal.close()
-        if self.lock is not None:
-            self.lock.release()
+        self.state.close()
 
 
 def _drop(
@@ -951,13 +879,6 @@ def _drop(
     else:
         out[lo:hi] &= new
     return out
-
-
-def _holder(folder: Path) -> str:
-    try:
-        return (folder / "lock").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _hook(h: object) -> str:

@@ -16,12 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import Snapshot
-from fiomon.aggregator.metrics import with_root
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.root import RootMerger
-from fiomon.aggregator.root_service import RootService
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import (
@@ -35,6 +31,10 @@ from fiomon.engine import QuantumEngine
 from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.partials import PartialRow, PartialsMessage, RawPartial, decode, encode, rows_of
+from fiomon.root.merger import RootMerger
+from fiomon.root.service import RootService
+from fiomon.server.exporter import Snapshot
+from fiomon.server.metrics import with_root
 from fiomon.wire import encode as encode_records
 from tests.clock import T0, FakeClock
 from tests.metricskit import FiomonCollector

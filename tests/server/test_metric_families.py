@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from fiomon.aggregator.exporter import Snapshot, render
-from fiomon.aggregator.metrics import with_outbox, with_root
+from fiomon.server.exporter import Snapshot, render
+from fiomon.server.metrics import with_outbox, with_root
 from tests.metricskit import parse_samples
 
 

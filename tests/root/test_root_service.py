@@ -8,14 +8,11 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import numpy as np
 import pytest
 
-from fiomon.aggregator.journal import StateLock
-from fiomon.aggregator.root_service import STATE_FILE, RootService, run_root
 from fiomon.bins import BinLayout
 from fiomon.config import (
     AggregatorConfig,
@@ -27,9 +24,12 @@ from fiomon.config import (
     root_ignored_keys,
 )
 from fiomon.model import DIRECTIONS
-from tests.aggregator.test_root import LAY, Q, _one_row_message
+from fiomon.root.service import LEGACY_MARK_FILE, RootService, run_root
+from fiomon.server.journal import StateLock
+from fiomon.server.state import GRID_STATE_FILE
 from tests.clock import T0, FakeClock
 from tests.conftest import Mosquitto, free_port, until
+from tests.root.test_merger import LAY, Q, _one_row_message
 
 ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),)  # 1 ns
 
@@ -51,7 +51,7 @@ def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
     svc = RootService(cfg, now_ms=clock)
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q))
     assert len(svc.tick()) == 1
-    assert [a["state"] for a in svc.alerts.snapshot()] == ["firing"]
+    assert [a["state"] for a in svc.publisher.alerts.snapshot()] == ["firing"]
     svc.close()
 
 
@@ -63,8 +63,8 @@ def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
     assert svc.tick() == []
     (row,) = svc.flush()
     assert row.end_ms == T0 + Q
-    assert [a["state"] for a in svc.alerts.snapshot()] == ["firing"]
-    assert svc.buckets.total["read"] == 10
+    assert [a["state"] for a in svc.publisher.alerts.snapshot()] == ["firing"]
+    assert svc.publisher.buckets.total["read"] == 10
     svc.close()
 
 
@@ -81,13 +81,13 @@ def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> N
     first.on_message("c1", _one_row_message("c1", T0 + 6 * Q, T0 + 5 * Q))  # stays open
     assert first.tick() == []
     first.close()  # as after kill -9 (nothing was flushed)
-    mark = json.loads((tmp_path / "s" / STATE_FILE).read_text())
-    assert mark["closed_ms"] == T0 + 5 * Q
+    mark = json.loads((tmp_path / "s" / GRID_STATE_FILE).read_text())  # as an aggregator's
+    assert mark["closed_ms"] == T0 + 5 * Q and mark["quantum_ms"] == Q
     second = RootService(cfg, now_ms=clock)
     assert second.merger.open_quanta == 1  # only the open quantum is re-formed
     clock.t += 60_000
     assert {r.end_ms for r in second.tick()} == {T0 + 6 * Q}
-    assert second.buckets.total["read"] == 10
+    assert second.publisher.buckets.total["read"] == 10
     second.close()
     # Everything is closed and marked: the journal is released, a third start re-forms nothing.
     assert not list((tmp_path / "s" / "journal").glob("*.jnl"))
@@ -96,12 +96,26 @@ def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> N
     third.close()
 
 
-def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [GRID_STATE_FILE, LEGACY_MARK_FILE])
+def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path, name: str) -> None:
     state = tmp_path / "s"
     state.mkdir()
-    (state / STATE_FILE).write_text(json.dumps({"quantum_ms": 5000, "closed_ms": T0}))
+    doc = {"version": 1, "quantum_ms": 5000, "phase_ms": 0, "layout": [1, 1, "ns"]}
+    (state / name).write_text(json.dumps(doc | {"closed_ms": T0}))
     svc = RootService(AggregatorConfig(align="epoch", state_dir=state, root=RootConfig()))
     assert svc.merger.closed_ms is None
+    svc.close()
+
+
+def test_the_mark_of_an_earlier_version_is_read_once_there_is_no_grid_state(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / LEGACY_MARK_FILE).write_text(json.dumps({"quantum_ms": Q, "closed_ms": T0 + Q}))
+    cfg = AggregatorConfig(align="epoch", state_dir=state, root=RootConfig(cells=("c1",)))
+    svc = RootService(cfg, now_ms=FakeClock(T0 + 2 * Q))
+    assert svc.merger.closed_ms == T0 + Q  # an upgrade closes nothing twice
     svc.close()
 
 
@@ -114,17 +128,17 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
         export=ExportConfig(buckets_per_octave=8),
     )
     svc = RootService(cfg, now_ms=clock)
-    assert set(svc.buckets.counts) == set(DIRECTIONS)
-    assert all(not c.any() for c in svc.buckets.counts.values())
-    ratios = np.diff(np.log2(svc.buckets.edges_s[:20]))
+    assert set(svc.publisher.buckets.counts) == set(DIRECTIONS)
+    assert all(not c.any() for c in svc.publisher.buckets.counts.values())
+    ratios = np.diff(np.log2(svc.publisher.buckets.edges_s[:20]))
     assert np.allclose(ratios, 1 / 8, atol=0.01)
     other = BinLayout(coarseness=1)
     assert other != LAY
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0 + Q, layout=other))
     svc.tick()
-    assert svc.buckets.layout == other
-    assert svc.buckets.total["read"] == 10
-    assert set(svc.buckets.counts) == set(DIRECTIONS)
+    assert svc.publisher.buckets.layout == other
+    assert svc.publisher.buckets.total["read"] == 10
+    assert set(svc.publisher.buckets.counts) == set(DIRECTIONS)
 
 
 def test_cells_up_counts_listed_cells_only() -> None:
@@ -227,9 +241,10 @@ async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> 
         box.append(svc)
         real = svc.reload
 
-        def reload(path: Path | None, **kw: Any) -> None:
-            real(path, **kw)
+        def reload(new: AggregatorConfig) -> list[str]:
+            done = real(new)
             reloaded.set()
+            return done
 
         svc.reload = reload  # type: ignore[method-assign]
 
@@ -259,13 +274,13 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
     cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
     svc = RootService(cfg)
     assert cfg.confidence_level == 0.95
-    svc.reload(conf, log_level_fixed=False)
+    svc.reload(load_aggregator_config(conf))
     assert svc.cfg.sla == ALWAYS
-    assert [r.name for r in svc.alerts.rules] == ["p99-read"]
+    assert [r.name for r in svc.publisher.alerts.rules] == ["p99-read"]
     assert "SIGHUP: SLA rules r need confidence bounds at a level" in caplog.text
     # The same rule at the running level is taken.
     conf.write_text(conf.read_text().replace("0.9", "0.95"))
-    svc.reload(conf, log_level_fixed=False)
+    svc.reload(load_aggregator_config(conf))
     assert [r.name for r in svc.cfg.sla] == ["r"]
     svc.close()
 

@@ -14,9 +14,9 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from fiomon.aggregator.alerts import AlertDispatcher
-from fiomon.aggregator.core import AggregatorCore
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
+from fiomon.server.alerts import AlertDispatcher
 from fiomon.wire import encode
 from tests.aggregator.test_aggregator_core import batch
 from tests.clock import T0, FakeClock
@@ -56,13 +56,13 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
         c.on_records("h1", encode("h1", "s@1", 0, batch(ends, bin_=1400)))
         clock.advance(5001)
         c.tick()
-        dispatcher.offer(c.alerts, c.transitions)
+        dispatcher.offer(c.publisher.alerts, c.transitions)
         c.transitions.clear()
         await until(lambda: len(_Receiver.posts) >= 1, what="the firing alert is posted")
         clock.advance(c.idle_after_ms)
         c.tick()  # idle: the alert resolves
         assert [t.idle for t in c.transitions] == [True]
-        dispatcher.offer(c.alerts, c.transitions)
+        dispatcher.offer(c.publisher.alerts, c.transitions)
         await until(lambda: len(_Receiver.posts) >= 2, what="the resolution is posted")
     finally:
         stop.set()

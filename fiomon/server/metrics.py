@@ -2,7 +2,7 @@
 
 The aggregator core keeps plain counters (:class:`Counts`); :class:`QuantumGauges` keeps
 what the last closed quantum said. :func:`build_snapshot` turns both into a
-:class:`~fiomon.aggregator.exporter.Snapshot` once per close (and at most once a second between
+:class:`~fiomon.server.exporter.Snapshot` once per close (and at most once a second between
 closes, for the counters), never per scrape: the exporter renders a snapshot to bytes once
 and serves those bytes to every scraper.
 
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.aggregator.alerts import AlertBook
-from fiomon.aggregator.exporter import BucketHistogram, Snapshot
 from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
+from fiomon.server.alerts import AlertBook
+from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.wire import REASONS
 
 OTHER_HOST = "_other"  # label of per-host counters beyond the host cap

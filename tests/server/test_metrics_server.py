@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from fiomon.aggregator.exporter import CONTENT_TYPE, Snapshot, render
-from fiomon.aggregator.metrics_server import MetricsProcess
-from tests.aggregator.test_exporter import rich_snapshot
+from fiomon.server.exporter import CONTENT_TYPE, Snapshot, render
+from fiomon.server.metrics_server import MetricsProcess
+from tests.server.test_exporter import rich_snapshot
 
 
 def get(
@@ -140,8 +140,8 @@ def test_the_child_ignores_the_groups_sigterm_and_ends_with_its_parent(tmp_path:
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from fiomon.aggregator.exporter import Snapshot\n"
-        "from fiomon.aggregator.metrics_server import MetricsProcess\n"
+        "from fiomon.server.exporter import Snapshot\n"
+        "from fiomon.server.metrics_server import MetricsProcess\n"
         "m = MetricsProcess('127.0.0.1', 0, Snapshot)\n"
         "m.start()\n"
         "print(m.port, m.pid, flush=True)\n"
@@ -241,7 +241,7 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
     # priority; a scrape that waited for it measured 1.5-2.6 s at p99 under load.
     import dataclasses  # noqa: PLC0415
 
-    from fiomon.aggregator import metrics_server  # noqa: PLC0415
+    from fiomon.server import metrics_server  # noqa: PLC0415
 
     gate = threading.Event()
     gate3 = threading.Event()

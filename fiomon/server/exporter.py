@@ -2,7 +2,7 @@
 
 The aggregator builds a new :class:`Snapshot` when a quantum closes (and at most once a
 second between closes, for its counters) and hands it to the ``/metrics`` child process
-(:mod:`fiomon.aggregator.metrics_server`), which renders it to the text format once
+(:mod:`fiomon.server.metrics_server`), which renders it to the text format once
 (:func:`render`, a few ms for thousands of hosts) and serves those bytes, gzipped once
 too, to every scrape until the next snapshot: a scrape costs no Python work over the
 series, and none of it in the aggregator's interpreter.
@@ -46,7 +46,7 @@ from fiomon.histogram import cumulative_at
 from fiomon.model import DIRECTIONS
 
 if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
-    from fiomon.aggregator.live import LiveView
+    from fiomon.server.live import LiveView
 
 F64 = npt.NDArray[np.float64]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

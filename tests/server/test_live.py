@@ -14,12 +14,12 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.live import LiveFeed, LiveStore, LiveView, status_of
-from fiomon.aggregator.metrics_server import since_ms
+from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.model import RecordBatch
+from fiomon.server.live import LiveFeed, LiveStore, LiveView, status_of
+from fiomon.server.metrics_server import since_ms
 from fiomon.wire import encode
 from tests.batches import batch
 from tests.browser import Browser

@@ -2,7 +2,7 @@
 
 The aggregator binds the listening socket itself, so a bad address or a port in use fails
 its start as before, and hands the socket to a child process (``python -m
-fiomon.aggregator.metrics_server``) together with one pipe. Each new snapshot goes down the pipe,
+fiomon.server.metrics_server``) together with one pipe. Each new snapshot goes down the pipe,
 pickled (about 10 ms of C for 1000 hosts). The child renders each snapshot into the text
 format once (about 150 ms of Python for 1000 hosts): as it arrives if the previous one
 was scraped, else on the first scrape that asks; it gzips it once and serves those bytes
@@ -22,7 +22,7 @@ backlog meanwhile, as they did while a scrape thread was busy.
 
 HTTP: ``GET /metrics`` (or ``/``) gets the text format,
 gzip-encoded when the request's ``Accept-Encoding`` names gzip. The live page
-(:mod:`fiomon.aggregator.live`) is served here too, from bytes made once: ``/`` when the request
+(:mod:`fiomon.server.live`) is served here too, from bytes made once: ``/`` when the request
 accepts ``text/html`` (a browser; scrapers and curl keep getting the metrics), and
 ``/live``; ``GET /api/v1/quanta?since=MS`` joins the stored JSON of recent quanta.
 Keep-alive as HTTP/1.1 and 1.0 define it; other paths 404, other methods 501, malformed
@@ -57,8 +57,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fiomon import __version__
-from fiomon.aggregator.exporter import CONTENT_TYPE, Snapshot, render
-from fiomon.aggregator.live import LiveStore
+from fiomon.server.exporter import CONTENT_TYPE, Snapshot, render
+from fiomon.server.live import LiveStore
 from fiomon.webpage import page_html
 
 log = logging.getLogger("fiomon.aggregator")
@@ -196,7 +196,7 @@ class MetricsProcess:
         argv = [
             sys.executable,
             "-m",
-            "fiomon.aggregator.metrics_server",
+            "fiomon.server.metrics_server",
             f"--listen-fd={self._sock.fileno()}",
             f"--pipe-fd={read}",
             f"--parent={os.getpid()}",
@@ -660,7 +660,7 @@ def _die_with(parent: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The child process: serve ``/metrics`` until the pipe from the aggregator closes."""
-    ap = argparse.ArgumentParser(prog="python -m fiomon.aggregator.metrics_server")
+    ap = argparse.ArgumentParser(prog="python -m fiomon.server.metrics_server")
     ap.add_argument("--listen-fd", type=int, required=True)
     ap.add_argument("--pipe-fd", type=int, required=True)
     ap.add_argument("--parent", type=int, required=True)

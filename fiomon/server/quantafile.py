@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiomon.aggregator.journal import GridState
 from fiomon.closed import ClosedQuantum
+from fiomon.server.journal import GridState
 
 log = logging.getLogger("fiomon.aggregator")
 

@@ -1,0 +1,1 @@
+"""``fiomon root``: the partials merger (cells' closed quanta in, exact cluster quanta out)."""

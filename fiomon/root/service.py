@@ -1,0 +1,399 @@
+"""``fiomon root``: the exact root as a service (cells' partials over MQTT in, quanta out).
+
+Reads an aggregator configuration (its ``broker``, ``topic_prefix``, ``client_id``,
+``quantum``, ``lateness``, ``percentiles``, ``confidence_level``, ``per_host``,
+``listen``, ``quanta_file``, ``sla``, ``max_message_size``) plus its ``root`` section
+(expected ``cells``, ``cell_timeout``), subscribes to ``<prefix>/v1/_partials/+`` with a
+persistent session, merges with :class:`~fiomon.root.merger.RootMerger`, writes the
+closed quanta with the aggregators' quanta file writer, evaluates the SLA rules (cluster
+scope: the whole cluster) and serves ``/metrics`` like an aggregator (the same latency
+families, plus ``fiomon_root_*``: cells up, rows merged/duplicate/late, refused
+messages).
+
+It runs in the one service shell (:class:`fiomon.server.app.Server`), as the aggregator
+does: :class:`RootService` is the merger the shell drives. With a ``state_dir``
+(:class:`~fiomon.server.state.StateDir`), every message is journaled before it is
+acknowledged to the broker (manual PUBACK), and a restart replays the journal, so the quanta
+open when the root stopped (or was ``kill -9``-ed) are re-formed; a segment goes once the
+quanta file confirms every quantum its rows touch and the closed-through mark (the grid
+state, ``<state_dir>/state.json``, as the aggregator's, written after the quanta file) is
+past them, so a restart never closes a quantum twice. Without one, partials of open
+quanta die with the process.
+
+Stopping goes in the shell's written order under one ``GRACE_S``: intake stops, the
+open quanta close (``final``) or stay in the journal, what was closed is written and the
+state directory unlocked, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import aiomqtt
+
+from fiomon import __version__
+from fiomon.closed import ClosedQuantum
+from fiomon.config import (
+    ROOT_IGNORED,
+    AggregatorConfig,
+    Overrides,
+    RootConfig,
+    root_ignored_keys,
+)
+from fiomon.root.merger import RootMerger
+from fiomon.runtime import GRACE_S
+from fiomon.server.alerts import rules_not_computed
+from fiomon.server.app import Hooks, Server
+from fiomon.server.exporter import Snapshot
+from fiomon.server.journal import GridState
+from fiomon.server.link import Link
+from fiomon.server.metrics import Counts, Health, with_root
+from fiomon.server.publish import Publisher
+from fiomon.server.reload import warn_restart_only
+from fiomon.server.state import StateDir
+
+log = logging.getLogger("fiomon.root")
+
+# Where an earlier version kept the closed-through mark (read once, at an upgrade).
+LEGACY_MARK_FILE = "root-state.json"
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RootService(Hooks):
+    """The root as the server's merger: partials journaled, merged, closed and published.
+
+    Args:
+        cfg: the configuration.
+        now_ms: the wall clock (epoch ms).
+
+    Raises:
+        fiomon.errors.StateLockedError: another root holds the state directory.
+    """
+
+    name = "root"
+    log = log
+
+    def __init__(self, cfg: AggregatorConfig, now_ms: Callable[[], int] = _now) -> None:
+        self.cfg = cfg
+        self._now = now_ms
+        # The server's read-out of its broker connection (the snapshot shows it).
+        self.link = Link()
+        self.rc = cfg.root or RootConfig()
+        self.counts = Counts()
+        # The state directory (lock, journal, the closed-through mark in the grid state)
+        # and the quanta file's writer.
+        self.state = StateDir(cfg, service="root", counts=self.counts, log=log, grid_state=True)
+        self.state.open()
+        # What was closed before: the quanta file's last quantum (the record of
+        # publication), else the mark in the state directory.
+        quanta = self.state.quanta
+        tail = quanta.tail() if quanta is not None else None
+        closed = tail.end_ms if tail is not None else self._load_mark()
+        self._marked_ms = closed  # the last mark handed to the writer
+        self.merger = RootMerger(
+            quantum_ms=cfg.quantum_ms,
+            lateness_ms=cfg.lateness_ms,
+            percentiles=cfg.percentiles,
+            confidence_level=cfg.confidence_level,
+            per_host=cfg.per_host,
+            cells=self.rc.cells,
+            cell_timeout_ms=self.rc.cell_timeout_ms,
+            now_ms=now_ms(),
+            closed_ms=closed,
+        )
+        # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
+        self.publisher = Publisher(cfg, log, fit_tail=False)
+        if self.state.journal is not None:
+            self._replay()
+        self.snapshot = self._build()
+
+    @property
+    def broker_connected(self) -> bool:
+        """The server's MQTT session is up (read from :attr:`link`)."""
+        return self.link.connected
+
+    def now_ms(self) -> int:
+        """The wall clock, epoch ms."""
+        return self._now()
+
+    def _load_mark(self) -> int | None:
+        """The closed-through mark a previous run saved (None: none, or not usable).
+
+        It is in the grid state (``state.json``, as the aggregator's); a root of an earlier
+        version kept it in ``root-state.json``, read only when there is no ``state.json``.
+        """
+        path = self.state.state_path
+        if path is None:
+            return None
+        grid, why = GridState.load(path)
+        if why is not None:
+            self.problem("state-unreadable", why)
+            return None
+        if grid is not None:
+            quantum, closed = grid.quantum_ms, grid.closed_ms
+        else:
+            path = path.with_name(LEGACY_MARK_FILE)
+            legacy = self._legacy_mark(path)
+            if legacy is None:
+                return None
+            quantum, closed = legacy
+        if quantum != self.cfg.quantum_ms:
+            log.warning(
+                "quantum changed since the last run (%d ms, now %d ms): %s is ignored",
+                quantum,
+                self.cfg.quantum_ms,
+                path,
+            )
+            return None
+        return closed
+
+    def _legacy_mark(self, path: Path) -> tuple[int, int | None] | None:
+        """``(quantum_ms, closed_ms)`` of an earlier version's ``root-state.json``."""
+        try:
+            d = json.loads(path.read_bytes())
+            quantum, closed = int(d["quantum_ms"]), d["closed_ms"]
+            return quantum, None if closed is None else int(closed)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            self.problem("state-unreadable", f"{path}: {exc}")
+            return None
+
+    def _write(self, rows: list[ClosedQuantum]) -> None:
+        """Hand closed rows and the closed-through mark to the writer.
+
+        The mark goes once it passed a quantum end, into the grid state after the rows
+        are in the quanta file (the writer's order), as the aggregator's does.
+        """
+        writer = self.state.writer
+        if writer is None:
+            return
+        m = self.merger
+        grid = None
+        lay = m.layout
+        if (
+            self.state.state_path is not None
+            and m.closed_ms is not None
+            and m.phase_ms is not None
+            and lay is not None
+        ):
+            q = m.quantum_ms
+            mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= it
+            if self._marked_ms is None or mark > self._marked_ms:
+                grid = GridState(q, m.phase_ms, (lay.group_nr, lay.coarseness, lay.unit), mark)
+                self._marked_ms = mark
+        if rows or grid is not None:
+            writer.submit(rows, m.closed_ms or 0, grid)
+
+    def _replay(self) -> None:
+        """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
+        assert self.state.journal is not None  # noqa: S101 -- only called with a journal
+        n = 0
+        for segment, _, payload in self.state.journal.replay():
+            end = self.merger.receive(payload, self.now_ms(), replay=True)
+            self.state.journal.note(segment, end if end is not None else -(2**62))
+            n += 1
+        if n:
+            merged = self.merger.counts.rows["merged"]
+            self.merger.counts.rows.clear()  # replays are neither late nor duplicates
+            log.info(
+                "re-formed %d partial rows of open quanta from %d journaled messages", merged, n
+            )
+        self._release()
+
+    # -- what the server drives ------------------------------------------------------------
+
+    def subscriptions(self) -> list[str]:
+        """Every cell's partials."""
+        return [f"{self.cfg.topic_prefix}/v1/_partials/+"]
+
+    def handle(self, batch: Sequence[aiomqtt.Message]) -> None:
+        """Each message journaled, then merged (the server acknowledges the batch after)."""
+        for m in batch:
+            topic = m.topic.value
+            try:
+                self.on_message(topic.rsplit("/", 1)[-1], bytes(m.payload))
+            except Exception:  # a bug must not stop intake: say so, count it, go on
+                self.merger.counts.invalid["internal"] += 1
+                log.exception("cannot handle a partials message on %s", topic)
+
+    def banner(self) -> str:
+        """The start-up line."""
+        cfg = self.cfg
+        return (
+            f"fiomon root {__version__}: /metrics on {cfg.listen}, broker "
+            f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells) or '(any)'}, "
+            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+        )
+
+    def stopping(self, *, final: bool) -> str:
+        """What the first stop signal logs."""
+        if final:
+            return "stopping (open quanta close now: --final)"
+        if self.cfg.state_dir is not None:
+            return "stopping (open quanta stay in the journal)"
+        return "stopping (open quanta are dropped: no state_dir)"
+
+    def status(self) -> str:
+        """Systemd's ``STATUS=`` line."""
+        cfg = self.cfg
+        if not self.link.ready:
+            b = cfg.broker
+            return f"waiting for the broker at {b.host}:{b.port} (/metrics on {cfg.listen})"
+        m = self.merger
+        live = m.live_cells(self.now_ms())
+        return f"{m.counts.quanta_closed} quanta closed, {len(live)} cells up"
+
+    def summary(self) -> str:
+        """The counters an operator checks after a stop, as one line."""
+        m = self.merger.counts
+        return (
+            f"{m.quanta_closed} quanta closed ({m.closed_by_lateness} by lateness), "
+            f"rows {dict(m.rows)}, {sum(m.invalid.values())} refused messages"
+        )
+
+    def on_message(self, cell: str, payload: bytes) -> None:
+        """One message from the broker: journaled, then merged (the caller acknowledges)."""
+        segment = (
+            self.state.journal.append([(cell, payload)]) if self.state.journal is not None else -1
+        )
+        end = self.merger.receive(payload, self.now_ms(), max_bytes=self.cfg.max_message_bytes)
+        if self.state.journal is not None and end is not None:
+            self.state.journal.note(segment, end)
+
+    def problem(self, kind: str, text: str) -> None:
+        """A disk problem: logged and counted."""
+        self.state.problem(kind, text)
+
+    def tick(self) -> list[ClosedQuantum]:
+        """Close what can close; write, alert and export it."""
+        now = self.now_ms()
+        rows = self.merger.close(now)
+        self._closed(rows, now)
+        self.snapshot = self._build()
+        return rows
+
+    def flush(self) -> list[ClosedQuantum]:
+        """Close everything open (a final stop); written, alerted and exported as a tick."""
+        now = self.now_ms()
+        rows = self.merger.flush()
+        self._closed(rows, now)
+        self.snapshot = self._build()
+        return rows
+
+    def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
+        if rows:
+            self.counts.quanta_closed = self.merger.counts.quanta_closed
+            if self.merger.layout is not None:
+                self.publisher.use_layout(self.merger.layout)
+            self.publisher.observe(rows, now)
+        self._write(rows)
+        self._release()
+
+    def _release(self) -> None:
+        """Let the journal drop what the writer confirmed (rows and mark on disk)."""
+        self.state.release(self._marked_ms)
+
+    def reload(self, new: AggregatorConfig) -> list[str]:
+        """SIGHUP: take the SLA rules and log level of ``new``; returns what changed.
+
+        Everything else the root uses waits for the next start and is named in the log;
+        what the root ignores (:data:`fiomon.config.ROOT_IGNORED`) is not.
+        """
+        done = []
+        cfg = self.cfg
+        if new.sla != cfg.sla:
+            refused = rules_not_computed(new.sla, cfg.percentiles, cfg.confidence_level)
+            if refused is not None:
+                log.error("SIGHUP: %s", refused)
+            else:
+                done.append(self.publisher.alerts.replace_rules(new.sla))
+                cfg = dataclasses.replace(cfg, sla=new.sla)
+        if new.log_level != cfg.log_level:
+            done.append(f"log_level {cfg.log_level} -> {new.log_level}")
+            cfg = dataclasses.replace(cfg, log_level=new.log_level)
+        self.cfg = cfg
+        warn_restart_only(cfg, dataclasses.replace(new, sla=cfg.sla), log, ROOT_IGNORED)
+        self.snapshot = self._build()
+        return done
+
+    def _build(self) -> Snapshot:
+        now = self.now_ms()
+        live = self.merger.live_cells(now)
+        m = self.merger.counts
+        health = Health(
+            open_quanta=self.merger.open_quanta,
+            broker_connected=self.link.connected,
+            active=bool(live),
+            version=__version__,
+            python=platform.python_version(),
+        )
+        snap = self.publisher.snapshot(self.counts, health)
+        expected = self.merger.expected
+        return with_root(
+            snap,
+            cells_up=len([c for c in live if c in expected] if expected else live),
+            cells_expected=len(expected),
+            cell_up={c: c in live for c in self.merger.cells},
+            rows=m.rows,
+            invalid=m.invalid,
+            closed_by_lateness=m.closed_by_lateness,
+            messages=m.messages,
+        )
+
+    def close(self, timeout_s: float = GRACE_S) -> None:
+        """Write what was closed, save the mark, close the journal, unlock the directory.
+
+        Open quanta are not closed here: with a ``state_dir`` their partials stay in the
+        journal for the next start; without one they are lost (``flush`` closes them).
+        """
+        self._write([])
+        self.state.finish(timeout_s)
+        self._release()
+        self.state.close()
+
+
+async def run_root(
+    cfg: AggregatorConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[RootService], None] | None = None,
+    final: bool = False,
+    config_path: Path | None = None,
+    overrides: Overrides | None = None,
+) -> None:
+    """Run the root until SIGTERM/SIGINT (or ``stop``).
+
+    Args:
+        cfg: the configuration.
+        stop: set it to stop (tests); signals set it too.
+        ready: called with the service once it is serving (signal handlers in place).
+        final: close every open quantum when stopping (the end of a run).
+        config_path: the file SIGHUP re-reads (SLA rules and log level only; None:
+            SIGHUP is logged and ignored).
+        overrides: the command line's settings over the file (``cfg`` has them already):
+            a reload applies them again, so they never read as a change.
+
+    Raises:
+        fiomon.errors.StateLockedError: another root holds the state directory.
+    """
+    svc = RootService(cfg)
+    ignored = root_ignored_keys(cfg)
+    if ignored:
+        log.warning(
+            "the root ignores %s in its configuration (it sends no alerts itself: alert "
+            "from Prometheus on fiomon_sla_breach)",
+            ", ".join(ignored),
+        )
+    server = Server(svc, stop=stop, final=final, config_path=config_path, overrides=overrides)
+    await server.run(None if ready is None else lambda: ready(svc))
