@@ -28,6 +28,7 @@ from typing import Any
 from fiomon.align import Align, parse_align
 from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
+from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
 DIRECTIONS = ("read", "write", "trim", "mixed", "all")  # mixed: unified_rw_reporting
@@ -358,7 +359,7 @@ class AggregatorConfig:
 
     def __post_init__(self) -> None:
         if not self.alert_topic:  # the one place its default is written: it follows the prefix
-            object.__setattr__(self, "alert_topic", f"{self.topic_prefix}/v1/_aggregator/alerts")
+            object.__setattr__(self, "alert_topic", Topics(self.topic_prefix).alerts)
 
     @property
     def listen_addr(self) -> tuple[str, int]:

@@ -1,7 +1,6 @@
-"""MQTT plumbing shared by agent and aggregator: topics, client construction, backoff.
+"""MQTT plumbing shared by agent and aggregator: client construction, backoff.
 
-Topics (``docs/wire-format.md``): records on ``<prefix>/v1/<host>/records`` (QoS 1), the
-agent's retained status on ``<prefix>/v1/<host>/status`` (its Will says ``offline``).
+Topics (``docs/wire-format.md``) are :class:`fiomon.topics.Topics`, re-exported here.
 aiomqtt 2.5's client is reusable, not re-entrant, and must be created inside the running
 loop; each ``async with`` connects once (REFERENCE.md §4).
 """
@@ -13,7 +12,6 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import aiomqtt
@@ -23,8 +21,20 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from fiomon.config import BrokerConfig
 from fiomon.errors import ConfigError
+from fiomon.topics import WIRE_LEVEL, Topics
 
-WIRE_LEVEL = "v1"
+__all__ = [
+    "SUBSCRIBE_TIMEOUT_S",
+    "WIRE_LEVEL",
+    "Backoff",
+    "CheckedPublisher",
+    "IncomingQueue",
+    "PublishRefusedError",
+    "Topics",
+    "drop_stale",
+    "make_client",
+    "read_password",
+]
 
 # How long a persistent-session subscriber (aggregator, root) waits for its SUBACK.
 # Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
@@ -35,35 +45,6 @@ WIRE_LEVEL = "v1"
 # the broker sent it all again, and a restarted aggregator retried for two minutes
 # (4.8 GB of RSS). So wait that long.
 SUBSCRIBE_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class Topics:
-    """Topic names under one prefix.
-
-    Args:
-        prefix: the configured ``topic_prefix``.
-    """
-
-    prefix: str
-
-    def records(self, host: str) -> str:
-        """Where ``host``'s agent publishes records."""
-        return f"{self.prefix}/{WIRE_LEVEL}/{host}/records"
-
-    def status(self, host: str) -> str:
-        """``host``'s agent status (retained; Will = offline)."""
-        return f"{self.prefix}/{WIRE_LEVEL}/{host}/status"
-
-    @property
-    def all_records(self) -> str:
-        """Subscription filter for every agent's records."""
-        return f"{self.prefix}/{WIRE_LEVEL}/+/records"
-
-    @property
-    def all_status(self) -> str:
-        """Subscription filter for every agent's status."""
-        return f"{self.prefix}/{WIRE_LEVEL}/+/status"
 
 
 def read_password(broker: BrokerConfig) -> str | None:

@@ -31,7 +31,7 @@ import aiomqtt
 from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
-from fiomon.mqtt import Backoff, CheckedPublisher, PublishRefusedError, make_client
+from fiomon.mqtt import Backoff, CheckedPublisher, PublishRefusedError, Topics, make_client
 from fiomon.runtime import GRACE_S
 
 log = logging.getLogger("fiomon.aggregator")
@@ -209,7 +209,7 @@ class Outbox:
 
 def partials_topic(prefix: str, cell: str) -> str:
     """Where cell ``cell`` publishes its partials under the root's ``prefix``."""
-    return f"{prefix}/v1/_partials/{cell}"
+    return Topics(prefix).partials(cell)
 
 
 async def publish_partials(

@@ -50,7 +50,7 @@ from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
 from fiomon.errors import ConfigError
-from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, drop_stale, make_client
+from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, Topics, drop_stale, make_client
 from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
 from fiomon.windows import ClosedQuantum
 
@@ -504,7 +504,7 @@ async def _mqtt_loop(svc: RootService, stop: asyncio.Event, steps: _Steps) -> No
 
 async def _receive(svc: RootService, stop: asyncio.Event, steps: _Steps) -> None:
     cfg = svc.cfg
-    topic = f"{cfg.topic_prefix}/v1/_partials/+"
+    topic = Topics(cfg.topic_prefix).all_partials
     client = make_client(
         cfg.broker,
         identifier=cfg.client_id,

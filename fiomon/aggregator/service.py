@@ -100,14 +100,12 @@ class _Service:
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue(maxsize=100)
         self.reload = asyncio.Event()
         self.instance = uuid.uuid4().hex[:12]
-        base = f"{cfg.topic_prefix}/v1/_aggregator/{cfg.client_id}"
-        self.presence_topic = f"{base}/instance"
-        self.conflict_topic = f"{base}/conflict"
+        self.presence_topic = self.topics.presence(cfg.client_id)
+        self.conflict_topic = self.topics.conflict(cfg.client_id)
         self.announced = False
         self.own_seen = False  # our announcement came back to us
         self.presence_seen = asyncio.Event()
         self.rival: object = None
-        self.records_prefix = f"{cfg.topic_prefix}/v1/"
         self.forced = False
         self.metrics: MetricsProcess | None = None  # set once serving
         self.ready = False  # READY=1 sent: the first broker session was up and subscribed
@@ -555,20 +553,19 @@ def _handle(svc: _Service, batch: list[aiomqtt.Message]) -> None:
     """Records to the core (journaled before this returns), statuses, presence."""
     core = svc.core
     records: list[tuple[str, bytes]] = []
-    prefix = svc.records_prefix
+    parse, client_id = svc.topics.parse, svc.cfg.client_id
     for m in batch:
         topic = m.topic.value
         payload = m.payload
         try:
-            if topic.startswith(prefix):
-                host, _, kind = topic[len(prefix) :].partition("/")
-                if kind == "records":
+            match parse(topic):
+                case ("records", host):
                     records.append((host, payload))
-                elif kind == "status":
+                case ("status", host):
                     core.on_status(host, payload, retained=m.retain)
-                elif topic == svc.presence_topic:
+                case ("presence", name) if name == client_id:
                     _presence(svc, payload)
-                elif topic == svc.conflict_topic:
+                case ("conflict", name) if name == client_id:
                     _conflict(svc, payload)
         except Exception:  # a bug must not stop intake: say so, count it, go on
             core.invalid["internal"] += 1
