@@ -19,14 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for tests.ports
+
+from tests.ports import free_port
+
+__all__ = ["RawPublisher", "cpu_seconds", "free_port", "peak_rss_mb", "scrape", "start_broker"]
+
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_broker(folder: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], int]:

@@ -67,8 +67,8 @@ from _support import RawPublisher, cpu_seconds, free_port, peak_rss_mb, scrape, 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fiomon.bins import BinLayout
-from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ALL_DIRECTIONS, QuantumEngine
+from fiomon.engine import QuantumEngine
+from fiomon.model import DIRECTIONS, RecordBatch, StreamInfo
 from fiomon.wire import encode
 
 PREFIX = "fiomonbench"
@@ -234,7 +234,7 @@ def expected_rows(
             layout=BinLayout(),
             quantum_ms=1000,
             percentiles=(50, 90, 99, 99.9),
-            directions=ALL_DIRECTIONS,
+            directions=DIRECTIONS,
             per_host=True,
             max_hosts=max_hosts,
             confidence_level=level,

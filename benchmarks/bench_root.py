@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
-from fiomon.windows import RawPartial, Scope
+from fiomon.closed import Scope
+from fiomon.partials import PartialRow, RawPartial, encode, split
 
 LAY = BinLayout()
 Q = 1000

@@ -22,6 +22,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 from fiomon.bins import BinLayout, detect_layout, merged_layout
+from fiomon.closed import ClosedQuantum
+from fiomon.engine import QuantumEngine
 from fiomon.errors import (
     ConfigError,
     FiomonError,
@@ -35,7 +37,6 @@ from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.histogram import HistStats, pct_key, summarize
 from fiomon.model import Direction, RecordBatch, StreamInfo
 from fiomon.parsers import RecordParser, open_parser, sniff
-from fiomon.windows import ClosedQuantum, QuantumEngine
 from fiomon.wire import Message, decode, encode
 
 if TYPE_CHECKING:

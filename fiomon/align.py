@@ -11,11 +11,13 @@ circular convolution (``O(Q log Q)``), so it stays cheap for long quanta.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.model import RecordBatch
 from fiomon.units import parse_duration_ms
 
 AlignMode = Literal["epoch", "auto"]
@@ -58,6 +60,19 @@ def auto_phase(
     # Round away FFT noise so that equal costs tie-break to the smallest phase.
     cost = np.round(cost, 6)
     return int(np.argmin(cost))
+
+
+def phase_from(batches: Sequence[RecordBatch], quantum_ms: int) -> int:
+    """:func:`auto_phase` of the records of ``batches`` (ends weighted by samples).
+
+    The one preamble of ``align: auto``, offline (first chunk of every file) and live
+    (what arrived in the first lateness); 0 when there is nothing to align to.
+    """
+    if not batches:
+        return 0
+    ends = np.concatenate([b.end_ms for b in batches])
+    weights = np.concatenate([b.samples() for b in batches]).astype(np.float64)
+    return auto_phase(ends, weights, quantum_ms)
 
 
 def phase_for(align: Align, quantum_ms: int) -> int | None:

@@ -73,6 +73,27 @@ class BinLayout:
             msg = f"unit must be 'ns' or 'us', got {self.unit!r}"
             raise ValueError(msg)
 
+    @classmethod
+    def from_codes(cls, group_nr: int, coarseness: int, unit: str) -> BinLayout:
+        """The layout of codes read from outside (a message, a state file), checked.
+
+        Args:
+            group_nr: fio's GROUP_NR, :data:`MIN_GROUP_NR`..:data:`MAX_GROUP_NR`.
+            coarseness: 0..:data:`MAX_COARSENESS`.
+            unit: the unit's name, ``"ns"`` or ``"us"``.
+
+        Raises:
+            LayoutError: a code out of range or an unknown unit (the text says which).
+        """
+        for known in _UNIT_NS:  # the Literal value itself, so no cast is needed
+            if unit == known:
+                try:
+                    return cls(group_nr, coarseness, known)
+                except ValueError as exc:
+                    raise LayoutError(str(exc)) from None
+        msg = f"unit must be 'ns' or 'us', got {unit!r}"
+        raise LayoutError(msg)
+
     @property
     def fine_nbins(self) -> int:
         """Number of fine bins, ``group_nr * 64``."""

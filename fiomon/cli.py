@@ -7,7 +7,8 @@ another. ``report``, ``plot``, ``summary`` and ``fit`` read fio's outputs throug
 input flags (:func:`_add_input_options`).
 
 Exit codes: 0 success; 1 the input held nothing usable or a strict parse failed; 2 a usage
-or configuration error.
+or configuration error. A handler that finds a bad call raises :class:`UsageError`, which
+:func:`main` prints and turns into 2, as argparse does for what it checks itself.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from fiomon import __version__
 from fiomon.align import parse_align
 from fiomon.bins import MAX_GROUP_NR, MIN_GROUP_NR
 from fiomon.confidence import DEFAULT_LEVEL
-from fiomon.errors import ConfigError, FiomonError, OverlapError, ParseError
+from fiomon.errors import (
+    ConfigError,
+    FiomonError,
+    OverlapError,
+    ParseError,
+    PlotError,
+    UsageError,
+)
 from fiomon.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
@@ -39,7 +48,6 @@ from fiomon.offline.sources import (
 )
 from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms
-from fiomon.windows import ALL_DIRECTIONS
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
     from fiomon.config import AgentConfig, AggregatorConfig
@@ -57,7 +65,6 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
 # Defaults of the flags, named where a handler or a help text needs them too.
 QUANTUM = "1s"  # report, plot, fit --per-quantum
 MAX_SPAN = "60s"  # --target-error's longest span
-REPORT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 SUMMARY_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9, 99.99)
 HIST_BINS = 12  # summary's text histogram
 HIST_SCALE: Literal["log", "linear"] = "log"
@@ -175,9 +182,9 @@ def _percentiles(text: str) -> tuple[float, ...]:
 
 def _directions(text: str) -> tuple[str, ...]:
     ds = tuple(d.strip().lower() for d in text.split(",") if d.strip())
-    bad = [d for d in ds if d not in ALL_DIRECTIONS]
+    bad = [d for d in ds if d not in DIRECTIONS]
     if bad or not ds:
-        msg = f"--directions: unknown {bad or text!r}; choose from {','.join(ALL_DIRECTIONS)}"
+        msg = f"--directions: unknown {bad or text!r}; choose from {','.join(DIRECTIONS)}"
         raise argparse.ArgumentTypeError(msg)
     return ds
 
@@ -243,7 +250,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         type=_directions,
         default=None,
         metavar="D[,D]",
-        help=f"operations to show, from {','.join(ALL_DIRECTIONS)} (default: all of them; "
+        help=f"operations to show, from {','.join(DIRECTIONS)} (default: all of them; "
         "report --format fiologparser: all only, as fiologparser_hist.py); mixed is the "
         "unified_rw_reporting section of a json+ stream (reads and writes in one histogram; "
         "all includes it); --direction is an older spelling",
@@ -385,7 +392,7 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         help="quantum phase: auto (match the records; default), epoch "
         "(multiples of the quantum) or an offset such as 250ms",
     )
-    _add_percentiles(p, REPORT_PERCENTILES)
+    _add_percentiles(p, DEFAULT_PERCENTILES)
     p.add_argument(
         "--per-host",
         action="store_true",
@@ -634,26 +641,24 @@ def _error(name: str, message: str) -> None:
     print(f"fiomon {name}: {message}", file=sys.stderr)
 
 
-def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], SourceOptions] | int:
+def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], SourceOptions]:
     """The files to read after ``--source`` and how to parse them (the input flags).
 
-    Returns the exit code of a bad call instead, with a message printed.
+    Raises:
+        UsageError: a bad call.
     """
     interval = args.log_hist_msec
     if interval is None and args.job_file is not None:
         try:
             interval = interval_from_job_file(args.job_file)
         except OSError as exc:
-            _error(name, f"--job-file: {exc}")
-            return EXIT_USAGE
+            raise UsageError([f"--job-file: {exc}"]) from None
         if interval is not None and interval <= 0:
-            _error(name, "--log-hist-msec must be positive")
-            return EXIT_USAGE
+            raise UsageError(["--log-hist-msec must be positive"])
     try:
         paths, notes, skips = choose_sources(args.logs, args.source)
     except OverlapError as exc:
-        _error(name, str(exc))
-        return EXIT_USAGE
+        raise UsageError([str(exc)]) from None
     for note in notes:
         _error(name, note)
     source = SourceOptions(
@@ -668,46 +673,42 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
 
 def _report_options(
     args: argparse.Namespace, name: str
-) -> tuple[QuantaOptions, ReportOptions, list[Path]] | int:
-    """The options (computing, output) and inputs of ``report`` or ``plot``, or an exit code."""
+) -> tuple[QuantaOptions, ReportOptions, list[Path]]:
+    """The options (computing, output) and inputs of ``report`` or ``plot``.
+
+    Raises:
+        UsageError: a bad call.
+    """
     try:
         align = parse_align(args.align)
     except ConfigError as exc:
-        _error(name, str(exc))
-        return EXIT_USAGE
+        raise UsageError([str(exc)]) from None
     fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
     percentiles = args.percentiles
-    directions = args.directions or ALL_DIRECTIONS
+    directions = args.directions or DIRECTIONS
     target_pct = args.target_percentile
     if target_pct is None:
         target_pct = 99.0 if 99.0 in percentiles else max(percentiles)
     if args.target_error is not None:
         if fmt == "fiologparser":
-            _error(
-                name,
+            msg = (
                 "--target-error does not fit --format fiologparser (its columns have no "
-                "span); use table, csv or jsonl",
+                "span); use table, csv or jsonl"
             )
-            return EXIT_USAGE
+            raise UsageError([msg])
         if target_pct not in percentiles:
-            _error(
-                name,
-                f"--target-percentile {target_pct:g} is not among --percentiles "
-                f"{_csv(percentiles)}",
+            msg = (
+                f"--target-percentile {target_pct:g} is not among --percentiles {_csv(percentiles)}"
             )
-            return EXIT_USAGE
+            raise UsageError([msg])
         if args.max_span < args.quantum:
-            _error(name, "--max-span must be at least --quantum")
-            return EXIT_USAGE
+            raise UsageError(["--max-span must be at least --quantum"])
     if fmt == "fiologparser":
         # fiologparser_hist.py always prints the median, and without --directions only the
         # mixed ("all") row.
         percentiles = tuple(sorted({50.0, *percentiles}))
         directions = args.directions or ("all",)
-    picked = _read_inputs(args, name)
-    if isinstance(picked, int):
-        return picked
-    logs, source = picked
+    logs, source = _read_inputs(args, name)
     view = ReportOptions(
         fmt=fmt,
         directions_given=args.directions is not None,
@@ -732,10 +733,7 @@ def _report_options(
 
 
 def _report(args: argparse.Namespace) -> int:
-    got = _report_options(args, "report")
-    if isinstance(got, int):
-        return got
-    opts, view, logs = got
+    opts, view, logs = _report_options(args, "report")
     return _engine_errors("report", lambda: run_report(logs, opts, sys.stdout, opts=view))
 
 
@@ -756,19 +754,15 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from fiomon.offline.plot import PlotError, plot_kind, run_plot  # noqa: PLC0415
+    from fiomon.offline.plot import plot_kind, run_plot  # noqa: PLC0415
     from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
     try:
         kind = plot_kind(args.output)
         sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
     except (PlotError, ConfigError) as exc:
-        _error("plot", str(exc))
-        return EXIT_USAGE
-    got = _report_options(args, "plot")
-    if isinstance(got, int):
-        return got
-    opts, _, logs = got
+        raise UsageError([str(exc)]) from None
+    opts, _, logs = _report_options(args, "plot")
     title = args.title or (
         logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
     )
@@ -790,22 +784,25 @@ def _plot(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
-def _summary_bins(args: argparse.Namespace) -> HistBins | int | None:
-    """The text histogram's bins of ``summary``, None (around the data), or an exit code."""
+def _summary_bins(args: argparse.Namespace) -> HistBins | None:
+    """The text histogram's bins of ``summary``, or None (around the data).
+
+    Raises:
+        UsageError: a bad call.
+    """
     from fiomon.offline.summary import HistBins, bins_from_yaml  # noqa: PLC0415
     from fiomon.units import parse_latency_ns  # noqa: PLC0415
 
+    if args.hist_config is None:
+        if args.hist_min is None and args.hist_max is None:
+            if args.hist_bins is not None or args.hist_scale is not None:
+                raise UsageError(["--hist-bins/--hist-scale need --hist-min and --hist-max"])
+            return None
+        if args.hist_min is None or args.hist_max is None:
+            raise UsageError(["give both --hist-min and --hist-max"])
     try:
         if args.hist_config is not None:
             return bins_from_yaml(args.hist_config)
-        if args.hist_min is None and args.hist_max is None:
-            if args.hist_bins is not None or args.hist_scale is not None:
-                _error("summary", "--hist-bins/--hist-scale need --hist-min and --hist-max")
-                return EXIT_USAGE
-            return None
-        if args.hist_min is None or args.hist_max is None:
-            _error("summary", "give both --hist-min and --hist-max")
-            return EXIT_USAGE
         return HistBins(
             parse_latency_ns(args.hist_min, what="--hist-min"),
             parse_latency_ns(args.hist_max, what="--hist-max"),
@@ -813,29 +810,22 @@ def _summary_bins(args: argparse.Namespace) -> HistBins | int | None:
             args.hist_scale or HIST_SCALE,
         )
     except ConfigError as exc:
-        for p in exc.problems:
-            _error("summary", p)
-        return EXIT_USAGE
+        raise UsageError(exc.problems) from None
 
 
 def _summary(args: argparse.Namespace) -> int:
     from fiomon.offline.summary import Filters, main_summary  # noqa: PLC0415
 
     bins = _summary_bins(args)
-    if isinstance(bins, int):
-        return bins
     filters = Filters(
         hosts=tuple(args.host),
         host_from=args.host_from,
         jobs=tuple(args.job),
-        directions=args.directions or ALL_DIRECTIONS,
+        directions=args.directions or DIRECTIONS,
         from_ms=args.from_,
         to_ms=args.to,
     )
-    picked = _read_inputs(args, "summary")
-    if isinstance(picked, int):
-        return picked
-    logs, source = picked
+    logs, source = _read_inputs(args, "summary")
     try:
         return main_summary(
             logs,
@@ -854,13 +844,10 @@ def _fit(args: argparse.Namespace) -> int:
     from fiomon.offline.fitcmd import run_fit  # noqa: PLC0415
     from fiomon.offline.summary import Filters  # noqa: PLC0415
 
-    picked = _read_inputs(args, "fit")
-    if isinstance(picked, int):
-        return picked
-    logs, source = picked
+    logs, source = _read_inputs(args, "fit")
     return run_fit(
         logs,
-        directions=args.directions or ALL_DIRECTIONS,
+        directions=args.directions or DIRECTIONS,
         source=source,
         per_quantum_ms=args.per_quantum,
         fmt=args.format,
@@ -1241,4 +1228,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if command is None:
         parser.print_help()
         return EXIT_USAGE
-    return command.run(args)
+    try:
+        return command.run(args)
+    except UsageError as exc:
+        for problem in exc.problems:
+            _error(args.command, problem)
+        return EXIT_USAGE

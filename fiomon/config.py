@@ -28,11 +28,10 @@ from typing import Any
 from fiomon.align import Align, parse_align
 from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-DIRECTIONS = ("read", "write", "trim", "mixed", "all")  # mixed: unified_rw_reporting
-DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MQTT_PORT = 1883  # the broker's port by convention, plain TCP
@@ -669,7 +668,8 @@ _CELL_SECTIONS = ("broker",)
 
 _SLA_KEYS: Table = {
     "name": ("name", _rule_name),
-    "direction": ("direction", _choice(*DIRECTIONS)),
+    # Offered as a user knows them: fio's directions (mixed: unified_rw_reporting), then all.
+    "direction": ("direction", _choice(*sorted(DIRECTIONS, key=lambda d: d == "all"))),
     "percentile": ("percentile", _percentile_one),
     "threshold": ("threshold_ns", _latency_ns),
     "scope": ("scope", _choice("cluster", "host")),

@@ -6,6 +6,14 @@ Every class also inherits the builtin that describes it, so callers may catch ei
 
 from __future__ import annotations
 
+from typing import Literal
+
+# Why a payload was refused, for a metric label (WireFormatError.reason); fiomon.wire.REASONS
+# lists them in this order.
+WireReason = Literal[
+    "oversized", "truncated", "not-fiomon", "version", "layout", "inconsistent", "invalid"
+]
+
 
 class FiomonError(Exception):
     """Raised for any failure fiomon reports to its user (base class)."""
@@ -21,6 +29,20 @@ class ConfigError(FiomonError, ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("; ".join(self.problems))
+
+
+class FitError(FiomonError, ValueError):
+    """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
+
+
+class UsageError(ConfigError):
+    """Raised when a command line is wrong in a way its parser cannot see.
+
+    ``fiomon`` prints each problem after the command's name and exits with 2.
+
+    Args:
+        problems: one message per problem, each naming the flag.
+    """
 
 
 class LayoutError(FiomonError, ValueError):
@@ -69,14 +91,18 @@ class OverlapError(FiomonError, ValueError):
     """
 
 
+class PlotError(FiomonError, ValueError):
+    """Raised when a plot cannot be made: an unknown extension or a missing extra."""
+
+
 class WireFormatError(FiomonError, ValueError):
     """Raised when an MQTT payload is not a valid fiomon wire-format message.
 
-    The message says why for a person; :attr:`reason` says it for a metric label (one of
-    ``fiomon.wire.REASONS``: oversized, truncated, not-fiomon, version, layout,
-    inconsistent, invalid).
+    The message says why for a person; :attr:`reason` says it for a metric label (a
+    :data:`WireReason`: oversized, truncated, not-fiomon, version, layout, inconsistent,
+    invalid; ``fiomon.wire.REASONS`` lists them).
     """
 
-    def __init__(self, message: str, reason: str = "invalid") -> None:
+    def __init__(self, message: str, reason: WireReason = "invalid") -> None:
         super().__init__(message)
         self.reason = reason

@@ -28,14 +28,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
+from fiomon.errors import FitError
+from fiomon.units import format_latency_ns
 
 F64 = npt.NDArray[np.float64]
 MIN_IOS = 100
 EM_ROUNDS = 200
-
-
-class FitError(ValueError):
-    """Raised when a histogram cannot be fitted (too few I/Os, one bin, all saturated)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,21 +303,16 @@ def _ks(model: F64, ecdf: F64) -> float:
     return float(np.max(np.abs(model - ecdf)))
 
 
-def _fmt_ns(ns: float) -> str:
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.3g} us"
-    return f"{ns:.3g} ns"
-
-
 def describe(label: str, f: Fit) -> str:
     """Two lines for a person."""
     models = "  ".join(f"{m.name} {m.ks:.4f}" for m in f.tail_models)
+    mean, sd, x_min = (
+        format_latency_ns(ns, largest="ms") for ns in (f.head_mean_ns, f.head_sd_ns, f.x_min_ns)
+    )
     return (
-        f"{label}: {f.ios:,.0f} I/Os; head normal(mean {_fmt_ns(f.head_mean_ns)}, sd "
-        f"{_fmt_ns(f.head_sd_ns)}); tail {f.tail_share:.2%} power law from "
-        f"{_fmt_ns(f.x_min_ns)}, alpha {f.alpha:.3f} (tail index {f.alpha - 1:.3f}); "
+        f"{label}: {f.ios:,.0f} I/Os; head normal(mean {mean}, sd {sd}); tail "
+        f"{f.tail_share:.2%} power law from {x_min}, alpha {f.alpha:.3f} (tail index "
+        f"{f.alpha - 1:.3f}); "
         f"KS {f.ks:.4f}\n"
         f"  tail models by KS distance: {models}; winner: {f.winner}\n"
     )

@@ -1,4 +1,4 @@
-"""Value objects shared by parsers, the quantum engine and (later) the wire format.
+"""Value objects shared by the parsers, the quantum engine and the wire format.
 
 A :class:`RecordBatch` holds many interval records as columns (structure of arrays) with
 the histogram counts in compressed sparse rows, because fio histograms are sparse (a few
@@ -43,6 +43,11 @@ class Direction(enum.IntEnum):
 
 
 DIRECTION_LABELS: tuple[str, ...] = tuple(d.label for d in Direction)
+# The directions of quantum rows, in the order they are written: fio's three, ``all``
+# (every I/O, mixed included), then ``mixed``. The partials format numbers them so.
+DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
+# The percentiles computed unless asked for others: report, plot, the aggregator, the library.
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 
 
 @dataclass(frozen=True, slots=True)

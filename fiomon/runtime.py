@@ -1,4 +1,4 @@
-"""Service plumbing shared by agent and aggregator: signals, systemd notification, watchdog.
+"""Service plumbing shared by agent and aggregator: signals, systemd, durable writes, waits.
 
 :func:`stop_on_signals` is both services' signal rule: SIGTERM or SIGINT starts the
 ordered stop, a second one cuts it short (a second SIGINT exits at once unless the service
@@ -9,6 +9,10 @@ doing (``STATUS=...``) and that its event loop still turns (``WATCHDOG=1`` at ha
 ``WatchdogSec``). The protocol is one datagram per message on the ``AF_UNIX`` socket named
 in ``NOTIFY_SOCKET`` (``sd_notify(3)``); without that variable (not under systemd)
 everything here does nothing.
+
+:func:`write_atomic` is the one way a state file (the agent's positions, the aggregator's
+grid state, the root's closed-through mark) is replaced; :func:`wait_event` is the one
+"sleep, unless this event comes first".
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("fiomon")
@@ -27,6 +32,40 @@ log = logging.getLogger("fiomon")
 # An ordered stop (aggregator, root, a cell's partials) waits this long at most, all its
 # steps together: the disk, Alertmanager, the brokers. A second signal cuts it short.
 GRACE_S = 10.0
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old or the new content.
+
+    The data goes to a temporary file beside ``path`` (written whole, fsynced), which is
+    then renamed over it; the directory is fsynced too where that is supported, so the
+    rename itself survives a crash.
+
+    Raises:
+        OSError: the data could not be made durable (e.g. ENOSPC); the old file stays
+            and no temporary file is left behind.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            view = memoryview(data)
+            while view:  # os.write may write less than asked (a nearly full disk)
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable where supported
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 @contextlib.contextmanager
@@ -110,6 +149,16 @@ def watchdog_period_s() -> float | None:
     return None
 
 
+async def wait_event(ev: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``ev`` is set or ``timeout_s`` has passed; True if it is set.
+
+    The services' "sleep, unless told to stop (or woken) first".
+    """
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ev.wait(), timeout_s)
+    return ev.is_set()
+
+
 async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: float = 10.0) -> None:
     """Until ``stop``: ``WATCHDOG=1`` (if asked for) and a fresh ``STATUS=`` line.
 
@@ -123,8 +172,7 @@ async def keep_alive(stop: asyncio.Event, status: Callable[[], str], every_s: fl
         if watchdog:
             states.append("WATCHDOG=1")
         sd_notify(*states)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
+        await wait_event(stop, period)
     sd_notify("STOPPING=1", "STATUS=stopping")
 
 

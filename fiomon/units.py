@@ -100,3 +100,38 @@ def parse_latency_ns(value: object, *, what: str) -> float:
             break
     msg = f"{what}: expected a latency with units such as 5ms or 500us, got {value!r}"
     raise ConfigError([msg])
+
+
+_SCALES = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def format_latency_ns(
+    ns: float | None,
+    unit: str | None = None,
+    *,
+    largest: str = "s",
+    width: int = 0,
+    fixed: bool = False,
+) -> str:
+    """A latency in ns as fiomon prints it.
+
+    Args:
+        ns: the latency; None (unknown) gives ``-``.
+        unit: None: the largest unit (``ns``, ``us``, ``ms``, ``s``, up to ``largest``)
+            the value reaches, 3 significant digits and the unit's name (``850 ns``,
+            ``1.23 ms``); a unit: the number alone in that unit.
+        largest: the largest unit chosen when ``unit`` is None.
+        width: right-aligned in at least this many characters.
+        fixed: with ``unit``: 3 decimals below 100 and 1 from there (a table's columns)
+            instead of 3 significant digits.
+    """
+    if ns is None:
+        return "-".rjust(width)
+    if unit is None:
+        top = _SCALES[largest]
+        unit = next((u for u in ("s", "ms", "us") if _SCALES[u] <= top and ns >= _SCALES[u]), "ns")
+        return f"{ns / _SCALES[unit]:.3g} {unit}".rjust(width)
+    v = ns / _SCALES[unit]
+    if fixed:
+        return f"{v:.{3 if v < 100 else 1}f}".rjust(width)
+    return f"{v:{width}.3g}"

@@ -15,6 +15,9 @@ Record ``i`` has sequence number ``first_seq + i``, so every record carries
 ``(agent id, stream id, seq)``. :func:`decode` accepts only what :func:`encode` could
 have written: any other payload raises :class:`~fiomon.errors.WireFormatError` with a
 reason, and nothing else escapes it.
+
+The sizes are this module's alone: :func:`encoded_size` is a message's exact length, and
+an agent asks :func:`split` to cut a batch into messages under its size cap.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
+from fiomon.errors import WireFormatError, WireReason
 from fiomon.model import Direction, RecordBatch, StreamInfo
 
 MAGIC = b"FIOM"
@@ -45,6 +49,7 @@ UNITS = ("ns", "us")
 # magic, version, flags, group_nr, coarseness, unit, pad, records, nnz, first_seq
 _HEAD = struct.Struct("<4sBBBBBxIIQ")
 _U16 = struct.Struct("<H")
+_BIN_BYTES = 2  # a bin index (uint16); its count follows in a column of its own
 _RECORD = np.dtype(
     [
         ("label", "<u2"),
@@ -169,6 +174,90 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
     return b"".join(parts)
 
 
+class Part(NamedTuple):
+    """One message of a batch :func:`split` into several.
+
+    Args:
+        first_seq: sequence number of its first record.
+        records: number of records (seqs ``first_seq`` .. ``first_seq + records - 1``).
+        payload: the message, as :func:`encode` writes it.
+    """
+
+    first_seq: int
+    records: int
+    payload: bytes
+
+
+def encoded_size(agent: str, stream: str, batch: RecordBatch) -> int:
+    """``len(encode(agent, stream, first_seq, batch))``, in bytes, without encoding.
+
+    Exact for every batch :func:`encode` accepts (whatever ``first_seq``): the header, the
+    ids and job labels (as :func:`wire_id` makes them), 32 bytes per record and 6 bytes
+    per non-zero bin (10 when a count needs 64 bits).
+    """
+    wide = bool(len(batch.counts)) and int(batch.counts.max()) >= 2**32
+    return (
+        _fixed_size(agent, stream, batch.streams)
+        + len(batch) * _RECORD.itemsize
+        + len(batch.counts) * (_BIN_BYTES + (8 if wide else 4))
+    )
+
+
+def split(
+    agent: str, stream: str, first_seq: int, batch: RecordBatch, max_bytes: int
+) -> Iterator[Part]:
+    """``batch`` as messages of at most ``max_bytes`` bytes each, records in order.
+
+    Every message is as :func:`encode` writes it, holds as many of the next records as
+    fit (sized exactly, as :func:`encoded_size`) and carries the batch's whole job-label
+    table; together they hold every record once, message ``k`` numbered on from where
+    message ``k - 1`` ended. The one exception to the cap: a record that does not fit
+    even alone (with the ids and labels every message repeats) goes alone, over it --
+    records are never cut, and never dropped. An empty batch gives no message.
+
+    Raises:
+        ValueError: as :func:`encode` (a batch it cannot represent).
+    """
+    n = len(batch)
+    if not n:
+        return
+    budget = max_bytes - _fixed_size(agent, stream, batch.streams)
+    nnz = np.diff(batch.indptr)
+    # Cumulative sizes of records 0..i, with 4-byte counts and with 8-byte ones; a
+    # message takes 8-byte counts from its first record with a count of 2**32 or more.
+    narrow = np.cumsum(_RECORD.itemsize + (_BIN_BYTES + 4) * nnz)
+    big = np.flatnonzero(batch.counts >= 2**32)
+    wide_recs = np.unique(np.searchsorted(batch.indptr, big, side="right") - 1)
+    wide = np.cumsum(_RECORD.itemsize + (_BIN_BYTES + 8) * nnz) if len(wide_recs) else narrow
+    start = 0
+    while start < n:
+        take = _fitting(narrow, start, budget)
+        k = int(np.searchsorted(wide_recs, start))  # the first wide record from start on
+        first_wide = int(wide_recs[k]) if k < len(wide_recs) else n
+        if first_wide < start + take:  # with it, every count of the message is 8 bytes
+            take = max(first_wide - start, _fitting(wide, start, budget))
+        end = start + max(1, take)
+        part = batch
+        if start or end < n:
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[start:end] = True
+            part = batch.select(mask)
+        yield Part(first_seq + start, end - start, encode(agent, stream, first_seq + start, part))
+        start = end
+
+
+def _fixed_size(agent: str, stream: str, labels: Sequence[StreamInfo]) -> int:
+    """Bytes of a message before its record table: header, ids, job-label table."""
+    strings = [agent, stream, *(wire_id(s.stream) for s in labels)]
+    return _HEAD.size + _U16.size + sum(_U16.size + len(t.encode("utf-8")) for t in strings)
+
+
+def _fitting(cum: npt.NDArray[np.int64], start: int, budget: int) -> int:
+    """How many records from ``start`` fit ``budget`` bytes (``cum``: cumulative sizes)."""
+    base = int(cum[start - 1]) if start else 0
+    return int(np.searchsorted(cum, base + budget, side="right")) - start
+
+
 class Cursor:
     """Reads a payload front to back, refusing what it cannot hold.
 
@@ -215,22 +304,8 @@ class Cursor:
             raise WireFormatError(msg) from None
 
 
-# Why a payload was refused, as a metric label: the first words of the error's text.
-# Why a payload was refused, for the metric label (WireFormatError.reason).
-REASONS: tuple[str, ...] = (
-    "oversized",
-    "truncated",
-    "not-fiomon",
-    "version",
-    "layout",
-    "inconsistent",
-    "invalid",
-)
-
-
-def reason_of(exc: WireFormatError) -> str:
-    """The short reason of a refusal (one of :data:`REASONS`), for a metric label."""
-    return exc.reason
+# Why a payload was refused, for the metric label (WireFormatError.reason), in label order.
+REASONS: tuple[WireReason, ...] = get_args(WireReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +415,7 @@ class Decoder:
         self._tables: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
         self._last: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
         self._layouts = {
-            (g, c, u): BinLayout(g, c, name)  # type: ignore[arg-type]
+            (g, c, u): BinLayout.from_codes(g, c, name)
             for g in range(19, 59)
             for c in range(7)
             for u, name in enumerate(UNITS)
@@ -409,7 +484,7 @@ class Decoder:
         if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
             msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
             raise WireFormatError(msg, "layout")
-        layout = BinLayout(group_nr, coarse, UNITS[unit])  # type: ignore[arg-type]
+        layout = BinLayout.from_codes(group_nr, coarse, UNITS[unit])
         if not 0 < n <= MAX_RECORDS:
             msg = f"record count {n} outside 1..{MAX_RECORDS}"
             raise WireFormatError(msg)

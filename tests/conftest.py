@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port as free_port  # noqa: PLC0414 -- the tests import it from here
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -45,13 +47,6 @@ async def until(
         if loop.time() > deadline:
             pytest.fail(f"not within {within:g} s: {what}")
         await asyncio.sleep(every)
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Mosquitto:

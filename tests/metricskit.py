@@ -1,8 +1,10 @@
-"""Reading a Prometheus text exposition in tests: one parser for every test that scrapes.
+"""Prometheus in tests: one parser for every test that scrapes, and the exporter's oracle.
 
 A scrape becomes ``{(sample name, sorted labels): value}``, so a test asks for one series
 with ``s[("fiomon_records_total", (("result", "received"),))]``. Parsing goes through
 prometheus_client's own parser (the format's reference reader), not regular expressions.
+:class:`FiomonCollector` builds prometheus_client's families from a snapshot, the
+reference that the aggregator's own renderer is checked against.
 """
 
 from __future__ import annotations
@@ -11,8 +13,27 @@ import asyncio
 import json
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from fiomon.aggregator.exporter import (
+    CLUSTER_LATENCY,
+    HELP,
+    HOST_LATENCY,
+    LATENCY_HISTOGRAM,
+    QUANTUM_END,
+    SLA_BREACH,
+    SLA_BREACHES,
+    Snapshot,
+)
 from tests.conftest import DEADLINE_S
 
 Labels = tuple[tuple[str, str], ...]
@@ -82,3 +103,77 @@ async def wait_http(url: str, seconds: float = DEADLINE_S) -> None:
                 return
             except OSError:
                 await asyncio.sleep(0.2)
+
+
+class FiomonCollector:
+    """The oracle of :func:`fiomon.aggregator.exporter.render`: the snapshot as families.
+
+    Registered in a ``CollectorRegistry``, ``generate_latest`` writes what ``/metrics``
+    must serve for the snapshot, byte for byte (prometheus_client's own text writer).
+
+    Args:
+        current: returns the latest snapshot (a reference swap on the aggregator side).
+    """
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self.current = current
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front (the series appear with the data)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families of the current snapshot."""
+        s = self.current()
+        g = GaugeMetricFamily(
+            CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile"]
+        )
+        for (d, q), v in sorted(s.cluster.items()):
+            g.add_metric([d, q], v)
+        yield g
+        h = GaugeMetricFamily(
+            HOST_LATENCY, HELP[HOST_LATENCY], labels=["host", "direction", "percentile"]
+        )
+        for (host, d, q), v in sorted(s.hosts.items()):
+            h.add_metric([host, d, q], v)
+        yield h
+        if s.quantum_end_s is not None:
+            yield GaugeMetricFamily(QUANTUM_END, HELP[QUANTUM_END], value=s.quantum_end_s)
+        hist = HistogramMetricFamily(
+            LATENCY_HISTOGRAM, HELP[LATENCY_HISTOGRAM], labels=["direction"]
+        )
+        for d, (counts, total, sum_s) in sorted(s.buckets.items()):
+            buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
+            buckets.append(("+Inf", total))
+            hist.add_metric([d], buckets, sum_value=sum_s)
+        yield hist
+        breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host"])
+        for (rule, host), v in sorted(s.sla_breach.items()):
+            breach.add_metric([rule, host], v)
+        yield breach
+        breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule"])
+        for rule, v in sorted(s.sla_breaches.items()):
+            breaches.add_metric([rule], v)
+        yield breaches
+        families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
+            (CounterMetricFamily, s.counters),
+            (GaugeMetricFamily, s.gauges),
+        )
+        for kind, table in families:
+            for (name, text, labels), values in sorted(table.items()):
+                metric = kind(name, text, labels=list(labels))
+                for lv, v in sorted(values.items()):
+                    metric.add_metric(list(lv), v)
+                yield metric
+        for (name, text), (edges, counts, n, total) in sorted(s.histograms.items()):
+            fam = HistogramMetricFamily(name, text)
+            b = [(_le(e), c) for e, c in zip(edges, counts, strict=True)]
+            b.append(("+Inf", n))
+            fam.add_metric([], b, sum_value=total)
+            yield fam
+
+
+def _le(edge_s: float) -> str:
+    """The ``le`` label as prometheus_client spells it."""
+    text: str = floatToGoString(edge_s)  # type: ignore[no-untyped-call]
+    return text

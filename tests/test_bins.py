@@ -135,6 +135,18 @@ def test_invalid_layouts_are_refused() -> None:
         BinLayout(29, 9)
 
 
+def test_layouts_from_codes_are_checked_and_refused_as_layout_errors() -> None:
+    # Codes read from a message or a state file: a bad one is a LayoutError, never a
+    # layout with an unknown unit.
+    assert BinLayout.from_codes(29, 3, "ns") == BinLayout(29, 3)
+    assert BinLayout.from_codes(19, 0, "us") == BinLayout(19, 0, "us")
+    for codes, what in [((7, 0, "ns"), "group_nr"), ((29, 9, "ns"), "coarseness")]:
+        with pytest.raises(LayoutError, match=what):
+            BinLayout.from_codes(*codes)
+    with pytest.raises(LayoutError, match="unit"):
+        BinLayout.from_codes(29, 0, "ms")
+
+
 def test_merged_layout_is_the_coarser_of_two_compatible_layouts() -> None:
     fine, coarse = BinLayout(29, 0), BinLayout(29, 3)
     assert merged_layout(fine, coarse) == coarse

@@ -34,8 +34,8 @@ import yaml
 
 from fiomon.cells import assign_cell
 from fiomon.config import agent_config_from
+from fiomon.model import DIRECTIONS
 from fiomon.offline.sources import FileSource, SourceOptions
-from fiomon.windows import ALL_DIRECTIONS
 from tests.conftest import DEADLINE_S, Mosquitto, free_port
 from tests.metricskit import query, scrape, total
 
@@ -423,7 +423,7 @@ async def test_cells_sum_exactly_and_prometheus_percentiles_are_within_the_bound
     # Exact: the cells' counters add up to the single aggregator's, bucket by bucket.
     one = exact_buckets["single"]
     # every direction (read, write, trim, all, mixed) x (le edges, +Inf, count and sum)
-    assert len(one) == len(ALL_DIRECTIONS) * (385 + 1 + 2)
+    assert len(one) == len(DIRECTIONS) * (385 + 1 + 2)
     summed = {key: exact_buckets["cell-a-16"][key] + exact_buckets["cell-b-16"][key] for key in one}
     worst = max(abs(summed[key] - v) / max(v, 1.0) for key, v in one.items())
     assert worst <= 1e-9, f"cells summed differ from one aggregator by {worst:.2e}"

@@ -100,3 +100,19 @@ def test_every_example_configuration_loads(example: Path) -> None:
         assert load_agent_config(example).watch
     else:
         assert load_aggregator_config(example).sla
+
+
+def test_one_default_percentiles_and_one_directions_constant() -> None:
+    import inspect  # noqa: PLC0415
+
+    from fiomon.engine import QuantumEngine  # noqa: PLC0415
+    from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS  # noqa: PLC0415
+    from fiomon.offline.quanta import QuantaOptions  # noqa: PLC0415
+
+    (agg,) = [f.default for f in dataclasses.fields(AggregatorConfig) if f.name == "percentiles"]
+    assert agg is QuantaOptions().percentiles is DEFAULT_PERCENTILES
+    assert QuantaOptions().directions is DIRECTIONS
+    # The engine's own defaults: the same objects.
+    engine = inspect.signature(QuantumEngine).parameters
+    assert engine["percentiles"].default is DEFAULT_PERCENTILES
+    assert engine["directions"].default is DIRECTIONS

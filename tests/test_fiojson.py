@@ -10,9 +10,8 @@ from fiomon.bins import plat_idx_to_val
 from fiomon.fiojson import JsonSplitter, JsonStatusParser
 from fiomon.model import RecordBatch
 from fiomon.problems import ProblemLog
+from tests.clock import T0
 from tests.conftest import FIXTURES
-
-T0 = 1_795_000_000_000
 
 
 def doc(ts: int, jobs: list[tuple[str, dict[int, int], int]]) -> str:

@@ -14,9 +14,9 @@ from fiomon.fiolog import HistLogOptions, HistLogParser, interval_from_job_file
 from fiomon.linescan import scan, scan_vectorised
 from fiomon.model import RecordBatch
 from fiomon.problems import ProblemLog
+from tests.clock import T0
 from tests.conftest import FIXTURES
 
-T0 = 1_795_000_000_000
 NB = 1856
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.cli import main
-from fiomon.fit import FitError, fit_histogram
+from fiomon.errors import FitError
+from fiomon.fit import fit_histogram
 from fiomon.tools.simulate import LatencyModel
 from tests.conftest import FIXTURES
 

@@ -19,8 +19,8 @@ from fiomon.fiolog import HistLogOptions, HistLogParser
 from fiomon.linescan import scan, scan_vectorised
 from fiomon.parsers import SNIFF_BYTES, open_parser, sniff
 from fiomon.problems import ProblemLog
+from tests.clock import T0
 
-T0 = 1_795_000_000_000
 NCOLS = 3 + 1856
 _FIELD = re.compile(rb"[0-9]{1,18}")
 

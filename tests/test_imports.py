@@ -80,7 +80,7 @@ def test_no_side_imports_another(module: str, path: Path) -> None:
         ("fiomon.aggregator.alerts", "yaml"),  # rules are data; YAML is the loader's
         ("fiomon.wire", "aiomqtt"),
         # The root's merge and the partials format are pure logic: no MQTT client.
-        ("fiomon.aggregator.partials", "aiomqtt"),
+        ("fiomon.partials", "aiomqtt"),
         ("fiomon.aggregator.root", "aiomqtt"),
         ("fiomon.aggregator.root", "paho"),
         ("fiomon.cells", "paho"),

@@ -25,8 +25,8 @@ from fiomon.overlap import (
 )
 from fiomon.tools.simulate import format_line
 from tests.agent.agentkit import report_samples
+from tests.clock import T0
 
-T0 = 1_795_000_000_000
 BIN = int(plat_val_to_idx(np.array([20480]))[0])
 
 

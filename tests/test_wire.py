@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,17 @@ from hypothesis import strategies as st
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.wire import MAX_TIME_MS, REASONS, VERSION, Decoder, Message, decode, encode
+from fiomon.wire import (
+    MAX_TIME_MS,
+    REASONS,
+    VERSION,
+    Decoder,
+    Message,
+    decode,
+    encode,
+    encoded_size,
+    split,
+)
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us"), BinLayout(30, 6)]
 
@@ -297,3 +309,142 @@ def test_a_group_joins_the_messages_records_and_label_tables_in_order() -> None:
         ("h2", "job2"),
     ]
     assert g.batch.stream_idx.tolist() == [0, 1, 2]
+
+
+# -- sizes and splitting ------------------------------------------------------------------
+
+# Ids and labels at the limits: 512 UTF-8 bytes of 1-, 2-, 3- and 4-byte characters, and
+# file-name bytes that are not UTF-8 (wire_id writes each as 4 characters, then hashes).
+LONG_NAMES = ["a" * 512, "é" * 256, "€" * 170, "\U0001f600" * 128, "\udcff" * 300, "x"]
+
+
+@st.composite
+def big_batches(draw: st.DrawFn) -> RecordBatch:
+    """Batches an agent may have to split: dense records, long labels, 64-bit counts."""
+    layout = draw(st.sampled_from(LAYOUTS))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    n = draw(st.integers(1, 60))
+    density = draw(st.sampled_from([0.0, 0.01, 0.2, 1.0]))  # 1.0: every bin non-zero
+    wide_share = draw(st.sampled_from([0.0, 0.0, 0.05, 1.0]))  # records with counts >= 2**32
+    labels = draw(st.lists(st.sampled_from(LONG_NAMES), min_size=1, max_size=3, unique=True))
+    nnz = rng.binomial(layout.nbins, density, n)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(nnz, out=indptr[1:])
+    bins = np.concatenate(
+        [np.sort(rng.choice(layout.nbins, k, replace=False)) for k in nnz.tolist()]
+    ).astype(np.int32)
+    wide = rng.random(n) < wide_share
+    top = np.where(np.repeat(wide, nnz), 2**62, 2**32 - 1)
+    start = np.sort(rng.integers(1_700_000_000_000, 1_700_000_100_000, n))
+    return RecordBatch(
+        layout=layout,
+        streams=tuple(StreamInfo("h", lab) for lab in labels),
+        stream_idx=rng.integers(0, len(labels), n).astype(np.int32),
+        direction=rng.integers(0, 3, n).astype(np.int8),
+        start_ms=start,
+        end_ms=start + 1000,
+        nbytes=rng.integers(0, 2**40, n),
+        indptr=indptr,
+        bins=bins,
+        counts=(rng.random(len(bins)) * (top - 1)).astype(np.int64) + 1,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.sampled_from(LONG_NAMES[:4]), st.sampled_from(LONG_NAMES[:4]))
+def test_encoded_size_is_the_length_of_the_encoding(
+    batch: RecordBatch, agent: str, stream: str
+) -> None:
+    assert encoded_size(agent, stream, batch) == len(encode(agent, stream, 7, batch))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    big_batches(),
+    st.sampled_from(LONG_NAMES[:4]),
+    st.sampled_from(LONG_NAMES[:4]),
+    st.integers(0, 2**40),
+    st.sampled_from([16 * 1024, 20_000, 64 * 1024, 256 * 1024]),
+)
+def test_split_messages_stay_under_the_cap_and_lose_nothing(
+    batch: RecordBatch, agent: str, stream: str, first: int, cap: int
+) -> None:
+    parts = list(split(agent, stream, first, batch, cap))
+    decoder = Decoder()
+    msgs = [decoder.decode(p.payload) for p in parts]
+    for p, m in zip(parts, msgs, strict=True):
+        assert (m.agent, m.stream, m.first_seq, len(m.batch)) == (
+            agent,
+            stream,
+            p.first_seq,
+            p.records,
+        )
+        # Over the cap only a record that does not fit even alone, and then alone.
+        assert len(p.payload) <= cap or p.records == 1
+    # Every record once, in order, numbered on: the batch and its samples, whole.
+    starts = itertools.accumulate([p.records for p in parts[:-1]], initial=first)
+    assert [p.first_seq for p in parts] == list(starts)
+    assert sum(p.records for p in parts) == len(batch)
+    # Python ints: 64-bit counts overflow a numpy sum.
+    assert sum(sum(m.batch.counts.tolist()) for m in msgs) == sum(batch.counts.tolist())
+    joined = np.concatenate([m.batch.bins for m in msgs])
+    assert np.array_equal(joined, batch.bins)
+    assert np.array_equal(np.concatenate([m.batch.counts for m in msgs]), batch.counts)
+    for name in ("stream_idx", "direction", "start_ms", "end_ms", "nbytes"):
+        joined = np.concatenate([getattr(m.batch, name) for m in msgs])
+        assert np.array_equal(joined, getattr(batch, name)), name
+    # Greedy: no message could have taken its successor's first record too.
+    for p in parts[:-1]:
+        lo = p.first_seq - first
+        longer = batch.select(_between(len(batch), lo, lo + p.records + 1))
+        assert encoded_size(agent, stream, longer) > cap
+
+
+def test_a_dense_batch_with_ids_at_their_limits_splits_under_a_small_cap() -> None:
+    # Every bin non-zero (11,168 bytes a record), 512-byte multi-byte ids and labels:
+    # a size estimate that counts characters, or guesses the fixed part, overshoots here.
+    lay = BinLayout()
+    n = 40
+    batch = RecordBatch(
+        layout=lay,
+        streams=tuple(StreamInfo("h", lab) for lab in LONG_NAMES),
+        stream_idx=(np.arange(n) % len(LONG_NAMES)).astype(np.int32),
+        direction=np.zeros(n, np.int8),
+        start_ms=np.arange(n, dtype=np.int64) * 1000,
+        end_ms=np.arange(1, n + 1, dtype=np.int64) * 1000,
+        nbytes=np.full(n, 4096, np.int64),
+        indptr=np.arange(n + 1, dtype=np.int64) * lay.nbins,
+        bins=np.tile(np.arange(lay.nbins, dtype=np.int32), n),
+        counts=np.tile(np.arange(1, lay.nbins + 1, dtype=np.int64), n),
+    )
+    agent, stream = "€" * 170, "\U0001f600" * 128
+    parts = list(split(agent, stream, 100, batch, 16 * 1024))
+    assert [p.records for p in parts] == [1] * n  # one dense record per message fits
+    assert all(len(p.payload) <= 16 * 1024 for p in parts)
+    assert sum(int(decode(p.payload).batch.counts.sum()) for p in parts) == int(batch.counts.sum())
+    whole = list(split(agent, stream, 100, batch, 1 << 20))
+    assert len(whole) == 1
+    assert whole[0].payload == encode(agent, stream, 100, batch)  # unsplit: as encode writes
+
+
+def test_split_of_an_empty_batch_gives_no_message() -> None:
+    lay = BinLayout()
+    empty = RecordBatch(
+        layout=lay,
+        streams=(StreamInfo("h", "j"),),
+        stream_idx=np.zeros(0, np.int32),
+        direction=np.zeros(0, np.int8),
+        start_ms=np.zeros(0, np.int64),
+        end_ms=np.zeros(0, np.int64),
+        nbytes=np.zeros(0, np.int64),
+        indptr=np.zeros(1, np.int64),
+        bins=np.zeros(0, np.int32),
+        counts=np.zeros(0, np.int64),
+    )
+    assert list(split("a", "s", 0, empty, 1 << 16)) == []
+
+
+def _between(n: int, lo: int, hi: int) -> npt.NDArray[np.bool_]:
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[lo:hi] = True
+    return mask

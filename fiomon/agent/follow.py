@@ -79,7 +79,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
 from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
@@ -109,7 +108,7 @@ from fiomon.parsers import (
     sniff,
 )
 from fiomon.problems import Problem, ProblemLog
-from fiomon.wire import MAX_TIME_MS, encode, wire_id
+from fiomon.wire import MAX_TIME_MS, split, wire_id
 
 log = logging.getLogger("fiomon.agent")
 
@@ -141,6 +140,10 @@ TEXT_HEAD_MAX = 1 << 20  # text before the first record that the kind waits for,
 KEY_MIN = 256  # a content id digests the file's head through a line ending this far in
 KEY_READ = 1 << 20  # ... found within this much of the file's start
 PBENCH_PROBE_BYTES = 4 << 20  # of a log in clients/<server>/ read to tell running sums
+# max_message_size bounds the MQTT packet, which also carries a fixed header, the topic
+# and a packet id; payloads are cut this much shorter (a broker's max_packet_size or an
+# aggregator's limit set to the agent's size still takes every message).
+PACKET_OVERHEAD = 1024
 RESERVED_FDS = 64  # descriptors left for MQTT, the spool, positions (half, if the limit is low)
 
 
@@ -237,7 +240,8 @@ class Follower:
     Args:
         patterns: glob patterns (json+ status files and hist logs, told apart by content).
         agent: agent id written into every message.
-        max_message_bytes: cap on one encoded message.
+        max_message_bytes: cap on one encoded message, bytes (:func:`fiomon.wire.split`
+            sizes them; a record too big even alone goes alone).
         state: what the positions file held at start (see :mod:`fiomon.agent.positions`).
         log_hist_msec: hist logs' interval, or None to infer it.
         max_open_files: descriptors held at most (also kept below the process limit).
@@ -1384,21 +1388,10 @@ class Follower:
         self.changes += 1
 
     def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
-        """Split ``batch`` into messages under the size cap (by record, in order)."""
-        per_record = 32 + 10 * np.diff(batch.indptr)
-        fixed = 64 + len(stream) + len(self.agent) + sum(len(s.stream) + 2 for s in batch.streams)
-        budget = self.max_message_bytes - fixed
-        start = 0
-        n = len(batch)
-        while start < n:
-            sizes = np.cumsum(per_record[start:])
-            take = max(1, int(np.searchsorted(sizes, budget, side="right")))
-            end = min(n, start + take)
-            part = batch.select(_range_mask(n, start, end))
-            yield Outgoing(
-                stream, first + start, end - start, encode(self.agent, stream, first + start, part)
-            )
-            start = end
+        """``batch`` as messages under the size cap, records in order (the wire sizes them)."""
+        cap = self.max_message_bytes - PACKET_OVERHEAD
+        for part in split(self.agent, stream, first, batch, cap):
+            yield Outgoing(stream, part.first_seq, part.records, part.payload)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -1588,12 +1581,6 @@ def head_tells_kind(head: bytes) -> bool:
     if container(head) != "plain" or fio_log_store(head):
         return True  # compressed: refused (Follower._refuse_packed)
     return b"\n{" in body
-
-
-def _range_mask(n: int, start: int, end: int) -> npt.NDArray[np.bool_]:
-    mask = np.zeros(n, dtype=np.bool_)
-    mask[start:end] = True
-    return mask
 
 
 def _log_problem(p: Problem) -> None:

@@ -14,44 +14,15 @@ what was durable.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fiomon.runtime import write_atomic
+
 POSITIONS_VERSION = 2
 LEGACY_PREFIX = "v1:"  # sha1 field of an entry migrated from version 1 (head digest only)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content.
-
-    Raises:
-        OSError: the data could not be made durable (e.g. ENOSPC); the old file stays
-            and no temporary file is left behind.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        try:
-            view = memoryview(data)
-            while view:  # os.write may write less than asked (a nearly full disk)
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where supported
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 @dataclass(slots=True)

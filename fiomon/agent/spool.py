@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fiomon.agent.positions import write_atomic
+from fiomon.runtime import write_atomic
 
 __all__ = ["Outgoing", "Spool", "write_atomic"]
 

@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule, WebhookConfig
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 

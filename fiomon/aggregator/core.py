@@ -15,7 +15,7 @@ Two steps, so that intake costs little per message and the rest is batched:
   once (:meth:`fiomon.wire.Decoder.decode_many`), drops duplicates and counts gaps by
   ``(agent, stream, seq)``, refuses records from the far future or with absurd spans,
   moves the watermark, merges the rest into the shared
-  :class:`~fiomon.windows.QuantumEngine` (the report's engine, so the same logs give the
+  :class:`~fiomon.engine.QuantumEngine` (the report's engine, so the same logs give the
   same numbers), closes what the :class:`~fiomon.aggregator.watermark.Watermark` allows
   and hands the closed rows to the quanta writer, the alert book and a fresh metrics
   snapshot.
@@ -57,17 +57,18 @@ from fiomon.aggregator.metrics import (
     with_outbox,
 )
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import rows_of
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter, RowKey, Tail
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import auto_phase, phase_for
 from fiomon.bins import BinLayout, merged_layout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
-from fiomon.errors import LayoutError
-from fiomon.fit import FitError, fit_histogram
-from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, QuantumEngine
-from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder, reason_of
+from fiomon.engine import QuantumEngine
+from fiomon.errors import FitError, LayoutError
+from fiomon.fit import fit_histogram
+from fiomon.model import DIRECTIONS, RecordBatch, StreamInfo
+from fiomon.partials import rows_of
+from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -233,7 +234,7 @@ class AggregatorCore:
             log.info("the previous run knew %d live streams", len(grid.known.streams))
         if grid is not None and grid.quantum_ms == cfg.quantum_ms:
             g, c, unit = grid.layout
-            self._first_layout = BinLayout(g, c, unit)  # type: ignore[arg-type]
+            self._first_layout = BinLayout.from_codes(g, c, unit)
             self._phase_ms = grid.phase_ms
             self._create_engine(self._first_layout, grid.phase_ms)
         elif grid is not None:
@@ -299,7 +300,7 @@ class AggregatorCore:
             if len(payload) > limit or not payload.startswith(_PREFIX):
                 out = self.decoder.decode_many([payload])
                 for _, exc in out.errors:
-                    self._invalid(reason_of(exc), f"from {host}: {exc}")
+                    self._invalid(exc.reason, f"from {host}: {exc}")
                 continue
             ok.append((host, payload))
         if not ok:
@@ -331,7 +332,7 @@ class AggregatorCore:
         if queued:
             decoded = self.decoder.decode_many([q[1] for q in queued])
             for i, exc in decoded.errors:
-                self._invalid(reason_of(exc), f"from {queued[i][0]}: {exc}")
+                self._invalid(exc.reason, f"from {queued[i][0]}: {exc}")
             for group in decoded.groups:
                 self._accept(group, queued, now)
         if self.engine is None and self._pending:
@@ -674,7 +675,7 @@ class AggregatorCore:
             phase_ms=phase,
             percentiles=self.cfg.percentiles,
             confidence_level=self.cfg.confidence_level,
-            directions=ALL_DIRECTIONS,
+            directions=DIRECTIONS,
             per_host=self.cfg.per_host,
             max_hosts=self.cfg.max_hosts,
             max_open_quanta=self.cfg.max_open_quanta,

@@ -7,8 +7,9 @@ second between closes, for its counters) and hands it to the ``/metrics`` child 
 too, to every scrape until the next snapshot: a scrape costs no Python work over the
 series, and none of it in the aggregator's interpreter.
 
-:class:`FiomonCollector` builds ``prometheus_client`` families from the same snapshot; the
-tests check that :func:`render` gives byte for byte what ``generate_latest`` gives for it.
+The tests' ``FiomonCollector`` (``tests/metricskit.py``) builds ``prometheus_client``
+families from the same snapshot and checks that :func:`render` gives byte for byte what
+``generate_latest`` gives for it.
 A sample of what it exports::
 
     # HELP fiomon_cluster_latency_percentile_seconds Cluster-wide latency percentile of ...
@@ -32,23 +33,17 @@ percentiles are interpolated, so the bucket counts are the exact histogram's val
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
 from prometheus_client.utils import floatToGoString
 
 from fiomon.bins import BinLayout
 from fiomon.histogram import cumulative_at
-from fiomon.windows import ALL_DIRECTIONS
+from fiomon.model import DIRECTIONS
 
 if TYPE_CHECKING:  # the live page's data rides on snapshots; the module loads with it
     from fiomon.aggregator.live import LiveView
@@ -136,7 +131,7 @@ class BucketHistogram:
             thresholds_ns: the SLA rules' thresholds, each an exact bucket edge.
             per_octave: ``export.buckets_per_octave``.
         """
-        return cls(layout, bucket_edges_s(layout, thresholds_ns, per_octave), ALL_DIRECTIONS)
+        return cls(layout, bucket_edges_s(layout, thresholds_ns, per_octave), DIRECTIONS)
 
     def add(self, direction: str, hist: F64, mean_ns: float) -> None:
         """Add one closed quantum's histogram."""
@@ -188,71 +183,6 @@ class Snapshot:
         field(default_factory=dict)
     )
     live: LiveView | None = None
-
-
-class FiomonCollector:
-    """Builds metric families from the current snapshot on every scrape.
-
-    Args:
-        current: returns the latest snapshot (a reference swap on the aggregator side).
-    """
-
-    def __init__(self, current: Callable[[], Snapshot]) -> None:
-        self.current = current
-
-    def describe(self) -> list[Metric]:
-        """Nothing up front (the series appear with the data)."""
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        """The metric families of the current snapshot."""
-        s = self.current()
-        g = GaugeMetricFamily(
-            CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile"]
-        )
-        for (d, q), v in sorted(s.cluster.items()):
-            g.add_metric([d, q], v)
-        yield g
-        h = GaugeMetricFamily(
-            HOST_LATENCY, HELP[HOST_LATENCY], labels=["host", "direction", "percentile"]
-        )
-        for (host, d, q), v in sorted(s.hosts.items()):
-            h.add_metric([host, d, q], v)
-        yield h
-        if s.quantum_end_s is not None:
-            yield GaugeMetricFamily(QUANTUM_END, HELP[QUANTUM_END], value=s.quantum_end_s)
-        hist = HistogramMetricFamily(
-            LATENCY_HISTOGRAM, HELP[LATENCY_HISTOGRAM], labels=["direction"]
-        )
-        for d, (counts, total, sum_s) in sorted(s.buckets.items()):
-            buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
-            buckets.append(("+Inf", total))
-            hist.add_metric([d], buckets, sum_value=sum_s)
-        yield hist
-        breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host"])
-        for (rule, host), v in sorted(s.sla_breach.items()):
-            breach.add_metric([rule, host], v)
-        yield breach
-        breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule"])
-        for rule, v in sorted(s.sla_breaches.items()):
-            breaches.add_metric([rule], v)
-        yield breaches
-        families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
-            (CounterMetricFamily, s.counters),
-            (GaugeMetricFamily, s.gauges),
-        )
-        for kind, table in families:
-            for (name, text, labels), values in sorted(table.items()):
-                metric = kind(name, text, labels=list(labels))
-                for lv, v in sorted(values.items()):
-                    metric.add_metric(list(lv), v)
-                yield metric
-        for (name, text), (edges, counts, n, total) in sorted(s.histograms.items()):
-            fam = HistogramMetricFamily(name, text)
-            b = [(_le(e), c) for e, c in zip(edges, counts, strict=True)]
-            b.append(("+Inf", n))
-            fam.add_metric([], b, sum_value=total)
-            yield fam
 
 
 def _le(edge_s: float) -> str:

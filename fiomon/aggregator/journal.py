@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fiomon.aggregator.watermark import KnownStreams
+from fiomon.runtime import write_atomic as write_atomic  # noqa: PLC0414 -- re-exported
 from fiomon.wire import describe
 
 SEGMENT_BYTES = 32 * 1024 * 1024
@@ -48,24 +49,6 @@ _OLD_LEN = struct.Struct("<I")
 _FAR = 2**62
 
 ProblemSink = Callable[[str, str], None]  # (kind, text): log and count
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename itself durable where supported
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 @dataclass(frozen=True, slots=True)

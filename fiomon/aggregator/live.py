@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
 
 RECENT_MS = 5000  # each snapshot carries the quanta that closed over about this long
 MAX_RECENT = 16

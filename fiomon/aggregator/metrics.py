@@ -33,8 +33,8 @@ import numpy.typing as npt
 
 from fiomon.aggregator.alerts import AlertBook
 from fiomon.aggregator.exporter import BucketHistogram, Snapshot
+from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
 from fiomon.wire import REASONS
 
 OTHER_HOST = "_other"  # label of per-host counters beyond the host cap

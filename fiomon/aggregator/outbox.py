@@ -1,6 +1,6 @@
 """A cell's partials outbox: closed quanta on disk before they count as published.
 
-The core appends a close's partials (:mod:`fiomon.aggregator.partials`) here *before* it
+The core appends a close's partials (:mod:`fiomon.partials`) here *before* it
 hands the close to the quanta writer, so whatever the state file says was published is
 already in the outbox: a cell ``kill -9``-ed between closing and sending sends on restart.
 The publisher (:func:`publish_partials`, its own task and MQTT connection to the root's
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import aiomqtt
 
-from fiomon.aggregator.partials import PartialRow, encode, split
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
 from fiomon.mqtt import Backoff, MqttSession, PublishRefusedError, Topics
+from fiomon.partials import PartialRow, encode, split
 from fiomon.runtime import GRACE_S
 
 log = logging.getLogger("fiomon.aggregator")

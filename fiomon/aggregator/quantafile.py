@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fiomon.aggregator.journal import GridState
-from fiomon.windows import ClosedQuantum
+from fiomon.closed import ClosedQuantum
 
 log = logging.getLogger("fiomon.aggregator")
 

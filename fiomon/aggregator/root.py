@@ -1,11 +1,11 @@
 """The exact root: cells' partials in, the cluster's closed quanta out (no I/O).
 
 Each cell closes its hosts' quanta and sends, per quantum, every group its engine formed
-(:mod:`fiomon.aggregator.partials`). A host belongs to one cell, so summing the cells'
+(:mod:`fiomon.partials`). A host belongs to one cell, so summing the cells'
 groups of one ``(quantum, scope, host, direction)`` gives exactly the group one engine fed
 every record would have formed: counts per bin add, the covered span is the union (min
 of starts, max of ends), bytes, streams and late records add. :class:`RootMerger` makes
-the same :class:`~fiomon.windows.ClosedQuantum` rows from them, with the engine's
+the same :class:`~fiomon.closed.ClosedQuantum` rows from them, with the engine's
 statistics functions, so the root's quanta file equals one aggregator's (and the
 offline report's) to rounding of the float sums.
 
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.aggregator.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
 from fiomon.bins import BinLayout, coarsen_hist, merged_layout
+from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.errors import LayoutError, WireFormatError
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, Scope, closed_row, group_stats
+from fiomon.model import DIRECTIONS
+from fiomon.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
 
 log = logging.getLogger("fiomon.root")
 
@@ -403,7 +404,7 @@ class RootMerger:
         groups = self._open.pop(end)
         self._closed_any = True
         assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
-        order = {d: i for i, d in enumerate(ALL_DIRECTIONS)}
+        order = {d: i for i, d in enumerate(DIRECTIONS)}
         keys = sorted(
             groups,
             key=lambda k: (k[0] != "cluster", k[1] or "", order[k[2]]),

@@ -48,11 +48,11 @@ from fiomon.aggregator.metrics_server import MetricsProcess
 from fiomon.aggregator.quantafile import QuantaFile, QuantaWriter
 from fiomon.aggregator.root import RootMerger
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, RootConfig, load_aggregator_config, root_ignored_keys
 from fiomon.errors import ConfigError
 from fiomon.mqtt import SUBSCRIBE_TIMEOUT_S, Backoff, IncomingQueue, Topics, drop_stale, make_client
 from fiomon.runtime import GRACE_S, cancel_and_wait, stop_on_signals
-from fiomon.windows import ClosedQuantum
 
 log = logging.getLogger("fiomon.root")
 

@@ -12,8 +12,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import FiomonError
-from fiomon.fit import Fit, FitError, describe, fit_histogram
+from fiomon.errors import FiomonError, FitError
+from fiomon.fit import Fit, describe, fit_histogram
 from fiomon.model import DIRECTION_LABELS
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
 from fiomon.offline.sources import SourceOptions, host_labels

@@ -26,8 +26,9 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, TextIO
 
+from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
+from fiomon.units import format_latency_ns
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
@@ -253,7 +254,7 @@ class TableWriter:
 
     def _line(self, r: ClosedQuantum) -> str:
         assert self.unit is not None  # noqa: S101 - set by write() before the first line
-        scale = self.unit[1]
+        unit = self.unit[0]
         s = r.stats
 
         def lat(v: float, key: str | None = None) -> str:
@@ -261,7 +262,7 @@ class TableWriter:
             if key is not None and key in s.saturated:
                 mark = ">"
                 self.saturated_seen = True
-            return f"{mark}{v / scale:.{3 if v / scale < 100 else 1}f}"
+            return mark + format_latency_ns(v, unit, fixed=True)
 
         if self.relative:
             when = f"{r.end_ms / 1000:.3f}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from fiomon.bins import BinLayout
-from fiomon.errors import FiomonError
+from fiomon.errors import PlotError
 from fiomon.offline.plotdata import DEFAULT_MAX_POINTS, PlotData
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.report import ReportSummary, run_report
@@ -22,10 +22,6 @@ from fiomon.webpage import page_html
 
 PlotKind = Literal["html", "png", "svg"]
 KINDS: dict[str, PlotKind] = {".html": "html", ".htm": "html", ".png": "png", ".svg": "svg"}
-
-
-class PlotError(FiomonError, ValueError):
-    """Raised when the output cannot be made: an unknown extension or a missing extra."""
 
 
 def plot_kind(path: Path) -> PlotKind:

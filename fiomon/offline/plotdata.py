@@ -37,9 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum
 
 DEFAULT_MAX_POINTS = 2000
 _CLUSTER_FIELDS = ("min_ns", "mean_ns", "max_ns", "iops", "bytes_per_second")

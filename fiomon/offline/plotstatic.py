@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from fiomon.errors import PlotError
+
 _EXTRA = "pip install 'fiomon[plot]'"
 _DIRS = ("read", "write", "trim", "mixed", "all")
 
 
 def require_matplotlib() -> None:
     """Raise PlotError naming the extra when matplotlib is missing."""
-    from fiomon.offline.plot import PlotError  # noqa: PLC0415
-
     try:
         import matplotlib  # noqa: F401, PLC0415
     except ImportError as exc:

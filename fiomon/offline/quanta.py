@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import numpy as np
-
-from fiomon.align import Align, auto_phase, phase_for
+from fiomon.align import Align, phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
+from fiomon.closed import ClosedQuantum
 from fiomon.confidence import DEFAULT_LEVEL
+from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
-from fiomon.model import RecordBatch
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -40,7 +40,6 @@ from fiomon.offline.sources import (
 )
 from fiomon.offline.spans import SpanMerger
 from fiomon.problems import ProblemLog
-from fiomon.windows import ALL_DIRECTIONS, ClosedQuantum, PreparedBatch, QuantumEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +66,8 @@ class QuantaOptions:
 
     quantum_ms: int = 1000
     align: Align = "auto"
-    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-    directions: tuple[str, ...] = ALL_DIRECTIONS
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    directions: tuple[str, ...] = DIRECTIONS
     per_host: bool = False
     host_from: str = "auto"
     source: SourceOptions = field(default_factory=SourceOptions)
@@ -203,14 +202,7 @@ class QuantaReader:
         self.relative = "relative" in kinds.values()
         phase = phase_for(opts.align, opts.quantum_ms)
         if phase is None:
-            batches = [b for bs in first.values() for b in bs]
-            ends = np.concatenate([b.end_ms for b in batches]) if batches else np.zeros(0, np.int64)
-            weights = (
-                np.concatenate([b.samples() for b in batches]).astype(np.float64)
-                if batches
-                else np.zeros(0)
-            )
-            phase = auto_phase(ends, weights, opts.quantum_ms)
+            phase = phase_from([b for bs in first.values() for b in bs], opts.quantum_ms)
         self.phase_ms = phase
         self._engine = QuantumEngine(
             layout=self.layout,

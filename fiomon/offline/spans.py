@@ -29,9 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum, Scope, ci_dicts
 from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
 from fiomon.histogram import pct_key
-from fiomon.windows import ClosedQuantum, Scope, ci_dicts
 
 SpanKey = tuple[str, str, str]  # (scope, host or "", direction)
 

@@ -40,6 +40,7 @@ from fiomon.offline.sources import (
     host_labels,
 )
 from fiomon.problems import ProblemLog
+from fiomon.units import format_latency_ns
 
 F64 = npt.NDArray[np.float64]
 Scale = Literal["log", "linear"]
@@ -336,16 +337,6 @@ def summarize_run(
     return out
 
 
-def _lat(ns: float) -> str:
-    if ns >= 1e9:
-        return f"{ns / 1e9:.3g} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.3g} us"
-    return f"{ns:.3g} ns"
-
-
 def _size(b: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if b >= scale:
@@ -368,19 +359,22 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
             f"{s.operation}: {s.ios:,.0f} I/Os, {_size(s.bytes)} in {span:.1f} s "
             f"({_when(s.first_ms)} .. {_when(s.last_ms)}){rate}\n"
         )
+        mean, sd, lo, hi = map(format_latency_ns, (s.mean_ns, s.stddev_ns, s.min_ns, s.max_ns))
         out.write(
-            f"  latency  mean {_lat(s.mean_ns)}  stddev {_lat(s.stddev_ns)}  variance "
-            f"{s.variance_ns2 / 1e6:.4g} us^2  min >= {_lat(s.min_ns)}  max < {_lat(s.max_ns)}\n"
+            f"  latency  mean {mean}  stddev {sd}  variance {s.variance_ns2 / 1e6:.4g} us^2  "
+            f"min >= {lo}  max < {hi}\n"
         )
         pct = "  ".join(
-            f"p{k} {'>= ' if k in s.saturated else ''}{_lat(v)}"
+            f"p{k} {'>= ' if k in s.saturated else ''}{format_latency_ns(v)}"
             for k, v in s.percentiles_ns.items()
         )
         out.write(f"  percentiles  {pct}\n")
         peak = max([c for _, _, c in s.histogram] + [1.0])
         for a, b, c in s.histogram:
             bar = "#" * round(width * c / peak)
-            out.write(f"  {_lat(a):>9} .. {_lat(b):<9} {c:12,.0f} {bar}\n")
+            out.write(
+                f"  {format_latency_ns(a):>9} .. {format_latency_ns(b):<9} {c:12,.0f} {bar}\n"
+            )
         if s.below or s.above:
             out.write(f"  outside the histogram: {s.below:,.0f} below, {s.above:,.0f} above\n")
         out.write("\n")

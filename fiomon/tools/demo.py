@@ -32,9 +32,10 @@ from fiomon.agent.follow import Follower
 from fiomon.aggregator.alerts import Phase
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.metrics_server import MetricsProcess
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
-from fiomon.windows import ClosedQuantum
+from fiomon.units import format_latency_ns
 
 RULE = SlaRule("p99-read", "read", 99.0, 2e6, for_quanta=3, min_samples=50)
 # The shortest --duration in which the simulated failure both fires and resolves the
@@ -124,11 +125,6 @@ def _start_fio(
     return procs
 
 
-def _fmt_ms(ns: float | None) -> str:
-    """Milliseconds with 3 significant digits (page-cache reads take microseconds)."""
-    return "    -" if ns is None else f"{ns / 1e6:5.3g}"
-
-
 class _View:
     """One line per closed quantum: cluster percentiles, IOPS, hosts, delivery, SLA."""
 
@@ -158,10 +154,13 @@ class _View:
             wp = wr.stats.percentiles_ns if wr else {}
             hosts = len({h for (_, h) in got if h is not None})
             stamp = time.strftime("%H:%M:%S", time.localtime(end / 1000))
+            # ms with 3 significant digits (page-cache reads take microseconds)
+            r50, r90, r99, r999 = (
+                format_latency_ns(rp.get(k), "ms", width=5) for k in ("50", "90", "99", "99.9")
+            )
+            w50, w99 = (format_latency_ns(wp.get(k), "ms", width=5) for k in ("50", "99"))
             self.out.write(
-                f"{stamp}     {_fmt_ms(rp.get('50'))} {_fmt_ms(rp.get('90'))} "
-                f"{_fmt_ms(rp.get('99'))} {_fmt_ms(rp.get('99.9'))} |     "
-                f"{_fmt_ms(wp.get('50'))} {_fmt_ms(wp.get('99'))} | "
+                f"{stamp}     {r50} {r90} {r99} {r999} |     {w50} {w99} | "
                 f"{(al.iops or 0) if al else 0:7.0f} | {hosts:2d}/{self.hosts:<2d} | "
                 f"{late:4d} {lost:4d} | {phase.upper() if phase == 'firing' else phase}\n"
             )

@@ -20,9 +20,8 @@ from fiomon.agent.service import Agent
 from fiomon.config import AgentConfig, BrokerConfig
 from fiomon.tools.simulate import format_line
 from tests.agent.agentkit import PREFIX, subscribed
+from tests.clock import T0
 from tests.conftest import DEADLINE_S, Mosquitto
-
-T0 = 1_795_000_000_000
 
 
 def hist_line(i: int, direction: int = 0) -> str:

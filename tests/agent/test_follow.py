@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fiomon.agent.follow import RESCAN_S, Follower
+from fiomon.agent.follow import PACKET_OVERHEAD, RESCAN_S, Follower
 from fiomon.agent.positions import FollowState, load_positions, save_positions
 from fiomon.agent.spool import Outgoing
 from fiomon.bins import plat_idx_to_val
 from fiomon.tools.simulate import format_line
 from fiomon.wire import decode
-
-T0 = 1_795_000_000_000
+from tests.clock import T0, FakeClock
 
 
 def line(i: int, direction: int = 0, value: int = 5) -> str:
@@ -48,14 +47,6 @@ def ends(out: list[Outgoing]) -> list[int]:
     return [e for _, _, e in records(out)]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 _OPEN: list[Follower] = []
 
 
@@ -69,7 +60,7 @@ def _close_followers() -> Iterator[None]:
 def follower(
     tmp_path: Path,
     state: FollowState | None = None,
-    clock: Clock | None = None,
+    clock: FakeClock[float] | None = None,
     patterns: tuple[str, ...] | None = None,
     **kw: object,
 ) -> Follower:
@@ -79,7 +70,7 @@ def follower(
         max_message_bytes=256 * 1024,
         state=state,
         log_hist_msec=1000,
-        clock=clock or Clock(),
+        clock=clock or FakeClock(1000.0),
         **kw,  # type: ignore[arg-type]
     )
     _OPEN.append(f)
@@ -199,7 +190,7 @@ def test_rename_to_a_matching_name_keeps_the_stream(tmp_path: Path) -> None:
 
 
 def test_rename_out_of_the_patterns_is_followed_until_quiet(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = follower(tmp_path, clock=clock, rename_grace_s=30.0)
     p = tmp_path / "a_clat_hist.1.log"
     p.write_text(line(0))
@@ -248,7 +239,7 @@ def test_restart_through_the_positions_file_and_a_rename_while_down(tmp_path: Pa
     p.rename(tmp_path / "a_clat_hist.1.moved.log")  # while no agent runs
     state, problems = load_positions(tmp_path / "state" / "positions.json")
     assert problems == []
-    clock = Clock()
+    clock = FakeClock(1000.0)
     g = follower(tmp_path, state=state, clock=clock)
     assert list(g.poll()) == []  # the same content: nothing new, nothing re-sent
     with (tmp_path / "a_clat_hist.1.moved.log").open("a") as fh:
@@ -293,7 +284,7 @@ def test_restart_after_the_file_was_replaced_starts_a_new_generation(tmp_path: P
 def test_descriptor_cap_closes_quiet_files_and_reopens_them_without_resending(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = follower(tmp_path, clock=clock, max_open_files=4)
     paths = [tmp_path / f"j{k:02d}_clat_hist.1.log" for k in range(10)]
     for k, p in enumerate(paths):
@@ -392,7 +383,7 @@ def test_a_hist_log_is_covered_whatever_folder_fio_wrote_it_from(tmp_path: Path)
 
 def test_a_hist_log_written_before_the_first_status_dump_waits_for_it(tmp_path: Path) -> None:
     """A short job ends (its hist log appears) before fio writes its first json+ document."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = follower(tmp_path, clock=clock)
     run = tmp_path / "run.json"
     run.write_text("")  # fio opened its output; no document yet
@@ -443,7 +434,8 @@ def test_messages_respect_the_size_cap(tmp_path: Path) -> None:
     with Follower((str(p),), agent="h", max_message_bytes=64 * 1024, log_hist_msec=1000) as f:
         out = list(f.poll())
     assert len(out) > 1
-    assert all(len(m.payload) <= 64 * 1024 for m in out)
+    # the packet's header and topic fit beside each payload (follow.PACKET_OVERHEAD)
+    assert all(len(m.payload) <= 64 * 1024 - PACKET_OVERHEAD for m in out)
     assert [s for _, s, _ in records(out)] == list(range(20))
 
 
@@ -465,7 +457,7 @@ def test_relative_log_is_placed_on_the_wall_clock_by_its_mtime(tmp_path: Path) -
 def test_idle_pattern_and_missing_folder_are_reported_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     pattern = str(tmp_path / "nowhere" / "*.json")
     f = follower(tmp_path, clock=clock, patterns=(pattern,), pattern_idle_s=60.0)
     caplog.set_level(logging.INFO, logger="fiomon.agent")
@@ -549,7 +541,7 @@ def test_only_whitespace_so_far_does_not_decide_the_kind(tmp_path: Path) -> None
 
 
 def test_a_copy_that_diverges_publishes_what_follows_the_shared_bytes(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = follower(tmp_path, clock=clock)
     p = tmp_path / "run_clat_hist.1.log"
     p.write_text("".join(line(i) for i in range(5)))
@@ -580,7 +572,7 @@ def test_garbage_appended_and_a_file_replaced_by_a_folder_never_stop_the_followe
     tmp_path: Path,
 ) -> None:
     """Bad input is counted and skipped; what follows it still flows."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = follower(tmp_path, clock=clock)
     log_file = tmp_path / "a_clat_hist.1.log"
     stream_file = tmp_path / "run.json"
@@ -616,7 +608,7 @@ def test_a_copy_stays_a_copy_across_a_restart_and_diverges_after_it(tmp_path: Pa
     assert records(list(f.poll())) == []
     saved = f.state({first[0][0]: 4})
     f.close()
-    clock = Clock()
+    clock = FakeClock(1000.0)
     g = follower(tmp_path, state=saved, clock=clock)
     assert records(list(g.poll())) == []  # nothing re-sent, the copy still not published
     with copy.open("a") as fh:

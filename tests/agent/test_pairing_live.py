@@ -19,6 +19,7 @@ from fiomon.agent.service import Agent
 from fiomon.config import AgentConfig, BrokerConfig
 from fiomon.wire import decode
 from tests.agent.agentkit import PREFIX, subscribed
+from tests.clock import FakeClock
 from tests.conftest import DEADLINE_S, Mosquitto
 from tests.fiorun import job_file, last_document, start_fio, total_ios, wait_fio
 
@@ -151,14 +152,6 @@ def _two_jobs(folder: Path) -> Path:
     return job
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def follower_factory() -> Iterator[list[Follower]]:
     made: list[Follower] = []
@@ -181,7 +174,7 @@ def test_a_log_published_first_makes_the_stream_skip_its_job(
     truth = total_ios(run / "run.json")
     data = tmp_path / "data"
     data.mkdir()
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = Follower(
         (str(data / "*.log"), str(data / "*.json")),
         agent="client-07",
@@ -269,7 +262,7 @@ def test_a_log_no_live_stream_will_dump_for_is_not_held_a_minute(
     data = tmp_path / "data"
     for sub in ("a", "b"):
         (data / sub).mkdir(parents=True)
-    clock = Clock()
+    clock = FakeClock(1000.0)
     f = Follower(
         (str(data / "*" / "*.log"), str(data / "*" / "*.json")),
         agent="client-07",

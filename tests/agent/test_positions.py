@@ -12,8 +12,7 @@ from fiomon.agent.follow import Follower
 from fiomon.agent.positions import FollowState, load_positions, save_positions
 from fiomon.tools.simulate import format_line
 from fiomon.wire import decode
-
-T0 = 1_795_000_000_000
+from tests.clock import T0
 
 
 def line(i: int) -> str:

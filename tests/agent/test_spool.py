@@ -6,14 +6,7 @@ import os
 from pathlib import Path
 
 from fiomon.agent.spool import Outgoing, Spool
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.clock import FakeClock
 
 
 def disk_error(spool: Spool) -> str | None:
@@ -44,7 +37,7 @@ def test_spool_drops_the_oldest_when_full_and_counts_it(tmp_path: Path) -> None:
 
 
 def test_a_disk_that_refuses_writes_moves_messages_to_memory_then_back(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 20, memory_bytes=2500, clock=clock)
     # The next segment file is /dev/full: every write fails with ENOSPC, as on a full disk.
     assert Path("/dev/full").exists(), "Linux provides /dev/full"

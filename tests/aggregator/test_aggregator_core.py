@@ -21,34 +21,22 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fiomon.aggregator.alerts import AlertState, Phase, evaluate
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.aggregator.dedup import SeqTracker
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot, bucket_edges_s
+from fiomon.aggregator.exporter import Snapshot, bucket_edges_s
 from fiomon.aggregator.metrics import CELL_INFO
 from fiomon.aggregator.quantafile import QuantaFile
 from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
 from fiomon.histogram import HistStats, cumulative_at
 from fiomon.model import RecordBatch
 from fiomon.offline.output import JsonlWriter
-from fiomon.windows import ClosedQuantum
 from fiomon.wire import encode
 from tests.batches import batch as make_batch
+from tests.clock import T0, FakeClock
+from tests.metricskit import FiomonCollector
 
-T0 = 1_795_000_000_000
 LAY = BinLayout()
-
-
-class Clock:
-    """A fake wall clock (ms)."""
-
-    def __init__(self, t: int) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-    def advance(self, ms: int) -> None:
-        self.t += ms
 
 
 def batch(
@@ -78,7 +66,7 @@ def close_delays(c: AggregatorCore) -> Delays:
     return Delays(edges, cumulative, n)
 
 
-def core(clock: Clock, **kw: object) -> AggregatorCore:
+def core(clock: FakeClock[int], **kw: object) -> AggregatorCore:
     cfg = AggregatorConfig(align="epoch", lateness_ms=5000, **kw)  # type: ignore[arg-type]
     return AggregatorCore(cfg, now_ms=clock)
 
@@ -235,7 +223,7 @@ def test_default_bucket_edges_are_unchanged() -> None:
 def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> None:
     # rate() counts a series' growth from its first scrape: born with the first quantum's
     # counts, it would lose that quantum (in each cell of a cross-cell sum differently).
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     c = core(clock, cell="cell-a", export=ExportConfig(buckets_per_octave=16))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: c.snapshot))
@@ -261,7 +249,7 @@ def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> 
 
 
 def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     c = core(clock, sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),))
     clock.advance(20_000)
     c.on_records("h1", encode("h1", "s@1", 0, batch([T0 + 1000 * i for i in range(1, 8)])))
@@ -316,7 +304,7 @@ def test_idle_withdraws_the_per_quantum_series_and_settles_the_alert() -> None:
     # records ......... 7 s of them, then silence
     # lateness 5 s:     the last quantum closes at +5 s, the alert fires (for: 1)
     # idle at 2 x lateness after the last record: series gone, alert resolved
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     c = core(clock, sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),))
     clock.advance(8_000)
     c.on_records(
@@ -364,7 +352,7 @@ def _help(snap: Snapshot, name: str) -> tuple[str, tuple[str, ...]]:
 def test_skipped_tail_fits_are_counted_on_metrics() -> None:
     # One occupied bin per quantum: nothing to fit a distribution to. The operator sees
     # the skipped fits on /metrics instead of tail gauges that never come.
-    clock = Clock(T0 + 20_000)
+    clock = FakeClock(T0 + 20_000)
     c = core(clock, fit_tail=True)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: c.snapshot))
@@ -380,7 +368,7 @@ def test_skipped_tail_fits_are_counted_on_metrics() -> None:
 
 
 def test_quanta_file_rotates_and_keeps(tmp_path: Path) -> None:
-    clock = Clock(T0 + 60_000)
+    clock = FakeClock(T0 + 60_000)
     c = core(clock)
     c.on_records("h1", encode("h1", "s@1", 0, batch([T0 + 1000 * i for i in range(1, 40)])))
     rows = c.tick()
@@ -399,7 +387,7 @@ def test_quanta_file_rotates_and_keeps(tmp_path: Path) -> None:
 
 
 def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
-    clock = Clock(T0 + 20_000)
+    clock = FakeClock(T0 + 20_000)
     c = core(clock, max_message_bytes=64 * 1024)
     good = encode("h1", "s@1", 0, batch([T0 + 1000, T0 + 2000]))
     c.on_records("h1", b"\x00garbage" * 10)
@@ -445,7 +433,7 @@ def test_bad_payloads_are_counted_by_reason_and_nothing_else_changes() -> None:
 
 
 def test_a_silent_agent_does_not_hold_quanta_open() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     c = core(clock)
     c.on_status("h1", json.dumps({"state": "online", "instance": "x"}).encode())
     c.on_status("h2", json.dumps({"state": "online", "instance": "y"}).encode())
@@ -466,7 +454,7 @@ def test_a_silent_agent_does_not_hold_quanta_open() -> None:
 
 
 def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
-    clock = Clock(T0 + 20_000)
+    clock = FakeClock(T0 + 20_000)
     c = core(clock, max_hosts=5)
     for h in range(40):
         name = f"h{h}"

@@ -17,19 +17,11 @@ from fiomon.config import AggregatorConfig, SlaRule
 from fiomon.model import RecordBatch, StreamInfo
 from fiomon.wire import encode
 from tests.batches import batch
+from tests.clock import T0, FakeClock
 
-T0 = 1_795_000_000_000
 HOSTS = ("h1", "h2", "h3")
 SECONDS = 24
 CRASH_AT = 12  # the first run receives the records of seconds 1..12
-
-
-class Clock:
-    def __init__(self, t: int) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
 
 
 def records(host: int, s: int) -> RecordBatch:
@@ -57,7 +49,7 @@ def config(tmp: Path, **kw: object) -> AggregatorConfig:
     )
 
 
-def feed(core: AggregatorCore, clock: Clock, seconds: range) -> None:
+def feed(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
     """Each second's records arrive 300 ms after they end; ticks every 250 ms."""
     for s in seconds:
         clock.t = T0 + 1000 * s + 300
@@ -93,7 +85,7 @@ def key(r: dict[str, object]) -> tuple[object, ...]:
 @pytest.fixture
 def reference(tmp_path: Path) -> dict[tuple[object, ...], dict[str, object]]:
     """The quanta of one run without faults."""
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path / "ref"), now_ms=clock)
     core.restore()
     feed(core, clock, range(1, SECONDS + 1))
@@ -103,8 +95,8 @@ def reference(tmp_path: Path) -> dict[tuple[object, ...], dict[str, object]]:
     return out
 
 
-def first_run(tmp: Path, *, confirm: bool = True) -> tuple[AggregatorCore, Clock]:
-    clock = Clock(T0)
+def first_run(tmp: Path, *, confirm: bool = True) -> tuple[AggregatorCore, FakeClock[int]]:
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp), now_ms=clock)
     core.restore()
     if not confirm:
@@ -122,7 +114,7 @@ def first_run(tmp: Path, *, confirm: bool = True) -> tuple[AggregatorCore, Clock
 
 
 def second_run(
-    tmp: Path, clock: Clock, redeliver: list[tuple[str, bytes]] | None = None
+    tmp: Path, clock: FakeClock[int], redeliver: list[tuple[str, bytes]] | None = None
 ) -> AggregatorCore:
     core = AggregatorCore(config(tmp), now_ms=clock)
     core.restore()
@@ -257,7 +249,7 @@ def test_a_second_aggregator_on_the_same_state_directory_is_refused(tmp_path: Pa
 
 
 def test_hostile_status_payloads_are_counted_and_change_nothing() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(AggregatorConfig(align="epoch"), now_ms=clock)
     core.on_status("h1", b"[" * 100_000)  # the issue's payload: over the size limit
     core.on_status("h1", b"[" * 50_000)  # under it: json's RecursionError is caught
@@ -272,7 +264,7 @@ def test_hostile_status_payloads_are_counted_and_change_nothing() -> None:
 
 
 def test_hosts_up_counts_hosts_that_send_or_hold_a_fresh_status() -> None:
-    clock = Clock(T0 + 100_000)
+    clock = FakeClock(T0 + 100_000)
     core = AggregatorCore(AggregatorConfig(align="epoch", host_timeout_ms=30_000), now_ms=clock)
     online = {"state": "online", "instance": "x"}
     # A retained "online" left by an agent that died long ago: not up.
@@ -292,7 +284,7 @@ def test_hosts_up_counts_hosts_that_send_or_hold_a_fresh_status() -> None:
 
 
 def test_late_records_of_hosts_over_the_cap_add_up_under_other() -> None:
-    clock = Clock(T0 + 60_000)
+    clock = FakeClock(T0 + 60_000)
     core = AggregatorCore(AggregatorConfig(align="epoch", max_hosts=2), now_ms=clock)
     for h in range(5):
         name = f"x{h}"
@@ -363,7 +355,7 @@ def test_a_graceful_stop_right_after_receiving_keeps_what_it_received(
 ) -> None:
     # SIGTERM lands between receiving (journaled, acknowledged) and the next tick: the
     # stop closes nothing early and releases nothing the next start still needs.
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
     feed(core, clock, range(1, CRASH_AT))
@@ -379,7 +371,7 @@ def test_when_intake_lags_quanta_wait_for_their_records_instead_of_all_turning_l
     # A CPU-starved aggregator (or a backlog after an outage) receives records 8 s after
     # their end, steadily: with the lateness of 5 s counted on the wall clock every record
     # would be late. Counted from the newest record received, quanta wait and are whole.
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(AggregatorConfig(align="epoch", lateness_ms=5000), now_ms=clock)
     for s in range(1, 30):
         clock.t = T0 + 1000 * s + 8000
@@ -413,7 +405,7 @@ def test_the_clock_bound_holds_while_disconnected_and_for_lateness_after() -> No
 
 
 def test_open_quanta_are_bounded_by_memory_and_the_forced_closes_counted() -> None:
-    from fiomon.windows import QuantumEngine  # noqa: PLC0415
+    from fiomon.engine import QuantumEngine  # noqa: PLC0415
 
     engine = QuantumEngine(
         layout=BinLayout(), quantum_ms=1000, per_host=True, max_hosts=100, max_open_rows=20
@@ -435,7 +427,7 @@ def test_open_quanta_are_bounded_by_memory_and_the_forced_closes_counted() -> No
     assert {r.end_ms for r in rows} == {T0 + 1000 * s for s in range(1, 13)}, "none lost"
 
 
-def _lagging_run(tmp: Path, clock: Clock, *, lag_ms: int) -> None:
+def _lagging_run(tmp: Path, clock: FakeClock[int], *, lag_ms: int) -> None:
     """A first run whose intake lags ``lag_ms`` behind the records, stopped by SIGTERM
     after second CRASH_AT: the journal holds the quanta still open."""
     core = AggregatorCore(config(tmp), now_ms=clock)
@@ -455,7 +447,7 @@ def _lagging_run(tmp: Path, clock: Clock, *, lag_ms: int) -> None:
     core.close()
 
 
-def _backlog(core: AggregatorCore, clock: Clock, seconds: range) -> None:
+def _backlog(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
     """The broker's backlog after a restart: one message at a time, host by host, 50 ms
     apart (or when it is published), a tick after each, as a lagging intake meets them."""
     for s in seconds:
@@ -475,7 +467,7 @@ def test_a_slow_restart_does_not_close_quanta_on_the_first_hosts_that_arrive(
     # the wall clock alone h1 was then the only live stream, so h1's record of second 13
     # closed quantum 13 without h2 and h3 (their records late): what the restart benchmark
     # found after slow restarts under load. In event time h2 and h3 are as far as h1 was.
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     _lagging_run(tmp_path, clock, lag_ms=3000)
     clock.t += 200
     again = AggregatorCore(config(tmp_path), now_ms=clock)
@@ -498,7 +490,7 @@ def test_a_stall_of_our_own_is_not_input_silence(
     #           intake 3 s behind  a long step): nothing is read | then the backlog
     # A 7 s stall is longer than the lateness; taken as input silence, the next tick
     # would close everything up to now - 5 s while those records wait in the socket.
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
     for s in range(1, CRASH_AT + 1):
@@ -517,7 +509,7 @@ def test_a_stall_of_our_own_is_not_input_silence(
     assert_exact(tmp_path, reference)
 
 
-def _confirmed_run(tmp: Path, clock: Clock) -> None:
+def _confirmed_run(tmp: Path, clock: FakeClock[int]) -> None:
     """A first run that closed (early: every host reported) and confirmed every quantum
     through CRASH_AT, then died (kill -9) after a tick had released the journal: no
     record of any host is left to replay."""
@@ -542,7 +534,7 @@ def test_a_restart_waits_for_known_hosts_whose_records_all_lie_in_confirmed_quan
     # The restart knows h2 and h3 only from the saved state: with nothing of theirs in
     # the journal, h1 alone used to close 13..15 once warm, and h2's and h3's records of
     # 13..15 turned late. They hold quanta open exactly as they did before the stop.
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     _confirmed_run(tmp_path, clock)
     clock.t += 500
     again = AggregatorCore(config(tmp_path), now_ms=clock)
@@ -637,7 +629,7 @@ def test_early_close_waits_for_a_host_that_announced_itself_and_has_not_sent_yet
     #           slowly), then every second
     # Warm at 3.3 s, h1 and h2 alone closed quanta 1..3 early: h3's records turned late
     # (the live kill -9 test's first quantum, seen in CI under load).
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
     for h in HOSTS:
@@ -663,7 +655,7 @@ def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_la
     # time (s)  0: h3 announces online | 1.3 .. 24.3: h1's and h2's records every second
     #           h3 never sends: early closing waits one lateness after the first record
     #           (quanta 1..5 close on the clock), then goes on without h3
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
     core.on_status("h3", json.dumps({"state": "online", "agent": "h3"}).encode())
@@ -686,7 +678,7 @@ def test_a_host_announced_online_that_never_sends_holds_quanta_no_longer_than_la
 
 
 def test_only_a_fresh_online_status_makes_early_closing_wait() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     core = AggregatorCore(AggregatorConfig(lateness_ms=5000), now_ms=clock)
     stale = {"state": "online", "agent": "h1", "time_ms": T0 - 31_000}  # host_timeout 30 s
     core.on_status("h1", json.dumps(stale).encode(), retained=True)

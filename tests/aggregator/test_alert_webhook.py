@@ -18,7 +18,8 @@ from fiomon.aggregator.alerts import AlertDispatcher
 from fiomon.aggregator.core import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
 from fiomon.wire import encode
-from tests.aggregator.test_aggregator_core import T0, Clock, batch
+from tests.aggregator.test_aggregator_core import batch
+from tests.clock import T0, FakeClock
 from tests.conftest import until
 
 
@@ -41,7 +42,7 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     _Receiver.posts = []
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     rule = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1)
     c = AggregatorCore(AggregatorConfig(align="epoch", lateness_ms=5000, sla=(rule,)), now_ms=clock)
     hook = WebhookConfig(f"http://127.0.0.1:{server.server_port}", timeout_ms=5000)

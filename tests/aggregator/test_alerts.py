@@ -13,8 +13,9 @@ import numpy as np
 
 from fiomon.aggregator.alerts import AlertBook, AlertState, Phase, alertmanager_payload, evaluate
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
-from fiomon.windows import ClosedQuantum, QuantumEngine
+from fiomon.engine import QuantumEngine
 from tests.latencydists import batch_of_quanta, fio_quanta, lognormal_cdf
 
 THRESHOLD_NS = 5e6

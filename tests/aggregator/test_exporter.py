@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot, render
+from fiomon.aggregator.exporter import Snapshot, render
+from tests.metricskit import FiomonCollector
 
 HOSTS = ["h1", 'we"ird', "back\\slash", "new\nline", "ü-host"]
 

@@ -8,11 +8,11 @@ import pytest
 
 import fiomon.aggregator.outbox as outbox_mod
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import decode
 from fiomon.bins import BinLayout
+from fiomon.partials import decode
+from tests.clock import T0
 
 LAY = BinLayout()
-T0 = 1_795_000_000_000
 Q = 1000
 
 

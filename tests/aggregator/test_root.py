@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.exporter import FiomonCollector, Snapshot
+from fiomon.aggregator.exporter import Snapshot
 from fiomon.aggregator.metrics import with_root
 from fiomon.aggregator.outbox import Outbox
-from fiomon.aggregator.partials import PartialRow, PartialsMessage, decode, encode, rows_of
 from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.root_service import RootService
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import (
     AggregatorConfig,
     PartialsConfig,
@@ -31,14 +31,16 @@ from fiomon.config import (
     SlaRule,
     aggregator_config_from,
 )
+from fiomon.engine import QuantumEngine
 from fiomon.errors import ConfigError
 from fiomon.model import RecordBatch, StreamInfo
-from fiomon.windows import ClosedQuantum, QuantumEngine, RawPartial
+from fiomon.partials import PartialRow, PartialsMessage, RawPartial, decode, encode, rows_of
 from fiomon.wire import encode as encode_records
+from tests.clock import T0, FakeClock
+from tests.metricskit import FiomonCollector
 
 LAY = BinLayout()
 Q = 1000
-T0 = 1_795_000_000_000
 
 
 def records(rnd: random.Random, hosts: list[str], n: int) -> RecordBatch:
@@ -213,14 +215,6 @@ def test_a_coarser_or_other_cell_is_refused_once_the_root_closed(
 # -- a cell's outbox, from the aggregator core ------------------------------------------
 
 
-class Clock:
-    def __init__(self, t: int) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-
 def _merger(
     cells: list[str],
     *,
@@ -257,7 +251,7 @@ def _outbox_messages(folder: Path) -> list[PartialsMessage]:
 def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
     tmp_path: Path,
 ) -> None:
-    clock = Clock(T0 + 30 * Q)
+    clock = FakeClock(T0 + 30 * Q)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -450,7 +444,7 @@ def test_messages_per_cell_are_exported() -> None:
 
 
 def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
-    clock = Clock(T0 + 5000)
+    clock = FakeClock(T0 + 5000)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -496,7 +490,7 @@ def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
 
 
 def test_a_root_restart_re_forms_open_quanta_from_its_journal(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -563,7 +557,7 @@ def test_the_outbox_cuts_a_torn_record_and_empties_once_all_is_acknowledged(
 
 
 def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> None:
-    clock = Clock(T0 + 30 * Q)
+    clock = FakeClock(T0 + 30 * Q)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,

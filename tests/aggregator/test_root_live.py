@@ -19,11 +19,11 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon.aggregator.core import AggregatorCore
-from fiomon.aggregator.partials import PartialsMessage, decode
 from fiomon.aggregator.root import RootMerger
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig, PartialsConfig
 from fiomon.model import RecordBatch
+from fiomon.partials import PartialsMessage, decode
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode as encode_records
 from tests.aggregator.test_aggregator_live import (
@@ -33,7 +33,8 @@ from tests.aggregator.test_aggregator_live import (
     replay_logs,
     subscription,
 )
-from tests.aggregator.test_root import T0, assert_same, engine, records
+from tests.aggregator.test_root import assert_same, engine, records
+from tests.clock import T0
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 
 ROOT_PREFIX = "fiomonroot"

@@ -26,8 +26,9 @@ from fiomon.config import (
     load_aggregator_config,
     root_ignored_keys,
 )
-from fiomon.windows import ALL_DIRECTIONS
-from tests.aggregator.test_root import LAY, T0, Clock, Q, _one_row_message
+from fiomon.model import DIRECTIONS
+from tests.aggregator.test_root import LAY, Q, _one_row_message
+from tests.clock import T0, FakeClock
 from tests.conftest import Mosquitto, free_port, until
 
 ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),)  # 1 ns
@@ -38,7 +39,7 @@ ALWAYS = (SlaRule("p99-read", "read", 99.0, 1.0, for_quanta=1, min_samples=1),) 
 def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
     tmp_path: Path, with_state: bool, with_quanta: bool
 ) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -55,7 +56,7 @@ def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
 
 
 def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(align="epoch", lateness_ms=5000, root=RootConfig(), sla=ALWAYS)
     svc = RootService(cfg, now_ms=clock)
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0))  # c1 has not closed it
@@ -68,7 +69,7 @@ def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
 
 
 def test_a_restart_without_quanta_file_closes_nothing_twice(tmp_path: Path) -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch", lateness_ms=5000, state_dir=tmp_path / "s", root=RootConfig(cells=("c1",))
     )
@@ -105,7 +106,7 @@ def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path) -> None:
 
 
 def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
@@ -113,7 +114,7 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
         export=ExportConfig(buckets_per_octave=8),
     )
     svc = RootService(cfg, now_ms=clock)
-    assert set(svc.buckets.counts) == set(ALL_DIRECTIONS)
+    assert set(svc.buckets.counts) == set(DIRECTIONS)
     assert all(not c.any() for c in svc.buckets.counts.values())
     ratios = np.diff(np.log2(svc.buckets.edges_s[:20]))
     assert np.allclose(ratios, 1 / 8, atol=0.01)
@@ -123,11 +124,11 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
     svc.tick()
     assert svc.buckets.layout == other
     assert svc.buckets.total["read"] == 10
-    assert set(svc.buckets.counts) == set(ALL_DIRECTIONS)
+    assert set(svc.buckets.counts) == set(DIRECTIONS)
 
 
 def test_cells_up_counts_listed_cells_only() -> None:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch", root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=10_000)
     )

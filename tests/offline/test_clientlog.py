@@ -9,8 +9,7 @@ import pytest
 
 from fiomon.offline.sources import FileSource, SourceOptions
 from fiomon.tools.simulate import format_line
-
-T0 = 1_795_000_000_000
+from tests.clock import T0
 
 
 def _intervals(seed: int, n: int) -> list[np.ndarray]:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.heat import _bucket_of_bin, bucket_edge_ns, heat_counts
 from fiomon.histogram import HistStats
 from fiomon.offline.plotdata import PlotData
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
-from fiomon.windows import ClosedQuantum
 from tests.browser import Browser
 
 ROOT = Path(__file__).resolve().parents[2]

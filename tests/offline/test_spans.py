@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
+from fiomon.engine import QuantumEngine
 from fiomon.offline.spans import SpanMerger
 from fiomon.tools.simulate import write_cluster
-from fiomon.windows import ClosedQuantum, QuantumEngine
 from tests.latencydists import batch_of_quanta, fio_quanta, lognormal
 
 LAY = BinLayout()

@@ -15,8 +15,7 @@ from fiomon.offline.sources import SourceOptions
 from fiomon.offline.summary import Filters, HistBins, bins_from_yaml, summarize_run
 from fiomon.problems import ProblemLog
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
-
-T0 = 1_795_000_000_000
+from tests.clock import T0
 
 
 def write_job(path: Path, job: int, seconds: int = 20) -> dict[int, list[tuple[int, np.ndarray]]]:

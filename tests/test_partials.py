@@ -9,16 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fiomon.aggregator.partials import (
+from fiomon.bins import BinLayout
+from fiomon.errors import WireFormatError
+from fiomon.model import DIRECTIONS
+from fiomon.partials import (
     PartialRow,
     PartialsMessage,
+    RawPartial,
     decode,
     encode,
     split,
 )
-from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
-from fiomon.windows import ALL_DIRECTIONS, RawPartial
 from fiomon.wire import MAX_TIME_MS, REASONS, Cursor
 
 LAYOUTS = [BinLayout(), BinLayout(29, 4), BinLayout(19, 0, "us")]
@@ -41,7 +42,7 @@ def rows(draw: st.DrawFn, layout: BinLayout) -> PartialRow:
         end_ms=end,
         scope="cluster" if host is None else "host",
         host=host,
-        direction=draw(st.sampled_from(ALL_DIRECTIONS)),
+        direction=draw(st.sampled_from(DIRECTIONS)),
         hist=hist,
         lo_ms=lo,
         hi_ms=draw(st.integers(lo, end)),

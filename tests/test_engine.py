@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fiomon.align import auto_phase
 from fiomon.bins import BinLayout
+from fiomon.engine import QuantumEngine
 from fiomon.errors import LayoutError
-from fiomon.windows import ClosedQuantum, QuantumEngine
 from tests.batches import batch
 
 LAY = BinLayout()
@@ -166,47 +166,3 @@ def test_late_records_are_given_once_when_several_quanta_close_together() -> Non
     got = [(r.end_ms, r.scope, r.late_records) for r in rows]
     assert got == [(2000, "cluster", 2), (2000, "host", 2), (3000, "cluster", 0), (3000, "host", 0)]
     assert sum(e.late_records.values()) == 2
-
-
-def test_json_line_is_the_encoded_json_object_character_for_character() -> None:
-    # to_json_line formats field by field (the aggregator writes thousands of rows a
-    # second); it must stay exactly json of to_json, for every kind of value.
-    from fiomon.histogram import HistStats  # noqa: PLC0415 -- this test only
-    from fiomon.windows import _LINE_ENCODER  # noqa: PLC0415
-
-    nums = [0.0, 1.0, 2.5, -3.0, 1 / 3, 1e-7, 123456789.123456, 2.0**53, 2.0**60, 1e300]
-    nums += [4708761.600000001, 1234567890123.4, float("nan"), float("inf"), -float("inf")]
-    rng = np.random.default_rng(7)
-    nums += (rng.lognormal(10, 5, 200) * rng.choice([-1, 1], 200)).tolist()
-    rows = []
-    for i, x in enumerate(nums):
-        y = nums[(i * 7 + 3) % len(nums)]
-        stats = HistStats(
-            samples=x,
-            min_ns=y,
-            mean_ns=x * 1.1,
-            max_ns=float(i),
-            percentiles_ns={"50": x, "99.9": y},
-            saturated=("99.9",) if i % 3 == 0 else (),
-        )
-        ci: dict[str, tuple[float | None, float | None]] | None = (
-            None if i % 4 == 0 else {"50": (int(i), None), "99.9": (y, float(i) + 0.5)}
-        )
-        rows.append(
-            ClosedQuantum(
-                start_ms=1_700_000_000_000 + i,
-                end_ms=1_700_000_001_000 + i,
-                scope="host" if i % 2 else "cluster",
-                host=['h\u00e9"x\\y\n', "h1", None][i % 3],
-                direction="read",
-                stats=stats,
-                iops=None if i % 5 == 0 else y,
-                bytes_per_second=None if i % 6 == 0 else x * 4096,
-                streams=i,
-                late_records=i % 3,
-                ci_ns=ci,
-                target_met=[None, True, False][i % 3],
-            )
-        )
-    for r in rows:
-        assert r.to_json_line() == _LINE_ENCODER.encode(r.to_json()) + "\n"

@@ -4,7 +4,7 @@ The specification, with a byte table, is in ``docs/wire-format.md`` ("Partials")
 publishes, for every quantum it closes, one *partial row* per scope, host and direction
 (``all`` included, empty groups too): the float counts per bin, the covered time span,
 bytes, streams and late records -- everything the root needs to form the same
-:class:`~fiomon.windows.ClosedQuantum` rows one aggregator fed every record would have
+:class:`~fiomon.closed.ClosedQuantum` rows one aggregator fed every record would have
 formed. Every message also carries ``closed_through_ms``: the cell has closed every
 quantum ending at or before it, so a quantum it closed *with nothing in it* is closed too
 (a message with no rows is the cell's heartbeat and closed marker).
@@ -28,8 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import WireFormatError
-from fiomon.windows import ALL_DIRECTIONS, RawPartial, Scope
+from fiomon.closed import Scope
+from fiomon.errors import WireFormatError, WireReason
+from fiomon.model import DIRECTIONS
 from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
@@ -53,11 +54,45 @@ _ROW = np.dtype(
         ("streams", "<u4"),
         ("nnz", "<u4"),
         ("scope", "u1"),
-        ("direction", "u1"),  # index into ALL_DIRECTIONS
+        ("direction", "u1"),  # index into DIRECTIONS
         ("pad", "<u2"),
     ]
 )
 assert _ROW.itemsize == 64  # noqa: S101 -- the documented row size
+
+
+@dataclass(frozen=True, slots=True)
+class RawPartial:
+    """One closed (quantum, scope, host, direction) group before statistics (a cell's partial).
+
+    Made by a :class:`~fiomon.engine.QuantumEngine` only when asked to (``keep_partials``),
+    for every group a close forms, empty ones included, so a root merging groups of
+    several engines reproduces the :class:`~fiomon.closed.ClosedQuantum` rows one engine
+    fed every record would have closed.
+
+    Args:
+        start_ms: quantum start (exclusive), ms.
+        end_ms: quantum end (inclusive), ms.
+        scope: ``cluster`` or ``host``.
+        host: the host for host scope, else ``None``.
+        direction: ``read``, ``write``, ``trim``, ``mixed`` or ``all``.
+        hist: float counts per bin of the engine's layout.
+        lo_ms: earliest covered time of the group's records, ms.
+        hi_ms: latest covered time, ms (``hi_ms - lo_ms`` is the covered span).
+        nbytes: bytes (overlap-weighted).
+        streams: number of streams that contributed.
+    """
+
+    start_ms: int
+    end_ms: int
+    scope: Scope
+    host: str | None
+    direction: str
+    hist: npt.NDArray[np.float64]
+    lo_ms: int
+    hi_ms: int
+    nbytes: float
+    streams: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +186,7 @@ def encode(msg: PartialsMessage) -> bytes:
             p.streams,
             len(nz),
             SCOPES.index(p.scope),
-            ALL_DIRECTIONS.index(p.direction),
+            DIRECTIONS.index(p.direction),
             0,
         )
     parts.append(table.tobytes())
@@ -161,7 +196,7 @@ def encode(msg: PartialsMessage) -> bytes:
     return b"".join(parts)
 
 
-def _refuse(text: str, reason: str = "invalid") -> NoReturn:
+def _refuse(text: str, reason: WireReason = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
@@ -184,7 +219,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
     if version != VERSION:
         _refuse(f"partials version {version}, this root reads {VERSION}", "version")
     try:
-        layout = BinLayout(group_nr, coarseness, UNITS[unit])  # type: ignore[arg-type]
+        layout = BinLayout.from_codes(group_nr, coarseness, UNITS[unit])
     except (ValueError, IndexError) as exc:
         _refuse(f"bad bin layout: {exc}", "layout")
     if not 1 <= nstr <= MAX_STRINGS or nrows > MAX_ROWS:
@@ -220,7 +255,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
             end_ms=end,
             scope=SCOPES[scope],
             host=None if host < 0 else strings[host],
-            direction=ALL_DIRECTIONS[direction],
+            direction=DIRECTIONS[direction],
             hist=hist,
             lo_ms=lo,
             hi_ms=hi,
@@ -252,7 +287,7 @@ def _check_rows(
     nb = table["nbytes"]
     if not np.all(np.isfinite(nb)) or np.any(nb < 0):
         _refuse("bytes not finite or negative")
-    if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(ALL_DIRECTIONS)):
+    if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(DIRECTIONS)):
         _refuse("unknown scope or direction")
     if np.any(table["pad"] != 0):
         _refuse("non-zero padding", "inconsistent")
