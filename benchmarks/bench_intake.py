@@ -2,14 +2,15 @@
 
 A real Mosquitto queues ``--messages`` QoS 1 messages of ``--bytes`` for a persistent MQTT 5
 session (as agents' records wait for an aggregator); then the aggregator's client (the
-service's :func:`fiomon.mqtt.make_client`, manual acknowledgement) connects and drains
+service's :class:`fiomon.mqtt.MqttSession`, manual acknowledgement) connects and drains
 them the way the service does: a batch is whatever waits in the queue, then the batch is
 acknowledged. Measured with ``time.process_time`` of this process over the drain (the
 broker is another process), so other load on the machine disturbs it little. Modes:
 
-* ``paho``: paho's own reader, one ``ack`` per message (the aggregator before mqttread);
-* ``reader``: :mod:`fiomon.aggregator.mqttread`'s reader, one ``ack`` per message;
-* ``ackmany``: the reader and one PUBACK write per batch (the aggregator now).
+* ``paho``: paho's own reader, one PUBACK write per message (the aggregator before the
+  bulk reader);
+* ``reader``: the session's bulk reader (``bulk_read``), one PUBACK write per message;
+* ``ackmany``: the bulk reader and one PUBACK write per batch (the aggregator now).
 
 Usage::
 
@@ -20,21 +21,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
 
-import aiomqtt
 import paho.mqtt.client as pm
 from _support import start_broker
 from paho.mqtt.enums import CallbackAPIVersion
 
-from fiomon.aggregator import mqttread
 from fiomon.config import BrokerConfig
-from fiomon.mqtt import IncomingQueue, make_client
+from fiomon.mqtt import MqttSession
 
 MODES = ("paho", "reader", "ackmany")
 BROKER = "max_queued_messages 1000000\nmax_queued_bytes 0\nmax_inflight_messages 0\n"
@@ -56,34 +55,32 @@ def publish(port: int, n: int, size: int) -> None:
 
 async def drain(port: int, mode: str, n: int, size: int, ident: str) -> float:
     """CPU seconds to take ``n`` queued messages in batches and acknowledge them."""
-    client = make_client(
+    session = MqttSession(
         BrokerConfig("127.0.0.1", port),
         identifier=ident,
+        logger=logging.getLogger("bench"),
         persistent_session_s=600,
-        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
+        manual_ack=True,
+        bulk_read=mode != "paho",
     )
-    queue = IncomingQueue.made[-1]
-    paho = client._client
-    paho.manual_ack_set(True)
-    if mode != "paho" and mqttread.install(paho) is None:
-        msg = "this paho lacks what mqttread needs"
+    if mode != "paho" and session.reader is None:
+        msg = "this paho lacks what the bulk reader needs"
         raise SystemExit(msg)
-    async with client:  # the session and its subscription, then the backlog
-        await client.subscribe("bench/v1/+/records", qos=1)
+    async with session.client:  # the session and its subscription, then the backlog
+        await session.subscribe("bench/v1/+/records")
     await asyncio.to_thread(publish, port, n, size)
     t0 = time.process_time()
     got = 0
-    async with client:
-        while got < n:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
+    async with session.client:
+        async for batch in session.batches(asyncio.Event(), max_messages=n):
             if mode == "ackmany":
-                mqttread.ack_many(paho, [(m.mid, m.qos) for m in batch])
+                session.ack(batch)
             else:
                 for m in batch:
-                    paho.ack(m.mid, m.qos)
+                    session.ack([m])
             got += len(batch)
+            if got >= n:
+                break
     return time.process_time() - t0
 
 

@@ -47,6 +47,7 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
+from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms
 
 if TYPE_CHECKING:  # the services' modules load only when a service runs
@@ -1046,7 +1047,7 @@ def _root_summary(agg: AggregatorConfig) -> str:
     cells = ", ".join(rc.cells) if rc.cells else "any"
     text = (
         f"root section valid (fiomon root: cells {cells}, cell_timeout "
-        f"{rc.cell_timeout_ms / 1000:g} s, partials from {agg.topic_prefix}/v1/_partials/+)"
+        f"{rc.cell_timeout_ms / 1000:g} s, partials from {Topics(agg.topic_prefix).all_partials})"
     )
     ignored = root_ignored_keys(agg)
     if ignored:

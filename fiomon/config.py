@@ -30,6 +30,7 @@ from fiomon.align import Align, parse_align
 from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
+from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
@@ -358,7 +359,7 @@ class AggregatorConfig:
 
     def __post_init__(self) -> None:
         if not self.alert_topic:  # the one place its default is written: it follows the prefix
-            object.__setattr__(self, "alert_topic", f"{self.topic_prefix}/v1/_aggregator/alerts")
+            object.__setattr__(self, "alert_topic", Topics(self.topic_prefix).alerts)
 
     @property
     def listen_addr(self) -> tuple[str, int]:

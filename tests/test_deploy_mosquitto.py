@@ -14,6 +14,7 @@ and 3 give them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import secrets
@@ -31,12 +32,18 @@ import aiomqtt
 import pytest
 
 from fiomon.config import BrokerConfig, TlsConfig
-from fiomon.mqtt import CheckedPublisher, make_client
+from fiomon.mqtt import MqttSession
 from tests.conftest import DEADLINE_S, free_port, until
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+log = logging.getLogger("test.deploy")
 STOCK = Path("/etc/mosquitto/mosquitto.conf")
 AS_ROOT = os.geteuid() == 0
+
+
+def _client(broker: BrokerConfig, identifier: str) -> aiomqtt.Client:
+    """fiomon's client for ``broker`` (password file, TLS), for ``async with``."""
+    return MqttSession(broker, identifier=identifier, logger=log).client
 
 
 def readme_step(title: str) -> list[str]:
@@ -200,9 +207,9 @@ async def test_drop_in_starts_debians_stock_broker_and_accepts_the_documented_lo
         )
 
     got: list[str] = []
-    async with make_client(broker("aggregator"), identifier="fiomon-aggregator") as agg:
+    async with _client(broker("aggregator"), "fiomon-aggregator") as agg:
         await agg.subscribe("fiomon/v1/#", qos=1)
-        async with make_client(broker("client-01"), identifier="fiomon-agent-client-01") as a:
+        async with _client(broker("client-01"), "fiomon-agent-client-01") as a:
             # Refused by the ACL, yet PUBACKed (REFERENCE §4). Sent first: the broker keeps
             # one publisher's order, so had it been let through, it would arrive first.
             await a.publish("fiomon/v1/client-02/records", b"not mine", qos=1)
@@ -216,7 +223,7 @@ async def test_drop_in_starts_debians_stock_broker_and_accepts_the_documented_lo
     wrong.write_text("not the password\n")
     for cfg in (broker(None), broker("client-01", wrong)):
         with pytest.raises(aiomqtt.MqttError):
-            async with make_client(cfg, identifier="intruder"):
+            async with _client(cfg, "intruder"):
                 pass  # anonymous clients and wrong passwords are refused
 
 
@@ -237,7 +244,7 @@ async def test_the_roots_broker_from_step_1_lets_cells_send_partials(
 
     The shipped ACL must let them publish ``fiomon/v1/_partials/<cell>`` and the root (also
     ``aggregator``) read it. A denial would be PUBACKed all the same; with MQTT 5 the
-    reason code says so (:class:`~fiomon.mqtt.CheckedPublisher` raises).
+    reason code says so (:meth:`~fiomon.mqtt.MqttSession.publish_checked` raises).
     """
     b = stock_broker
     login = BrokerConfig(
@@ -248,11 +255,11 @@ async def test_the_roots_broker_from_step_1_lets_cells_send_partials(
         password_file=b.etc_fiomon / "mqtt.pass",
     )
     got: list[tuple[str, bytes]] = []
-    async with make_client(login, identifier="fiomon-root") as root:
+    async with _client(login, "fiomon-root") as root:
         await root.subscribe("fiomon/v1/_partials/+", qos=1)
-        cell = make_client(login, identifier="fiomon-cell-cell-a", mqtt5=True)
-        async with cell:
-            await CheckedPublisher(cell).publish("fiomon/v1/_partials/cell-a", b"partials")
+        cell = MqttSession(login, identifier="fiomon-cell-cell-a", logger=log, mqtt5=True)
+        async with cell.client:
+            await cell.publish_checked("fiomon/v1/_partials/cell-a", b"partials")
         async with asyncio.timeout(DEADLINE_S):
             async for m in root.messages:
                 got.append((m.topic.value, bytes(m.payload)))

@@ -1,72 +1,207 @@
-"""A persistent session's unread messages across a reconnect (``fiomon.mqtt``), real broker.
+"""The MQTT session (``fiomon.mqtt.MqttSession``) against a real Mosquitto.
 
-The aggregator and the root acknowledge by hand after journaling. Messages a connection
-left in the client's queue carry that connection's packet ids; :func:`drop_stale` drops
-them before the next connection, and the broker redelivers every one of them there.
+Its reconnect loop, batches and manual acknowledgement: what a persistent session's
+connection left unread or unacknowledged comes again on the next one, and nothing else
+does; the loop outlives a broker restart; a publish the broker's ACL denies raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from pathlib import Path
 
 import aiomqtt
 import pytest
 
 from fiomon.config import BrokerConfig
-from fiomon.mqtt import IncomingQueue, drop_stale, make_client
-from tests.conftest import Mosquitto, until
+from fiomon.mqtt import Backoff, MqttSession, PublishRefusedError
+from tests.conftest import DEADLINE_S, Mosquitto, until
+from tests.mqttkit import once, publish, take
+
+log = logging.getLogger("test.session")
 
 
-async def test_dropped_stale_messages_are_redelivered_on_the_next_connection(
-    mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level("INFO", logger="test.stale")
-    log = logging.getLogger("test.stale")
-    client = make_client(
-        BrokerConfig(port=mosquitto.port),
-        identifier="stale-test",
+def _session(port: int, ident: str, **options: object) -> MqttSession:
+    """A persistent, manually acknowledging session, as the services make them."""
+    return MqttSession(
+        BrokerConfig(port=port),
+        identifier=ident,
+        logger=log,
         persistent_session_s=300,
         receive_maximum=100,
-        queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", IncomingQueue),
+        manual_ack=True,
+        backoff=Backoff(0.05, 0.5),
+        **options,  # type: ignore[arg-type]
     )
-    queue = IncomingQueue.made[-1]
-    paho = client._client
-    paho.manual_ack_set(True)
-    async with client:
-        await client.subscribe("t/#", qos=1)  # the session exists from now on
+
+
+async def test_unread_messages_are_dropped_and_redelivered_on_the_next_connection(
+    mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="test.session")
+    session = _session(mosquitto.port, "stale-test")
+    await once(session, lambda: session.subscribe("t/#"))  # the session exists from now on
     n = 10
     sent = [f"m{i}".encode() for i in range(n)]
-    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
-        for payload in sent:
-            await pub.publish("t/x", payload, qos=1)
+    await publish(mosquitto.port, "t/x", sent)
 
     # The backlog arrives; this connection ends with all of it unread and unacknowledged.
-    async with client:
-        await client.subscribe("t/#", qos=1)
-        await until(lambda: queue.qsize() == n, what="the backlog received")
-    assert drop_stale(queue, log) == n
-    assert queue.empty()
-    assert f"{n} messages of the previous connection left for the broker" in caplog.text
+    async def leave_unread() -> None:
+        await session.subscribe("t/#")
+        await until(lambda: session.unread == n, what="the backlog received")
 
-    # The broker redelivers every one; only those wait in the queue (nothing stale).
-    async with client:
-        await client.subscribe("t/#", qos=1)
-        await until(lambda: queue.qsize() == n, what="the backlog redelivered")
-        got = [queue.get_nowait() for _ in range(n)]
+    await once(session, leave_unread)
+    assert session.unread == n
+
+    # The next connection starts without them (their packet ids were the last one's) and
+    # the broker redelivers every one.
+    async def redelivered() -> None:
+        await session.subscribe("t/#")
+        got = await take(session, n)
         assert [m.payload for m in got] == sent
-        for m in got:
-            paho.ack(m.mid, m.qos)
-        # Acknowledged on this connection: a marker sent after them comes alone next time.
-        await client.publish("t/marker", b"marker", qos=1)
-        await until(lambda: queue.qsize() == 1, what="the marker received")
-        marker = queue.get_nowait()
-        paho.ack(marker.mid, marker.qos)
-    assert drop_stale(queue, log) == 0
-    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as pub:
-        await pub.publish("t/x", b"last", qos=1)
-    async with client:
-        await client.subscribe("t/#", qos=1)
-        await until(lambda: queue.qsize() >= 1, what="the last message received")
-        assert [queue.get_nowait().payload] == [b"last"]
+        session.ack(got)
+
+    await once(session, redelivered)
+    assert f"{n} messages of the previous connection left for the broker" in caplog.text
+    await publish(mosquitto.port, "t/x", [b"last"])
+
+    async def only_the_last() -> None:
+        await session.subscribe("t/#")
+        assert [m.payload for m in await take(session, 1)] == [b"last"]
+
+    await once(session, only_the_last)
+
+
+async def test_ack_acknowledges_exactly_the_batch(mosquitto: Mosquitto) -> None:
+    session = _session(mosquitto.port, "batch-ack", bulk_read=True, max_unread=100)
+    await once(session, lambda: session.subscribe("t/#"))
+    sent = [f"m{i}".encode() for i in range(10)]
+    await publish(mosquitto.port, "t/x", sent)
+
+    async def ack_the_first_four() -> None:
+        await session.subscribe("t/#")
+        first = await take(session, 4)
+        session.ack(first)
+        second = await take(session, 3)  # taken, not acknowledged
+        assert [m.payload for m in first + second] == sent[:7]
+
+    await once(session, ack_the_first_four)
+
+    # Everything but the acknowledged batch comes again: the unacknowledged batch first.
+    async def the_rest_again() -> None:
+        await session.subscribe("t/#")
+        again = await take(session, 6)
+        assert [m.payload for m in again] == sent[4:]
+        session.ack(again)
+
+    await once(session, the_rest_again)
+    await publish(mosquitto.port, "t/x", [b"marker"])
+
+    async def only_the_marker() -> None:  # nothing acknowledged comes again
+        await session.subscribe("t/#")
+        (marker,) = await take(session, 1)
+        assert marker.payload == b"marker"
+        session.ack([marker])
+
+    await once(session, only_the_marker)
+
+
+async def test_ack_needs_manual_acknowledgement(mosquitto: Mosquitto) -> None:
+    session = MqttSession(BrokerConfig(port=mosquitto.port), identifier="auto", logger=log)
+    with pytest.raises(RuntimeError, match="manual_ack"):
+        session.ack([])
+
+
+async def test_the_reconnect_loop_survives_a_broker_restart(mosquitto: Mosquitto) -> None:
+    session = _session(mosquitto.port, "restart", bulk_read=True, max_unread=100)
+    stop = asyncio.Event()
+    got: list[bytes] = []
+    rounds = {"up": 0, "down": 0, "failed": 0}
+
+    async def consume() -> None:
+        rounds["up"] += 1
+        await session.subscribe("t/#")
+        async for batch in session.batches(stop):
+            got.extend(bytes(m.payload) for m in batch)
+            session.ack(batch)
+
+    def down() -> None:
+        rounds["down"] += 1
+
+    def failed(_: aiomqtt.MqttError) -> None:
+        rounds["failed"] += 1
+
+    loop = asyncio.create_task(
+        session.run(consume, until=stop.is_set, wake=stop, failed=failed, down=down)
+    )
+    try:
+        await until(lambda: session.connected, what="connected")
+        await mosquitto.wait_for_log("restart 1 t/#")
+        before = [f"a{i}".encode() for i in range(5)]
+        await publish(mosquitto.port, "t/x", before)
+        await until(lambda: len(got) >= 5, what="the messages before the restart")
+
+        await asyncio.to_thread(mosquitto.stop)
+        await until(lambda: rounds["failed"] >= 2, what="reconnects refused while down")
+        assert not session.connected
+        mark = len(mosquitto.log_text())
+        await asyncio.to_thread(mosquitto.start)
+        await mosquitto.wait_for_log("restart 1 t/#", since=mark)
+        after = [f"b{i}".encode() for i in range(5)]
+        await publish(mosquitto.port, "t/x", after)
+        await until(lambda: len(got) >= 10, what="the messages after the restart")
+        # (An acknowledgement still in flight when the broker stopped may bring one again.)
+        assert list(dict.fromkeys(got)) == before + after
+        assert rounds["up"] == 2
+        # Every round that ended was an error: the lost connection, the refused attempts.
+        assert rounds["down"] == rounds["failed"] >= 2
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, DEADLINE_S)
+    assert not session.connected
+
+
+async def test_a_publish_the_broker_refuses_raises_and_slows_the_reconnects(
+    mosquitto_bin: str, tmp_path: Path
+) -> None:
+    broker = Mosquitto(mosquitto_bin, tmp_path / "mosquitto-acl")
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite t/ok\ntopic read t/#\n")  # no write on t/denied
+    with broker.conf.open("a") as f:
+        f.write(f"acl_file {acl}\n")
+    broker.start()
+    try:
+        session = MqttSession(
+            BrokerConfig(port=broker.port),
+            identifier="checked",
+            logger=log,
+            mqtt5=True,
+            backoff=Backoff(0.01, 0.05),
+        )
+        attempts: list[int] = []
+
+        async def body() -> bool:
+            attempts.append(session.backoff.attempt)
+            await session.publish("t/denied", b"x")  # unchecked: acknowledged all the same
+            await session.publish_checked("t/ok", b"x")
+            if len(attempts) < 3:
+                await session.publish_checked("t/denied", b"x")
+            return True
+
+        refused: list[PublishRefusedError] = []
+
+        def failed(exc: aiomqtt.MqttError) -> None:
+            assert isinstance(exc, PublishRefusedError), exc
+            refused.append(exc)
+
+        async with asyncio.timeout(DEADLINE_S):
+            await session.run(body, failed=failed)
+        assert [(e.topic, e.reason) for e in refused] == [("t/denied", "Not authorized")] * 2
+        # A refusing broker is not retried from the backoff's base: it keeps growing.
+        assert attempts == [0, 1, 2]
+        pubacks = session._pubacks
+        assert pubacks is not None
+        assert (pubacks._codes, pubacks._awaiting) == ({}, set())  # nothing kept behind
+    finally:
+        broker.stop()

@@ -6,10 +6,10 @@ Three tasks in one TaskGroup:
   (in a worker thread; every ``poll_interval`` it also looks for new files) and appends the
   encoded messages to the on-disk :class:`~fiomon.agent.spool.Spool` (reading pauses while the
   spool is full because its disk refuses writes);
-* **publish**: one connection loop (capped, jittered backoff) that publishes the spool
-  oldest first at QoS 1, and pops a message only after its PUBACK; it also keeps the
-  retained status topic (``online`` with counters, as a heartbeat; the Will says
-  ``offline``);
+* **publish**: one :class:`~fiomon.mqtt.MqttSession` (its reconnect loop: capped, jittered
+  backoff) that publishes the spool oldest first at QoS 1, and pops a message only after
+  its PUBACK; it also keeps the retained status topic (``online`` with counters, as a
+  heartbeat; the Will says ``offline``);
 * **checkpoint**: saves the acknowledged positions atomically, at most every
   ``CHECKPOINT_S`` and only when they changed. When the state directory refuses the
   write (full, read-only, I/O error) the agent keeps running on the last positions that
@@ -44,7 +44,7 @@ from fiomon.agent.follow import Follower
 from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
 from fiomon.config import AgentConfig, watch_warnings
-from fiomon.mqtt import Backoff, Topics, make_client
+from fiomon.mqtt import MqttSession, Topics
 from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
 
 log = logging.getLogger("fiomon.agent")
@@ -238,38 +238,33 @@ class Agent:
         """Connect, publish the spool in order, reconnect with backoff, until done."""
         host = self.cfg.host
         offline = json.dumps({"state": "offline", "agent": host}).encode()
-        client = make_client(
+        session = MqttSession(
             self.cfg.broker,
             identifier=self.cfg.broker.client_id or f"fiomon-agent-{host}",
+            logger=log,
             will=aiomqtt.Will(self.topics.status(host), offline, qos=1, retain=True),
         )
-        backoff = Backoff()
-        while True:
-            try:
-                async with client:
-                    self.counters.connects += 1
-                    backoff.reset()
-                    log.info(
-                        "connected to %s:%d%s",
-                        self.cfg.broker.host,
-                        self.cfg.broker.port,
-                        f" (cell {self.cfg.cell})" if self.cfg.cell else "",
-                    )
-                    await self._send_status(client, "online")
-                    await self._drain(client)
-                    await self._send_status(client, "offline")
-                    return
-            except aiomqtt.MqttError as exc:
-                self.counters.publish_failures += 1
-                log.warning("broker %s:%d: %s", self.cfg.broker.host, self.cfg.broker.port, exc)
-            delay = backoff.next()
-            if stop.is_set():
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
 
-    async def _drain(self, client: aiomqtt.Client) -> None:
+        async def connected() -> bool:
+            self.counters.connects += 1
+            log.info(
+                "connected to %s:%d%s",
+                self.cfg.broker.host,
+                self.cfg.broker.port,
+                f" (cell {self.cfg.cell})" if self.cfg.cell else "",
+            )
+            await self._send_status(session, "online")
+            await self._drain(session)
+            await self._send_status(session, "offline")
+            return True  # everything published: no reconnect
+
+        def failed(_: aiomqtt.MqttError) -> None:
+            self.counters.publish_failures += 1
+
+        # After stop the loop goes on (the spool gets grace_s), its waits no longer cut.
+        await session.run(connected, wake=stop, failed=failed)
+
+    async def _drain(self, session: MqttSession) -> None:
         """Publish the spool as it fills; return once it is empty and reading has stopped."""
         loop = asyncio.get_running_loop()
         heartbeat = self.cfg.heartbeat_interval_ms / 1000
@@ -287,11 +282,11 @@ class Agent:
                 self._wake.clear()
                 msg = None
                 if loop.time() >= next_beat:
-                    await self._send_status(client, "online")
+                    await self._send_status(session, "online")
                     next_beat = loop.time() + heartbeat
                 continue
             if msg is not None:
-                await client.publish(topic, msg.payload, qos=1)
+                await session.publish(topic, msg.payload)
                 self.spool.pop()
                 self.acked[msg.stream] = max(
                     self.acked.get(msg.stream, 0), msg.first_seq + msg.records
@@ -306,7 +301,7 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(0.0, next_beat - loop.time()))
             if loop.time() >= next_beat:
-                await self._send_status(client, "online")
+                await self._send_status(session, "online")
                 next_beat = loop.time() + heartbeat
 
     async def _durable_stream(self, stream: str) -> bool:
@@ -324,9 +319,9 @@ class Agent:
             await asyncio.to_thread(self._save_positions, force=True)
         return stream in self._durable
 
-    async def _send_status(self, client: aiomqtt.Client, state: str) -> None:
+    async def _send_status(self, session: MqttSession, state: str) -> None:
         payload = json.dumps(self.status(state)).encode()
-        await client.publish(self.topics.status(self.cfg.host), payload, qos=1, retain=True)
+        await session.publish(self.topics.status(self.cfg.host), payload, retain=True)
 
     def status(self, state: str) -> dict[str, object]:
         """The status document: state and every counter."""

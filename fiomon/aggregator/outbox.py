@@ -30,7 +30,7 @@ import aiomqtt
 
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
-from fiomon.mqtt import Backoff, CheckedPublisher, PublishRefusedError, make_client
+from fiomon.mqtt import Backoff, MqttSession, PublishRefusedError, Topics
 from fiomon.partials import PartialRow, encode, split
 from fiomon.runtime import GRACE_S
 
@@ -207,11 +207,6 @@ class Outbox:
             self._file.close()
 
 
-def partials_topic(prefix: str, cell: str) -> str:
-    """Where cell ``cell`` publishes its partials under the root's ``prefix``."""
-    return f"{prefix}/v1/_partials/{cell}"
-
-
 async def publish_partials(
     cfg: PartialsConfig,
     outbox: Outbox,
@@ -226,14 +221,19 @@ async def publish_partials(
     what is left, for at most ``grace_s``; without it, stop at once (the rest waits in
     the outbox for the next start).
     """
-    topic = partials_topic(cfg.topic_prefix, cfg.cell)
-    # MQTT 5: a broker's ACL denial comes back as a PUBACK reason code, not a silent ack.
-    client = make_client(cfg.broker, identifier=cfg.client_id, mqtt5=True)
-    publisher = CheckedPublisher(client)
-    backoff = Backoff(base_s=0.25, cap_s=5.0)
+    topic = Topics(cfg.topic_prefix).partials(cfg.cell)
+    # MQTT 5: a broker's ACL denial comes back as a PUBACK reason code, not a silent ack;
+    # a refusing broker is retried at the backoff's growing delays (MqttSession.run).
+    session = MqttSession(
+        cfg.broker,
+        identifier=cfg.client_id,
+        logger=log,
+        label="partials: ",
+        mqtt5=True,
+        backoff=Backoff(base_s=0.25, cap_s=5.0),
+    )
     loop = asyncio.get_running_loop()
     deadline: float | None = None
-    refusing = False
 
     def finished() -> bool:
         nonlocal deadline
@@ -245,41 +245,36 @@ async def publish_partials(
             deadline = loop.time() + grace_s
         return loop.time() > deadline or (closed.is_set() and outbox.peek() is None)
 
-    while not finished():
-        try:
-            async with client:
-                log.info("partials: connected to %s:%d", cfg.broker.host, cfg.broker.port)
-                if not refusing:  # a refusing broker is retried at the backoff's cap
-                    backoff.reset()
-                while not finished():
-                    nxt = outbox.peek()
-                    if nxt is None:
-                        outbox.wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(outbox.wake.wait(), 0.2)
-                        continue
-                    after, payload = nxt
-                    await publisher.publish(topic, payload)  # returns on a successful PUBACK
-                    outbox.ack(after)
-                    refusing = False
-        except PublishRefusedError as exc:
-            # Kept in the outbox and retried: an ACL fixed on the root's broker lets it go.
-            outbox.refused += 1
-            refusing = True
-            say = log.error if outbox.refused % 60 == 1 else log.debug
-            say(
-                "partials: %s:%d refused the partials (%s): the root's broker must let user "
-                "%s publish on %s (deploy/README.md, section 7); kept in the outbox, retrying",
-                cfg.broker.host,
-                cfg.broker.port,
-                exc.reason,
-                cfg.broker.username or "(anonymous)",
-                topic,
-            )
-        except aiomqtt.MqttError as exc:
-            log.warning("partials: broker %s:%d: %s", cfg.broker.host, cfg.broker.port, exc)
-        if not finished():
-            await asyncio.sleep(backoff.next())
+    async def connected() -> None:
+        log.info("partials: connected to %s:%d", cfg.broker.host, cfg.broker.port)
+        while not finished():
+            nxt = outbox.peek()
+            if nxt is None:
+                outbox.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(outbox.wake.wait(), 0.2)
+                continue
+            after, payload = nxt
+            await session.publish_checked(topic, payload)  # returns on a successful PUBACK
+            outbox.ack(after)
+
+    def failed(exc: aiomqtt.MqttError) -> None:
+        if not isinstance(exc, PublishRefusedError):
+            return  # logged by the session
+        # Kept in the outbox and retried: an ACL fixed on the root's broker lets it go.
+        outbox.refused += 1
+        say = log.error if outbox.refused % 60 == 1 else log.debug
+        say(
+            "partials: %s:%d refused the partials (%s): the root's broker must let user "
+            "%s publish on %s (deploy/README.md, section 7); kept in the outbox, retrying",
+            cfg.broker.host,
+            cfg.broker.port,
+            exc.reason,
+            cfg.broker.username or "(anonymous)",
+            topic,
+        )
+
+    await session.run(connected, until=finished, failed=failed)
     if outbox.backlog_bytes:
         log.warning(
             "partials: %d bytes not sent to the root's broker: they go at the next start",

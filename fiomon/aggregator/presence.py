@@ -2,7 +2,7 @@
 
 The broker hands a persistent session to whichever client connected last with its id,
 and two aggregators on one session each count the other's records as lost. Each instance
-announces itself on ``<prefix>/v1/_aggregator/<client_id>/instance`` (retained). One that
+announces itself on :meth:`Topics.presence <fiomon.topics.Topics.presence>` (retained). One that
 reads another instance's announcement there after its own has lost its session to it:
 it stops reading (no reconnect loop), says so in the log and on
 ``fiomon_mqtt_session_taken_over``, and tells the other one on ``.../conflict``.
@@ -25,6 +25,7 @@ from fiomon import __version__
 from fiomon.runtime import wait_event
 from fiomon.server.link import Link
 from fiomon.server.metrics import Counts
+from fiomon.topics import Topics
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -62,9 +63,9 @@ class Presence:
         self.outbox = outbox
         self.changed = changed
         self.instance = uuid.uuid4().hex[:12]
-        base = f"{topic_prefix}/v1/_aggregator/{client_id}"
-        self.presence_topic = f"{base}/instance"
-        self.conflict_topic = f"{base}/conflict"
+        topics = Topics(topic_prefix)
+        self.presence_topic = topics.presence(client_id)
+        self.conflict_topic = topics.conflict(client_id)
         self.announced = False
         self.own_seen = False  # our announcement came back to us
         self.presence_seen = asyncio.Event()

@@ -59,7 +59,6 @@ class AggregatorService(Hooks):
         self.link = core.link
         cfg = core.cfg
         self.topics = Topics(cfg.topic_prefix)
-        self.records_prefix = f"{cfg.topic_prefix}/v1/"
         self.dispatcher = AlertDispatcher(cfg.webhook, core.counts.alert_deliveries, core.now_ms)
         # Retained publications in order (alert state, presence); drained at the stop.
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue(maxsize=100)
@@ -162,22 +161,21 @@ class AggregatorService(Hooks):
         core = self.core
         counts = core.counts
         records: list[tuple[str, bytes]] = []
-        prefix = self.records_prefix
+        parse = self.topics.parse
         presence = self.presence
         for m in batch:
             topic = m.topic.value
             payload = m.payload
             try:
-                if topic.startswith(prefix):
-                    host, _, kind = topic[len(prefix) :].partition("/")
-                    if kind == "records":
-                        records.append((host, payload))
-                    elif kind == "status":
-                        core.on_status(host, payload, retained=m.retain)
-                    elif topic == presence.presence_topic:
-                        presence.on_presence(payload)
-                    elif topic == presence.conflict_topic:
-                        presence.on_conflict(payload)
+                kind, name = parse(topic) or ("", "")
+                if kind == "records":
+                    records.append((name, payload))
+                elif kind == "status":
+                    core.on_status(name, payload, retained=m.retain)
+                elif topic == presence.presence_topic:
+                    presence.on_presence(payload)
+                elif topic == presence.conflict_topic:
+                    presence.on_conflict(payload)
             except Exception:  # a bug must not stop intake: say so, count it, go on
                 counts.invalid["internal"] += 1
                 log.exception("cannot handle a message on %s", topic)

@@ -58,6 +58,7 @@ from fiomon.server.metrics import Counts, Health, with_root
 from fiomon.server.publish import Publisher
 from fiomon.server.reload import warn_restart_only
 from fiomon.server.state import StateDir
+from fiomon.topics import Topics
 
 log = logging.getLogger("fiomon.root")
 
@@ -89,6 +90,7 @@ class RootService(Hooks):
         # The server's read-out of its broker connection (the snapshot shows it).
         self.link = Link()
         self.rc = cfg.root or RootConfig()
+        self.topics = Topics(cfg.topic_prefix)
         self.counts = Counts()
         # The state directory (lock, journal, the closed-through mark in the grid state)
         # and the quanta file's writer.
@@ -215,14 +217,18 @@ class RootService(Hooks):
 
     def subscriptions(self) -> list[str]:
         """Every cell's partials."""
-        return [f"{self.cfg.topic_prefix}/v1/_partials/+"]
+        return [self.topics.all_partials]
 
     def handle(self, batch: Sequence[aiomqtt.Message]) -> None:
         """Each message journaled, then merged (the server acknowledges the batch after)."""
         for m in batch:
             topic = m.topic.value
             try:
-                self.on_message(topic.rsplit("/", 1)[-1], bytes(m.payload))
+                kind, cell = self.topics.parse(topic) or ("", "")
+                if kind != "partials":  # (the subscription sends nothing else)
+                    self.merger.counts.invalid["topic"] += 1
+                    continue
+                self.on_message(cell, bytes(m.payload))
             except Exception:  # a bug must not stop intake: say so, count it, go on
                 self.merger.counts.invalid["internal"] += 1
                 log.exception("cannot handle a partials message on %s", topic)

@@ -1,4 +1,4 @@
-"""The buffered MQTT reader (fiomon.aggregator.mqttread) against a real Mosquitto.
+"""The bulk MQTT reader (``fiomon.mqtt._reader``, a session's ``bulk_read``), real Mosquitto.
 
 What paho's own reader would deliver, it delivers: every topic, payload, QoS, retain flag
 and MQTT 5 property, for payloads from empty to larger than one read, packets split
@@ -8,7 +8,7 @@ again after a reconnect), and a new connection starts with a clean buffer.
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import time
 
 import aiomqtt
@@ -16,17 +16,19 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from fiomon.aggregator import mqttread
 from fiomon.config import BrokerConfig
-from fiomon.mqtt import make_client
-from tests.conftest import DEADLINE_S, Mosquitto
+from fiomon.mqtt import MqttSession
+from fiomon.mqtt._reader import RECV_BYTES
+from tests.conftest import Mosquitto
+from tests.mqttkit import once, take
 
 TOPIC = "fiomonread/v1"
+log = logging.getLogger("test.reader")
 
 
 def _payloads() -> list[tuple[str, bytes, int, bool]]:
     """(topic, payload, qos, retain): sizes around and beyond one read, both QoS."""
-    big = bytes(range(256)) * (3 * mqttread.RECV_BYTES // 256 + 7)  # 3 reads and a bit
+    big = bytes(range(256)) * (3 * RECV_BYTES // 256 + 7)  # 3 reads and a bit
     out = [
         (f"{TOPIC}/a/records", b"", 1, False),
         (f"{TOPIC}/a/records", b"x", 0, False),
@@ -40,46 +42,41 @@ def _payloads() -> list[tuple[str, bytes, int, bool]]:
     return out
 
 
-async def _collect(client: aiomqtt.Client, n: int, ack: int = 0) -> list[aiomqtt.Message]:
-    """The next ``n`` messages; the first ``ack`` acknowledged as they come (manual acks)."""
-    got: list[aiomqtt.Message] = []
-    async with asyncio.timeout(DEADLINE_S):
-        async for m in client.messages:
-            got.append(m)
-            if len(got) <= ack:
-                client._client.ack(m.mid, m.qos)
-            if len(got) == n:
-                break
-    return got
-
-
 @pytest.mark.parametrize("v5", [True, False], ids=["mqtt5", "mqtt311"])
 async def test_reader_delivers_what_was_published(mosquitto: Mosquitto, v5: bool) -> None:
     broker = BrokerConfig("127.0.0.1", mosquitto.port)
     ident = f"reader-{time.monotonic_ns()}"
-    if v5:
-        sub = make_client(broker, identifier=ident, persistent_session_s=60)
-    else:
-        sub = aiomqtt.Client("127.0.0.1", mosquitto.port, identifier=ident, clean_session=False)
-    reader = mqttread.install(sub._client)
+    sub = MqttSession(
+        broker,
+        identifier=ident,
+        logger=log,
+        persistent_session_s=60 if v5 else None,
+        bulk_read=True,
+    )
+    reader = sub.reader
     assert reader is not None
     sent = _payloads()
     props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
     props.UserProperty = ("k", "v")
     retained = (f"{TOPIC}/r/status", b'{"state":"online"}', 1, True)
+    got: list[aiomqtt.Message] = []
     async with aiomqtt.Client(
         "127.0.0.1", mosquitto.port, protocol=aiomqtt.ProtocolVersion.V5
     ) as pub:
         # Retained before we subscribe: it comes with the retain flag set.
         await pub.publish(*retained[:2], qos=1, retain=True)
-        async with sub:
-            await sub.subscribe(f"{TOPIC}/#", qos=1)
-            (first,) = await _collect(sub, 1)
+
+        async def receive() -> None:
+            await sub.subscribe(f"{TOPIC}/#")
+            got.extend(await take(sub, 1))
             for topic, payload, qos, retain in sent:
                 await pub.publish(topic, payload, qos=qos, retain=retain)
             # A message with a property: paho's own parser takes it (and keeps it).
             await pub.publish(f"{TOPIC}/p/records", b"with-props", qos=1, properties=props)
-            got = await _collect(sub, len(sent) + 1)
+            got.extend(await take(sub, len(sent) + 1))
+
+        await once(sub, receive)
+    first, got = got[0], got[1:]
     assert (first.topic.value, first.payload, first.qos, first.retain) == retained
     want = [*sent, (f"{TOPIC}/p/records", b"with-props", 1, False)]
     assert [(m.topic.value, m.payload, m.qos, m.retain) for m in got] == want
@@ -97,31 +94,47 @@ async def test_acknowledged_messages_do_not_come_again(mosquitto: Mosquitto) -> 
     # The aggregator's way: manual acknowledgement on a persistent MQTT 5 session, and the
     # same client connecting twice (the second connection's buffer starts empty).
     broker = BrokerConfig("127.0.0.1", mosquitto.port)
-    sub = make_client(broker, identifier="acks", persistent_session_s=60)
-    paho = sub._client
-    paho.manual_ack_set(True)
-    assert mqttread.install(paho) is not None
+    sub = MqttSession(
+        broker,
+        identifier="acks",
+        logger=log,
+        persistent_session_s=60,
+        manual_ack=True,
+        bulk_read=True,
+    )
+    assert sub.reader is not None
+    got: list[aiomqtt.Message] = []
     async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="acks-pub") as pub:
-        async with sub:
-            await sub.subscribe(f"{TOPIC}/#", qos=1)
+
+        async def ack_forty() -> None:
+            await sub.subscribe(f"{TOPIC}/#")
             for k in range(50):
                 await pub.publish(f"{TOPIC}/x/records", str(k).encode() * 1000, qos=1)
-            # Acknowledged ten at a time with one write each (ack_many), as the aggregator
-            # does per batch (the broker sends at most 20 unacknowledged: Mosquitto's
+            # Acknowledged ten at a time with one write each, as the aggregator does per
+            # batch (the broker sends at most 20 unacknowledged: Mosquitto's
             # max_inflight_messages); the last ten not at all.
-            got = []
             for _ in range(4):
-                ten = await _collect(sub, 10)
-                mqttread.ack_many(paho, [(m.mid, m.qos) for m in ten])
-                got += ten
-            got += await _collect(sub, 10)
-            assert [m.payload for m in got] == [str(k).encode() * 1000 for k in range(50)]
+                ten = await take(sub, 10)
+                sub.ack(ten)
+                got.extend(ten)
+            got.extend(await take(sub, 10))
+
+        await once(sub, ack_forty)
+        assert [m.payload for m in got] == [str(k).encode() * 1000 for k in range(50)]
+
         # 10 were not acknowledged: the broker sends them again, before anything newer.
-        async with sub:
+        async def again() -> None:
             await pub.publish(f"{TOPIC}/x/records", b"marker", qos=1)
-            again = await _collect(sub, 11, ack=11)
-        assert [m.payload for m in again] == [m.payload for m in got[40:]] + [b"marker"]
-        async with sub:
+            more = await take(sub, 11)
+            sub.ack(more)
+            assert [m.payload for m in more] == [m.payload for m in got[40:]] + [b"marker"]
+
+        await once(sub, again)
+
+        async def only_new() -> None:
             await pub.publish(f"{TOPIC}/x/records", b"marker2", qos=1)
-            (only,) = await _collect(sub, 1, ack=1)
-        assert only.payload == b"marker2"  # everything acknowledged stayed acknowledged
+            (only,) = await take(sub, 1)
+            sub.ack([only])
+            assert only.payload == b"marker2"  # everything acknowledged stayed acknowledged
+
+        await once(sub, only_new)

@@ -1,4 +1,8 @@
-"""A buffered reader for paho's incoming packets: the aggregator's intake, cheaper per message.
+"""A buffered reader for paho's incoming packets: the services' intake, cheaper per message.
+
+Private to :mod:`fiomon.mqtt`: :class:`~fiomon.mqtt.MqttSession` installs it
+(``bulk_read=True``) and acknowledges batches with :func:`ack_many`. (Formerly
+``fiomon.aggregator.mqttread``.)
 
 paho-mqtt 2.2 reads each packet with at least three ``recv`` calls (the command byte, each
 byte of the remaining length, then the rest, appended to a bytes object chunk by chunk),
@@ -8,7 +12,7 @@ times while slicing off the topic and packet id, and formats a debug line. Profi
 1000 messages/s of 50 records (``benchmarks/bench_aggregator.py --hosts 1000 --jobs 25``)
 that was a third of the aggregator's time, as much as decoding and merging the records.
 
-:func:`install` replaces two methods on one paho client instance (not on the class):
+:func:`install` replaces one method on one paho client instance (not on the class):
 
 * ``_packet_read``: one ``recv`` of up to :data:`RECV_BYTES` into a buffer, then every
   complete packet in the buffer is handled; a partial packet waits for the next read. The
@@ -44,7 +48,7 @@ from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-log = logging.getLogger("fiomon.aggregator")
+log = logging.getLogger("fiomon.mqtt")
 
 RECV_BYTES = 1 << 18  # one recv: many messages of a few kB, or a quarter of a large one
 _PUBLISH = 0x30
@@ -68,7 +72,7 @@ _NEEDS = (
 )
 
 
-class _Reader:
+class BulkReader:
     """The replacement ``_packet_read`` of one paho client (see the module docstring)."""
 
     def __init__(self, client: paho.Client, hold: Callable[[], bool] | None = None) -> None:
@@ -251,14 +255,14 @@ class _Reader:
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
-def install(client: paho.Client, hold: Callable[[], bool] | None = None) -> _Reader | None:
+def install(client: paho.Client, hold: Callable[[], bool] | None = None) -> BulkReader | None:
     """Give ``client`` the buffered reader (before it connects); None if paho differs.
 
     Args:
         client: a paho client that has not connected yet (aiomqtt's ``_client``).
         hold: while it returns True, no PUBLISH is handed on and the socket is not read
             (backpressure: the messages wait in the kernel's buffers and the broker's
-            queue); whoever drains the messages calls :meth:`_Reader.resume` after.
+            queue); whoever drains the messages calls :meth:`BulkReader.resume` after.
 
     Returns:
         The reader (its counters are for tests), or None when this paho lacks a method
@@ -267,12 +271,12 @@ def install(client: paho.Client, hold: Callable[[], bool] | None = None) -> _Rea
     missing = [name for name in _NEEDS if not hasattr(client, name)]
     if missing:
         log.warning(
-            "paho-mqtt %s lacks %s: the aggregator reads MQTT with paho's own (slower) reader",
+            "paho-mqtt %s lacks %s: MQTT is read with paho's own (slower) reader",
             getattr(paho, "__version__", "?"),
             ", ".join(missing),
         )
         return None
-    reader = _Reader(client, hold)
+    reader = BulkReader(client, hold)
     target: Any = client
     target._packet_read = reader.read
     return reader

@@ -1,0 +1,137 @@
+"""Every MQTT topic fiomon uses, built and parsed in one place (``docs/wire-format.md``).
+
+Under a configured prefix ``<p>`` (one or more levels) and the wire level ``v1``:
+
+============  ===========================================  =====  ========
+kind          topic                                        QoS    retained
+============  ===========================================  =====  ========
+records       ``<p>/v1/<host>/records``                    1      no
+status        ``<p>/v1/<host>/status`` (Will: offline)     1      yes
+alerts        ``<p>/v1/_aggregator/alerts`` (the default)  1      yes
+presence      ``<p>/v1/_aggregator/<client_id>/instance``  1      yes
+conflict      ``<p>/v1/_aggregator/<client_id>/conflict``  1      no
+partials      ``<p>/v1/_partials/<cell>`` (root's prefix)  1      no
+============  ===========================================  =====  ========
+
+``_aggregator`` and ``_partials`` are fiomon's own namespaces: :meth:`Topics.parse` never
+reads them as a host (a host of that name would collide with them on the wire anyway).
+
+Pure string work: importing this module loads no MQTT client (the configuration uses it
+for the alert topic's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+WIRE_LEVEL = "v1"
+
+TopicKind = Literal["records", "status", "alerts", "presence", "conflict", "partials"]
+
+_AGGREGATOR = "_aggregator"  # the aggregators' namespace (alerts, presence, conflict)
+_PARTIALS = "_partials"  # the cells' partials, on the root's broker
+_RESERVED = frozenset({_AGGREGATOR, _PARTIALS})
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The topic names and subscription filters under one prefix, and their parser.
+
+    Names (hosts, cells, client ids) are used as given: the configuration checks them
+    (hosts and cells are one level of letters, digits, ``_``, ``.``, ``-``).
+
+    Args:
+        prefix: the configured ``topic_prefix`` (the root's, for partials).
+    """
+
+    prefix: str
+    _base: str = field(init=False, repr=False, compare=False)  # "<prefix>/v1"
+    _head: str = field(init=False, repr=False, compare=False)  # "<prefix>/v1/"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_base", f"{self.prefix}/{WIRE_LEVEL}")
+        object.__setattr__(self, "_head", f"{self.prefix}/{WIRE_LEVEL}/")
+
+    # -- an agent's topics ---------------------------------------------------------------
+
+    def records(self, host: str) -> str:
+        """Where ``host``'s agent publishes records (QoS 1)."""
+        return f"{self._base}/{host}/records"
+
+    def status(self, host: str) -> str:
+        """``host``'s agent status (QoS 1, retained; the Will says ``offline``)."""
+        return f"{self._base}/{host}/status"
+
+    @property
+    def all_records(self) -> str:
+        """Subscription filter for every agent's records."""
+        return f"{self._base}/+/records"
+
+    @property
+    def all_status(self) -> str:
+        """Subscription filter for every agent's status."""
+        return f"{self._base}/+/status"
+
+    # -- an aggregator's topics ----------------------------------------------------------
+
+    @property
+    def alerts(self) -> str:
+        """The default alert-state topic (retained; ``alert_topic`` may name another)."""
+        return f"{self._base}/{_AGGREGATOR}/alerts"
+
+    def presence(self, client_id: str) -> str:
+        """Where an aggregator with ``client_id`` announces its instance (retained)."""
+        return f"{self._base}/{_AGGREGATOR}/{client_id}/instance"
+
+    def conflict(self, client_id: str) -> str:
+        """Where an aggregator tells the one that took its ``client_id``'s session."""
+        return f"{self._base}/{_AGGREGATOR}/{client_id}/conflict"
+
+    # -- the cells' topics (on the root's broker) ----------------------------------------
+
+    def partials(self, cell: str) -> str:
+        """Where cell ``cell`` publishes its partials (QoS 1)."""
+        return f"{self._base}/{_PARTIALS}/{cell}"
+
+    @property
+    def all_partials(self) -> str:
+        """Subscription filter for every cell's partials (the root's)."""
+        return f"{self._base}/{_PARTIALS}/+"
+
+    # -- parsing -------------------------------------------------------------------------
+
+    def parse(self, topic: str) -> tuple[TopicKind, str] | None:
+        """What ``topic`` is, as ``(kind, name)``; None when it is not one of ours.
+
+        ``name`` is the host (records, status), the cell (partials), the client id
+        (presence, conflict; it may span levels) or ``""`` (alerts). Refused (None): another
+        prefix or wire level, an unknown kind, an empty level, a wildcard, or a host named
+        like one of fiomon's namespaces (``_aggregator``, ``_partials``). Called for every
+        message the aggregator receives: string operations only, about a microsecond.
+        """
+        head = self._head
+        if not topic.startswith(head) or "+" in topic or "#" in topic:
+            return None
+        levels = topic[len(head) :].split("/")
+        if "" in levels:
+            return None
+        first, last = levels[0], levels[-1]
+        if len(levels) == 2 and first not in _RESERVED:
+            if last == "records":
+                return "records", first
+            if last == "status":
+                return "status", first
+            return None
+        if first == _PARTIALS:
+            return ("partials", last) if len(levels) == 2 else None
+        if first != _AGGREGATOR:
+            return None
+        if len(levels) == 2:
+            return ("alerts", "") if last == "alerts" else None
+        client_id = "/".join(levels[1:-1])
+        if last == "instance":
+            return "presence", client_id
+        if last == "conflict":
+            return "conflict", client_id
+        return None
