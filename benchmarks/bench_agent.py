@@ -8,7 +8,7 @@
    peak RSS (VmHWM), and the bytes and records it handled.
    A subscriber counts every ``(stream, seq)`` that arrives: the records expected (jobs x
    directions x dumps) must all arrive, none twice and none invalid.
-2. Parsing one 1859-column hist-log line with :class:`~fiomon.fiolog.HistLogParser`
+2. Parsing one 1859-column hist-log line with :class:`~fiomon.fio.fiolog.HistLogParser`
    (median over ``--lines`` single-line feeds, as the agent sees a log growing).
 3. ``--kill9``: the cost of a ``kill -9``: the agent follows ``--files`` hist logs growing
    by ``--rate`` lines per second in all, is killed mid-run and restarted; printed are the
@@ -40,7 +40,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from fiomon.agent.service import CHECKPOINT_S
 from fiomon.errors import WireFormatError
-from fiomon.fiolog import HistLogOptions, HistLogParser
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser
 from fiomon.tools.simulate import format_line
 from fiomon.wire import decode
 

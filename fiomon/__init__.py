@@ -32,11 +32,11 @@ from fiomon.errors import (
     ParseError,
     WireFormatError,
 )
-from fiomon.fiojson import JsonStatusParser
-from fiomon.fiolog import HistLogOptions, HistLogParser
+from fiomon.fio.fiojson import JsonStatusParser
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser
+from fiomon.fio.parsers import RecordParser, open_parser, sniff
 from fiomon.histogram import HistStats, pct_key, summarize
 from fiomon.model import Direction, RecordBatch, StreamInfo
-from fiomon.parsers import RecordParser, open_parser, sniff
 from fiomon.wire import Message, decode, encode
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from fiomon.errors import (
     StateLockedError,
     UsageError,
 )
-from fiomon.fiolog import interval_from_job_file
+from fiomon.fio.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.offline.output import FORMATS, Format

@@ -90,7 +90,7 @@ class JobLogs:
     def load(cls, hist_log: Path, lat_log: Path, interval_ms: int = 1000) -> JobLogs:
         """Records span ``(previous end, end]`` per direction, the first ``interval_ms``.
 
-        That is how fiomon reads them (``fiomon/fiolog.py``).
+        That is how fiomon reads them (``fiomon/fio/fiolog.py``).
         """
         stamps = np.loadtxt(hist_log, delimiter=",", usecols=(0, 1), dtype=np.int64, ndmin=2)
         spans = {}

@@ -17,7 +17,7 @@ Identity rules (``agents/README.md`` states them for users):
 * **Kind by content, once the head tells it.** A file is not read while its first bytes
   are blank, or text with no json document or hist-log record yet (fio's ``note:`` lines,
   ``json+,normal``'s header): :func:`head_tells_kind` waits, then
-  :func:`fiomon.parsers.sniff` decides on the whole head.
+  :func:`fiomon.fio.parsers.sniff` decides on the whole head.
 
 * **Appends** continue the stream. Only complete lines and complete JSON documents
   become records; the parsers keep a partial one for later.
@@ -44,7 +44,7 @@ Identity rules (``agents/README.md`` states them for users):
   still hash to the saved SHA-1; it is then re-read from byte 0 (parsing is
   deterministic, so no parser state is saved) and records below the acknowledged
   sequence number are skipped, not resent.
-* **One truth per I/O** (:mod:`fiomon.overlap`): a hist log that a followed json+ stream
+* **One truth per I/O** (:mod:`fiomon.fio.overlap`): a hist log that a followed json+ stream
   covers (its name, its time, and its jobs' cumulative bins hold the log's counts) is
   followed but not published. The decision is taken once per stream, before its first
   record goes out. Its records are held (at most ``HOLD_S``) while a json+ stream has not
@@ -83,12 +83,11 @@ import numpy as np
 from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
-from fiomon.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
-from fiomon.decode import container, fio_log_store
-from fiomon.fiojson import JsonStatusParser
-from fiomon.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
-from fiomon.model import RecordBatch
-from fiomon.overlap import (
+from fiomon.fio.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
+from fiomon.fio.decode import container, fio_log_store
+from fiomon.fio.fiojson import JsonStatusParser
+from fiomon.fio.fiolog import EPOCH_MS_MIN, MAX_LINE_BYTES, HistLogOptions, HistLogParser
+from fiomon.fio.overlap import (
     Declaration,
     JobContent,
     LogContent,
@@ -98,7 +97,7 @@ from fiomon.overlap import (
     job_contents,
     log_content,
 )
-from fiomon.parsers import (
+from fiomon.fio.parsers import (
     FIO_STORE_REFUSAL,
     SNIFF_BYTES,
     Kind,
@@ -107,7 +106,8 @@ from fiomon.parsers import (
     open_parser,
     sniff,
 )
-from fiomon.problems import Problem, ProblemLog
+from fiomon.fio.problems import Problem, ProblemLog
+from fiomon.model import RecordBatch
 from fiomon.wire import MAX_TIME_MS, split, wire_id
 
 log = logging.getLogger("fiomon.agent")
@@ -166,7 +166,7 @@ class _Stream:
     acked_floor: int = 0  # acknowledged before this run (saved positions)
     time_offset_ms: int | None = None
     parser: RecordParser | None = None
-    kind: Kind | None = None  # from the first bytes (fiomon.parsers.sniff)
+    kind: Kind | None = None  # from the first bytes (fiomon.fio.parsers.sniff)
     head: bytes = b""  # the first bytes that told its kind (_kind_head)
     text_logged: bool = False  # said that it starts with text and no record yet
     started: bool = False  # a parser was chosen
@@ -418,7 +418,7 @@ class Follower:
         """Say once per file why a hist log of ``fio --client`` is not followed.
 
         fio writes those on the controller when each job ends, every server's under the
-        controller's host, as running sums (see :mod:`fiomon.clientlog`): the agent
+        controller's host, as running sums (see :mod:`fiomon.fio.clientlog`): the agent
         cannot publish them as live records of their hosts. ``fiomon report`` reads them.
         ``pbench``: known by its place (``clients/<server>/``) and its running sums, fio's
         ``.<server>`` suffix being gone.
@@ -441,7 +441,7 @@ class Follower:
         """Whether ``s`` is a fio --client log as pbench-fio files it (place and content).
 
         Such a log is written whole when the run ends; its first records tell
-        (:func:`fiomon.clientlog.looks_like_running_sums`). A log elsewhere, or one whose
+        (:func:`fiomon.fio.clientlog.looks_like_running_sums`). A log elsewhere, or one whose
         records are intervals, is followed as usual.
         """
         if not filed_by_pbench(Path(s.path)):
@@ -1562,7 +1562,7 @@ _BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
 
 
 def head_tells_kind(head: bytes) -> bool:
-    """Whether a file's first bytes say enough for :func:`fiomon.parsers.sniff` to decide.
+    """Whether a file's first bytes say enough for :func:`fiomon.fio.parsers.sniff` to decide.
 
     A file still being written may so far hold only blanks, or text fio prints before its
     first json+ document (``note:`` lines on stdout, the ``json+,normal`` header). The

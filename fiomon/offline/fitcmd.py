@@ -13,12 +13,12 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError, FitError
+from fiomon.fio.problems import ProblemLog
 from fiomon.fit import Fit, describe, fit_histogram
 from fiomon.model import DIRECTION_LABELS
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
 from fiomon.offline.sources import SourceOptions, host_labels
 from fiomon.offline.summary import Filters, collect
-from fiomon.problems import ProblemLog
 
 Format = Literal["text", "json"]
 

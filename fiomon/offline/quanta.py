@@ -30,6 +30,7 @@ from fiomon.closed import ClosedQuantum
 from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
 from fiomon.offline.sources import (
     REFUSED,
@@ -39,7 +40,6 @@ from fiomon.offline.sources import (
     host_labels,
 )
 from fiomon.offline.spans import SpanMerger
-from fiomon.problems import ProblemLog
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fiomon.bins import BinLayout
+from fiomon.fio.problems import ProblemLog
 from fiomon.offline.output import (
     CsvWriter,
     FiologparserWriter,
@@ -25,7 +26,6 @@ from fiomon.offline.output import (
     TableWriter,
 )
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
-from fiomon.problems import ProblemLog
 
 PROGRESS_MIN_BYTES = 32 << 20
 

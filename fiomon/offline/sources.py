@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, cast
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.clientlog import ClientLogUndo, client_log_host
-from fiomon.decode import InputDecoder
 from fiomon.errors import ConfigError, InputError, OverlapError
-from fiomon.fiojson import JsonSplitter, JsonStatusParser
-from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
-from fiomon.model import DIRECTION_LABELS, RecordBatch
-from fiomon.overlap import (
+from fiomon.fio.clientlog import ClientLogUndo, client_log_host
+from fiomon.fio.decode import InputDecoder
+from fiomon.fio.fiojson import JsonSplitter, JsonStatusParser
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser, TimeKind
+from fiomon.fio.overlap import (
     Declaration,
     LogContent,
     candidates,
@@ -37,7 +36,7 @@ from fiomon.overlap import (
     same_host,
     why_not_covered,
 )
-from fiomon.parsers import (
+from fiomon.fio.parsers import (
     SNIFF_BYTES,
     ClientHistLogParser,
     ParserOptions,
@@ -45,7 +44,8 @@ from fiomon.parsers import (
     open_parser,
     sniff,
 )
-from fiomon.problems import ProblemLog
+from fiomon.fio.problems import ProblemLog
+from fiomon.model import DIRECTION_LABELS, RecordBatch
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
 
@@ -187,7 +187,7 @@ def detecting_client_sums(parser: RecordParser, problems: ProblemLog) -> RecordP
     """A local-named hist log's parser that also undoes fio --client running sums it shows.
 
     pbench-fio files the logs of ``fio --client`` without the server's name; their
-    records tell (:func:`fiomon.clientlog.looks_like_running_sums`).
+    records tell (:func:`fiomon.fio.clientlog.looks_like_running_sums`).
     """
     if isinstance(parser, HistLogParser):
         return ClientHistLogParser(parser, ClientLogUndo(parser.source, problems, detect=True))
@@ -629,7 +629,7 @@ def _host_folders(paths: Sequence[Path]) -> list[str]:
 def choose_sources(
     paths: Sequence[Path], choice: SourceChoice | None
 ) -> tuple[list[Path], list[str], dict[str, frozenset[int]]]:
-    """The inputs to read, so that no I/O is counted twice (:mod:`fiomon.overlap`).
+    """The inputs to read, so that no I/O is counted twice (:mod:`fiomon.fio.overlap`).
 
     Args:
         paths: the files given, in order.

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
+from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import cumulative_at, summarize
 from fiomon.model import DIRECTION_LABELS, RecordBatch
 from fiomon.offline.sources import (
@@ -39,7 +40,6 @@ from fiomon.offline.sources import (
     check_refusals,
     host_labels,
 )
-from fiomon.problems import ProblemLog
 from fiomon.units import format_latency_ns
 
 F64 = npt.NDArray[np.float64]

@@ -4,7 +4,7 @@ Adds to the user's fio arguments: the json+ status stream every second into
 ``<output dir>/<host>.json`` (the agent's live source), per-job hist logs
 (``write_hist_log``, ``log_hist_msec=1000``) for the offline report, and epoch timestamps.
 The stream declares the hist logs' prefix, so the agent publishes each I/O once (from the
-stream) and ``fiomon report`` asks which view to count (:mod:`fiomon.overlap`).
+stream) and ``fiomon report`` asks which view to count (:mod:`fiomon.fio.overlap`).
 It then waits for the next quantum boundary of the wall clock and replaces itself with
 fio, so every host started this way reports on (nearly) the same phase, which is what
 keeps the quanta exact (DESIGN.md "Quanta").

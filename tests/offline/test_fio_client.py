@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fiomon.fiojson import JsonStatusParser
-from fiomon.problems import ProblemLog
+from fiomon.fio.fiojson import JsonStatusParser
+from fiomon.fio.problems import ProblemLog
 from tests.conftest import DEADLINE_S, FIXTURES, free_port
 
 CLIENT = FIXTURES / "fio333_client_status.json"

@@ -26,11 +26,11 @@ import pytest
 from fiomon.agent.follow import Follower
 from fiomon.cli import main
 from fiomon.errors import InputError
+from fiomon.fio.parsers import SNIFF_BYTES, open_parser, sniff
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import Direction
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.sources import host_labels
-from fiomon.parsers import SNIFF_BYTES, open_parser, sniff
-from fiomon.problems import ProblemLog
 from fiomon.wire import decode
 from tests.conftest import DEADLINE_S, FIXTURES
 

@@ -26,7 +26,7 @@ def test_a_json_document_after_many_blank_bytes_reads_as_without_them(
 ) -> None:
     """100 blank bytes (more than the 64 once sniffed offline) before a json+ document.
 
-    The agent sniffs a file's first 4096 bytes (:data:`fiomon.parsers.SNIFF_BYTES`); the
+    The agent sniffs a file's first 4096 bytes (:data:`fiomon.fio.parsers.SNIFF_BYTES`); the
     offline commands used to look at 64, took such a file for a hist log and counted its
     covered hist log twice. Same folder layout and names, so the rows must be identical.
     """

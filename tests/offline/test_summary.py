@@ -11,9 +11,9 @@ import pytest
 
 from fiomon.cli import main
 from fiomon.errors import ConfigError
+from fiomon.fio.problems import ProblemLog
 from fiomon.offline.sources import SourceOptions
 from fiomon.offline.summary import Filters, HistBins, bins_from_yaml, summarize_run
-from fiomon.problems import ProblemLog
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 from tests.clock import T0
 

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fiomon.errors import ParseError
-from fiomon.fiolog import HistLogOptions, HistLogParser, interval_from_job_file
-from fiomon.linescan import scan, scan_vectorised
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser, interval_from_job_file
+from fiomon.fio.linescan import scan, scan_vectorised
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
-from fiomon.problems import ProblemLog
 from tests.clock import T0
 from tests.conftest import FIXTURES
 

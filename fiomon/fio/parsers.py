@@ -3,14 +3,14 @@
 fio writes three kinds of histogram output that fiomon reads: the json+ status stream
 (``--output-format=json+`` with ``--status-interval``), hist logs (``log_hist_msec``), and
 the hist logs a ``fio --client`` run writes (the server's address appended to the name,
-every record counted as often as jobs have run before it: :mod:`fiomon.clientlog`).
+every record counted as often as jobs have run before it: :mod:`fiomon.fio.clientlog`).
 A file's first bytes tell json+ from a hist log (:func:`sniff`); :func:`open_parser`
 builds the matching :class:`RecordParser`, which the agent's follower and the offline
 sources feed alike.
 
 Recognition is by content, on the first :data:`SNIFF_BYTES` of the file, after undoing
 compression (gzip, bzip2, xz) and text encoding (UTF-8 BOM, UTF-16) with
-:mod:`fiomon.decode`:
+:mod:`fiomon.fio.decode`:
 
 * ``{`` first, or a line opening a fio document (``{`` then ``"fio version"``, ``"jobs"``,
   ``"client_stats"``, ...) anywhere in the head: a json+ stream (fio's ``note:`` lines on
@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from fiomon.bins import BinLayout
-from fiomon.clientlog import ClientLogUndo, client_log_host
-from fiomon.decode import InputDecoder, fio_log_store
-from fiomon.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser
-from fiomon.fiolog import HistLogOptions, HistLogParser, TimeKind
+from fiomon.fio.clientlog import ClientLogUndo, client_log_host
+from fiomon.fio.decode import InputDecoder, fio_log_store
+from fiomon.fio.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser, TimeKind
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
-from fiomon.problems import ProblemLog
 
 Kind = Literal["json", "hist"]
 
@@ -142,7 +142,7 @@ class ParserOptions:
         skip_jobs: json+ job positions not to read.
         max_document_bytes: largest json+ document accepted.
         client_logs: undo the cumulative counts of ``fio --client`` hist logs (named
-            by :func:`fiomon.clientlog.client_log_host`).
+            by :func:`fiomon.fio.clientlog.client_log_host`).
     """
 
     host: str = ""
@@ -229,7 +229,7 @@ class RefusedParser:
 
 
 class DecodedParser:
-    """A parser fed through an :class:`~fiomon.decode.InputDecoder` (compressed, UTF-16, BOM).
+    """A parser fed through an :class:`~fiomon.fio.decode.InputDecoder` (compressed, UTF-16, BOM).
 
     The parser is built from the first decoded bytes that say what the file is: a
     compressed file's head may decode to nothing yet (bzip2 emits nothing before a whole

@@ -14,11 +14,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fiomon.fiojson import JsonSplitter, JsonStatusParser
-from fiomon.fiolog import HistLogOptions, HistLogParser
-from fiomon.linescan import scan, scan_vectorised
-from fiomon.parsers import SNIFF_BYTES, open_parser, sniff
-from fiomon.problems import ProblemLog
+from fiomon.fio.fiojson import JsonSplitter, JsonStatusParser
+from fiomon.fio.fiolog import HistLogOptions, HistLogParser
+from fiomon.fio.linescan import scan, scan_vectorised
+from fiomon.fio.parsers import SNIFF_BYTES, open_parser, sniff
+from fiomon.fio.problems import ProblemLog
 from tests.clock import T0
 
 NCOLS = 3 + 1856

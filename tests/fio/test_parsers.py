@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fiomon.fiojson import JsonStatusParser
-from fiomon.fiolog import HistLogParser
+from fiomon.fio.fiojson import JsonStatusParser
+from fiomon.fio.fiolog import HistLogParser
+from fiomon.fio.parsers import ClientHistLogParser, ParserOptions, RecordParser, open_parser, sniff
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
-from fiomon.parsers import ClientHistLogParser, ParserOptions, RecordParser, open_parser, sniff
-from fiomon.problems import ProblemLog
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def _read(parser: RecordParser, data: bytes, chunk: int = 4096) -> RecordBatch:

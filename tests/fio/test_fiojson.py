@@ -7,9 +7,9 @@ import json
 import numpy as np
 
 from fiomon.bins import plat_idx_to_val
-from fiomon.fiojson import JsonSplitter, JsonStatusParser
+from fiomon.fio.fiojson import JsonSplitter, JsonStatusParser
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
-from fiomon.problems import ProblemLog
 from tests.clock import T0
 from tests.conftest import FIXTURES
 

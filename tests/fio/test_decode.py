@@ -1,4 +1,4 @@
-"""fiomon.decode: compression and text encodings undone chunk by chunk (hand-made bytes)."""
+"""fiomon.fio.decode: compression and text encodings undone chunk by chunk (hand-made bytes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from fiomon.decode import InputDecoder, container, fio_log_store, text_form
+from fiomon.fio.decode import InputDecoder, container, fio_log_store, text_form
 
 TEXT = b"1795000000000, 0, 4096, 0, 1, 2\n" * 200 + b'{"fio version": "fio-3.33"}\n'
 

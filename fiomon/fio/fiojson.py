@@ -35,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, plat_val_to_idx
+from fiomon.fio.overlap import MIN_SLACK_MS, Declaration, prefix_name
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo
-from fiomon.overlap import MIN_SLACK_MS, Declaration, prefix_name
-from fiomon.problems import ProblemLog
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
 _MAX_TEXT_LINE = 64 << 10  # an unfinished line of text held back for its end
@@ -83,7 +83,7 @@ class JsonSplitter:
             self.problems.report(self.source, self._line, "encoding", "bytes that are not UTF-8")
         if self._at_start and text:
             self._at_start = False
-            text = text.removeprefix("\ufeff")  # a UTF-8 BOM (fiomon.decode drops it too)
+            text = text.removeprefix("\ufeff")  # a UTF-8 BOM (fiomon.fio.decode drops it too)
         self._buf += text
         yield from self._drain(final=False)
 
@@ -247,7 +247,7 @@ class JsonStatusParser:
         self.last_document: dict[str, Any] | None = None
         self.on_document: Callable[[dict[str, Any]], None] | None = None
 
-    kind: Literal["json"] = "json"  # fiomon.parsers.RecordParser
+    kind: Literal["json"] = "json"  # fiomon.fio.parsers.RecordParser
     slack_ms = 0  # dumps come in time order
 
     @property
@@ -256,7 +256,7 @@ class JsonStatusParser:
         return "epoch" if self.records else None
 
     def declaration(self, stream: str) -> Declaration:
-        """What this stream says about the hist logs of its jobs (:mod:`fiomon.overlap`)."""
+        """What this stream says about the hist logs of its jobs (:mod:`fiomon.fio.overlap`)."""
         return Declaration(
             stream,
             frozenset(self.hist_names),

@@ -11,8 +11,7 @@ import pytest
 
 from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.errors import OverlapError
-from fiomon.offline.sources import choose_sources
-from fiomon.overlap import (
+from fiomon.fio.overlap import (
     Declaration,
     JobContent,
     LogContent,
@@ -23,6 +22,7 @@ from fiomon.overlap import (
     same_host,
     sibling_folders,
 )
+from fiomon.offline.sources import choose_sources
 from fiomon.tools.simulate import format_line
 from tests.agent.agentkit import report_samples
 from tests.clock import T0

@@ -85,8 +85,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout, coarsen_hist, plat_val_to_idx
-from fiomon.clientlog import client_log_host
 from fiomon.errors import LayoutError
+from fiomon.fio.clientlog import client_log_host
 
 _HIST_NAME = re.compile(
     r"^(?P<prefix>.+)_clat_hist(?:\.(?P<thread>\d+))?\.log(?:\.fz)?(?:\.[^/]+)?$"

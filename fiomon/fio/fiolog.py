@@ -31,9 +31,9 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, Unit, candidate_layouts, detect_layout
 from fiomon.errors import LayoutError
-from fiomon.linescan import scan
+from fiomon.fio.linescan import scan
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch, StreamInfo, row_sums
-from fiomon.problems import ProblemLog
 
 EPOCH_MS_MIN = 10**12  # 2001-09-09: anything smaller is a relative stamp
 DEFAULT_INTERVAL_MS = 1000
@@ -109,7 +109,7 @@ class HistLogParser:
         # Why the file is not a hist log (fio's lat/bw/iops logs), once its lines show it.
         self.refusal: str | None = None
 
-    kind: Literal["hist"] = "hist"  # fiomon.parsers.RecordParser
+    kind: Literal["hist"] = "hist"  # fiomon.fio.parsers.RecordParser
 
     @property
     def slack_ms(self) -> int:

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
-from fiomon.problems import ProblemLog
 
 I64 = npt.NDArray[np.int64]
 
