@@ -28,7 +28,6 @@ What is still unacknowledged is read again from the files at the next start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -45,7 +44,7 @@ from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
 from fiomon.config import AgentConfig, watch_warnings
 from fiomon.mqtt import MqttSession, Topics
-from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals
+from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals, wait_event
 
 log = logging.getLogger("fiomon.agent")
 
@@ -182,8 +181,7 @@ class Agent:
                 elif self._paused:
                     next_read = now + flush
                 wait = max(0.0, min(next_read, next_look) - loop.time())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait)
+                await wait_event(stop, wait)
         finally:
             self._reading_done.set()
             self._wake.set()
@@ -277,8 +275,7 @@ class Agent:
                 # anyway could, after a crash, send its records again under another
                 # stream id (counted twice); so new streams wait, the rest of the agent
                 # runs on, and the fault is flagged until a save succeeds.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                await wait_event(self._wake, 1.0)
                 self._wake.clear()
                 msg = None
                 if loop.time() >= next_beat:
@@ -298,8 +295,7 @@ class Agent:
                 return
             else:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, next_beat - loop.time()))
+                await wait_event(self._wake, max(0.0, next_beat - loop.time()))
             if loop.time() >= next_beat:
                 await self._send_status(session, "online")
                 next_beat = loop.time() + heartbeat
@@ -367,8 +363,7 @@ class Agent:
 
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), CHECKPOINT_S)
+            await wait_event(stop, CHECKPOINT_S)
             await asyncio.to_thread(self._save_positions)
 
     def _save_positions(self, *, force: bool = False) -> None:

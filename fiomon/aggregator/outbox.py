@@ -32,7 +32,7 @@ from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
 from fiomon.mqtt import Backoff, MqttSession, PublishRefusedError, Topics
 from fiomon.partials import PartialRow, encode, split
-from fiomon.runtime import GRACE_S
+from fiomon.runtime import GRACE_S, wait_event
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -251,8 +251,7 @@ async def publish_partials(
             nxt = outbox.peek()
             if nxt is None:
                 outbox.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(outbox.wake.wait(), 0.2)
+                await wait_event(outbox.wake, 0.2)
                 continue
             after, payload = nxt
             await session.publish_checked(topic, payload)  # returns on a successful PUBACK

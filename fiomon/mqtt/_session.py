@@ -26,6 +26,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from fiomon.config import BrokerConfig
 from fiomon.errors import ConfigError
 from fiomon.mqtt._reader import BulkReader, ack_many, install
+from fiomon.runtime import wait_event
 
 # How long a persistent-session subscriber (aggregator, root) waits for its SUBACK.
 # Mosquitto 2.0.11, resuming a session whose previous connection acknowledged messages,
@@ -408,8 +409,7 @@ class MqttSession:
             if wake is None or wake.is_set():
                 await asyncio.sleep(delay)
             else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
+                await wait_event(wake, delay)
 
     async def subscribe(self, topic_filter: str, *, timeout_s: float | None = None) -> None:
         """Subscribe with QoS 1 (on the connection :meth:`run` keeps).

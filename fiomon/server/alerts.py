@@ -28,7 +28,6 @@ of each alert is what is sent next.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import json
 import logging
@@ -43,6 +42,7 @@ from typing import Any
 from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule, WebhookConfig
 from fiomon.histogram import pct_key
+from fiomon.runtime import wait_event
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -513,8 +513,7 @@ class AlertDispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` (then one last attempt, bounded by the timeout)."""
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 1.0)
+            await wait_event(self._wake, 1.0)
             self._wake.clear()
             await self._send()
         await self._send()

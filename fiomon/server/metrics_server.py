@@ -57,6 +57,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fiomon import __version__
+from fiomon.runtime import wait_event
 from fiomon.server.exporter import CONTENT_TYPE, Snapshot, render
 from fiomon.server.live import LiveStore
 from fiomon.webpage import page_html
@@ -538,8 +539,7 @@ class _Http(asyncio.Protocol):
         self, headers: dict[str, str], keep: bool, path: str = "/metrics", query: str = ""
     ) -> None:
         """Wait for the first snapshot (only right after the start)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._body.arrived.wait(), FIRST_SNAPSHOT_S)
+        await wait_event(self._body.arrived, FIRST_SNAPSHOT_S)
         self._busy = False
         if self._transport is None:
             return
