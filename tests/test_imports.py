@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,16 @@ def test_the_package_exports_the_library_api_and_loads_no_service_code() -> None
 
     assert set(fiomon.__all__) - {"__version__"} == LIBRARY_API
     assert callable(fiomon.iter_quanta)
+
+
+def test_the_readme_layout_is_the_tree() -> None:
+    """README's Layout names every module of the package, and no module that is gone."""
+    readme = (PKG.parent / "README.md").read_text()
+    layout = readme.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    block = layout.split("\ntests/", 1)[0]  # the package's part
+    named = set(re.findall(r"\b([a-z_]+\.py)\b", block))
+    have = {p.name for p in PKG.rglob("*.py") if not p.name.startswith("_")}
+    assert have - named == set(), "modules the Layout does not name"
+    assert named - have == set(), "the Layout names modules that do not exist"
+    packages = {p.parent.name for p in PKG.rglob("__init__.py") if p.parent != PKG}
+    assert {p for p in packages if f"{p}/" not in block} == set(), "packages missing"
