@@ -30,7 +30,7 @@ from fiomon.align import Align, parse_align
 from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
-from fiomon.topics import Topics
+from fiomon.topics import RESERVED_NAMES, Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
@@ -547,7 +547,16 @@ def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[object, str], st
 
 
 _topic_prefix = _matching(_TOPIC_RE, "topic levels of letters, digits, '_', '.', '-'")
-_host = _matching(_HOST_RE, "1-128 letters, digits, '_', '.', '-' (a topic level)")
+_host_level = _matching(_HOST_RE, "1-128 letters, digits, '_', '.', '-' (a topic level)")
+
+
+def _host(value: object, where: str) -> str:
+    """A host name: a topic level that is not one of fiomon's own namespaces."""
+    text = _host_level(value, where)
+    if text in RESERVED_NAMES:
+        msg = f"{where}: {text!r} is reserved for fiomon's own topics; choose another name"
+        raise ConfigError([msg])
+    return text
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

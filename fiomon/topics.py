@@ -31,7 +31,7 @@ TopicKind = Literal["records", "status", "alerts", "presence", "conflict", "part
 
 _AGGREGATOR = "_aggregator"  # the aggregators' namespace (alerts, presence, conflict)
 _PARTIALS = "_partials"  # the cells' partials, on the root's broker
-_RESERVED = frozenset({_AGGREGATOR, _PARTIALS})
+RESERVED_NAMES = frozenset({_AGGREGATOR, _PARTIALS})  # never a host (config refuses them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +117,7 @@ class Topics:
         if "" in levels:
             return None
         first, last = levels[0], levels[-1]
-        if len(levels) == 2 and first not in _RESERVED:
+        if len(levels) == 2 and first not in RESERVED_NAMES:
             if last == "records":
                 return "records", first
             if last == "status":

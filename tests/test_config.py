@@ -64,6 +64,17 @@ def test_every_problem_is_listed_with_its_path(tmp_path: Path) -> None:
     assert all(p.startswith(str(f)) for p in info.value.problems)
 
 
+@pytest.mark.parametrize("name", ["_aggregator", "_partials"])
+def test_a_host_named_like_fiomons_own_topics_is_refused(tmp_path: Path, name: str) -> None:
+    # <prefix>/v1/_aggregator/... and _partials/... are the aggregators' and cells' topics:
+    # such a host's records would never be read as records (dropped, uncounted).
+    f = tmp_path / "agent.yaml"
+    f.write_text(f"host: {name}\nwatch: ['/tmp/x/*.log']\nstate_dir: {tmp_path / 's'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_agent_config(f)
+    assert f"host: {name!r} is reserved for fiomon's own topics" in "\n".join(info.value.problems)
+
+
 def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
     f = tmp_path / "agent.yaml"
     f.write_text("watch: [a\nstate_dir: /x\n")

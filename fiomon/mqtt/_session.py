@@ -505,9 +505,9 @@ class MqttSession:
                         batch.append(self._queue.get_nowait())
                 yield batch
         finally:
+            # (the consumer stays set until the round ends, in run(): the stop sequence
+            # keeps the connection up a while, and the reader must stay held meanwhile)
             stopper.cancel()
-            if self._consumer is token:
-                self._consumer = None
 
     def ack(self, batch: Sequence[aiomqtt.Message]) -> None:
         """Acknowledge ``batch`` (its QoS 1 messages, in order) with one socket write.

@@ -397,6 +397,11 @@ class Server:
             rows = merger.flush()
             self.log.info("final stop: closed %d open rows", len(rows))
             merger.after_tick()
+        elif not self.forced:
+            # One last tick: what became closable since the last one is written now (a
+            # root without a state directory would otherwise lose it with the process).
+            merger.tick()
+            merger.after_tick()
         self.closed.set()
 
     async def _reload_loop(self) -> None:
@@ -407,7 +412,10 @@ class Server:
                 continue
             self.reloading.clear()
             sd_notify("RELOADING=1")
-            self._reload()
+            try:
+                self._reload()
+            except Exception:  # a reload's bug must not stop the service: keep the old config
+                self.log.exception("reload failed; the running configuration stays")
             sd_notify("READY=1")
 
     def _reload(self) -> None:

@@ -17,7 +17,7 @@ class Link:
     """The state of the service's MQTT session.
 
     Args:
-        connected: connected and subscribed (or subscribing) on the broker now.
+        connected: connected and subscribed on the broker now (0 while subscribing).
         backlog_max: the most messages waiting unprocessed at once (received, not yet
             handled), since the start.
         taken_over: another instance took this session (it stopped reading for good).

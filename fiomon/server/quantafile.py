@@ -261,10 +261,16 @@ class QuantaWriter:
                 self._pending_rows -= len(job.rows)
 
     def _write(self, job: _Job) -> None:
+        # The journal is released up to confirmed_ms: only once every write of the job
+        # succeeded (a root keeps its closed-through mark in the grid state alone; released
+        # past a mark that was never saved, a restart would close quanta again from part
+        # of their rows). A later job that succeeds confirms the earlier ones too.
+        ok = True
         if self.quanta is not None and job.rows:
             try:
                 self.quanta.write(job.rows, job.skip)
             except OSError as exc:
+                ok = False
                 self.problems(
                     "quanta-file-write",
                     f"{self.quanta.path}: {exc.strerror or exc} ({len(job.rows)} rows through "
@@ -276,8 +282,9 @@ class QuantaWriter:
             try:
                 job.grid.save(self.state_path)
             except OSError as exc:
+                ok = False
                 self.problems("state-write", f"cannot save {self.state_path}: {exc}")
-        if self.confirmed_ms is None or job.closed_ms > self.confirmed_ms:
+        if ok and (self.confirmed_ms is None or job.closed_ms > self.confirmed_ms):
             self.confirmed_ms = job.closed_ms
 
     def close(self, timeout_s: float = 10.0) -> bool:

@@ -42,6 +42,8 @@ def test_a_grid_state_too_big_for_the_disk_leaves_the_old_one(tmp_path: Path) ->
         assert writer.close()
         assert [kind for kind, _ in problems] == ["state-write"]
         assert "No space left on device" in problems[0][1]
+        # the mark was not saved: nothing may be released from the journal on its behalf
+        assert writer.confirmed_ms is None
         assert path.read_bytes() == before, "state.json is the old one, whole"
         loaded, why = GridState.load(path, KnownStreams.from_json)
         assert why is None
