@@ -82,7 +82,7 @@ def bucket_edges_s(
     would make neighbours uneven. ``histogram_quantile`` interpolates linearly inside a
     bucket, so a percentile it derives is within one bucket's width of the exact one:
     at most 19.7 % relative at 4 per octave, 4.6 % at 16 (``2 ** (1 / per_octave) - 1``
-    plus rounding; ``tests/aggregator/test_aggregator_core.py`` pins these bounds).
+    plus rounding; ``tests/server/test_exporter.py`` pins these bounds).
     """
     cap_ns = float(layout.edges_ns()[1][-1])
     k = np.arange(0, int(np.ceil(per_octave * np.log2(cap_ns / 1000.0))) + 1)

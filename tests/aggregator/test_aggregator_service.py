@@ -22,7 +22,7 @@ from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule, WebhookConfig
 from fiomon.model import RecordBatch
 from fiomon.tools.simulate import write_cluster
 from fiomon.wire import encode
-from tests.aggregator.test_aggregator_core import close_delays
+from tests.aggregator.corekit import close_delays
 from tests.aggregator.test_aggregator_live import _agent, offline_report, replay_logs
 from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until

@@ -18,7 +18,7 @@ from fiomon.aggregator.merger import AggregatorCore
 from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
 from fiomon.server.alerts import AlertDispatcher
 from fiomon.wire import encode
-from tests.aggregator.test_aggregator_core import batch
+from tests.aggregator.corekit import batch
 from tests.clock import T0, FakeClock
 from tests.conftest import until
 

@@ -16,6 +16,7 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.engine import QuantumEngine
 from fiomon.server.alerts import AlertBook, AlertState, Phase, alertmanager_payload, evaluate
+from tests.clock import T0
 from tests.latencydists import batch_of_quanta, fio_quanta, lognormal_cdf
 
 THRESHOLD_NS = 5e6
@@ -170,3 +171,44 @@ def test_unbounded_sides_are_never_evidence() -> None:
     assert s.phase is Phase.FIRING
     assert s.clearing == 0
     assert (s.lower_ns, s.upper_ns, s.decided_by) == (5e5, None, "upper")
+
+
+# -- phases: pending, firing, resolved ---------------------------------------------------------
+
+
+RULE = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=3, min_samples=100)
+
+
+def run(values: list[float | None], samples: float = 1000) -> list[Phase]:
+    s = AlertState()
+    out = []
+    for i, v in enumerate(values):
+        s = evaluate(RULE, v, samples, s, T0 + 1000 * i)
+        out.append(s.phase)
+    return out
+
+
+def test_alert_fires_after_for_quanta_and_resolves_with_hysteresis() -> None:
+    off, pend, fire, res = Phase.INACTIVE, Phase.PENDING, Phase.FIRING, Phase.RESOLVED
+    assert run([1e6, 6e6, 6e6, 6e6, 6e6]) == [off, pend, pend, fire, fire]
+    # 4.8 ms is below the threshold but above the clear level (4.5 ms): still firing.
+    assert run([6e6, 6e6, 6e6, 4.8e6, 4e6, 4e6, 4e6, 1e6]) == [
+        pend,
+        pend,
+        fire,
+        fire,
+        fire,
+        fire,
+        res,
+        off,
+    ]
+    assert run([6e6, 1e6, 6e6]) == [pend, off, pend]  # a good quantum resets pending
+
+
+def test_quanta_without_enough_samples_are_no_evidence() -> None:
+    s = AlertState()
+    for _ in range(5):
+        s = evaluate(RULE, 9e6, 10, s, T0)
+    assert s.phase is Phase.INACTIVE
+    s = evaluate(RULE, None, 0, AlertState(Phase.FIRING), T0)
+    assert s.phase is Phase.FIRING

@@ -1,10 +1,14 @@
-"""The exposition: render() gives what prometheus_client gives for the same snapshot."""
+"""The exposition: render() gives what prometheus_client gives; the latency buckets' edges."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.server.exporter import Snapshot, render
+from fiomon.histogram import cumulative_at
+from fiomon.server.exporter import Snapshot, bucket_edges_s, render
+from tests.aggregator.corekit import LAY
 from tests.metricskit import FiomonCollector
 
 HOSTS = ["h1", 'we"ird', "back\\slash", "new\nline", "ü-host"]
@@ -67,3 +71,41 @@ def _registry(snap: Snapshot) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: snap))
     return registry
+
+
+# -- bucket edges ------------------------------------------------------------------------------
+
+
+def test_bucket_counts_equal_the_histogram_at_each_edge() -> None:
+    rng = np.random.default_rng(1)
+    hist = np.zeros(LAY.nbins)
+    hist[rng.integers(200, 1200, 300)] += rng.random(300) * 10
+    edges = bucket_edges_s(LAY, [5e6])
+    assert 0.005 in edges.tolist()
+    got = cumulative_at(hist, LAY, edges)
+    lower, upper = LAY.edges_ns()
+    for e, g in zip(edges * 1e9, got, strict=True):
+        frac = np.clip((e - lower) / (upper - lower), 0, 1)
+        assert g == pytest.approx(float((hist * frac).sum()), rel=1e-12, abs=1e-9)
+    assert np.all(np.diff(got) >= -1e-9)
+
+
+@pytest.mark.parametrize(("per_octave", "widest"), [(4, 0.197), (16, 0.046)])
+def test_bucket_resolution_and_its_error_bound(per_octave: int, widest: float) -> None:
+    # The bound docs/metrics.md and deploy/README.md state for histogram_quantile: one
+    # bucket's width, 2**(1/k) - 1 plus the rounding of the le labels.
+    edges = bucket_edges_s(LAY, [5e6, 1.234e6], per_octave)
+    assert {0.005, 0.001234} <= set(edges.tolist())  # SLA thresholds are exact edges
+    widths = edges[1:] / edges[:-1] - 1
+    assert widths.max() <= widest
+    assert widths.max() >= 2 ** (1 / per_octave) - 1 - 1e-9  # the bound is not loose
+    assert edges[0] == 1e-6
+    assert edges[-1] < LAY.edges_ns()[1][-1] / 1e9
+    assert len(edges) == 24 * per_octave + 2 + 1  # 24 octaves from 1 us, the thresholds
+
+
+def test_default_bucket_edges_are_unchanged() -> None:
+    # Dashboards and recorded series key on le labels: the default stays what it was.
+    edges = bucket_edges_s(LAY, [5e6])
+    assert len(edges) == 98
+    assert edges[:4].tolist() == [1e-06, 1.19e-06, 1.41e-06, 1.68e-06]

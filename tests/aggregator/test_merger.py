@@ -1,223 +1,28 @@
-"""The aggregator's logic on a fake clock: dedup, closing, alerts, exporter, bad input."""
+"""AggregatorCore on a fake clock: closing, the exported snapshot, idling, bad input."""
 
 from __future__ import annotations
 
-import io
-import itertools
 import json
-import random
 import shutil
 import subprocess
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fiomon.aggregator.dedup import SeqTracker
 from fiomon.aggregator.merger import AggregatorCore
-from fiomon.aggregator.watermark import Watermark
 from fiomon.bins import BinLayout
-from fiomon.closed import ClosedQuantum
-from fiomon.config import AggregatorConfig, ExportConfig, SlaRule
-from fiomon.histogram import HistStats, cumulative_at
+from fiomon.config import ExportConfig, SlaRule
 from fiomon.model import RecordBatch
-from fiomon.offline.output import JsonlWriter
-from fiomon.server.alerts import AlertState, Phase, evaluate
-from fiomon.server.exporter import Snapshot, bucket_edges_s
+from fiomon.server.alerts import Phase
+from fiomon.server.exporter import Snapshot
 from fiomon.server.metrics import CELL_INFO
-from fiomon.server.quantafile import QuantaFile
 from fiomon.wire import encode
-from tests.batches import batch as make_batch
+from tests.aggregator.corekit import batch, close_delays, core
 from tests.clock import T0, FakeClock
 from tests.metricskit import FiomonCollector
 
-LAY = BinLayout()
-
-
-def batch(
-    ends: list[int], *, direction: int = 0, bin_: int = 700, count: int = 200, label: str = "j"
-) -> RecordBatch:
-    return make_batch([(e - 1000, e, direction, {bin_: count}) for e in ends], "", label, LAY)
-
-
-@dataclass(frozen=True)
-class Delays:
-    """The exported ``fiomon_quantum_close_delay_seconds`` histogram."""
-
-    edges_s: tuple[float, ...]
-    cumulative: tuple[float, ...]
-    n: float
-
-    def at_most(self, s: float) -> float:
-        """Closes that came at most ``s`` after their quantum's end (``s`` an edge)."""
-        return self.cumulative[self.edges_s.index(s)]
-
-
-def close_delays(c: AggregatorCore) -> Delays:
-    """The close-delay histogram of ``c``'s current snapshot (what /metrics serves)."""
-    ((edges, cumulative, n, _),) = [
-        v for k, v in c.snapshot.histograms.items() if k[0] == "fiomon_quantum_close_delay_seconds"
-    ]
-    return Delays(edges, cumulative, n)
-
-
-def core(clock: FakeClock[int], **kw: object) -> AggregatorCore:
-    cfg = AggregatorConfig(align="epoch", lateness_ms=5000, **kw)  # type: ignore[arg-type]
-    return AggregatorCore(cfg, now_ms=clock)
-
-
-# -- dedup ------------------------------------------------------------------------------------
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 60), st.randoms(use_true_random=False), st.integers(0, 5))
-def test_every_record_is_new_exactly_once_whatever_the_redelivery(
-    total: int, rnd: random.Random, drops: int
-) -> None:
-    # Cut 0..total-1 into messages, deliver each once or more, out of order at times.
-    cuts = (
-        sorted(rnd.sample(range(1, total), min(total - 1, rnd.randint(0, 6)))) if total > 1 else []
-    )
-    bounds = [0, *cuts, total]
-    msgs = [(a, b - a) for a, b in itertools.pairwise(bounds)]
-    deliveries = msgs + [rnd.choice(msgs) for _ in range(drops)]
-    tail = deliveries[1:]
-    rnd.shuffle(tail)
-    deliveries = deliveries[:1] + tail
-    t = SeqTracker()
-    seen: list[int] = []
-    for first, n in deliveries:
-        v = t.judge("a", "s", first, n)
-        seen += [first + i for i in range(n) if v.new[i]]
-    assert len(seen) == len(set(seen)), "no record is new twice"
-    first = deliveries[0][0]
-    # Everything from the first message's start on arrives, and once.
-    assert set(range(first, total)) <= set(seen) | set(range(first))
-
-
-def test_gap_is_counted_lost_and_late_arrival_recovered() -> None:
-    t = SeqTracker()
-    assert t.judge("a", "s", 0, 5).new.all()
-    v = t.judge("a", "s", 8, 2)  # 5, 6, 7 skipped
-    assert v.lost == 3 and v.new.all()
-    v = t.judge("a", "s", 4, 4)  # 4 is a duplicate, 5-7 arrive late
-    assert list(v.new) == [False, True, True, True]
-    assert (v.duplicates, v.recovered) == (1, 3)
-    assert t.judge("a", "s", 5, 3).duplicates == 3
-
-
-def test_stream_cap_refuses_and_says_so() -> None:
-    t = SeqTracker(max_streams=2)
-    t.judge("a", "1", 0, 1)
-    t.judge("a", "2", 0, 1)
-    assert t.judge("a", "3", 0, 1).refused
-
-
-# -- watermark --------------------------------------------------------------------------------
-
-
-def test_watermark_early_close_live_streams_and_lateness() -> None:
-    # time (s)   0    1    2    3 ...      lateness 5 s
-    # stream a   |----a ends 12 s
-    # stream b   |----b ends 10 s, then silent
-    w = Watermark(lateness_ms=5000)
-    w.observe("h1", "a", T0 + 12_000, now_ms=T0)
-    w.observe("h2", "b", T0 + 10_000, now_ms=T0)
-    assert w.close_through(T0) == T0 - 5000  # warm-up: only the clock bound
-    w.observe("h1", "a", T0 + 13_000, now_ms=T0 + 5000)
-    w.observe("h2", "b", T0 + 11_000, now_ms=T0 + 5000)
-    assert w.close_through(T0 + 5000) == T0 + 11_000  # both reported past 11 s
-    w.set_online("h2", online=False)  # b's agent went offline: a alone decides
-    assert w.close_through(T0 + 5000) == T0 + 13_000
-    w.set_online("h2", online=True)
-    w.observe("h1", "a", T0 + 20_000, now_ms=T0 + 11_000)
-    # b has been silent 6 s (> idle = lateness): it no longer holds quanta open.
-    assert w.close_through(T0 + 11_000) == T0 + 20_000
-    assert w.close_through(T0 + 1000) == T0 + 20_000  # never moves back
-
-
-# -- alerts -----------------------------------------------------------------------------------
-
-
-RULE = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=3, min_samples=100)
-
-
-def run(values: list[float | None], samples: float = 1000) -> list[Phase]:
-    s = AlertState()
-    out = []
-    for i, v in enumerate(values):
-        s = evaluate(RULE, v, samples, s, T0 + 1000 * i)
-        out.append(s.phase)
-    return out
-
-
-def test_alert_fires_after_for_quanta_and_resolves_with_hysteresis() -> None:
-    off, pend, fire, res = Phase.INACTIVE, Phase.PENDING, Phase.FIRING, Phase.RESOLVED
-    assert run([1e6, 6e6, 6e6, 6e6, 6e6]) == [off, pend, pend, fire, fire]
-    # 4.8 ms is below the threshold but above the clear level (4.5 ms): still firing.
-    assert run([6e6, 6e6, 6e6, 4.8e6, 4e6, 4e6, 4e6, 1e6]) == [
-        pend,
-        pend,
-        fire,
-        fire,
-        fire,
-        fire,
-        res,
-        off,
-    ]
-    assert run([6e6, 1e6, 6e6]) == [pend, off, pend]  # a good quantum resets pending
-
-
-def test_quanta_without_enough_samples_are_no_evidence() -> None:
-    s = AlertState()
-    for _ in range(5):
-        s = evaluate(RULE, 9e6, 10, s, T0)
-    assert s.phase is Phase.INACTIVE
-    s = evaluate(RULE, None, 0, AlertState(Phase.FIRING), T0)
-    assert s.phase is Phase.FIRING
-
-
-# -- exporter ---------------------------------------------------------------------------------
-
-
-def test_bucket_counts_equal_the_histogram_at_each_edge() -> None:
-    rng = np.random.default_rng(1)
-    hist = np.zeros(LAY.nbins)
-    hist[rng.integers(200, 1200, 300)] += rng.random(300) * 10
-    edges = bucket_edges_s(LAY, [5e6])
-    assert 0.005 in edges.tolist()
-    got = cumulative_at(hist, LAY, edges)
-    lower, upper = LAY.edges_ns()
-    for e, g in zip(edges * 1e9, got, strict=True):
-        frac = np.clip((e - lower) / (upper - lower), 0, 1)
-        assert g == pytest.approx(float((hist * frac).sum()), rel=1e-12, abs=1e-9)
-    assert np.all(np.diff(got) >= -1e-9)
-
-
-@pytest.mark.parametrize(("per_octave", "widest"), [(4, 0.197), (16, 0.046)])
-def test_bucket_resolution_and_its_error_bound(per_octave: int, widest: float) -> None:
-    # The bound docs/metrics.md and deploy/README.md state for histogram_quantile: one
-    # bucket's width, 2**(1/k) - 1 plus the rounding of the le labels.
-    edges = bucket_edges_s(LAY, [5e6, 1.234e6], per_octave)
-    assert {0.005, 0.001234} <= set(edges.tolist())  # SLA thresholds are exact edges
-    widths = edges[1:] / edges[:-1] - 1
-    assert widths.max() <= widest
-    assert widths.max() >= 2 ** (1 / per_octave) - 1 - 1e-9  # the bound is not loose
-    assert edges[0] == 1e-6
-    assert edges[-1] < LAY.edges_ns()[1][-1] / 1e9
-    assert len(edges) == 24 * per_octave + 2 + 1  # 24 octaves from 1 us, the thresholds
-
-
-def test_default_bucket_edges_are_unchanged() -> None:
-    # Dashboards and recorded series key on le labels: the default stays what it was.
-    edges = bucket_edges_s(LAY, [5e6])
-    assert len(edges) == 98
-    assert edges[:4].tolist() == [1e-06, 1.19e-06, 1.41e-06, 1.68e-06]
+# -- the exported snapshot ----------------------------------------------------------------------
 
 
 def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> None:
@@ -367,22 +172,6 @@ def test_skipped_tail_fits_are_counted_on_metrics() -> None:
     assert skipped == 2
 
 
-def test_quanta_file_rotates_and_keeps(tmp_path: Path) -> None:
-    clock = FakeClock(T0 + 60_000)
-    c = core(clock)
-    c.on_records("h1", encode("h1", "s@1", 0, batch([T0 + 1000 * i for i in range(1, 40)])))
-    rows = c.tick()
-    qf = QuantaFile(tmp_path / "q.jsonl", max_bytes=4096, keep=2)
-    for r in rows:
-        qf.write([r])
-    qf.close()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["q.jsonl", "q.jsonl.1", "q.jsonl.2"]
-    for p in tmp_path.iterdir():
-        for line in p.read_text().splitlines():
-            assert json.loads(line)["scope"] in ("cluster", "host")
-
-
 # -- bad input and faults -----------------------------------------------------------------------
 
 
@@ -471,67 +260,3 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
     assert c.counts.id_conflicts["h1"] == 1
-
-
-def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:
-    # A hist log's write records are stamped ~7 ms after its reads; the next write record
-    # starts where the last one ended, so the stream has reported up to that, not further.
-    w = Watermark(lateness_ms=5000, warmup_ms=0)
-    w.observe("h", "s", T0 + 1007, T0, {("j", 0): T0 + 1000, ("j", 1): T0 + 1007})
-    w.observe("h", "s", T0 + 2000, T0 + 100, {("j", 0): T0 + 2000})  # the read came first
-    assert w.close_through(T0 + 100) == T0 + 1007
-    w.observe("h", "s", T0 + 2007, T0 + 200, {("j", 1): T0 + 2007})
-    assert w.close_through(T0 + 200) == T0 + 2000
-
-
-_EDGE_FLOATS = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0.0, -0.0, 1e-300, 2.0**53, 2.0**53 + 2, 1 / 3, 123456.5, 1e21]),
-    st.integers(min_value=0, max_value=2**62).map(float),
-)
-
-
-@st.composite
-def _closed_rows(draw: st.DrawFn) -> ClosedQuantum:
-    keys = draw(st.lists(st.sampled_from(["50", "90", "99", "99.9"]), unique=True, max_size=4))
-    opt = st.one_of(st.none(), _EDGE_FLOATS)
-    end = draw(st.integers(min_value=-(2**40), max_value=2**45))
-    return ClosedQuantum(
-        start_ms=end - draw(st.integers(min_value=1, max_value=10**6)),
-        end_ms=end,
-        scope=draw(st.sampled_from(["cluster", "host"])),
-        host=draw(st.one_of(st.none(), st.text(max_size=8))),
-        direction=draw(st.sampled_from(["read", "write", "trim", "all"])),
-        stats=HistStats(
-            samples=draw(_EDGE_FLOATS),
-            min_ns=draw(_EDGE_FLOATS),
-            mean_ns=draw(_EDGE_FLOATS),
-            max_ns=draw(_EDGE_FLOATS),
-            percentiles_ns={k: draw(_EDGE_FLOATS) for k in keys},
-            saturated=tuple(draw(st.lists(st.sampled_from(keys), unique=True))) if keys else (),
-        ),
-        iops=draw(opt),
-        bytes_per_second=draw(opt),
-        streams=draw(st.integers(min_value=0, max_value=10**6)),
-        late_records=draw(st.integers(min_value=0, max_value=10**6)),
-        ci_ns=draw(st.one_of(st.none(), st.just({k: (draw(opt), draw(opt)) for k in keys}))),
-        target_met=draw(st.one_of(st.none(), st.booleans())),
-    )
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_closed_rows(), min_size=1, max_size=20))
-def test_quanta_file_and_report_write_the_identical_line(rows: list[ClosedQuantum]) -> None:
-    # DESIGN's report == aggregator contract: the quanta file and `fiomon report --format
-    # jsonl` hold the same bytes for the same rows, NaN, infinities, None and huge or tiny
-    # floats included; and that line is the compact json.dumps of to_json().
-    with tempfile.TemporaryDirectory() as tmp:
-        qf = QuantaFile(Path(tmp) / "q.jsonl")
-        qf.write(rows)
-        qf.close()
-        written = (Path(tmp) / "q.jsonl").read_text(encoding="utf-8")
-    out = io.StringIO()
-    JsonlWriter(out).write(rows)
-    assert written == out.getvalue()
-    assert written == "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in rows)
-    assert len(written.splitlines()) == len(rows)

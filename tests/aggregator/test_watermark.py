@@ -1,0 +1,37 @@
+"""Watermark: how far quanta may close, from the streams' reports and the clock."""
+
+from __future__ import annotations
+
+from fiomon.aggregator.watermark import Watermark
+from tests.clock import T0
+
+
+def test_watermark_early_close_live_streams_and_lateness() -> None:
+    # time (s)   0    1    2    3 ...      lateness 5 s
+    # stream a   |----a ends 12 s
+    # stream b   |----b ends 10 s, then silent
+    w = Watermark(lateness_ms=5000)
+    w.observe("h1", "a", T0 + 12_000, now_ms=T0)
+    w.observe("h2", "b", T0 + 10_000, now_ms=T0)
+    assert w.close_through(T0) == T0 - 5000  # warm-up: only the clock bound
+    w.observe("h1", "a", T0 + 13_000, now_ms=T0 + 5000)
+    w.observe("h2", "b", T0 + 11_000, now_ms=T0 + 5000)
+    assert w.close_through(T0 + 5000) == T0 + 11_000  # both reported past 11 s
+    w.set_online("h2", online=False)  # b's agent went offline: a alone decides
+    assert w.close_through(T0 + 5000) == T0 + 13_000
+    w.set_online("h2", online=True)
+    w.observe("h1", "a", T0 + 20_000, now_ms=T0 + 11_000)
+    # b has been silent 6 s (> idle = lateness): it no longer holds quanta open.
+    assert w.close_through(T0 + 11_000) == T0 + 20_000
+    assert w.close_through(T0 + 1000) == T0 + 20_000  # never moves back
+
+
+def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:
+    # A hist log's write records are stamped ~7 ms after its reads; the next write record
+    # starts where the last one ended, so the stream has reported up to that, not further.
+    w = Watermark(lateness_ms=5000, warmup_ms=0)
+    w.observe("h", "s", T0 + 1007, T0, {("j", 0): T0 + 1000, ("j", 1): T0 + 1007})
+    w.observe("h", "s", T0 + 2000, T0 + 100, {("j", 0): T0 + 2000})  # the read came first
+    assert w.close_through(T0 + 100) == T0 + 1007
+    w.observe("h", "s", T0 + 2007, T0 + 200, {("j", 1): T0 + 2007})
+    assert w.close_through(T0 + 200) == T0 + 2000
