@@ -311,17 +311,10 @@ async def run_aggregator(
     config_path: Path | None = None,
     overrides: Overrides | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT (or ``stop``).
+    """The aggregator until SIGTERM/SIGINT (or ``stop``), in the server shell.
 
-    Args:
-        cfg: the configuration.
-        stop: set it to stop (tests); signals set it too.
-        ready: called with the core once it is restored and serving.
-        final: close every open quantum when stopping (the end of a run); otherwise open
-            quanta stay in the journal for the next start.
-        config_path: the file SIGHUP re-reads (None: SIGHUP is logged and ignored).
-        overrides: the command line's settings over the file (``cfg`` has them already):
-            a reload applies them again, so they never read as a change.
+    ``cfg`` is the configuration; ``ready`` is called with the core once it is restored
+    and serving; the other arguments are :class:`~fiomon.server.app.Server`'s.
 
     Raises:
         fiomon.errors.StateLockedError: another aggregator holds the state directory.

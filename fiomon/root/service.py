@@ -378,17 +378,11 @@ async def run_root(
     config_path: Path | None = None,
     overrides: Overrides | None = None,
 ) -> None:
-    """Run the root until SIGTERM/SIGINT (or ``stop``).
+    """The root until SIGTERM/SIGINT (or ``stop``), in the server shell.
 
-    Args:
-        cfg: the configuration.
-        stop: set it to stop (tests); signals set it too.
-        ready: called with the service once it is serving (signal handlers in place).
-        final: close every open quantum when stopping (the end of a run).
-        config_path: the file SIGHUP re-reads (SLA rules and log level only; None:
-            SIGHUP is logged and ignored).
-        overrides: the command line's settings over the file (``cfg`` has them already):
-            a reload applies them again, so they never read as a change.
+    ``cfg`` is the configuration (a reload changes only the SLA rules and the log level);
+    ``ready`` is called with the service once it is serving; the other arguments are
+    :class:`~fiomon.server.app.Server`'s.
 
     Raises:
         fiomon.errors.StateLockedError: another root holds the state directory.
