@@ -79,7 +79,7 @@ def _start_fio(
 ) -> list[subprocess.Popen[bytes]]:
     """One real fio process per host, json+ status every second into its folder.
 
-    The first ``slow_hosts`` hosts switch to 32 MiB reads (several ms each, from the page
+    The first ``slow_hosts`` hosts switch to 64 MiB reads (several ms each, from the page
     cache; 8 MiB took under the SLA's 2 ms on a fast machine) after a quarter of the run,
     for a quarter of it (at least 4 s): the "failing storage node".
     """
@@ -91,11 +91,11 @@ def _start_fio(
         (folder / name).mkdir(parents=True, exist_ok=True)
         data = folder / f"{name}.dat"
         with data.open("wb") as fh:  # laid out up front, so every host starts together
-            fh.write(np.random.default_rng(h).bytes(32 * 1024 * 1024))
+            fh.write(np.random.default_rng(h).bytes(64 * 1024 * 1024))
         common = [
             "--ioengine=psync",
             f"--filename={data}",
-            "--size=32M",
+            "--size=64M",
             "--time_based",
             "--status-interval=1",
             "--output-format=json+",
@@ -109,9 +109,11 @@ def _start_fio(
         ]
         fast = ["--rw=randread", "--bs=4k", "--rate_iops=200"]
         if h < slow_hosts:
+            # The "failing" phase reads 64 MiB blocks: milliseconds each from the page
+            # cache even on a fast machine (32 MiB took about 2 ms on one, under the SLA).
             phases = [
                 *("--name=before", *fast, f"--runtime={before}"),
-                *("--name=failing", "--stonewall", "--rw=read", "--bs=32M", "--rate_iops=20"),
+                *("--name=failing", "--stonewall", "--rw=read", "--bs=64M", "--rate_iops=20"),
                 f"--runtime={failing}",
                 *("--name=after", "--stonewall", *fast, f"--runtime={after}"),
             ]
@@ -264,7 +266,7 @@ def _run(
     url = f"http://{addr}:{server.port}/metrics"
     page = f"http://{addr}:{server.port}/"
     if fio is not None:
-        window = "a quarter into the run, for a quarter of it (its host reads 32 MiB blocks)"
+        window = "a quarter into the run, for a quarter of it (its host reads 64 MiB blocks)"
     elif seconds is not None:
         window = f"from {seconds // 3} s for {max(4, seconds // 4)} s"
     else:
