@@ -54,6 +54,14 @@ class ClosedQuantum:
         target_met: for rows that merge several quanta to reach a target accuracy
             (:mod:`fiomon.offline.spans`): whether the target was met (False: the span reached its
             maximum first). ``None`` for plain quanta.
+        complete: whether the row holds everything its producer expected: always true
+            offline (the input is what there is); at the root, false when a configured cell
+            is missing from the quantum (:attr:`cells_missing` names them); at an
+            aggregator, false when a host it was waiting for had not reported past the
+            quantum's end when it closed on the lateness.
+        cells_missing: root rows only: the configured cells neither in the quantum nor
+            known to have closed it (``()`` when complete); ``None`` on other rows (not
+            written).
     """
 
     start_ms: int
@@ -69,6 +77,8 @@ class ClosedQuantum:
     hist: npt.NDArray[np.float64] | None = None
     ci_ns: dict[str, tuple[float | None, float | None]] | None = None
     target_met: bool | None = None
+    complete: bool = True
+    cells_missing: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The closed-quantum JSON object of DESIGN.md."""
@@ -91,7 +101,10 @@ class ClosedQuantum:
             ),
             "streams": self.streams,
             "late_records": self.late_records,
+            "complete": self.complete,
         }
+        if self.cells_missing is not None:
+            out["cells_missing"] = list(self.cells_missing)
         if self.ci_ns is not None:
             # Bounds are whole ns (bin edges; ci_dicts makes them ints), written as
             # they are; lists, as a JSON line reads back.
@@ -124,8 +137,11 @@ class ClosedQuantum:
             f'"iops":{"null" if self.iops is None else _numtext(self.iops)},'
             f'"bytes_per_second":'
             f"{'null' if self.bytes_per_second is None else _numtext(self.bytes_per_second)},"
-            f'"streams":{_val(self.streams)},"late_records":{_val(self.late_records)}'
+            f'"streams":{_val(self.streams)},"late_records":{_val(self.late_records)},'
+            f'"complete":{"true" if self.complete else "false"}'
         )
+        if self.cells_missing is not None:
+            line += f',"cells_missing":[{",".join(map(_STR, self.cells_missing))}]'
         if self.ci_ns is not None:
             ci = ",".join(
                 [f"{_STR(k)}:[{_val(lo)},{_val(hi)}]" for k, (lo, hi) in self.ci_ns.items()]
