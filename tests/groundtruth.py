@@ -18,6 +18,7 @@ tail that was up to 15 % away from x_(k) while being a correct p99.
 from __future__ import annotations
 
 import gzip
+import itertools
 import shutil
 import subprocess
 import sys
@@ -81,24 +82,42 @@ def exact_interval(
 
 @dataclass(frozen=True)
 class JobLogs:
-    """One fio job's hist-log record spans and its per-I/O truth (the same job's two logs)."""
+    """One fio job's hist-log records and its per-I/O truth (the same job's two logs).
+
+    Per direction: each record's span ``(previous end, end]`` as fiomon reads it
+    (``fiomon/fio/fiolog.py``), and which of the job's I/Os it holds. fio adds every
+    completion to its histogram and to its per-I/O log in one place, in completion order,
+    and a record holds the I/Os since the previous one: so record ``i`` holds the next
+    ``count_i`` lines of that direction in the per-I/O log. Their completion stamps may
+    fall after the record's own stamp (a loaded machine logs it late), which is why
+    membership is by count, not by time.
+    """
 
     spans: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]  # ddir -> starts, ends
+    members: dict[int, list[npt.NDArray[np.int64]]]  # ddir -> per record, its I/Os' times
     truth: Truth
 
     @classmethod
     def load(cls, hist_log: Path, lat_log: Path, interval_ms: int = 1000) -> JobLogs:
-        """Records span ``(previous end, end]`` per direction, the first ``interval_ms``.
-
-        That is how fiomon reads them (``fiomon/fio/fiolog.py``).
-        """
-        stamps = np.loadtxt(hist_log, delimiter=",", usecols=(0, 1), dtype=np.int64, ndmin=2)
-        spans = {}
+        """The first record spans ``interval_ms``; the others from the previous end."""
+        data = np.loadtxt(hist_log, delimiter=",", dtype=np.float64, ndmin=2)
+        stamps, ddirs, counts = (
+            data[:, 0].astype(np.int64),
+            data[:, 1].astype(np.int64),
+            np.rint(data[:, 3:].sum(axis=1)).astype(np.int64),
+        )
+        truth = Truth.load([lat_log])
+        spans, members = {}, {}
         for d in DIRS.values():
-            ends = np.unique(stamps[stamps[:, 1] == d, 0])
-            if len(ends):
-                spans[d] = (np.concatenate([[ends[0] - interval_ms], ends[:-1]]), ends)
-        return cls(spans, Truth.load([lat_log]))
+            sel = ddirs == d
+            ends, n = stamps[sel], counts[sel]
+            if not len(ends):
+                continue
+            spans[d] = (np.concatenate([[ends[0] - interval_ms], ends[:-1]]), ends)
+            times = truth.time_ms[truth.ddir == d]
+            bounds = np.concatenate([[0], np.cumsum(n)])
+            members[d] = [times[a:b] for a, b in itertools.pairwise(bounds.tolist())]
+        return cls(spans, members, truth)
 
 
 def split_slack(jobs: Iterable[JobLogs], start_ms: int, end_ms: int, direction: str) -> float:
@@ -109,10 +128,12 @@ def split_slack(jobs: Iterable[JobLogs], start_ms: int, end_ms: int, direction: 
     evenly; really ``k`` of them completed inside. At any latency ``x`` the merged count
     below ``x`` then differs from the true one by at most ``(1 - f) * N + (N - k)`` (the
     record is mostly inside) and at most ``f * N + k`` (mostly outside); the sum over the
-    window's straddling records bounds how far the percentile's rank can move. ``k`` comes
-    from the per-I/O log, so the bound is what the input allows, not a tolerance: a stall
-    that bunches a record's I/Os at one end (a loaded machine) widens it, regular records
-    keep it at a few I/Os in thousands.
+    window's records bounds how far the percentile's rank can move. ``N`` and ``k`` come
+    from the per-I/O log (the record's own I/Os, :class:`JobLogs`), so the bound is what
+    the input allows, not a tolerance: a stall that bunches a record's I/Os at one end (a
+    loaded machine) widens it, regular records keep it at a few I/Os in thousands. A
+    record wholly inside or outside the window by its span can still hold I/Os completed
+    on the other side of the edge (logged late): those count too (``f`` is 1 or 0).
     """
     d = DIRS[direction]
     total = 0.0
@@ -120,13 +141,11 @@ def split_slack(jobs: Iterable[JobLogs], start_ms: int, end_ms: int, direction: 
         if d not in job.spans:
             continue
         starts, ends = job.spans[d]
-        for s0, e0 in zip(starts.tolist(), ends.tolist(), strict=True):
+        for s0, e0, ios in zip(starts.tolist(), ends.tolist(), job.members[d], strict=True):
             inside = min(e0, end_ms) - max(s0, start_ms)
-            if inside <= 0 or inside == e0 - s0:
-                continue
-            f = inside / (e0 - s0)
-            n = len(job.truth.window(s0, e0, direction))
-            k = len(job.truth.window(max(s0, start_ms), min(e0, end_ms), direction))
+            f = min(1.0, max(0.0, inside / (e0 - s0)))
+            n = len(ios)
+            k = int(np.count_nonzero((ios > start_ms) & (ios <= end_ms)))
             total += min((1 - f) * n + (n - k), f * n + k)
     return total
 
