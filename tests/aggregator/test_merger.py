@@ -294,6 +294,10 @@ def test_quanta_closed_without_a_host_that_fell_silent_are_incomplete() -> None:
     line = json.loads(next(r for r in rows if not r.complete).to_json_line())
     assert line["complete"] is False
     assert "cells_missing" not in line
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: c.snapshot))
+    assert registry.get_sample_value("fiomon_quanta_incomplete_total") == 5
+    assert registry.get_sample_value("fiomon_quantum_complete") == 1.0  # the last one is
 
 
 def test_a_host_whose_agent_stopped_cleanly_is_not_waited_for() -> None:
