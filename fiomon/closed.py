@@ -13,8 +13,8 @@ Times are epoch ms, latencies ns, rates per second of the span the records cover
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -150,6 +150,29 @@ class ClosedQuantum:
         if self.target_met is not None:
             line += f',"target_met":{_val(self.target_met)}'
         return line + "}\n"
+
+
+def mark_incomplete(
+    rows: list[ClosedQuantum], silent: Mapping[int, Collection[str]]
+) -> list[ClosedQuantum]:
+    """``rows`` with ``complete`` false where a host expected in the quantum was silent.
+
+    ``silent`` maps a quantum's end (ms) to the hosts the aggregator expected in it that
+    sent nothing for it (:meth:`fiomon.aggregator.watermark.Watermark.silent`). Cluster
+    rows of such a quantum are incomplete; a host row is incomplete only if its own host
+    is among them. The other hosts' rows are complete: each holds everything its host
+    sent for the quantum, which is what a host row claims. Rows of other quanta are
+    returned as they are (the same objects).
+    """
+    if not any(silent.values()):
+        return rows
+    out: list[ClosedQuantum] = []
+    for r in rows:
+        hosts = silent.get(r.end_ms)
+        if hosts and r.complete and (r.host is None or r.host in hosts):
+            r = replace(r, complete=False)  # noqa: PLW2901 -- the marked copy
+        out.append(r)
+    return out
 
 
 def _num(x: float) -> float | int:

@@ -149,6 +149,11 @@ class CellConfig:
     topic_prefix: str
 
 
+# What an SLA rule does with a row that says ``complete: false``: hold its state, or
+# evaluate the row like any other.
+SLA_INCOMPLETE = ("hold", "evaluate")
+
+
 @dataclass(frozen=True, slots=True)
 class SlaRule:
     """One SLA rule: "p99 read above 5 ms for 3 quanta".
@@ -169,6 +174,10 @@ class SlaRule:
             ``confidence_level``): a quantum breaches only when the percentile's lower
             confidence bound is above the threshold and is clear only when its upper
             bound is below ``clear_ns``. None: the percentile's value decides.
+        incomplete: what a row with ``complete: false`` (a host or cell missing from
+            the quantum) does to the rule: ``hold`` (default) leaves its state and its
+            ``for``/``clear_for`` counts as they are (no evidence either way);
+            ``evaluate`` takes the row like any other.
     """
 
     name: str
@@ -181,8 +190,12 @@ class SlaRule:
     clear_ns: float = 0.0
     clear_for: int = 0
     confidence: float | None = None
+    incomplete: str = "hold"
 
     def __post_init__(self) -> None:
+        if self.incomplete not in SLA_INCOMPLETE:
+            msg = f"incomplete must be one of {', '.join(SLA_INCOMPLETE)}, got {self.incomplete!r}"
+            raise ValueError(msg)
         if self.confidence is not None and not 0.0 < self.confidence < 1.0:
             msg = f"confidence must be in (0, 1), got {self.confidence}"
             raise ValueError(msg)
@@ -688,6 +701,7 @@ _SLA_KEYS: Table = {
     "clear_below": ("clear_ns", _latency_ns),
     "clear_for": ("clear_for", _int_in(1, 100_000)),
     "confidence": ("confidence", _level),
+    "incomplete": ("incomplete", _choice(*SLA_INCOMPLETE)),
 }
 _SLA_REQUIRED = ("name", "direction", "percentile", "threshold")
 

@@ -169,6 +169,19 @@ def test_confidence_levels_are_checked_and_rules_must_use_the_computed_one() -> 
         aggregator_config_from({"confidence_level": "95%"})
 
 
+def test_sla_incomplete_is_hold_or_evaluate() -> None:
+    from fiomon.config import aggregator_config_from  # noqa: PLC0415
+
+    rule = {"name": "r", "direction": "read", "percentile": 99, "threshold": "5ms"}
+    cfg = aggregator_config_from({"sla": [rule, {**rule, "name": "s", "incomplete": "evaluate"}]})
+    assert [r.incomplete for r in cfg.sla] == ["hold", "evaluate"]
+    with pytest.raises(ConfigError) as info:
+        aggregator_config_from({"sla": [{**rule, "incomplete": "skip"}]}, source="agg.yaml")
+    assert info.value.problems == [
+        "agg.yaml: sla[0].incomplete: expected one of hold, evaluate, got 'skip'"
+    ]
+
+
 def test_duplicate_keys_binary_files_and_deep_nesting_are_clear_errors(tmp_path: Path) -> None:
     dup = tmp_path / "dup.yaml"
     dup.write_text("watch: [/x/*.json]\nstate_dir: /tmp/s\nbroker: {port: 1883}\nwatch: [/y]\n")

@@ -46,7 +46,7 @@ from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
-from fiomon.closed import ClosedQuantum
+from fiomon.closed import ClosedQuantum, mark_incomplete
 from fiomon.config import AggregatorConfig
 from fiomon.engine import QuantumEngine
 from fiomon.errors import FitError, LayoutError
@@ -137,6 +137,7 @@ class AggregatorCore:
         self._known: KnownStreams | None = None  # the last known streams saved (_grid)
         self._known_at = -_FAR
         self._marker_q: int | None = None
+        self._silent_logged: tuple[str, ...] = ()  # the silent hosts logged last
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
@@ -540,7 +541,7 @@ class AggregatorCore:
         rows: list[ClosedQuantum] = []
         if self.engine is not None:
             mark = self.watermark.close_through(now)
-            rows = self.engine.close_through(mark)
+            rows = self._completeness(self.engine.close_through(mark))
             if rows:
                 log.debug(
                     "closing %d quanta through %d (%d ms ago) by %s",
@@ -659,10 +660,38 @@ class AggregatorCore:
         self._drain(now, force=True)
         if self.engine is None:
             return []
-        rows = self.engine.flush()
+        rows = self._completeness(self.engine.flush())
         if rows:
             self._closed(rows, now, max(r.end_ms for r in rows))
         return rows
+
+    def _completeness(self, rows: list[ClosedQuantum]) -> list[ClosedQuantum]:
+        """Mark the rows of quanta closed while a host expected in them was silent.
+
+        :meth:`Watermark.silent` says which hosts (what the aggregator can know:
+        README, "the quanta file"); :func:`mark_incomplete` sets ``complete`` false on
+        those quanta's cluster rows. Each new set of silent hosts is logged once.
+        """
+        if not rows or self.engine is None:
+            return rows
+        spans = sorted({(r.start_ms, r.end_ms) for r in rows}, key=lambda se: se[1])
+        ends = [e for _, e in spans]
+        silent = dict(zip(ends, self.watermark.silent(spans), strict=True))
+        marked = mark_incomplete(rows, silent)
+        for end in ends:
+            hosts = silent[end]
+            if hosts and hosts != self._silent_logged:
+                log.warning(
+                    "quantum ending %d closed without %d host(s) that reported within %d ms "
+                    "before it: %s (its rows say complete: false)",
+                    end,
+                    len(hosts),
+                    self.watermark.idle_ms,
+                    ", ".join(hosts[:10]) + (" ..." if len(hosts) > 10 else ""),
+                )
+            if hosts or self._silent_logged:
+                self._silent_logged = hosts
+        return marked
 
     def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
         ends = sorted({r.end_ms for r in rows})

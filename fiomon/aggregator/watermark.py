@@ -378,6 +378,63 @@ class Watermark:
             live &= ~self._offline[self._agent[:n]]
         return live
 
+    # -- completeness ----------------------------------------------------------------------
+
+    def silent(self, quanta: Sequence[tuple[int, int]]) -> list[tuple[str, ...]]:
+        """Per quantum ``(start_ms, end_ms)`` closing now: the hosts expected in it but silent.
+
+        What the aggregator can know of a host is what it sent. A host (agent) is
+        *expected* in a quantum when it reported within ``idle_ms`` before the quantum's
+        start (in event time: its latest record end over all its streams and parts) and
+        its agent is not marked offline; it is *silent* there when its latest record end
+        is at or before the quantum's start (it sent nothing for the quantum) while the
+        input went on past the quantum's end (some record ends at or after it). So:
+
+        * a host that never sent a record is not known, hence never expected;
+        * a host whose agent said offline (a clean stop, or the broker's Will for it)
+          is not expected from then on;
+        * a host silent for ``idle_ms`` or longer is taken as gone: the quanta after
+          that hold the other hosts and are complete (as the watermark stops waiting
+          for it after ``idle_ms``);
+        * the quantum in which a host's records stop holds part of it and is not marked
+          (a fio job that ends mid-quantum looks the same); the records that come later
+          for it are counted late;
+        * when every host stops (the end of a run, or the input as a whole) nothing
+          went on past the quantum and nothing is marked.
+
+        Pure, like the rest: it reads the progress observed so far.
+        """
+        out: list[tuple[str, ...]] = [() for _ in quanta]
+        newest = self._newest_end
+        n = self._used
+        if newest is None or not n or not quanta:
+            return out
+        naid = len(self._agents)
+        progress = np.full(naid, -_FAR, dtype=np.int64)
+        np.maximum.at(progress, self._agent[:n], self._end[:n])
+        ok = progress > -_FAR
+        ok &= ~self._offline[:naid]
+        if not ok.any():
+            return out
+        aids = np.flatnonzero(ok)
+        prog = progress[aids]
+        order = np.argsort(prog, kind="stable")
+        aids, prog = aids[order], prog[order]
+        names: list[str] | None = None
+        for i, (start, end) in enumerate(quanta):
+            if newest < end:
+                continue
+            lo = int(np.searchsorted(prog, start - self.idle_ms, side="right"))
+            hi = int(np.searchsorted(prog, start, side="right"))
+            if lo == hi:
+                continue
+            if names is None:
+                names = [""] * naid
+                for name, aid in self._agents.items():
+                    names[aid] = name
+            out[i] = tuple(sorted(names[a] for a in aids[lo:hi].tolist()))
+        return out
+
     # -- the wall clock -------------------------------------------------------------------
 
     def stalled(self, ms: int) -> None:

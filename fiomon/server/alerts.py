@@ -3,7 +3,10 @@
 States follow Prometheus' alerting rules: ``inactive`` -> ``pending`` (breaching, fewer
 than ``for`` quanta in a row) -> ``firing`` -> ``resolved`` (clear for ``clear_for``
 quanta: below ``clear_below``, the hysteresis) -> ``inactive``. A quantum with fewer than
-``min_samples`` I/Os (or none) is no evidence: the state holds. A value of a saturated
+``min_samples`` I/Os (or none) is no evidence: the state holds. So is, unless the rule
+says ``incomplete: evaluate``, a row with ``complete: false`` (a host the aggregator
+expected, or a cell the root expected, is missing from it): the rule neither fires nor
+resolves on it, and its ``for``/``clear_for`` counts stay where they were. A value of a saturated
 percentile is a lower bound at fio's cap, which is above any threshold, so it breaches.
 
 A rule with ``confidence`` weighs the evidence with the percentile's confidence interval
@@ -258,6 +261,8 @@ class AlertBook:
         for r in rows:
             if r.direction != rule.direction or r.scope != rule.scope:
                 continue
+            if not r.complete and rule.incomplete == "hold":
+                continue  # a quantum missing a host or cell is no evidence either way
             state_key = (rule.name, r.host)
             old = self.states.get(state_key)
             if old is None:

@@ -31,6 +31,11 @@ starts with an empty ring (the page then shows history from that moment on).
                 "percentile", "threshold_ns", "host", "state", "value_ns"}]},
      "quanta": [closed-quantum objects ending after since, oldest first]}
 
+Every row carries ``complete`` (false: a host the aggregator expected sent nothing for the
+quantum) and, where its producer names missing cells (a root's rows), ``cells_missing``;
+the page draws incomplete quanta as hollow points and names what is missing in its
+status bar.
+
 Host rows are kept for at most :data:`MAX_LIVE_HOSTS` hosts per quantum (by name) and
 for the last 2 minutes only: the page's host heatmap is for spotting one slow host among
 tens right now, and a browser should not have to hold 15 minutes x hosts x directions of
@@ -107,7 +112,7 @@ def _host_json(r: ClosedQuantum) -> str:
     which would be paid per host per quantum on the aggregator's event loop.
     """
     s = r.stats
-    obj = {
+    obj: dict[str, object] = {
         "start_ms": r.start_ms,
         "end_ms": r.end_ms,
         "scope": r.scope,
@@ -123,7 +128,10 @@ def _host_json(r: ClosedQuantum) -> str:
         "bytes_per_second": r.bytes_per_second,
         "streams": r.streams,
         "late_records": r.late_records,
+        "complete": r.complete,
     }
+    if r.cells_missing is not None:
+        obj["cells_missing"] = list(r.cells_missing)
     try:
         return _ENCODER.encode(obj)
     except ValueError:  # a NaN or infinity: the rounding path writes null for those

@@ -128,6 +128,20 @@ THROUGHPUT = (
     ("direction",),
 )
 
+# Completeness (issue 24), fed from the rows by the Publisher, so the aggregator and the
+# root export them alike. A quantum is incomplete when a host the aggregator expected
+# sent nothing for it, or a cell the root expected is missing from it.
+QUANTA_INCOMPLETE = (
+    "fiomon_quanta_incomplete",
+    "Quanta closed with complete: false (a host or cell that was expected is missing).",
+    (),
+)
+QUANTUM_COMPLETE = (
+    "fiomon_quantum_complete",
+    "1 if the last closed quantum (the one the percentile gauges describe) held every host "
+    "or cell expected, 0 if one was missing.",
+    (),
+)
 
 # A cell's partials outbox (issue 16; only with a ``partials`` section).
 PARTIALS_BACKLOG = (
@@ -287,6 +301,8 @@ class QuantumGauges:
     )
     delay_n: int = 0
     delay_sum_s: float = 0.0
+    incomplete: int = 0  # quanta closed with a row saying complete: false
+    complete: bool | None = None  # whether the last closed quantum was complete
 
     def observe(
         self,
@@ -312,6 +328,11 @@ class QuantumGauges:
                     self.buckets.add(r.direction, r.hist, r.stats.mean_ns)
         last = ends[-1]
         self.quantum_end_s = last / 1000.0
+        # A quantum is incomplete when any of its rows says so (a host the aggregator
+        # expected, a cell the root expected, missing): its cluster rows do.
+        partial = {r.end_ms for r in rows if not r.complete}
+        self.incomplete += len(partial)
+        self.complete = last not in partial
         # The percentile label is the quanta file's key ("99", "99.9"): legends read p99.
         labels = [(q, pct_key(q), pct_key(q)) for q in self.percentiles]
         cluster: dict[tuple[str, str], float] = {}
@@ -390,6 +411,7 @@ def build_snapshot(
             _with_zeros(counts.late, hosts)
         ),
         ("fiomon_quanta_closed", "Quanta closed.", ()): {(): float(counts.quanta_closed)},
+        QUANTA_INCOMPLETE: {(): float(gauges.incomplete)},
         ("fiomon_agent_id_conflicts", "Two agents seen with one id.", ("host",)): {
             (k,): float(v) for k, v in counts.id_conflicts.items()
         },
@@ -468,6 +490,9 @@ def build_snapshot(
     }
     if health.cell:
         gauges_out[CELL_INFO] = {(health.cell,): 1.0}
+    if gauges.complete is not None:
+        # Beside fiomon_quantum_end_timestamp_seconds: it describes the same quantum.
+        gauges_out[QUANTUM_COMPLETE] = {(): float(gauges.complete)}
     if health.active:
         # Idle withdraws these: a benchmark that ended has no "current" percentile.
         gauges_out[SATURATED] = dict(gauges.saturated)

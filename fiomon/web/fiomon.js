@@ -217,6 +217,18 @@
       name: "saturated (lower bound)", type: "scatter", symbol: "triangle", symbolSize: 10,
       itemStyle: { color: "#b00020" }, data: sat,
     });
+    // Quanta that lack a host or cell that was expected (complete: false): a hollow
+    // point on the highest percentile, named by what is missing.
+    var top = keys[keys.length - 1];
+    series.push({
+      name: "incomplete quantum", type: "scatter", symbol: "emptyCircle", symbolSize: 11,
+      itemStyle: { color: "#b36b00" },
+      data: rows.filter(function (r) { return r.complete === false; }).map(function (r) {
+        var v = r.percentiles_ns[top];
+        return { value: [self.x(r.end_ms), v === null || v === undefined ? null : v / 1e6],
+                 name: missingText(r) };
+      }),
+    });
     if (this.meta.sla_ns.length) {
       series[0].markLine = {
         symbol: "none", silent: true, lineStyle: { color: "#b00020", type: "solid", width: 1.5 },
@@ -494,11 +506,43 @@
     return r;
   }
 
-  function statusHtml(st, meta) {
+  /* What an incomplete row lacks: the root names the missing cells, the aggregator
+     only knows that a host it expected sent nothing. */
+  function missingText(r) {
+    return r.cells_missing && r.cells_missing.length ? "missing " + r.cells_missing.join(", ")
+      : "a host that was expected sent nothing";
+  }
+
+  function escapeHtml(text) {
+    return String(text).replace(/[&<>"]/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c];
+    });
+  }
+
+  /* Incomplete quanta among the stored cluster rows, and the newest quantum's row if it
+     is one. */
+  function incompleteOf(store) {
+    var ends = new Set(), last = null;
+    store.forEach(function (r) {
+      if (r.scope !== "cluster") return;
+      if (r.complete === false) ends.add(r.end_ms);
+      if (!last || r.end_ms > last.end_ms || (r.end_ms === last.end_ms && r.complete === false)) last = r;
+    });
+    return { count: ends.size, newest: last && last.complete === false ? last : null };
+  }
+
+  function statusHtml(st, meta, inc) {
     var parts = [];
     parts.push("<span>hosts reporting: <b>" + st.hosts_up + "</b></span>");
     parts.push("<span>late records: <b>" + st.late_records + "</b></span>");
     parts.push("<span>lost records: <b>" + st.lost_records + "</b></span>");
+    if (inc) {
+      parts.push("<span>incomplete quanta: <b>" + inc.count + "</b></span>");
+      if (inc.newest) {
+        parts.push('<span class="pending" id="incomplete">incomplete: ' +
+          escapeHtml(missingText(inc.newest)) + "</span>");
+      }
+    }
     (st.sla || []).forEach(function (s) {
       var cls = s.state === "firing" ? "firing" : (s.state === "pending" ? "pending" : "ok");
       parts.push('<span class="' + cls + '">SLA ' + s.rule + ": p" + s.percentile + " " +
@@ -536,7 +580,7 @@
             if (row.end_ms <= cut || (row.scope === "host" && row.end_ms <= hostCut)) store.delete(k);
           });
           statusEl.hidden = false;
-          statusEl.innerHTML = statusHtml(body.status, meta);
+          statusEl.innerHTML = statusHtml(body.status, meta, incompleteOf(store));
           info(doc, "live: " + store.size + " rows, last quantum ends " +
             (since ? new Date(since).toISOString().slice(11, 23) + " UTC" : "-") +
             ", quantum " + meta.quantum_ms + " ms");

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon.aggregator.merger import AggregatorCore
 from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum
 from fiomon.config import ExportConfig, SlaRule
 from fiomon.model import RecordBatch
 from fiomon.server.alerts import Phase
@@ -260,3 +261,47 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
     assert c.counts.id_conflicts["h1"] == 1
+
+
+def _two_hosts(
+    c: AggregatorCore, clock: FakeClock[int], *, h2_until: int, h2_offline: bool
+) -> list[ClosedQuantum]:
+    """h1 reports 1..29 s, h2 1..``h2_until`` s (then offline if asked); every row closed."""
+    rows: list[ClosedQuantum] = []
+    for s in range(1, 30):
+        clock.t = T0 + 1000 * s + 300
+        c.on_records("h1", encode("h1", "a@1", s - 1, batch([T0 + 1000 * s])))
+        if s <= h2_until:
+            c.on_records("h2", encode("h2", "b@1", s - 1, batch([T0 + 1000 * s])))
+        elif s == h2_until + 1 and h2_offline:
+            c.on_status("h2", json.dumps({"state": "offline"}).encode())
+        rows += c.tick()
+    return rows
+
+
+def test_quanta_closed_without_a_host_that_fell_silent_are_incomplete() -> None:
+    clock = FakeClock(T0)
+    c = core(clock)
+    rows = _two_hosts(c, clock, h2_until=7, h2_offline=False)
+    incomplete = {(r.end_ms - T0) // 1000 for r in rows if not r.complete}
+    # h2's last record ends at 7 s: the quanta starting within lateness (idle) after it
+    # closed without it; then it counts as gone and the quanta hold h1 alone, complete.
+    assert incomplete == {8, 9, 10, 11, 12}
+    assert all(r.scope == "cluster" for r in rows if not r.complete)
+    h1 = [r for r in rows if r.host == "h1"]
+    assert h1 and all(r.complete for r in h1)  # h1's rows hold all h1 sent
+    assert all(r.complete for r in rows if r.end_ms <= T0 + 7000)  # before: both there
+    line = json.loads(next(r for r in rows if not r.complete).to_json_line())
+    assert line["complete"] is False
+    assert "cells_missing" not in line
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiomonCollector(lambda: c.snapshot))
+    assert registry.get_sample_value("fiomon_quanta_incomplete_total") == 5
+    assert registry.get_sample_value("fiomon_quantum_complete") == 1.0  # the last one is
+
+
+def test_a_host_whose_agent_stopped_cleanly_is_not_waited_for() -> None:
+    clock = FakeClock(T0)
+    c = core(clock)
+    rows = _two_hosts(c, clock, h2_until=7, h2_offline=True)
+    assert rows and all(r.complete for r in rows)

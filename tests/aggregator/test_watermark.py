@@ -35,3 +35,26 @@ def test_a_stream_has_reported_only_as_far_as_its_slowest_part() -> None:
     assert w.close_through(T0 + 100) == T0 + 1007
     w.observe("h", "s", T0 + 2007, T0 + 200, {("j", 1): T0 + 2007})
     assert w.close_through(T0 + 200) == T0 + 2000
+
+
+def test_silent_names_the_hosts_expected_in_a_quantum_that_sent_nothing_for_it() -> None:
+    # h1 reports every second through 20 s; h2 through 7 s, then nothing; h3 starts at 12 s.
+    w = Watermark(lateness_ms=5000)
+    for s in range(1, 21):
+        w.observe("h1", "a", T0 + 1000 * s, now_ms=T0 + 1000 * s)
+        if s <= 7:
+            w.observe("h2", "b", T0 + 1000 * s, now_ms=T0 + 1000 * s)
+        if s >= 12:
+            w.observe("h3", "c", T0 + 1000 * s, now_ms=T0 + 1000 * s)
+    quanta = [(T0 + 1000 * (s - 1), T0 + 1000 * s) for s in range(1, 21)]
+    silent = dict(zip(range(1, 21), w.silent(quanta), strict=True))
+    # h2 is expected (reported within idle = 5 s before the quantum's start) in the
+    # quanta starting at 7..11 s; h3 before its first record is not known at all.
+    assert {s for s, hosts in silent.items() if hosts} == {8, 9, 10, 11, 12}
+    assert all(silent[s] == ("h2",) for s in (8, 9, 10, 11, 12))
+    # The quantum h2's last record ends in is not marked (it holds part of h2), nor the
+    # quantum past everyone's progress (the input as a whole stopped).
+    assert w.silent([(T0 + 20_000, T0 + 21_000)]) == [()]
+    # An agent that said offline (a clean stop) is not expected.
+    w.set_online("h2", online=False)
+    assert w.silent(quanta) == [()] * 20

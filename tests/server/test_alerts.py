@@ -15,6 +15,7 @@ from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.engine import QuantumEngine
+from fiomon.histogram import HistStats
 from fiomon.server.alerts import AlertBook, AlertState, Phase, alertmanager_payload, evaluate
 from tests.clock import T0
 from tests.latencydists import batch_of_quanta, fio_quanta, lognormal_cdf
@@ -212,3 +213,48 @@ def test_quanta_without_enough_samples_are_no_evidence() -> None:
     assert s.phase is Phase.INACTIVE
     s = evaluate(RULE, None, 0, AlertState(Phase.FIRING), T0)
     assert s.phase is Phase.FIRING
+
+
+def _row(end_s: int, p99_ns: float, *, complete: bool = True) -> ClosedQuantum:
+    """A cluster read row of the quantum ending ``end_s`` s after T0, with 1000 I/Os."""
+    stats = HistStats(1000.0, 1e5, p99_ns / 3, p99_ns * 2, {"50": p99_ns / 3, "99": p99_ns}, ())
+    end = T0 + 1000 * end_s
+    return ClosedQuantum(end - 1000, end, "cluster", None, "read", stats, 1000.0, 4e6, 2, 0,
+                         complete=complete)  # fmt: skip
+
+
+def _phases(book: AlertBook, rows: list[ClosedQuantum]) -> list[Phase]:
+    out = []
+    for r in rows:
+        book.observe([r])
+        out.append(book.states[("p99-read", None)].phase)
+    return out
+
+
+def test_incomplete_quanta_neither_fire_nor_resolve_a_rule_that_holds() -> None:
+    off, pend, fire, res = Phase.INACTIVE, Phase.PENDING, Phase.FIRING, Phase.RESOLVED
+    hold = SlaRule("p99-read", "read", 99.0, THRESHOLD_NS, for_quanta=2, min_samples=100)
+    assert hold.incomplete == "hold"
+    book = AlertBook((hold,))
+    # Breach, then an incomplete breaching quantum: pending holds at 1 (not 2) ...
+    rows = [_row(1, 9e6), _row(2, 9e6, complete=False)]
+    assert _phases(book, rows) == [pend, pend]
+    assert book.states[("p99-read", None)].breaching == 1
+    # ... a complete one fires; incomplete clear quanta do not count towards clear_for.
+    rows = [_row(3, 9e6), *[_row(s, 1e6, complete=False) for s in range(4, 9)]]
+    assert _phases(book, rows) == [fire] + [fire] * 5
+    assert book.states[("p99-read", None)].clearing == 0
+    assert _phases(book, [_row(9, 1e6), _row(10, 1e6), _row(11, 1e6)]) == [fire, res, off]
+    # An incomplete quantum never starts an alert either, nor leaves a transition.
+    assert book.observe([_row(12, 9e6, complete=False)]) == []
+    assert book.states[("p99-read", None)].phase is off
+
+
+def test_a_rule_with_incomplete_evaluate_takes_incomplete_quanta() -> None:
+    rule = SlaRule(
+        "p99-read", "read", 99.0, THRESHOLD_NS, for_quanta=2, min_samples=100,
+        incomplete="evaluate",
+    )  # fmt: skip
+    book = AlertBook((rule,))
+    rows = [_row(1, 9e6, complete=False), _row(2, 9e6, complete=False)]
+    assert _phases(book, rows) == [Phase.PENDING, Phase.FIRING]

@@ -16,9 +16,11 @@ import pytest
 
 from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
+from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
+from fiomon.histogram import HistStats
 from fiomon.model import RecordBatch
-from fiomon.server.live import LiveFeed, LiveStore, LiveView, status_of
+from fiomon.server.live import LiveFeed, LiveStore, LiveView, encode_rows, status_of
 from fiomon.server.metrics_server import since_ms
 from fiomon.wire import encode
 from tests.batches import batch
@@ -29,6 +31,7 @@ from tests.offline.test_plot import _shots
 PREFIX = "fiomonlive"
 HOSTS = ("h1", "h2", "h3")
 SLOW = "h2"
+SILENT = (3, 4)  # seconds of the run in which the last host sends nothing
 
 
 def _view(ends: list[int], window_s: int = 900, host_window_s: int = 900) -> LiveView:
@@ -92,6 +95,24 @@ def test_status_lists_every_rule_even_before_it_saw_data() -> None:
     assert json.loads(feed.meta)["sla_ns"] == [5e6]
 
 
+def test_api_rows_carry_complete_and_the_missing_cells() -> None:
+    stats = HistStats(100.0, 1e5, 2e5, 9e5, {"50": 2e5, "99": 8e5}, ())
+    rows = [
+        ClosedQuantum(0, 1000, "cluster", None, "read", stats, 100.0, 4e5, 2, 0,
+                      complete=False, cells_missing=("cell-a",)),
+        ClosedQuantum(0, 1000, "host", "h1", "read", stats, 100.0, 4e5, 1, 0,
+                      cells_missing=()),
+        ClosedQuantum(0, 1000, "host", "h2", "read", stats, 100.0, 4e5, 1, 0),
+    ]  # fmt: skip
+    cluster, host = encode_rows(rows, None)
+    (c,) = json.loads(b"[" + cluster + b"]")
+    h1, h2 = json.loads(b"[" + host + b"]")
+    assert (c["complete"], c["cells_missing"]) == (False, ["cell-a"])
+    assert (h1["complete"], h1["cells_missing"]) == (True, [])
+    assert h2["complete"] is True
+    assert "cells_missing" not in h2  # an aggregator's rows name no cells
+
+
 # -- a real aggregator, a real broker, a real browser ------------------------------------
 
 
@@ -104,17 +125,24 @@ def _record(host: str, end_ms: int) -> RecordBatch:
 
 
 async def _publish(port: int, stop: asyncio.Event) -> None:
-    """Each second, each host's records of the second that just ended, until ``stop``."""
+    """Each second, each host's records of the second that just ended, until ``stop``.
+
+    The last host skips its 4th and 5th seconds: those quanta close without it, incomplete.
+    """
     async with aiomqtt.Client("127.0.0.1", port, identifier=f"pub-{time.monotonic_ns()}") as c:
-        seq = 0
+        seq = dict.fromkeys(HOSTS, 0)
+        i = 0
         while not stop.is_set():
             now = time.time()
             await asyncio.sleep(int(now) + 1.05 - now)  # just past the next whole second
             end = int(time.time()) * 1000
             for h in HOSTS:
-                payload = encode(h, "run.json@1", seq, _record(h, end))
+                if h == HOSTS[-1] and i in SILENT:
+                    continue
+                payload = encode(h, "run.json@1", seq[h], _record(h, end))
                 await c.publish(f"{PREFIX}/v1/{h}/records", payload, qos=1)
-            seq += 2
+                seq[h] += 2
+            i += 1
 
 
 def _get(url: str, accept: str = "*/*") -> tuple[int, str, bytes]:
@@ -220,6 +248,12 @@ async def test_the_live_page_shows_quanta_as_they_close(
                 assert got == pytest.approx(want / 1e6, rel=1e-9)
     assert bounded > 0
     assert second["charts"]["lat-read"][0]["markLines"] == [2.0]
+    # The quanta closed while h3 was silent are incomplete, drawn as hollow points.
+    partial = sorted(x for x, r in rows.items() if r["complete"] is False)
+    assert partial, "the quanta of h3's silence are incomplete"
+    marks = {s["name"]: s for s in second["charts"]["lat-read"]}["incomplete quantum"]
+    assert sorted(p["value"][0] for p in marks["data"]) == partial
+    assert "incomplete quanta: " in status
     assert "hosts reporting: 3" in status
     assert "SLA p99-read" in status
     for name in ("live-1.png", "live-2.png"):

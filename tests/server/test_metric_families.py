@@ -7,8 +7,18 @@ import subprocess
 
 import pytest
 
+from fiomon.closed import ClosedQuantum, Scope
+from fiomon.histogram import HistStats
+from fiomon.server.alerts import AlertBook
 from fiomon.server.exporter import Snapshot, render
-from fiomon.server.metrics import with_outbox, with_root
+from fiomon.server.metrics import (
+    Counts,
+    Health,
+    QuantumGauges,
+    build_snapshot,
+    with_outbox,
+    with_root,
+)
 from tests.metricskit import parse_samples
 
 
@@ -36,6 +46,53 @@ def test_cell_and_root_families_pass_promtool() -> None:
     assert samples[("fiomon_root_partial_rows_total", (("outcome", "late"),))] == 2
     assert samples[("fiomon_root_invalid_partials_total", (("reason", "layout"),))] == 1
     assert samples[("fiomon_root_quanta_closed_by_lateness_total", ())] == 5
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: run scripts/test or apt-get install prometheus")
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+SCOPES: tuple[tuple[Scope, str | None], ...] = (("cluster", None), ("host", "h1"))
+
+
+def _rows(
+    end_ms: int, *, complete: bool, cells_missing: tuple[str, ...] | None = None
+) -> list[ClosedQuantum]:
+    stats = HistStats(100.0, 1e5, 2e5, 9e5, {"50": 2e5, "99": 8e5}, ())
+    return [
+        ClosedQuantum(end_ms - 1000, end_ms, scope, host, "read", stats, 100.0, 4e5, 1, 0,
+                      complete=complete if host is None else True, cells_missing=cells_missing)
+        for scope, host in SCOPES
+    ]  # fmt: skip
+
+
+def test_incomplete_quanta_are_counted_and_the_last_ones_completeness_is_a_gauge() -> None:
+    # The Publisher feeds both from the rows, for the aggregator and the root alike.
+    gauges = QuantumGauges((50.0, 99.0))
+
+    def scrape(health: Health) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        snap = build_snapshot(Counts(), gauges, health, AlertBook(()))
+        return parse_samples(render(snap).decode())
+
+    before = scrape(Health(active=True))
+    assert before[("fiomon_quanta_incomplete_total", ())] == 0  # from the start, at 0
+    assert ("fiomon_quantum_complete", ()) not in before  # no quantum closed yet
+    t = 1_700_000_000_000
+    gauges.observe(_rows(t + 1000, complete=True) + _rows(t + 2000, complete=False), t + 7000)
+    m = scrape(Health(active=True))
+    assert m[("fiomon_quanta_incomplete_total", ())] == 1
+    assert m[("fiomon_quantum_complete", ())] == 0
+    assert m[("fiomon_quantum_end_timestamp_seconds", ())] == (t + 2000) / 1000
+    gauges.observe(_rows(t + 3000, complete=False, cells_missing=("cell-a",)), t + 8000)
+    gauges.observe(_rows(t + 4000, complete=True, cells_missing=()), t + 9000)
+    m = scrape(Health(active=False))  # idle: the gauge stays, as the quantum's end does
+    assert m[("fiomon_quanta_incomplete_total", ())] == 2
+    assert m[("fiomon_quantum_complete", ())] == 1
+    text = render(build_snapshot(Counts(), gauges, Health(active=True), AlertBook(()))).decode()
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is not installed: run scripts/test or apt-get install prometheus")
