@@ -27,8 +27,8 @@ mark more than ``max_skew_ms`` ahead of the root's clock is not believed.
 
 Completeness: every row of a closed quantum carries ``complete`` and ``cells_missing``:
 the configured cells that neither sent rows of that quantum nor closed it (a closed mark
-at or past its end; a cell that closed it empty sent such a mark). After a start without
-a closed mark (no state), a cell's first mark does not vouch for the quanta it covers
+at or past its end; a cell that closed it empty sent such a mark). After a start that lost
+its state (``state_lost``), a cell's first mark does not vouch for the quanta it covers
 (their rows may have gone to the previous run): only rows or a later mark do.
 """
 
@@ -139,9 +139,9 @@ class RootMerger:
         phase_ms: the root's grid: quanta end at ``phase_ms`` modulo ``quantum_ms``
             (``align: epoch`` is 0, a fixed offset its value).
         max_skew_ms: a closed mark further ahead of the root's clock is ignored.
-        state_lost: the previous run's received rows may be lost (no state at the start):
-            a cell's first mark then vouches for no quantum it covers, only its rows or
-            a later mark do. None: whether ``closed_ms`` is None.
+        state_lost: what the previous run had received may be lost (the service found
+            its state missing at the start): a cell's first mark then vouches for no
+            quantum it covers, only its rows or a later mark do.
     """
 
     def __init__(
@@ -158,7 +158,7 @@ class RootMerger:
         closed_ms: int | None = None,
         phase_ms: int = 0,
         max_skew_ms: int = MAX_SKEW_MS,
-        state_lost: bool | None = None,
+        state_lost: bool = False,
     ) -> None:
         self.quantum_ms = quantum_ms
         self.lateness_ms = lateness_ms
@@ -179,7 +179,7 @@ class RootMerger:
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
         self._from: dict[int, set[str]] = {}  # open quantum end -> cells with rows in it
         self._closed_any = False  # rows were closed: the layout is fixed from then on
-        self._fresh = closed_ms is None if state_lost is None else state_lost
+        self._fresh = state_lost
         self._unlisted: set[str] = set()  # unlisted names logged (at most UNLISTED_NAMED)
 
     # -- intake -----------------------------------------------------------------------------
@@ -546,7 +546,7 @@ class RootMerger:
     def _closed_by(self, name: str, end: int) -> bool:
         """Whether cell ``name``'s mark says it closed the quantum ending at ``end``.
 
-        After a start without state, its first mark does not vouch for the quanta it
+        After a start that lost its state, its first mark does not vouch for the quanta it
         covers: their rows may have gone to the previous run.
         """
         c = self.cells[name]

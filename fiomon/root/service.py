@@ -110,7 +110,9 @@ class RootService(Hooks):
         tail = quanta.tail() if quanta is not None else None
         closed = tail.end_ms if tail is not None else self._load_mark()
         path = self.state.state_path
-        lost = path is None or not (path.exists() or path.with_name(LEGACY_MARK_FILE).exists())
+        lost = path is not None and not (path.exists() or path.with_name(LEGACY_MARK_FILE).exists())
+        # Evidence of a previous run whose state is gone: its received rows may be lost.
+        evidence = lost and (tail is not None or not new_dir)
         self._marked_ms = closed  # the last mark handed to the writer
         self.merger = RootMerger(
             quantum_ms=cfg.quantum_ms,
@@ -124,7 +126,7 @@ class RootService(Hooks):
             closed_ms=closed,
             phase_ms=phase,
             max_skew_ms=self.rc.max_skew_ms,
-            state_lost=lost,
+            state_lost=evidence,
         )
         if path is not None and lost:
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
