@@ -234,12 +234,7 @@ class RootService(Hooks):
         m = self.merger
         grid = None
         lay = m.layout
-        if (
-            self.state.state_path is not None
-            and m.closed_ms is not None
-            and m.phase_ms is not None
-            and lay is not None
-        ):
+        if self.state.state_path is not None and m.closed_ms is not None and lay is not None:
             q = m.quantum_ms
             mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= it
             if self._marked_ms is None or mark > self._marked_ms:

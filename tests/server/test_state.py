@@ -82,8 +82,8 @@ def _root_config(tmp: Path, port: int) -> Path:
     cfg = tmp / "root.yaml"
     cfg.write_text(
         f"broker: {{host: 127.0.0.1, port: {port}}}\nclient_id: root-lock\n"
-        f"listen: 127.0.0.1:{free_port()}\nstate_dir: {tmp / 'state'}\nalign: epoch\nlateness: 10s\n"
-        "root: {cells: [c1]}\n"
+        f"listen: 127.0.0.1:{free_port()}\nstate_dir: {tmp / 'state'}\nalign: epoch\n"
+        "lateness: 10s\nroot: {cells: [c1]}\n"
     )
     return cfg
 
