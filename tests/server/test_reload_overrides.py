@@ -130,6 +130,6 @@ async def test_a_root_with_overrides_reloads_without_a_change_nobody_made(
         "root",
         config=config,
         subscribed="root-hup 1 fiomon/v1/_partials/+",
-        edit=("lateness: 5s", "lateness: 7s"),
+        edit=("lateness: 10s", "lateness: 12s"),
         reported="reload: lateness_ms changed but take effect at the next start",
     )
