@@ -26,6 +26,7 @@ from fiomon.config import (
     RootConfig,
     SlaRule,
     aggregator_config_from,
+    root_problems,
 )
 from fiomon.engine import QuantumEngine
 from fiomon.errors import ConfigError
@@ -404,13 +405,22 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     text = (Path(__file__).parents[2] / "deploy" / "README.md").read_text()
     section = text.split("Exact cluster percentiles: the root", 1)[1]
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    cell, root = (yaml.safe_load(b) for b in blocks)
+    cell, root, alert = (yaml.safe_load(b) for b in blocks)
     cfg = aggregator_config_from({**cell, "state_dir": "s"})
     assert cfg.partials is not None and cfg.partials.cell == "cell-a"
     assert cfg.partials.broker.host == "root-broker"
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    assert root_problems(rcfg) == []
+    # The alert shown is the shipped one.
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "deploy/prometheus/fiomon.rules.yml").read_text()
+    )
+    rules = {r["alert"]: r for g in shipped["groups"] for r in g["rules"] if "alert" in r}
+    (shown,) = alert
+    assert shown["expr"] == rules[shown["alert"]]["expr"]
+    assert shown["labels"] == rules[shown["alert"]]["labels"]
     # The root closes on its clock only after the cells (their default lateness) did.
     assert rcfg.lateness_ms > AggregatorConfig().lateness_ms
     assert rcfg.state_dir is not None and rcfg.quanta_file is not None
