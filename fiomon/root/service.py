@@ -315,15 +315,18 @@ class RootService(Hooks):
         )
 
     def on_message(self, cell: str, payload: bytes) -> None:
-        """One message from the broker: journaled, then merged (the caller acknowledges)."""
-        segment = (
-            self.state.journal.append([(cell, payload)]) if self.state.journal is not None else -1
-        )
+        """One message from the broker: journaled, then merged (the caller acknowledges).
+
+        A cell not in ``root.cells`` is refused without being journaled (a flood of
+        them costs no disk).
+        """
+        journal = self.state.journal if cell in self.merger.expected else None
+        segment = journal.append([(cell, payload)]) if journal is not None else -1
         end = self.merger.receive(
             payload, self.now_ms(), cell=cell, max_bytes=self.cfg.max_message_bytes
         )
-        if self.state.journal is not None and end is not None:
-            self.state.journal.note(segment, end)
+        if journal is not None and end is not None:
+            journal.note(segment, end)
 
     def problem(self, kind: str, text: str) -> None:
         """A disk problem: logged and counted."""

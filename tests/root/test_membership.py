@@ -271,6 +271,13 @@ def test_a_root_that_lost_its_state_says_so_and_trusts_no_first_mark(
     assert "state-lost" in said and f"quanta through {T0 + Q} are taken as published" in said
     assert "may lack the rows it had received" in said
     assert second.counts.state_errors["state-lost"] == 1
+    # An unlisted cell's messages are not even journaled.
+    journal = tmp_path / "state" / "journal"
+    size = sum(f.stat().st_size for f in journal.iterdir())
+    for _ in range(10):
+        second.on_message("evil", message("evil", T0 + 2 * Q, T0 + 2 * Q, host="he"))
+    assert sum(f.stat().st_size for f in journal.iterdir()) == size
+    assert second.merger.counts.invalid["unlisted"] == 10
     # b's first mark now covers T0 + 2 s, whose rows went to the previous run: b missing.
     second.on_message("b", marker("b", T0 + 2 * Q))
     second.on_message("a", message("a", T0 + 2 * Q, T0 + 2 * Q, host="ha"))
