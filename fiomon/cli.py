@@ -991,6 +991,10 @@ def _service(args: argparse.Namespace, name: str) -> int:
             cfg = overrides.apply_agent(config.load_agent_config(args.config))
         else:
             cfg = config.load(args.config, overrides)
+            if name == "root":  # a file without a root section is checked here
+                problems = config.root_problems(cfg)
+                if problems:
+                    raise ConfigError([f"{args.config}: {p}" for p in problems])
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"fiomon {name}: {problem}", file=sys.stderr)
@@ -1044,10 +1048,11 @@ def _root_summary(agg: AggregatorConfig) -> str:
     from fiomon.config import RootConfig, root_ignored_keys  # noqa: PLC0415
 
     rc = agg.root or RootConfig()
-    cells = ", ".join(rc.cells) if rc.cells else "any"
     text = (
-        f"root section valid (fiomon root: cells {cells}, cell_timeout "
-        f"{rc.cell_timeout_ms / 1000:g} s, partials from {Topics(agg.topic_prefix).all_partials})"
+        f"root section valid (fiomon root: cells {', '.join(rc.cells)}, cell_timeout "
+        f"{rc.cell_timeout_ms / 1000:g} s, max_skew {rc.max_skew_ms / 1000:g} s, "
+        f"cells_lateness {rc.cells_lateness_ms / 1000:g} s, partials from "
+        f"{Topics(agg.topic_prefix).all_partials})"
     )
     ignored = root_ignored_keys(agg)
     if ignored:

@@ -267,12 +267,16 @@ def closed_row(
     streams: int,
     late_records: int,
     hist: npt.NDArray[np.float64] | None,
+    complete: bool = True,
+    cells_missing: tuple[str, ...] | None = None,
 ) -> ClosedQuantum:
     """The :class:`ClosedQuantum` row of one group (engine and root alike).
 
     Rates are per second of the span the group's records cover (``hi_ms - lo_ms``, ms),
     not of the quantum: a stream that ran a tenth of it is not diluted. A group whose
-    records cover no time has no rates (None).
+    records cover no time has no rates (None). ``complete`` and ``cells_missing`` are
+    the row's :class:`ClosedQuantum` fields (the root sets both; the defaults are an
+    engine's row).
     """
     covered_s = (hi_ms - lo_ms) / 1000.0
     return ClosedQuantum(
@@ -288,6 +292,8 @@ def closed_row(
         late_records=late_records,
         hist=hist,
         ci_ns=ci_ns,
+        complete=complete,
+        cells_missing=cells_missing,
     )
 
 

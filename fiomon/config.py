@@ -257,14 +257,22 @@ class RootConfig:
     """The exact root's own settings (the aggregator's ``root`` section).
 
     Args:
-        cells: the cells the root expects (names); a cell not listed is taken too, and
-            reported.
+        cells: the membership: the cells whose partials the root merges (their
+            ``partials.cell`` names; required by ``fiomon root``). Any other cell is
+            refused, counted and logged; each listed cell is waited for from the start, and
+            a closed quantum names the listed cells missing from it (``cells_missing``).
         cell_timeout_ms: a cell with no message for this long is gone: reported, and not
-            waited for (its quanta close on the root's lateness).
+            waited for (its quanta close on the cells' marks without it); at least the
+            root's ``lateness``.
+        max_skew_ms: a cell's closed mark further ahead of the root's clock is ignored
+            (counted as ``future-mark``): a clock ahead, or a forged message.
+        cells_lateness_ms: the cells' ``lateness``; the root's must be above it.
     """
 
     cells: tuple[str, ...] = ()
     cell_timeout_ms: int = 30_000
+    max_skew_ms: int = 5000
+    cells_lateness_ms: int = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -766,6 +774,8 @@ def _cell_names(value: object, where: str) -> tuple[str, ...]:
 _ROOT_KEYS: Table = {
     "cells": ("cells", _cell_names),
     "cell_timeout": ("cell_timeout_ms", _duration_ms(1000)),
+    "max_skew": ("max_skew_ms", _duration_between(0, 600_000)),
+    "cells_lateness": ("cells_lateness_ms", _duration_ms(0)),
 }
 
 _EXPORT_KEYS: Table = {
@@ -999,14 +1009,52 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     cfg = replace(cfg, sla=_sla_rules(r, top.get("sla"), cfg.percentiles, cfg.confidence_level))
     if cfg.partials is not None and cfg.state_dir is None:
         r.problems.append("partials: needs state_dir (the outbox of unsent partials)")
-    if (cfg.partials is not None or cfg.root is not None) and cfg.align == "auto":
+    if cfg.partials is not None and cfg.align == "auto":
         # Each cell would pick its own phase; the root merges only quanta on one grid.
         r.problems.append("partials/root: need align epoch or a fixed offset, not auto")
+    if cfg.root is not None:
+        # (align: auto is named once, above, on a cell that has a root section too)
+        skip = "align:" if cfg.partials is not None else "\0"
+        r.problems.extend(p for p in root_problems(cfg) if not p.startswith(skip))
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
     if r.problems:
         raise ConfigError([f"{source}: {p}" for p in r.problems])
     return cfg
+
+
+def root_problems(cfg: AggregatorConfig) -> list[str]:
+    """Why ``cfg`` cannot run ``fiomon root`` (empty if it can).
+
+    Checked by :func:`aggregator_config_from` for a file with a ``root`` section (so by
+    ``fiomon check-config``) and by ``fiomon root`` at start, with or without one.
+    """
+    rc = cfg.root or RootConfig()
+    out = []
+    if not rc.cells:
+        out.append(
+            "root.cells: required by fiomon root: the cells whose partials it merges (each "
+            "cell's partials.cell); partials of any other cell are refused"
+        )
+    if cfg.align == "auto":
+        out.append(
+            "align: the root needs epoch or a fixed offset, not auto: its quanta are its own "
+            "grid, and a cell off it is refused (give the cells the same align)"
+        )
+    if cfg.lateness_ms <= rc.cells_lateness_ms:
+        out.append(
+            f"lateness: the root's ({cfg.lateness_ms} ms) must be above root.cells_lateness "
+            f"({rc.cells_lateness_ms} ms, the cells' lateness): a cell closes a quantum up to "
+            "its lateness after the end (plus clock skew and the trip to the root), and the "
+            "root would close it first without that cell's rows"
+        )
+    if rc.cell_timeout_ms < cfg.lateness_ms:
+        out.append(
+            f"root.cell_timeout ({rc.cell_timeout_ms} ms) must be at least lateness "
+            f"({cfg.lateness_ms} ms): a silent cell would stop being waited for before its "
+            "quanta's lateness ends, and they would close early without it"
+        )
+    return out
 
 
 def aggregator_files(cfg: AggregatorConfig) -> list[str]:

@@ -344,7 +344,9 @@ def test_check_config_refuses_alias_bombs_empty_files_and_unusable_places(tmp_pa
 
 def test_check_config_names_the_root_section_and_what_the_root_ignores(tmp_path: Path) -> None:
     cfg = tmp_path / "root.yaml"
-    cfg.write_text("align: epoch\nroot: {cells: [cell-a, cell-b], cell_timeout: 20s}\n")
+    cfg.write_text(
+        "align: epoch\nlateness: 10s\nroot: {cells: [cell-a, cell-b], cell_timeout: 20s}\n"
+    )
     r = fiomon("check-config", str(cfg))
     assert r.returncode == 0, r.stderr
     assert "root section valid (fiomon root: cells cell-a, cell-b, cell_timeout 20 s" in r.stdout

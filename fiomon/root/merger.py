@@ -13,10 +13,23 @@ Exactly once: a row is merged once per ``(cell, quantum, scope, host, direction)
 repeats (a cell resending its outbox after a restart) are counted and dropped, and rows
 for quanta the root already closed are counted as late.
 
+Membership and grid come from the root's configuration: only the configured ``cells``
+are taken (named by the topic; anything else is refused, counted and logged once per
+name), and only rows on the root's own grid (``quantum_ms``, ``phase_ms``); a cell off it
+is refused and named while the others proceed, and its closed marks are ignored until it
+sends rows on the grid.
+
 Closing: a quantum closes when every live cell has closed it (their
 ``closed_through_ms``), or when the root's clock is ``lateness_ms`` past its end. A cell
 is live while it sent anything within ``cell_timeout_ms`` (expected cells count as
-heard from at the root's start); a gone cell is reported and not waited for.
+heard from at the root's start); a gone cell is reported and not waited for. A closed
+mark more than ``max_skew_ms`` ahead of the root's clock is not believed.
+
+Completeness: every row of a closed quantum carries ``complete`` and ``cells_missing``:
+the configured cells that neither sent rows of that quantum nor closed it (a closed mark
+at or past its end; a cell that closed it empty sent such a mark). After a start that lost
+its state (``state_lost``), a cell's first mark does not vouch for the quanta it covers
+(their rows may have gone to the previous run): only rows or a later mark do.
 """
 
 from __future__ import annotations
@@ -39,6 +52,9 @@ log = logging.getLogger("fiomon.root")
 
 _FAR = 2**62
 MAX_FUTURE_MS = 10 * 60_000  # rows of quanta ending further ahead of the root's clock: refused
+MAX_SKEW_MS = 5000  # default bound of a closed mark ahead of the root's clock (root.max_skew)
+LOG_EVERY_MS = 60_000  # per-cell warnings (grid, skew, lag) at most this often
+UNLISTED_NAMED = 100  # unlisted names logged one by one; past them, every 1000th refusal
 REWINDS = 3  # message-number rewinds within REWIND_WINDOW_MS that suggest two cells
 REWIND_WINDOW_MS = 60_000
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
@@ -70,6 +86,12 @@ class CellState:
         rewind_logged_ms: root clock of the last warning about them.
         late_rows: its rows that came after their quantum closed (for the warnings).
         late_logged_ms: root clock of the last warning about them.
+        off_grid: its last rows were off the root's grid (its marks are ignored).
+        first_through_ms: after a start without state, its first mark (quanta ending at
+            or before it count as closed by it only with its rows); else None.
+        mark_lag_ms: root clock minus its latest mark, at receipt (None: no mark yet).
+        grid_logged_ms, skew_logged_ms, lag_logged_ms: root clock of the last warning
+            about its grid, a mark ahead of the root's clock, its mark's lag.
     """
 
     last_seen_ms: int
@@ -80,6 +102,12 @@ class CellState:
     rewind_logged_ms: int = -_FAR
     late_rows: int = 0
     late_logged_ms: int = -_FAR
+    off_grid: bool = False
+    first_through_ms: int | None = None
+    mark_lag_ms: int | None = None
+    grid_logged_ms: int = -_FAR
+    skew_logged_ms: int = -_FAR
+    lag_logged_ms: int = -_FAR
 
 
 @dataclass(slots=True)
@@ -91,6 +119,7 @@ class RootCounts:
     messages: Counter[str] = field(default_factory=Counter)  # by cell
     quanta_closed: int = 0
     closed_by_lateness: int = 0
+    missing: Counter[str] = field(default_factory=Counter)  # incomplete quanta, by cell
 
 
 class RootMerger:
@@ -102,10 +131,17 @@ class RootMerger:
         percentiles: percentiles to compute.
         confidence_level: level of the percentile intervals, or None.
         per_host: emit host rows.
-        cells: the cells expected (waited for from the start).
+        cells: the membership (``root.cells``): waited for from the start; any other
+            cell is refused.
         cell_timeout_ms: a cell silent this long is gone.
         now_ms: the root's clock at start.
         closed_ms: quanta ending at or before this are published already (a restart).
+        phase_ms: the root's grid: quanta end at ``phase_ms`` modulo ``quantum_ms``
+            (``align: epoch`` is 0, a fixed offset its value).
+        max_skew_ms: a closed mark further ahead of the root's clock is ignored.
+        state_lost: what the previous run had received may be lost (the service found
+            its state missing at the start): a cell's first mark then vouches for no
+            quantum it covers, only its rows or a later mark do.
     """
 
     def __init__(
@@ -120,6 +156,9 @@ class RootMerger:
         cell_timeout_ms: int,
         now_ms: int,
         closed_ms: int | None = None,
+        phase_ms: int = 0,
+        max_skew_ms: int = MAX_SKEW_MS,
+        state_lost: bool = False,
     ) -> None:
         self.quantum_ms = quantum_ms
         self.lateness_ms = lateness_ms
@@ -129,13 +168,19 @@ class RootMerger:
         self.cell_timeout_ms = cell_timeout_ms
         self.cells: dict[str, CellState] = {c: CellState(now_ms) for c in cells}
         self.expected = frozenset(cells)
+        self.order = tuple(cells)  # cells_missing lists them in the configured order
         self.closed_ms = closed_ms
         self.layout: BinLayout | None = None
-        self.phase_ms: int | None = None if closed_ms is None else closed_ms % quantum_ms
+        self.phase_ms = phase_ms % quantum_ms
+        self.max_skew_ms = max_skew_ms
         self.counts = RootCounts()
+        self.counts.missing.update({c: 0 for c in cells})
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
         self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
+        self._from: dict[int, set[str]] = {}  # open quantum end -> cells with rows in it
         self._closed_any = False  # rows were closed: the layout is fixed from then on
+        self._fresh = state_lost
+        self._unlisted: set[str] = set()  # unlisted names logged (at most UNLISTED_NAMED)
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -144,22 +189,49 @@ class RootMerger:
         payload: bytes,
         now_ms: int,
         *,
+        cell: str | None,
         max_bytes: int = MAX_PARTIALS_BYTES,
         replay: bool = False,
     ) -> int | None:
-        """One partials message; a refused one is counted and logged, nothing else.
+        """One partials message on the topic of ``cell`` (refused ones: counted, logged).
 
+        ``cell`` is the name in the topic (``.../_partials/<cell>``): the message is taken
+        only if it is in the membership and the payload names the same cell. None: the
+        payload's own name (only for journal segments of a format that kept no topic).
         Returns the latest quantum end among its rows (None: refused or no rows), which
         tells a journal when the message is no longer needed. ``replay``: from the
         journal at a start (its rows of closed quanta are expected, not worth a warning).
         """
+        if cell is not None and not self._listed(cell):
+            return None
         try:
             msg = decode(payload, max_bytes=max_bytes)
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
             return None
-        self.take(msg, now_ms, replay=replay)
+        if not self.take(msg, now_ms, cell=msg.cell if cell is None else cell, replay=replay):
+            return None
         return max((r.part.end_ms for r in msg.rows), default=None)
+
+    def _listed(self, cell: str) -> bool:
+        """Whether ``cell`` is in the membership; else counted, logged once per name."""
+        if cell in self.expected:
+            return True
+        self.counts.invalid["unlisted"] += 1
+        n = self.counts.invalid["unlisted"]
+        if cell not in self._unlisted and len(self._unlisted) < UNLISTED_NAMED:
+            self._unlisted.add(cell)
+            log.warning(
+                "partials refused (unlisted): cell %r is not in root.cells (%s): its rows are "
+                "not merged, its marks ignored, it is not waited for (add it to root.cells "
+                "and restart the root if it belongs to the cluster; further messages from "
+                "it are only counted)",
+                cell,
+                ", ".join(self.order) or "none",
+            )
+        elif n % 1000 == 0:
+            log.warning("partials refused (unlisted): %d messages of cells not in root.cells", n)
+        return False
 
     def _fit_layout(self, msg: PartialsMessage) -> bool:
         """Whether ``msg``'s rows merge into the root's bins (settling them); else refused.
@@ -215,46 +287,39 @@ class RootMerger:
         if n <= 5 or n % 1000 == 0:
             log.warning("partials refused (%s, %d so far): %s", reason, n, text)
 
-    def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
-        """Merge a decoded message's rows and note the cell's progress."""
-        # A refused message changes nothing: its grid is checked, then its bins are fitted
-        # (which may re-bin the open groups), and only then is a first phase taken.
-        q = self.quantum_ms
-        phase = self.phase_ms
-        for r in msg.rows:
-            p = r.part
-            if p.end_ms - p.start_ms != q or (phase is not None and p.end_ms % q != phase):
-                self._invalid(
-                    "grid",
-                    f"cell {msg.cell}: quantum ({p.start_ms}, {p.end_ms}] is not on the root's "
-                    f"grid ({q} ms, phase {phase})",
-                )
-                return
-            if phase is None:
-                phase = p.end_ms % q
-        if not self._fit_layout(msg):
-            return
-        self.phase_ms = phase
-        cell = self.cells.get(msg.cell)
-        if cell is None:
-            cell = self.cells[msg.cell] = CellState(now_ms)
-            how = "" if not self.expected else " (not in root.cells)"
-            log.info("cell %s: first message%s", msg.cell, how)
-        cell.last_seen_ms = now_ms
-        if msg.seq < cell.seq and not replay:
-            self._rewound(msg.cell, cell, msg.seq, now_ms)
-        cell.seq = msg.seq
-        self.counts.messages[msg.cell] += 1
-        if msg.closed_through_ms > now_ms + MAX_FUTURE_MS:
-            # The mark only grows: believed, it would stop the root waiting for this cell
-            # for good (a clock that jumped ahead, a forged message). Its rows still count.
+    def take(self, msg: PartialsMessage, now_ms: int, *, cell: str, replay: bool = False) -> bool:
+        """Merge a decoded message's rows and note the cell's progress; False: refused.
+
+        ``cell`` is the name in the message's topic: a cell not in the membership, or a
+        payload naming another cell, is refused (counted, logged).
+        """
+        if not self._listed(cell):
+            return False
+        if msg.cell != cell:
             self._invalid(
-                "future-mark",
-                f"cell {msg.cell}: closed through {msg.closed_through_ms}, more than "
-                f"{MAX_FUTURE_MS} ms ahead of the root's clock ({now_ms}); mark ignored",
+                "cell-name",
+                f"the payload on the topic of cell {cell} names cell {msg.cell}: two cells "
+                "with one partials topic, or a forged message",
             )
-        elif cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
-            cell.through_ms = msg.closed_through_ms
+            return False
+        state = self.cells[cell]
+        # A refused message changes nothing: its grid is checked, then its bins are fitted
+        # (which may re-bin the open groups).
+        if not self._on_grid(msg, state, now_ms):
+            return False
+        if not self._fit_layout(msg):
+            return False
+        if msg.rows:
+            state.off_grid = False
+        state.last_seen_ms = now_ms
+        if state.seq < 0 and not replay:
+            log.info("cell %s: first message (closed through %d)", cell, msg.closed_through_ms)
+        if msg.seq < state.seq and not replay:
+            self._rewound(cell, state, msg.seq, now_ms)
+        state.seq = msg.seq
+        self.counts.messages[cell] += 1
+        if not state.off_grid:  # a marker of a cell off the grid says nothing of our quanta
+            self._mark(cell, state, msg.closed_through_ms, now_ms, replay=replay)
         rows = self.counts.rows
         late_before = rows["late"]
         lay = self.layout
@@ -275,6 +340,7 @@ class RootMerger:
                 rows["late"] += 1  # never merged: its quantum closed without it
                 continue
             seen.add((msg.cell, key))
+            self._from.setdefault(p.end_ms, set()).add(cell)
             groups = self._open.setdefault(p.end_ms, {})
             hist = p.hist if msg.layout == self.layout else coarsen_hist(p.hist, msg.layout, lay)
             g = groups.get(key)
@@ -288,7 +354,87 @@ class RootMerger:
             g.late += r.late_records
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
-            self._log_late(msg.cell, cell, rows["late"] - late_before, now_ms)
+            self._log_late(cell, state, rows["late"] - late_before, now_ms)
+        return True
+
+    def _on_grid(self, msg: PartialsMessage, state: CellState, now_ms: int) -> bool:
+        """Whether every row is a quantum of the root's grid; else refused and named.
+
+        A cell off the grid has its marks ignored from then on (they say nothing of the
+        root's quanta) until it sends rows on the grid: its quanta show it missing.
+        """
+        q, phase = self.quantum_ms, self.phase_ms
+        bad = next(
+            (
+                r.part
+                for r in msg.rows
+                if r.part.end_ms - r.part.start_ms != q or r.part.end_ms % q != phase
+            ),
+            None,
+        )
+        if bad is None:
+            return True
+        self.counts.invalid["grid"] += 1
+        state.off_grid = True
+        state.through_ms = None
+        state.first_through_ms = None
+        if now_ms - state.grid_logged_ms >= LOG_EVERY_MS:
+            state.grid_logged_ms = now_ms
+            log.warning(
+                "partials refused (grid, %d so far): cell %s sent quantum (%d, %d] (%d ms, "
+                "phase %d ms), not on the root's grid (%d ms, phase %d ms: its quantum and "
+                "align): give the cell the root's quantum and align; its rows are left out "
+                "and its quanta show it in cells_missing",
+                self.counts.invalid["grid"],
+                msg.cell,
+                bad.start_ms,
+                bad.end_ms,
+                bad.end_ms - bad.start_ms,
+                bad.end_ms % q,
+                q,
+                phase,
+            )
+        return False
+
+    def _mark(self, name: str, cell: CellState, through: int, now_ms: int, *, replay: bool) -> None:
+        """Take a message's closed mark: not ahead of the root's clock beyond the skew bound."""
+        if through > now_ms + self.max_skew_ms:
+            # Believed, it would stop the root waiting for this cell (the mark only grows):
+            # a clock ahead of the root's, or a forged message. Its rows still count.
+            self.counts.invalid["future-mark"] += 1
+            if now_ms - cell.skew_logged_ms >= LOG_EVERY_MS:
+                cell.skew_logged_ms = now_ms
+                log.warning(
+                    "cell %s: closed mark %d is %d ms ahead of the root's clock (%d), more "
+                    "than root.max_skew (%d ms): mark ignored, its rows merged (%d such "
+                    "marks so far): check the cell's clock (NTP)",
+                    name,
+                    through,
+                    through - now_ms,
+                    now_ms,
+                    self.max_skew_ms,
+                    self.counts.invalid["future-mark"],
+                )
+            return
+        if cell.through_ms is not None and through <= cell.through_ms:
+            return  # an older mark (a resend, or a split close's first messages)
+        if cell.through_ms is None and self._fresh and cell.first_through_ms is None:
+            cell.first_through_ms = through
+        cell.through_ms = through
+        if replay:
+            return
+        cell.mark_lag_ms = now_ms - through
+        if cell.mark_lag_ms > self.lateness_ms and now_ms - cell.lag_logged_ms >= LOG_EVERY_MS:
+            cell.lag_logged_ms = now_ms
+            log.warning(
+                "cell %s: its closed mark trails the root's clock by %d ms at receipt, more "
+                "than the root's lateness (%d ms): its quanta close without it (cells_missing "
+                "names it) and its rows come late; the cell's lateness, its clock's skew and "
+                "the trip to the root must stay below the root's lateness",
+                name,
+                cell.mark_lag_ms,
+                self.lateness_ms,
+            )
 
     def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
         """A cell's message number went back: once per restart (a resend), or two cells.
@@ -369,7 +515,9 @@ class RootMerger:
         ready = sorted(e for e in self._open if e <= bound)
         out: list[ClosedQuantum] = []
         for end in ready:
-            if end <= by_clock and not (live and all(t is not None and t >= end for t in throughs)):
+            if any(not self._closed_by(c, end) for c in self.order):
+                # Closed while a configured cell had not closed it: on the root's clock, or
+                # without a gone cell (counted whether the cell was live or not).
                 self.counts.closed_by_lateness += 1
             out.extend(self._close_one(end))
         # Rows of closed quanta are remembered for SEEN_QUANTA quanta, so a cell's resends
@@ -392,7 +540,24 @@ class RootMerger:
             self.closed_ms = max(self.closed_ms or last, last)
         self._open.clear()
         self._seen.clear()
+        self._from.clear()
         return out
+
+    def _closed_by(self, name: str, end: int) -> bool:
+        """Whether cell ``name``'s mark says it closed the quantum ending at ``end``.
+
+        After a start that lost its state, its first mark does not vouch for the quanta it
+        covers: their rows may have gone to the previous run.
+        """
+        c = self.cells[name]
+        if c.through_ms is None or c.through_ms < end:
+            return False
+        return c.first_through_ms is None or end > c.first_through_ms
+
+    def missing(self, end: int) -> tuple[str, ...]:
+        """The configured cells neither in quantum ``end`` nor known to have closed it."""
+        sent = self._from.get(end, set())
+        return tuple(c for c in self.order if c not in sent and not self._closed_by(c, end))
 
     @property
     def open_quanta(self) -> int:
@@ -401,6 +566,9 @@ class RootMerger:
 
     def _close_one(self, end: int) -> list[ClosedQuantum]:
         """The rows of quantum ``end``: cluster, then hosts by name; directions in order."""
+        cells_missing = self.missing(end)
+        self._from.pop(end, None)
+        self.counts.missing.update(cells_missing)
         groups = self._open.pop(end)
         self._closed_any = True
         assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
@@ -442,6 +610,8 @@ class RootMerger:
                     streams=g.streams,
                     late_records=g.late,
                     hist=g.hist if scope == "cluster" else None,
+                    complete=not cells_missing,
+                    cells_missing=cells_missing,
                 )
             )
         return out

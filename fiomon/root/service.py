@@ -39,6 +39,7 @@ from pathlib import Path
 import aiomqtt
 
 from fiomon import __version__
+from fiomon.align import phase_for
 from fiomon.closed import ClosedQuantum
 from fiomon.config import (
     ROOT_IGNORED,
@@ -46,7 +47,9 @@ from fiomon.config import (
     Overrides,
     RootConfig,
     root_ignored_keys,
+    root_problems,
 )
+from fiomon.errors import ConfigError
 from fiomon.root.merger import RootMerger
 from fiomon.runtime import GRACE_S
 from fiomon.server.alerts import rules_not_computed
@@ -90,17 +93,26 @@ class RootService(Hooks):
         # The server's read-out of its broker connection (the snapshot shows it).
         self.link = Link()
         self.rc = cfg.root or RootConfig()
+        problems = root_problems(cfg)
+        phase = phase_for(cfg.align, cfg.quantum_ms)
+        if not self.rc.cells or phase is None:  # (fiomon root and check-config say so first)
+            raise ConfigError([p for p in problems if p.startswith(("root.cells", "align"))])
         self.topics = Topics(cfg.topic_prefix)
         self.counts = Counts()
         # The state directory (lock, journal, the closed-through mark in the grid state)
         # and the quanta file's writer.
         self.state = StateDir(cfg, service="root", counts=self.counts, log=log, grid_state=True)
+        new_dir = cfg.state_dir is not None and not (cfg.state_dir / "journal").exists()
         self.state.open()
         # What was closed before: the quanta file's last quantum (the record of
         # publication), else the mark in the state directory.
         quanta = self.state.quanta
         tail = quanta.tail() if quanta is not None else None
         closed = tail.end_ms if tail is not None else self._load_mark()
+        path = self.state.state_path
+        lost = path is not None and not (path.exists() or path.with_name(LEGACY_MARK_FILE).exists())
+        # Evidence of a previous run whose state is gone: its received rows may be lost.
+        evidence = lost and (tail is not None or not new_dir)
         self._marked_ms = closed  # the last mark handed to the writer
         self.merger = RootMerger(
             quantum_ms=cfg.quantum_ms,
@@ -112,7 +124,12 @@ class RootService(Hooks):
             cell_timeout_ms=self.rc.cell_timeout_ms,
             now_ms=now_ms(),
             closed_ms=closed,
+            phase_ms=phase,
+            max_skew_ms=self.rc.max_skew_ms,
+            state_lost=evidence,
         )
+        if path is not None and lost:
+            self._lost_state(path, closed, tail is not None, new_dir=new_dir)
         # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
         self.publisher = Publisher(cfg, log, fit_tail=False)
         if self.state.journal is not None:
@@ -159,6 +176,40 @@ class RootService(Hooks):
             return None
         return closed
 
+    def _lost_state(self, path: Path, closed: int | None, tail: bool, *, new_dir: bool) -> None:
+        """Say what a start without its state assumes and what may be missing.
+
+        Counted (``state-lost``, as the aggregator's) when something says a previous run
+        was there (a quanta file, a journal folder); a new directory is taken as a first
+        start, which the root cannot tell from a directory removed whole: logged only.
+        """
+        missing = (
+            "quanta that were open when the previous run stopped may lack the rows it had "
+            "received (the cells do not send them again): their rows name such cells in "
+            "cells_missing"
+        )
+        if tail:
+            self.problem(
+                "state-lost",
+                f"{path} is missing: quanta through {closed} are taken as published (the "
+                f"quanta file {self.cfg.quanta_file} says so); {missing}",
+            )
+        elif not new_dir:
+            self.problem(
+                "state-lost",
+                f"{path} is missing while the journal folder exists: nothing is taken as "
+                f"published, so quanta the previous run published may be written again; "
+                f"{missing}",
+            )
+        else:
+            log.warning(
+                "no state in %s (no %s, no quanta file tail, a new journal): taken as a first "
+                "start; if a previous run's state directory was removed, %s",
+                self.cfg.state_dir,
+                path.name,
+                missing,
+            )
+
     def _legacy_mark(self, path: Path) -> tuple[int, int | None] | None:
         """``(quantum_ms, closed_ms)`` of an earlier version's ``root-state.json``."""
         try:
@@ -183,12 +234,7 @@ class RootService(Hooks):
         m = self.merger
         grid = None
         lay = m.layout
-        if (
-            self.state.state_path is not None
-            and m.closed_ms is not None
-            and m.phase_ms is not None
-            and lay is not None
-        ):
+        if self.state.state_path is not None and m.closed_ms is not None and lay is not None:
             q = m.quantum_ms
             mark = m.closed_ms - (m.closed_ms - m.phase_ms) % q  # the last quantum end <= it
             if self._marked_ms is None or mark > self._marked_ms:
@@ -201,8 +247,8 @@ class RootService(Hooks):
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
         assert self.state.journal is not None  # noqa: S101 -- only called with a journal
         n = 0
-        for segment, _, payload in self.state.journal.replay():
-            end = self.merger.receive(payload, self.now_ms(), replay=True)
+        for segment, cell, payload in self.state.journal.replay():
+            end = self.merger.receive(payload, self.now_ms(), cell=cell, replay=True)
             self.state.journal.note(segment, end if end is not None else -(2**62))
             n += 1
         if n:
@@ -238,7 +284,7 @@ class RootService(Hooks):
         cfg = self.cfg
         return (
             f"fiomon root {__version__}: /metrics on {cfg.listen}, broker "
-            f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells) or '(any)'}, "
+            f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells)}, "
             f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
         )
 
@@ -269,13 +315,18 @@ class RootService(Hooks):
         )
 
     def on_message(self, cell: str, payload: bytes) -> None:
-        """One message from the broker: journaled, then merged (the caller acknowledges)."""
-        segment = (
-            self.state.journal.append([(cell, payload)]) if self.state.journal is not None else -1
+        """One message from the broker: journaled, then merged (the caller acknowledges).
+
+        A cell not in ``root.cells`` is refused without being journaled (a flood of
+        them costs no disk).
+        """
+        journal = self.state.journal if cell in self.merger.expected else None
+        segment = journal.append([(cell, payload)]) if journal is not None else -1
+        end = self.merger.receive(
+            payload, self.now_ms(), cell=cell, max_bytes=self.cfg.max_message_bytes
         )
-        end = self.merger.receive(payload, self.now_ms(), max_bytes=self.cfg.max_message_bytes)
-        if self.state.journal is not None and end is not None:
-            self.state.journal.note(segment, end)
+        if journal is not None and end is not None:
+            journal.note(segment, end)
 
     def problem(self, kind: str, text: str) -> None:
         """A disk problem: logged and counted."""
@@ -345,16 +396,20 @@ class RootService(Hooks):
             python=platform.python_version(),
         )
         snap = self.publisher.snapshot(self.counts, health)
-        expected = self.merger.expected
+        cells = self.merger.cells
         return with_root(
             snap,
-            cells_up=len([c for c in live if c in expected] if expected else live),
-            cells_expected=len(expected),
-            cell_up={c: c in live for c in self.merger.cells},
+            cells_up=len(live),
+            cells_expected=len(self.merger.expected),
+            cell_up={c: c in live for c in cells},
             rows=m.rows,
             invalid=m.invalid,
             closed_by_lateness=m.closed_by_lateness,
             messages=m.messages,
+            missing=m.missing,
+            mark_lag_s={
+                c: s.mark_lag_ms / 1000 for c, s in cells.items() if s.mark_lag_ms is not None
+            },
         )
 
     def close(self, timeout_s: float = GRACE_S) -> None:

@@ -183,8 +183,18 @@ ROOT_PARTIALS_MESSAGES = (
 )
 ROOT_CLOSED_BY_LATENESS = (
     "fiomon_root_quanta_closed_by_lateness",
-    "Quanta the root closed on its lateness, not every live cell's word.",
+    "Quanta the root closed while a listed cell had not closed them.",
     (),
+)
+ROOT_QUANTA_MISSING_CELL = (
+    "fiomon_root_quanta_missing_cell",
+    "Quanta the root closed without the cell (it is in their cells_missing).",
+    ("cell",),
+)
+ROOT_CELL_MARK_LAG = (
+    "fiomon_root_cell_mark_lag_seconds",
+    "Root clock minus the cell's latest closed mark, at its receipt.",
+    ("cell",),
 )
 
 
@@ -571,6 +581,8 @@ def with_root(
     invalid: Mapping[str, int],
     closed_by_lateness: int,
     messages: Mapping[str, int] | None = None,
+    missing: Mapping[str, int] | None = None,
+    mark_lag_s: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """``snap`` plus the root's own families (``fiomon root``, issue 16).
 
@@ -584,6 +596,10 @@ def with_root(
         closed_by_lateness: quanta closed on the root's lateness.
         messages: partials messages taken, by cell (``RootCounts.messages``); None
             leaves the family out.
+        missing: quanta closed without each listed cell (``RootCounts.missing``); None
+            leaves the family out.
+        mark_lag_s: per cell with a mark, the root's clock minus its latest closed mark
+            at receipt, s; None leaves the family out.
     """
     gauges = dict(snap.gauges)
     gauges[ROOT_CELLS_UP] = {(): float(cells_up)}
@@ -595,4 +611,8 @@ def with_root(
     counters[ROOT_CLOSED_BY_LATENESS] = {(): float(closed_by_lateness)}
     if messages is not None:
         counters[ROOT_PARTIALS_MESSAGES] = {(c,): float(n) for c, n in sorted(messages.items())}
+    if missing is not None:
+        counters[ROOT_QUANTA_MISSING_CELL] = {(c,): float(n) for c, n in sorted(missing.items())}
+    if mark_lag_s is not None:
+        gauges[ROOT_CELL_MARK_LAG] = {(c,): lag for c, lag in sorted(mark_lag_s.items())}
     return dataclasses.replace(snap, gauges=gauges, counters=counters)

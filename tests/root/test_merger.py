@@ -26,6 +26,7 @@ from fiomon.config import (
     RootConfig,
     SlaRule,
     aggregator_config_from,
+    root_problems,
 )
 from fiomon.engine import QuantumEngine
 from fiomon.errors import ConfigError
@@ -129,13 +130,15 @@ def test_cells_merged_at_the_root_equal_one_engine(rnd: random.Random, ncells: i
         late: dict[tuple[int, str, str | None, str], int] = {
             (r.start_ms, r.scope, r.host, r.direction): r.late_records for r in rows
         }
-        # Closed through past every record (within MAX_FUTURE_MS of the root's clock).
+        # Closed through past every record (the root's clock there: a mark ahead of it by
+        # more than max_skew would be ignored).
         msg = PartialsMessage(f"c{c}", 0, LAY, T0 + 60_000, tuple(rows_of(cell.partials, late)))
         payload = encode(msg)
-        root.receive(payload, T0)
-        root.receive(payload, T0)  # a resend changes nothing
+        root.receive(payload, T0 + 60_000, cell=f"c{c}")
+        root.receive(payload, T0 + 60_000, cell=f"c{c}")  # a resend changes nothing
         assert decode(payload).cell == f"c{c}"
-    got = root.close(T0)
+    got = root.close(T0 + 60_000)
+    assert all(r.complete and r.cells_missing == () for r in got)
     assert root.counts.rows["duplicate"] == root.counts.rows["merged"]
     assert_same(got, want)
 
@@ -179,10 +182,10 @@ def test_a_finer_cell_merges_exactly_into_a_coarser_one_in_either_order(
     coarse = _cell_message("cb", batch.select(~in_a), COARSE)
     root = _merger(["ca", "cb"], percentiles=one.percentiles, confidence_level=one.confidence_level)
     for m in (fine, coarse) if fine_first else (coarse, fine):
-        root.receive(encode(m), T0)
+        root.receive(encode(m), T0 + 60_000, cell=m.cell)
     assert root.counts.invalid == {}
     assert root.layout == COARSE
-    got = root.close(T0)
+    got = root.close(T0 + 60_000)
     assert_same(got, want)
     g = {key(r): r.hist for r in got if r.scope == "cluster"}
     for r in want:
@@ -197,12 +200,14 @@ def test_a_coarser_or_other_cell_is_refused_once_the_root_closed(
 ) -> None:
     """After its first close the root's bins are fixed: a coarser cell is refused, named."""
     root = _merger(["ca", "cb"])
-    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0)
-    root.receive(_one_row_message("cb", T0 + Q, T0 + Q, layout=BinLayout(29, 1)), T0)
+    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0, cell="ca")
+    root.receive(_one_row_message("cb", T0 + Q, T0 + Q, layout=BinLayout(29, 1)), T0, cell="cb")
     (row,) = root.close(T0)  # the finer ca folded into cb's bins: 20 samples
     assert (row.stats.samples, root.layout) == (20, BinLayout(29, 1))
-    root.receive(_one_row_message("ca", T0 + 2 * Q, T0 + 2 * Q, layout=COARSE), T0)
-    root.receive(_one_row_message("cb", T0 + 2 * Q, T0 + 2 * Q, layout=BinLayout(19, 0, "us")), T0)
+    root.receive(_one_row_message("ca", T0 + 2 * Q, T0 + 2 * Q, layout=COARSE), T0, cell="ca")
+    root.receive(
+        _one_row_message("cb", T0 + 2 * Q, T0 + 2 * Q, layout=BinLayout(19, 0, "us")), T0, cell="cb"
+    )
     assert root.counts.invalid["layout"] == 2
     assert root.open_quanta == 0
     text = "\n".join(r.getMessage() for r in caplog.records)
@@ -278,9 +283,10 @@ def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
     assert msgs[-1].rows == ()
     assert msgs[-1].closed_through_ms > msgs[-2].closed_through_ms
     root = _merger(["c1"], percentiles=cfg.percentiles, confidence_level=cfg.confidence_level)
+    now = clock()  # the cell's marks are its clock's: not ahead of the root's
     for m in msgs:
-        root.take(m, T0)
-    assert_same(root.close(T0), want)
+        root.take(m, now, cell="c1")
+    assert_same(root.close(now), want)
     # Nothing was acknowledged: a restart resends the whole outbox, in order.
     again = Outbox(tmp_path, "c1", 1 << 20, lambda k, t: None)
     sent = []
@@ -317,36 +323,55 @@ def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> No
     root = _merger(
         ["c1", "c2"], lateness_ms=60_000, percentiles=(50, 99), cell_timeout_ms=5000, now_ms=now
     )
-    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now, cell="c1")
     assert root.close(now) == []  # c2 (expected) has said nothing yet
-    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), now)
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), now, cell="c2")
     (row,) = root.close(now)
     assert (row.end_ms, row.stats.samples, row.streams) == (T0 + Q, 20, 2)
-    # A resend of a closed quantum is a duplicate; a row never merged is late.
-    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now)
-    root.receive(_one_row_message("c3", T0 + Q, T0 + Q), now)
-    assert (root.counts.rows["duplicate"], root.counts.rows["late"]) == (1, 1)
-    # c3 appeared: it is waited for too; c2 goes silent and is not waited for forever.
-    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
-    root.receive(_one_row_message("c3", T0 + 2 * Q, T0 + 2 * Q), now + 1000)
+    assert (row.complete, row.cells_missing) == (True, ())
+    # A resend of a closed quantum is a duplicate.
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), now, cell="c1")
+    assert (root.counts.rows["duplicate"], root.counts.rows["late"]) == (1, 0)
+    # c2 goes silent and is not waited for forever; the quanta closed without it say so.
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), now + 1000, cell="c1")
     assert root.close(now + 1000) == []  # c2 is live and has not closed T0 + 2 s
-    assert root.live_cells(now + 5500) == ["c1", "c3"]
-    assert [r.end_ms for r in root.close(now + 5500)] == [T0 + 2 * Q]
-    # Nobody live: quanta close on the root's lateness alone.
-    root.receive(_one_row_message("c1", T0 + 3 * Q, T0 + 2 * Q), now + 5500)
+    assert root.live_cells(now + 5500) == ["c1"]
+    (row,) = root.close(now + 5500)
+    assert (row.end_ms, row.complete, row.cells_missing) == (T0 + 2 * Q, False, ("c2",))
+    # Nobody live: quanta close on the root's lateness alone. c1 sent rows of T0 + 3 s
+    # (not its mark): it is in the quantum, c2 is not.
+    root.receive(_one_row_message("c1", T0 + 3 * Q, T0 + 2 * Q), now + 5500, cell="c1")
     assert root.close(now + 20_000) == []
-    assert [r.end_ms for r in root.close(T0 + 3 * Q + 60_000)] == [T0 + 3 * Q]
-    assert root.counts.closed_by_lateness == 1
+    (row,) = root.close(T0 + 3 * Q + 60_000)
+    assert (row.end_ms, row.cells_missing) == (T0 + 3 * Q, ("c2",))
+    # Both closed while c2 had not closed them (c2 no longer live for the first).
+    assert root.counts.closed_by_lateness == 2
+    assert root.counts.missing == {"c1": 0, "c2": 2}
+    # c2 comes back: a row of a closed quantum is late; from then on rows are complete.
+    root.receive(_one_row_message("c2", T0 + 2 * Q, T0 + 4 * Q), T0 + 3 * Q + 60_000, cell="c2")
+    assert root.counts.rows["late"] == 1
+    now = T0 + 3 * Q + 60_000
+    root.receive(_one_row_message("c1", T0 + 5 * Q, T0 + 5 * Q), now, cell="c1")
+    root.receive(_one_row_message("c2", T0 + 5 * Q, T0 + 5 * Q), now, cell="c2")
+    (row,) = root.close(now)
+    assert (row.end_ms, row.stats.samples, row.complete, row.cells_missing) == (
+        T0 + 5 * Q,
+        20,
+        True,
+        (),
+    )
 
 
 def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
-    root = _merger([], lateness_ms=60_000, cell_timeout_ms=5000)
-    root.receive(b"garbage!" * 8, T0)
-    root.receive(_one_row_message("c1", T0 + Q, T0), T0)
-    root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0)  # off the grid
+    root = _merger(["c1"], lateness_ms=60_000, cell_timeout_ms=5000)
+    root.receive(b"garbage!" * 8, T0, cell="c1")
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0, cell="c1")
+    root.receive(_one_row_message("c1", T0 + Q + 10, T0), T0, cell="c1")  # off the grid
     # Other bins (fio 2's): a coarser layout of fio 3 would merge (coarser-layout tests).
-    root.receive(_one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(19, 0, "us")), T0)
-    root.receive(_one_row_message("c1", T0 + 3_600_000, T0), T0)  # an hour ahead
+    root.receive(
+        _one_row_message("c1", T0 + 2 * Q, T0, layout=BinLayout(19, 0, "us")), T0, cell="c1"
+    )
+    root.receive(_one_row_message("c1", T0 + 3_600_000, T0), T0, cell="c1")  # an hour ahead
     assert dict(root.counts.invalid) == {"not-fiomon": 1, "grid": 1, "layout": 1}
     assert root.counts.rows == {"merged": 1, "future": 1}
     assert root.open_quanta == 1
@@ -355,22 +380,24 @@ def test_root_refuses_what_does_not_fit_and_keeps_going() -> None:
 def test_a_refused_message_sets_neither_bins_nor_grid() -> None:
     """Refused for its grid, a message does not re-bin; refused for its bins, no phase."""
     root = _merger(["ca", "cb"])
-    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("ca", T0 + Q, T0 + Q), T0, cell="ca")
     # Coarser bins (would be taken before the first close) but a 1.5 s quantum: refused,
     # and the root's bins stay ca's.
     bad = decode(_one_row_message("cb", T0 + 2 * Q, T0, layout=COARSE))
     part = bad.rows[0].part
     wide = dataclasses.replace(part, start_ms=part.start_ms - Q // 2)
-    root.take(dataclasses.replace(bad, rows=(PartialRow(wide),)), T0)
+    root.take(dataclasses.replace(bad, rows=(PartialRow(wide),)), T0, cell="cb")
     assert (root.counts.invalid["grid"], root.layout) == (1, LAY)
-    # A heartbeat (no rows) settles the bins but no phase; a fio 2 message 10 ms off is
-    # refused for its bins and must not set the phase either.
+    # A heartbeat (no rows) settles the bins; a fio 2 message 10 ms off is refused (for
+    # its grid, before its bins); the phase is the root's own throughout.
     fresh = _merger(["ca"])
-    fresh.receive(encode(PartialsMessage("ca", 0, LAY, T0, ())), T0)
-    fresh.receive(_one_row_message("ca", T0 + Q + 10, T0, layout=BinLayout(19, 0, "us")), T0)
-    assert (fresh.counts.invalid["layout"], fresh.layout, fresh.phase_ms) == (1, LAY, None)
-    fresh.receive(_one_row_message("ca", T0 + Q, T0), T0)  # on the epoch grid: taken
-    assert fresh.phase_ms == T0 % Q
+    fresh.receive(encode(PartialsMessage("ca", 0, LAY, T0, ())), T0, cell="ca")
+    fresh.receive(
+        _one_row_message("ca", T0 + Q + 10, T0, layout=BinLayout(19, 0, "us")), T0, cell="ca"
+    )
+    assert (fresh.counts.invalid["grid"], fresh.layout, fresh.phase_ms) == (1, LAY, 0)
+    fresh.receive(_one_row_message("ca", T0 + Q, T0), T0, cell="ca")  # on the epoch grid: taken
+    assert fresh.phase_ms == 0
     assert fresh.counts.rows["merged"] == 1
 
 
@@ -378,13 +405,22 @@ def test_the_deploy_readme_root_snippets_are_valid_config() -> None:
     text = (Path(__file__).parents[2] / "deploy" / "README.md").read_text()
     section = text.split("Exact cluster percentiles: the root", 1)[1]
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
-    cell, root = (yaml.safe_load(b) for b in blocks)
+    cell, root, alert = (yaml.safe_load(b) for b in blocks)
     cfg = aggregator_config_from({**cell, "state_dir": "s"})
     assert cfg.partials is not None and cfg.partials.cell == "cell-a"
     assert cfg.partials.broker.host == "root-broker"
     rcfg = aggregator_config_from(root)
     assert rcfg.root is not None and rcfg.root.cells == ("cell-a", "cell-b")
     assert rcfg.root.cell_timeout_ms == 30_000
+    assert root_problems(rcfg) == []
+    # The alert shown is the shipped one.
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "deploy/prometheus/fiomon.rules.yml").read_text()
+    )
+    rules = {r["alert"]: r for g in shipped["groups"] for r in g["rules"] if "alert" in r}
+    (shown,) = alert
+    assert shown["expr"] == rules[shown["alert"]]["expr"]
+    assert shown["labels"] == rules[shown["alert"]]["labels"]
     # The root closes on its clock only after the cells (their default lateness) did.
     assert rcfg.lateness_ms > AggregatorConfig().lateness_ms
     assert rcfg.state_dir is not None and rcfg.quanta_file is not None
@@ -415,10 +451,12 @@ def test_messages_per_cell_are_exported() -> None:
     refused one counts only as invalid.
     """
     root = _merger(["c1", "c2"])
-    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)
-    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0)  # a resend
-    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
-    root.receive(_one_row_message("c2", T0 + Q + Q // 2, T0), T0)  # off the grid: refused
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0, cell="c1")
+    root.receive(_one_row_message("c1", T0 + Q, T0 + Q), T0, cell="c1")  # a resend
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0, cell="c2")
+    root.receive(
+        _one_row_message("c2", T0 + Q + Q // 2, T0), T0, cell="c2"
+    )  # off the grid: refused
     assert root.counts.invalid["grid"] == 1
     snap = with_root(
         Snapshot(),
@@ -453,7 +491,7 @@ def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
         sla=(SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1),),
     )
     svc = RootService(cfg, now_ms=clock)
-    svc.merger.receive(_one_row_message("c1", T0 + Q, T0 + Q), clock())
+    svc.merger.receive(_one_row_message("c1", T0 + Q, T0 + Q), clock(), cell="c1")
     clock.t += 11_000  # c2 has said nothing (still waited for): the clock closes the quantum
     (row,) = svc.tick()
     svc.close()
@@ -466,6 +504,10 @@ def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
     assert registry.get_sample_value("fiomon_root_cell_up", {"cell": "c2"}) == 1
     assert registry.get_sample_value("fiomon_root_partial_rows_total", {"outcome": "merged"}) == 1
     assert registry.get_sample_value("fiomon_root_quanta_closed_by_lateness_total") == 1
+    assert (row.complete, row.cells_missing) == (False, ("c2",))
+    assert registry.get_sample_value("fiomon_root_quanta_missing_cell_total", {"cell": "c2"}) == 1
+    assert registry.get_sample_value("fiomon_root_quanta_missing_cell_total", {"cell": "c1"}) == 0
+    assert registry.get_sample_value("fiomon_root_cell_mark_lag_seconds", {"cell": "c1"}) == 4
     assert registry.get_sample_value(
         "fiomon_cluster_latency_percentile_seconds", {"direction": "read", "percentile": "99"}
     )
@@ -582,8 +624,8 @@ def test_a_cell_without_host_rows_sends_cluster_rows_only(tmp_path: Path) -> Non
         ["c1"], percentiles=cfg.percentiles, confidence_level=cfg.confidence_level, per_host=False
     )
     for m in msgs:
-        root.take(m, T0)
-    assert_same(root.close(T0), want)
+        root.take(m, clock(), cell="c1")
+    assert_same(root.close(clock()), want)
 
 
 def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
@@ -591,13 +633,16 @@ def test_rows_the_root_closed_without_are_logged_with_the_likely_cause(
 ) -> None:
     """A root whose lateness is not above the cells' closes by its clock first (seen live)."""
     root = _merger(["c1"])
-    root.receive(_one_row_message("c1", T0 + Q, T0), T0 + Q)
+    root.receive(_one_row_message("c1", T0 + Q, T0), T0 + Q, cell="c1")
     assert root.close(T0 + 2 * Q + 5000) != []  # by the root's clock, through T0 + 2 s
     with caplog.at_level("WARNING", logger="fiomon.root"):
-        root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), T0 + 2 * Q + 5010)
+        root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q), T0 + 2 * Q + 5010, cell="c1")
     assert root.counts.rows["late"] == 1
-    (warning,) = [r.getMessage() for r in caplog.records]
+    lag, warning = [r.getMessage() for r in caplog.records]
     assert "cell c1" in warning and "lateness" in warning, warning
+    # Its mark trailed the root's clock by more than the root's lateness: said once.
+    assert "cell c1: its closed mark trails the root's clock by 5010 ms" in lag, lag
+    assert root.cells["c1"].mark_lag_ms == 5010
 
 
 def test_a_closed_mark_far_ahead_of_the_roots_clock_is_not_believed() -> None:
@@ -605,11 +650,11 @@ def test_a_closed_mark_far_ahead_of_the_roots_clock_is_not_believed() -> None:
     or a forged message) made the root stop waiting for that cell for good: the mark only
     ever grows. Seen on loopback: 114 rows of the cell late after its next kill -9."""
     root = _merger(["c1", "c2"], lateness_ms=60_000)
-    root.receive(_one_row_message("c1", T0 + Q, T0 + 3_600_000), T0)
-    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0)
+    root.receive(_one_row_message("c1", T0 + Q, T0 + 3_600_000), T0, cell="c1")
+    root.receive(_one_row_message("c2", T0 + Q, T0 + Q), T0, cell="c2")
     assert root.close(T0) == [], "c1 has not closed T0 + 1 s: it is waited for"
     assert root.counts.invalid["future-mark"] == 1
-    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + Q), T0 + Q)
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + Q), T0 + Q, cell="c1")
     assert [r.end_ms for r in root.close(T0 + Q)] == [T0 + Q]
 
 
@@ -627,9 +672,9 @@ def test_two_cells_sending_under_one_name_are_logged(caplog: pytest.LogCaptureFi
     with caplog.at_level("WARNING", logger="fiomon.root"):
         # A restart resends from the last acknowledged message: one step back, no warning.
         for t, seq in enumerate([10, 11, 12, 11, 12, 13, 14]):
-            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q)
+            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q, cell="c1")
         assert not caplog.records
         for t, seq in enumerate([500, 20, 501, 21, 502, 22], start=7):
-            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q)
+            root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q, cell="c1")
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "c1" in warning and "two cells" in warning, warning

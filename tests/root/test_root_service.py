@@ -57,7 +57,9 @@ def test_sla_rules_fire_with_or_without_state_dir_and_quanta_file(
 
 def test_the_final_flush_is_exported_and_alerted(tmp_path: Path) -> None:
     clock = FakeClock(T0)
-    cfg = AggregatorConfig(align="epoch", lateness_ms=5000, root=RootConfig(), sla=ALWAYS)
+    cfg = AggregatorConfig(
+        align="epoch", lateness_ms=5000, root=RootConfig(cells=("c1",)), sla=ALWAYS
+    )
     svc = RootService(cfg, now_ms=clock)
     svc.on_message("c1", _one_row_message("c1", T0 + Q, T0))  # c1 has not closed it
     assert svc.tick() == []
@@ -102,7 +104,9 @@ def test_a_mark_of_another_quantum_is_ignored(tmp_path: Path, name: str) -> None
     state.mkdir()
     doc = {"version": 1, "quantum_ms": 5000, "phase_ms": 0, "layout": [1, 1, "ns"]}
     (state / name).write_text(json.dumps(doc | {"closed_ms": T0}))
-    svc = RootService(AggregatorConfig(align="epoch", state_dir=state, root=RootConfig()))
+    svc = RootService(
+        AggregatorConfig(align="epoch", state_dir=state, root=RootConfig(cells=("c1",)))
+    )
     assert svc.merger.closed_ms is None
     svc.close()
 
@@ -124,7 +128,7 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
     cfg = AggregatorConfig(
         align="epoch",
         lateness_ms=5000,
-        root=RootConfig(),
+        root=RootConfig(cells=("c1",)),
         export=ExportConfig(buckets_per_octave=8),
     )
     svc = RootService(cfg, now_ms=clock)
@@ -141,7 +145,7 @@ def test_buckets_are_configured_exported_at_0_and_follow_the_layout() -> None:
     assert set(svc.publisher.buckets.counts) == set(DIRECTIONS)
 
 
-def test_cells_up_counts_listed_cells_only() -> None:
+def test_cells_up_counts_listed_cells_and_an_unlisted_one_is_refused() -> None:
     clock = FakeClock(T0)
     cfg = AggregatorConfig(
         align="epoch", root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=10_000)
@@ -153,9 +157,12 @@ def test_cells_up_counts_listed_cells_only() -> None:
     g = {name: v for (name, _, _), v in svc.snapshot.gauges.items()}
     assert g["fiomon_root_cells_up"] == {(): 0.0}
     assert g["fiomon_root_cells_expected"] == {(): 2.0}
-    assert g["fiomon_root_cell_up"][("stray",)] == 1.0
+    # An unlisted cell is refused: no series, nothing merged, not waited for.
+    assert g["fiomon_root_cell_up"] == {("c1",): 0.0, ("c2",): 0.0}
     c = {name: v for (name, _, _), v in svc.snapshot.counters.items()}
-    assert c["fiomon_root_partials_messages"] == {("stray",): 1.0}
+    assert c["fiomon_root_partials_messages"] == {}
+    assert c["fiomon_root_invalid_partials"] == {("unlisted",): 1.0}
+    assert svc.merger.open_quanta == 0
 
 
 def _live_cfg(
@@ -226,7 +233,7 @@ async def test_a_failing_message_is_counted_and_a_lost_broker_reconnects(
 
 async def test_sighup_does_not_stop_the_root_and_handlers_go(tmp_path: Path) -> None:
     conf = tmp_path / "root.yaml"
-    conf.write_text("align: epoch\nroot: {cells: [c1]}\nlog_level: info\n")
+    conf.write_text("align: epoch\nlateness: 10s\nroot: {cells: [c1]}\nlog_level: info\n")
     cfg = AggregatorConfig(
         align="epoch",
         broker=BrokerConfig(port=free_port()),  # nobody there: the root keeps retrying
@@ -268,7 +275,7 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
     # running root computes bounds at 0.95 only: the rule would never have its bounds.
     conf = tmp_path / "root.yaml"
     conf.write_text(
-        "align: epoch\nroot: {cells: [c1]}\nconfidence_level: 0.9\n"
+        "align: epoch\nlateness: 10s\nroot: {cells: [c1]}\nconfidence_level: 0.9\n"
         "sla:\n  - {name: r, direction: read, percentile: 99, threshold: 5ms, confidence: 0.9}\n"
     )
     cfg = AggregatorConfig(align="epoch", root=RootConfig(cells=("c1",)), sla=ALWAYS)
@@ -287,10 +294,10 @@ def test_a_reload_refuses_rules_at_a_confidence_level_the_root_does_not_compute(
 
 def test_the_keys_the_root_ignores_are_named(tmp_path: Path) -> None:
     conf = tmp_path / "root.yaml"
-    conf.write_text("align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n")
+    conf.write_text("align: epoch\nlateness: 10s\ntopic_prefix: lab\nroot: {cells: [c1]}\n")
     assert root_ignored_keys(load_aggregator_config(conf)) == []  # alert_topic's default: lab/...
     conf.write_text(
-        "align: epoch\ntopic_prefix: lab\nroot: {cells: [c1]}\n"
+        "align: epoch\nlateness: 10s\ntopic_prefix: lab\nroot: {cells: [c1]}\n"
         "webhook: {url: 'http://127.0.0.1:9093/api/v2/alerts'}\nalert_topic: lab/alerts\n"
     )
     assert root_ignored_keys(load_aggregator_config(conf)) == ["webhook", "alert_topic"]

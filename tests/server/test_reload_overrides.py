@@ -122,7 +122,7 @@ async def test_a_root_with_overrides_reloads_without_a_change_nobody_made(
     config = (
         f"broker: {{host: 127.0.0.1, port: {free_port()}}}\nclient_id: root-hup\n"
         f"listen: 127.0.0.1:{free_port()}\nlog_level: warning\nalign: epoch\n"
-        "lateness: 5s\nroot: {cells: [c1]}\n"
+        "lateness: 10s\nroot: {cells: [c1]}\n"
     )
     await _check(
         mosquitto,
@@ -130,6 +130,6 @@ async def test_a_root_with_overrides_reloads_without_a_change_nobody_made(
         "root",
         config=config,
         subscribed="root-hup 1 fiomon/v1/_partials/+",
-        edit=("lateness: 5s", "lateness: 7s"),
+        edit=("lateness: 10s", "lateness: 12s"),
         reported="reload: lateness_ms changed but take effect at the next start",
     )

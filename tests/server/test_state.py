@@ -83,7 +83,7 @@ def _root_config(tmp: Path, port: int) -> Path:
     cfg.write_text(
         f"broker: {{host: 127.0.0.1, port: {port}}}\nclient_id: root-lock\n"
         f"listen: 127.0.0.1:{free_port()}\nstate_dir: {tmp / 'state'}\nalign: epoch\n"
-        "root: {cells: [c1]}\n"
+        "lateness: 10s\nroot: {cells: [c1]}\n"
     )
     return cfg
 
