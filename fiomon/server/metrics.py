@@ -167,6 +167,16 @@ ROOT_PARTIALS_MESSAGES = (
     "Partials messages taken from each cell (refused ones not counted).",
     ("cell",),
 )
+ROOT_PARTIALS_GAPS = (
+    "fiomon_root_partials_gaps",
+    "Holes in a cell's partials message numbers (each asked of the cell again).",
+    ("cell",),
+)
+ROOT_PARTIALS_LOST = (
+    "fiomon_root_partials_lost_messages",
+    "A cell's partials messages given up on: a hole that never filled.",
+    ("cell",),
+)
 ROOT_CLOSED_BY_LATENESS = (
     "fiomon_root_quanta_closed_by_lateness",
     "Quanta the root closed on its lateness, not every live cell's word.",
@@ -546,6 +556,8 @@ def with_root(
     invalid: Mapping[str, int],
     closed_by_lateness: int,
     messages: Mapping[str, int] | None = None,
+    gaps: Mapping[str, int] | None = None,
+    lost: Mapping[str, int] | None = None,
 ) -> Snapshot:
     """``snap`` plus the root's own families (``fiomon root``, issue 16).
 
@@ -559,6 +571,8 @@ def with_root(
         closed_by_lateness: quanta closed on the root's lateness.
         messages: partials messages taken, by cell (``RootCounts.messages``); None
             leaves the family out.
+        gaps: holes in each cell's message numbers (issue 24); None leaves it out.
+        lost: each cell's messages given up on (issue 24); None leaves it out.
     """
     gauges = dict(snap.gauges)
     gauges[ROOT_CELLS_UP] = {(): float(cells_up)}
@@ -570,4 +584,8 @@ def with_root(
     counters[ROOT_CLOSED_BY_LATENESS] = {(): float(closed_by_lateness)}
     if messages is not None:
         counters[ROOT_PARTIALS_MESSAGES] = {(c,): float(n) for c, n in sorted(messages.items())}
+    if gaps is not None:
+        counters[ROOT_PARTIALS_GAPS] = {(c,): float(n) for c, n in sorted(gaps.items())}
+    if lost is not None:
+        counters[ROOT_PARTIALS_LOST] = {(c,): float(n) for c, n in sorted(lost.items())}
     return dataclasses.replace(snap, gauges=gauges, counters=counters)
