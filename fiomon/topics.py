@@ -17,8 +17,9 @@ partials_ack  ``<p>/v1/_partials_ack/<cell>`` (the root's) 1      yes
 ``partials_ack`` is the root's word to a cell: its messages numbered below ``next_seq``
 are journaled at the root (:mod:`fiomon.root.delivery`); the cell keeps them until then.
 
-``_aggregator``, ``_partials`` and ``_partials_ack`` are fiomon's own namespaces: :meth:`Topics.parse` never
-reads them as a host (a host of that name would collide with them on the wire anyway).
+``_aggregator``, ``_partials`` and ``_partials_ack`` are fiomon's own namespaces:
+:meth:`Topics.parse` never reads them as a host (a host of that name would collide with
+them on the wire anyway).
 
 Pure string work: importing this module loads no MQTT client (the configuration uses it
 for the alert topic's default).
@@ -119,8 +120,9 @@ class Topics:
         ``name`` is the host (records, status), the cell (partials, partials_ack), the client id
         (presence, conflict; it may span levels) or ``""`` (alerts). Refused (None): another
         prefix or wire level, an unknown kind, an empty level, a wildcard, or a host named
-        like one of fiomon's namespaces (``_aggregator``, ``_partials``, ``_partials_ack``). Called for every
-        message the aggregator receives: string operations only, about a microsecond.
+        like one of fiomon's namespaces (``_aggregator``, ``_partials``, ``_partials_ack``).
+        Called for every message the aggregator receives: string operations only, about a
+        microsecond.
         """
         head = self._head
         if not topic.startswith(head) or "+" in topic or "#" in topic:

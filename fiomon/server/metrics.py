@@ -132,13 +132,18 @@ THROUGHPUT = (
 # A cell's partials outbox (issue 16; only with a ``partials`` section).
 PARTIALS_BACKLOG = (
     "fiomon_partials_backlog_bytes",
-    "Partials in the outbox the root's broker has not acknowledged.",
+    "Partials in the outbox the root has not acknowledged (journaled) yet.",
+    (),
+)
+PARTIALS_BACKLOG_MESSAGES = (
+    "fiomon_partials_backlog_messages",
+    "Partials messages in the outbox the root has not acknowledged (journaled) yet.",
     (),
 )
 PARTIALS_MESSAGES = (
     "fiomon_partials_messages",
-    "Partials messages to the root: sent (acknowledged), dropped unsent, or "
-    "refused by the root's broker (kept and retried).",
+    "Partials messages to the root: sent (PUBACKed), resent (after a rewind to the "
+    "root's acknowledgement), dropped unacknowledged, or refused by the root's broker.",
     ("result",),
 )
 # The root's own families (``fiomon root``). With root.cells given, only listed cells
@@ -524,22 +529,33 @@ def build_snapshot(
 
 
 def with_outbox(
-    snap: Snapshot, *, backlog_bytes: int, sent: int, dropped: int, refused: int
+    snap: Snapshot,
+    *,
+    backlog_bytes: int,
+    sent: int,
+    dropped: int,
+    refused: int,
+    backlog_messages: int = 0,
+    resent: int = 0,
 ) -> Snapshot:
     """``snap`` plus a cell's partials outbox (issue 16): backlog, and messages by result.
 
     Args:
         snap: the cell's snapshot.
-        backlog_bytes: partials the root's broker has not acknowledged (bytes).
-        sent: messages the root's broker acknowledged.
-        dropped: messages dropped unsent (outbox over its bound).
+        backlog_bytes: partials the root has not acknowledged (bytes; issue 24).
+        sent: messages the root's broker acknowledged (PUBACK), first time.
+        dropped: messages dropped unacknowledged (outbox over its bound).
         refused: messages the root's broker refused (kept and retried).
+        backlog_messages: messages the root has not acknowledged.
+        resent: messages sent again after a rewind to the root's acknowledgement.
     """
     gauges = dict(snap.gauges)
     gauges[PARTIALS_BACKLOG] = {(): float(backlog_bytes)}
+    gauges[PARTIALS_BACKLOG_MESSAGES] = {(): float(backlog_messages)}
     counters = dict(snap.counters)
     counters[PARTIALS_MESSAGES] = {
         ("sent",): float(sent),
+        ("resent",): float(resent),
         ("dropped",): float(dropped),
         ("refused",): float(refused),
     }
