@@ -231,8 +231,8 @@ class PubackCodes:
         paho.on_publish = on_publish
         setattr(paho, "publish", publish)  # noqa: B010 -- an instance override of a method
 
-    async def publish(self, topic: str, payload: bytes) -> None:
-        """Publish with QoS 1; returns once the broker acknowledged delivery.
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish with QoS 1 (``retain``: retained); returns once the broker took delivery.
 
         Raises:
             PublishRefusedError: the broker's PUBACK carried a failure reason code.
@@ -241,7 +241,7 @@ class PubackCodes:
         mids: list[int] = []
         self._capture = mids
         try:
-            await self.client.publish(topic, payload, qos=1)
+            await self.client.publish(topic, payload, qos=1, retain=retain)
         finally:
             self._capture = None
             codes = [self._codes.pop(mid, None) for mid in mids]
@@ -444,8 +444,8 @@ class MqttSession:
         """
         await self.client.publish(topic, payload, qos=1, retain=retain, timeout=timeout_s)
 
-    async def publish_checked(self, topic: str, payload: bytes) -> None:
-        """Publish with QoS 1; returns once the broker acknowledged *delivery*.
+    async def publish_checked(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish with QoS 1 (``retain``: retained); returns once the broker took *delivery*.
 
         Needs an MQTT 5 session (``mqtt5`` or ``persistent_session_s``) for the broker to
         say no; over MQTT 3.1.1 it is :meth:`publish`.
@@ -458,7 +458,7 @@ class MqttSession:
         if self._pubacks is None:
             self._pubacks = PubackCodes(self.client)
         try:
-            await self._pubacks.publish(topic, payload)
+            await self._pubacks.publish(topic, payload, retain=retain)
         except PublishRefusedError:
             self._refused = True
             raise
