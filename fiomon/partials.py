@@ -200,15 +200,15 @@ def _refuse(text: str, reason: WireReason = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
-def peek(payload: bytes) -> tuple[str, int] | None:
-    """``(cell, seq)`` from a message's header and first string, or None if it has none.
+def peek(payload: bytes) -> tuple[str, int, int] | None:
+    """``(cell, seq, closed_through_ms)`` from a message's header and first string, or None.
 
     Cheap (no rows are read) and not a validation: the root's delivery bookkeeping and a
     cell's outbox use it on messages :func:`decode` reads in full elsewhere.
     """
     if len(payload) < _HEAD.size + 3:
         return None
-    magic, version, _, _, _, seq, _, nstr, _ = _HEAD.unpack_from(payload)
+    magic, version, _, _, _, seq, through, nstr, _ = _HEAD.unpack_from(payload)
     if magic != MAGIC or version != VERSION or nstr < 1:
         return None
     cur = Cursor(payload)
@@ -217,7 +217,7 @@ def peek(payload: bytes) -> tuple[str, int] | None:
         cell = cur.text("cell name")
     except WireFormatError:
         return None
-    return cell, int(seq)
+    return cell, int(seq), int(through)
 
 
 def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMessage:

@@ -91,7 +91,7 @@ def same(a: PartialsMessage, b: PartialsMessage) -> None:
 @given(messages())
 def test_round_trip_is_exact(msg: PartialsMessage) -> None:
     same(decode(encode(msg)), msg)
-    assert peek(encode(msg)) == (msg.cell, msg.seq)  # the header alone (issue 24)
+    assert peek(encode(msg)) == (msg.cell, msg.seq, msg.closed_through_ms)  # (issue 24)
 
 
 @settings(max_examples=400, deadline=None)

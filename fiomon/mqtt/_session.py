@@ -490,6 +490,7 @@ class MqttSession:
         self._consumer = token
         it = self.client.messages.__aiter__()
         stopper = asyncio.ensure_future(stop.wait())
+        nxt: asyncio.Future[aiomqtt.Message] | None = None
         try:
             while True:
                 nxt = asyncio.ensure_future(it.__anext__())
@@ -508,6 +509,13 @@ class MqttSession:
             # (the consumer stays set until the round ends, in run(): the stop sequence
             # keeps the connection up a while, and the reader must stay held meanwhile)
             stopper.cancel()
+            if nxt is not None:
+                # The consumer was cancelled while waiting: nothing is left reading (a
+                # message it got is never acknowledged: the broker's to redeliver), and a
+                # lost connection's error is not left unretrieved.
+                nxt.cancel()
+                if nxt.done() and not nxt.cancelled():
+                    nxt.exception()
 
     def ack(self, batch: Sequence[aiomqtt.Message]) -> None:
         """Acknowledge ``batch`` (its QoS 1 messages, in order) with one socket write.

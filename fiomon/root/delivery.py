@@ -17,6 +17,11 @@ passes them, and resends from ``next_seq`` when the acknowledgement names a ``ga
   counted as lost and logged as an error.
 * A root that does not know a cell's ``next_seq`` (no state, or a new cell) takes the
   first number it sees as the start.
+
+Each message also carries the cell's closed-through mark. A message behind a hole must not
+close quanta whose rows are in the missing ones: its mark is held
+(:meth:`DeliveryTracker.holds_back`) and released by :meth:`DeliveryTracker.seen` once the
+numbers before it are in (or given up).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ class CellSeq:
 
     Args:
         next_seq: every message numbered below it is journaled (None: not known yet).
-        ahead: numbers at or past ``next_seq + 1`` seen already (behind a hole).
+        ahead: numbers past ``next_seq`` seen already (behind a hole), with their marks.
         hole_since_ms: root clock when the first hole opened (None: no hole).
         gaps: holes detected.
         lost: numbers given up on (the hole never filled).
@@ -51,7 +56,7 @@ class CellSeq:
     """
 
     next_seq: int | None = None
-    ahead: set[int] = field(default_factory=set)
+    ahead: dict[int, int] = field(default_factory=dict)
     hole_since_ms: int | None = None
     gaps: int = 0
     lost: int = 0
@@ -95,45 +100,61 @@ class DeliveryTracker:
         self.give_up_ms = give_up_ms
         self.dirty: set[str] = set()  # cells whose acknowledgement changed since taken
 
-    def seen(self, cell: str, seq: int, now_ms: int) -> Outcome:
-        """Message ``seq`` of ``cell`` is journaled; what it was."""
+    def holds_back(self, cell: str, seq: int) -> bool:
+        """Whether message ``seq`` of ``cell`` comes after a hole (its mark must wait)."""
+        c = self.cells.get(cell)
+        return c is not None and c.next_seq is not None and seq > c.next_seq
+
+    def seen(
+        self, cell: str, seq: int, now_ms: int, through_ms: int | None = None
+    ) -> tuple[Outcome, int | None]:
+        """Message ``seq`` of ``cell`` (closed through ``through_ms``) is journaled.
+
+        Returns what it was, and the highest closed-through mark that is now behind no hole
+        (this message's, or those held ahead that it made contiguous; None: none).
+        """
         c = self.cells.get(cell)
         if c is None:
             c = self.cells[cell] = CellSeq()
         if c.next_seq is None:
             c.next_seq = seq + 1
             self.dirty.add(cell)
-            return "first"
+            return "first", through_ms
         if seq < c.next_seq or seq in c.ahead:
             c.resends += 1
-            return "resend"
+            return "resend", None
         if seq == c.next_seq:
             c.next_seq += 1
-            self._absorb(c, now_ms)
+            held = self._absorb(c, now_ms)
             self.dirty.add(cell)
-            return "next"
+            return "next", _max(through_ms, held)
         highest = c.highest
         assert highest is not None  # noqa: S101 -- next_seq is known
         if seq > highest + 1:
             self._opened(cell, c, highest + 1, seq - 1, now_ms)
-        c.ahead.add(seq)
+        c.ahead[seq] = through_ms if through_ms is not None else -(2**62)
         if c.hole_since_ms is None:
             c.hole_since_ms = now_ms
         self.dirty.add(cell)
         if len(c.ahead) > self.max_ahead or now_ms - c.hole_since_ms >= self.give_up_ms:
-            self._give_up(cell, c, now_ms)
-        return "ahead"
+            return "ahead", self._give_up(cell, c, now_ms)
+        return "ahead", None
 
-    def _absorb(self, c: CellSeq, now_ms: int) -> None:
-        """Move ``next_seq`` over the numbers held ahead that are now contiguous."""
+    def _absorb(self, c: CellSeq, now_ms: int) -> int | None:
+        """Move ``next_seq`` over the numbers held ahead that are now contiguous.
+
+        Returns the highest mark among them (None: none moved).
+        """
         assert c.next_seq is not None  # noqa: S101 -- callers set it
         if not c.ahead:
-            return
+            return None
+        mark = None
         while c.next_seq in c.ahead:
-            c.ahead.discard(c.next_seq)
+            mark = _max(mark, c.ahead.pop(c.next_seq))
             c.next_seq += 1
         # The first hole filled: a later one (if any) starts its clock now.
         c.hole_since_ms = now_ms if c.ahead else None
+        return mark
 
     def _opened(self, cell: str, c: CellSeq, lo: int, hi: int, now_ms: int) -> None:
         c.gaps += 1
@@ -152,7 +173,7 @@ class DeliveryTracker:
         c.unlogged = 0
         c.logged_ms = now_ms
 
-    def _give_up(self, cell: str, c: CellSeq, now_ms: int) -> None:
+    def _give_up(self, cell: str, c: CellSeq, now_ms: int) -> int | None:
         hole = c.hole
         assert hole is not None and c.hole_since_ms is not None  # noqa: S101 -- ahead is set
         lo, hi = hole
@@ -168,7 +189,7 @@ class DeliveryTracker:
             len(c.ahead),
         )
         c.next_seq = hi + 1
-        self._absorb(c, now_ms)
+        return self._absorb(c, now_ms)
 
     def ack(self, cell: str, now_ms: int) -> dict[str, object] | None:
         """``cell``'s acknowledgement: ``{"next_seq", "at_ms"}`` (+ ``"gap": [lo, hi]``)."""
@@ -190,3 +211,9 @@ class DeliveryTracker:
     def positions(self) -> dict[str, int]:
         """``next_seq`` per cell (what a restart continues from)."""
         return {c: s.next_seq for c, s in sorted(self.cells.items()) if s.next_seq is not None}
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)

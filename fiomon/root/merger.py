@@ -146,19 +146,22 @@ class RootMerger:
         *,
         max_bytes: int = MAX_PARTIALS_BYTES,
         replay: bool = False,
+        mark: bool = True,
     ) -> int | None:
         """One partials message; a refused one is counted and logged, nothing else.
 
         Returns the latest quantum end among its rows (None: refused or no rows), which
         tells a journal when the message is no longer needed. ``replay``: from the
         journal at a start (its rows of closed quanta are expected, not worth a warning).
+        ``mark``: take its closed-through mark (False: an earlier message of the cell is
+        missing, so the mark waits for :meth:`take_mark`; issue 24).
         """
         try:
             msg = decode(payload, max_bytes=max_bytes)
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
             return None
-        self.take(msg, now_ms, replay=replay)
+        self.take(msg, now_ms, replay=replay, mark=mark)
         return max((r.part.end_ms for r in msg.rows), default=None)
 
     def _fit_layout(self, msg: PartialsMessage) -> bool:
@@ -215,8 +218,10 @@ class RootMerger:
         if n <= 5 or n % 1000 == 0:
             log.warning("partials refused (%s, %d so far): %s", reason, n, text)
 
-    def take(self, msg: PartialsMessage, now_ms: int, *, replay: bool = False) -> None:
-        """Merge a decoded message's rows and note the cell's progress."""
+    def take(
+        self, msg: PartialsMessage, now_ms: int, *, replay: bool = False, mark: bool = True
+    ) -> None:
+        """Merge a decoded message's rows and note the cell's progress (``mark``: its mark)."""
         # A refused message changes nothing: its grid is checked, then its bins are fitted
         # (which may re-bin the open groups), and only then is a first phase taken.
         q = self.quantum_ms
@@ -245,16 +250,8 @@ class RootMerger:
             self._rewound(msg.cell, cell, msg.seq, now_ms)
         cell.seq = msg.seq
         self.counts.messages[msg.cell] += 1
-        if msg.closed_through_ms > now_ms + MAX_FUTURE_MS:
-            # The mark only grows: believed, it would stop the root waiting for this cell
-            # for good (a clock that jumped ahead, a forged message). Its rows still count.
-            self._invalid(
-                "future-mark",
-                f"cell {msg.cell}: closed through {msg.closed_through_ms}, more than "
-                f"{MAX_FUTURE_MS} ms ahead of the root's clock ({now_ms}); mark ignored",
-            )
-        elif cell.through_ms is None or msg.closed_through_ms > cell.through_ms:
-            cell.through_ms = msg.closed_through_ms
+        if mark:
+            self.take_mark(msg.cell, msg.closed_through_ms, now_ms)
         rows = self.counts.rows
         late_before = rows["late"]
         lay = self.layout
@@ -289,6 +286,26 @@ class RootMerger:
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
             self._log_late(msg.cell, cell, rows["late"] - late_before, now_ms)
+
+    def take_mark(self, name: str, through_ms: int, now_ms: int) -> None:
+        """Cell ``name`` closed every quantum ending at or before ``through_ms``.
+
+        Taken from each message (:meth:`take`), or later, once the messages before it
+        are in (issue 24: a mark must not close quanta whose rows are still missing).
+        """
+        cell = self.cells.get(name)
+        if cell is None:
+            return
+        if through_ms > now_ms + MAX_FUTURE_MS:
+            # The mark only grows: believed, it would stop the root waiting for this cell
+            # for good (a clock that jumped ahead, a forged message). Its rows still count.
+            self._invalid(
+                "future-mark",
+                f"cell {name}: closed through {through_ms}, more than "
+                f"{MAX_FUTURE_MS} ms ahead of the root's clock ({now_ms}); mark ignored",
+            )
+        elif cell.through_ms is None or through_ms > cell.through_ms:
+            cell.through_ms = through_ms
 
     def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
         """A cell's message number went back: once per restart (a resend), or two cells.

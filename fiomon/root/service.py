@@ -290,16 +290,21 @@ class RootService(Hooks):
         segment = (
             self.state.journal.append([(cell, payload)]) if self.state.journal is not None else -1
         )
-        end = self.merger.receive(payload, self.now_ms(), max_bytes=self.cfg.max_message_bytes)
+        now = self.now_ms()
+        head = self._numbered(cell, payload)
+        # A message behind a hole in the cell's numbers: its closed-through mark waits
+        # until the missing ones are in (it would close quanta without their rows).
+        held = head is not None and self.delivery.holds_back(cell, head[0])
+        end = self.merger.receive(payload, now, max_bytes=self.cfg.max_message_bytes, mark=not held)
         if self.state.journal is not None and end is not None:
             self.state.journal.note(segment, end)
-        if self.state.journal is None or segment >= 0:  # journaled (or no journal at all)
-            self._delivered(cell, payload)
+        if head is not None and (self.state.journal is None or segment >= 0):  # journaled
+            self._delivered(cell, *head, now)
 
     # -- delivery to the cells (issue 24) ----------------------------------------------------
 
-    def _delivered(self, cell: str, payload: bytes) -> None:
-        """Count a journaled message's number towards ``cell``'s acknowledgement.
+    def _numbered(self, cell: str, payload: bytes) -> tuple[int, int] | None:
+        """``(seq, closed_through_ms)`` of a message that counts for ``cell``'s delivery.
 
         Only a message whose header names the topic's cell, and a listed cell when
         ``root.cells`` is given: no acknowledgement for a name nobody configured, and a
@@ -308,8 +313,15 @@ class RootService(Hooks):
         head = peek(payload)
         expected = self.merger.expected
         if head is None or head[0] != cell or (expected and cell not in expected):
-            return
-        self.delivery.seen(cell, head[1], self.now_ms())
+            return None
+        return head[1], head[2]
+
+    def _delivered(self, cell: str, seq: int, through_ms: int, now_ms: int) -> None:
+        """A journaled message's number counts towards ``cell``'s acknowledgement; the
+        marks it makes contiguous go to the merger."""
+        _, mark = self.delivery.seen(cell, seq, now_ms, through_ms)
+        if mark is not None:
+            self.merger.take_mark(cell, mark, now_ms)
         self._ack_wake.set()
 
     def _load_acked(self) -> dict[str, int]:

@@ -14,12 +14,12 @@ T = 1_700_000_000_000
 def test_in_order_numbers_advance_and_a_root_without_state_starts_at_the_first() -> None:
     t = DeliveryTracker()
     assert t.ack("c1", T) is None  # nothing known: nothing to say
-    assert t.seen("c1", 40, T) == "first"
-    assert t.seen("c1", 41, T) == "next"
+    assert t.seen("c1", 40, T)[0] == "first"
+    assert t.seen("c1", 41, T)[0] == "next"
     assert t.ack("c1", T + 5) == {"next_seq": 42, "at_ms": T + 5}
     assert t.take_dirty() == ["c1"]
     assert t.take_dirty() == []
-    assert t.seen("c1", 40, T) == "resend"  # below next_seq: a resend, no change
+    assert t.seen("c1", 40, T)[0] == "resend"  # below next_seq: a resend, no change
     assert t.take_dirty() == []
     assert t.cells["c1"].resends == 1
     assert t.positions() == {"c1": 42}
@@ -27,8 +27,8 @@ def test_in_order_numbers_advance_and_a_root_without_state_starts_at_the_first()
 
 def test_a_saved_position_continues_and_earlier_numbers_are_resends() -> None:
     t = DeliveryTracker({"c1": 10})
-    assert t.seen("c1", 3, T) == "resend"
-    assert t.seen("c1", 10, T) == "next"
+    assert t.seen("c1", 3, T)[0] == "resend"
+    assert t.seen("c1", 10, T)[0] == "next"
     assert t.positions() == {"c1": 11}
 
 
@@ -37,8 +37,8 @@ def test_a_hole_is_logged_with_its_numbers_counted_asked_for_and_filled(
 ) -> None:
     t = DeliveryTracker({"c1": 5})
     with caplog.at_level(logging.WARNING, "fiomon.root"):
-        assert t.seen("c1", 8, T) == "ahead"
-        assert t.seen("c1", 9, T) == "ahead"  # no new hole
+        assert t.seen("c1", 8, T)[0] == "ahead"
+        assert t.seen("c1", 9, T)[0] == "ahead"  # no new hole
     assert "cell c1: partials messages 5..7 missing" in caplog.text
     c = t.cells["c1"]
     assert (c.gaps, c.next_seq) == (1, 5)
@@ -80,7 +80,7 @@ def test_a_hole_that_never_fills_is_given_up_and_counted_lost(
     assert "cell c1: partials messages 0..2 never came" in caplog.text
     assert t.cells["c1"].lost == 3
     assert t.ack("c1", T) == {"next_seq": 6, "at_ms": T}
-    assert t.seen("c1", 1, T) == "resend"  # it came after all: merged, nothing to track
+    assert t.seen("c1", 1, T)[0] == "resend"  # it came after all: merged, nothing to track
 
 
 def test_too_many_numbers_behind_a_hole_give_it_up() -> None:
@@ -100,3 +100,22 @@ def test_cells_are_apart() -> None:
     assert t.positions() == {"c1": 1, "c2": 8}
     assert "gap" not in t.ack("c1", T)  # type: ignore[operator]
     assert t.ack("c2", T)["gap"] == [8, 8]  # type: ignore[index]
+
+
+def test_a_mark_behind_a_hole_waits_until_the_hole_fills() -> None:
+    """Message 3 closes through 3 s, but 2 is missing: its quanta must not close yet."""
+    t = DeliveryTracker({"c1": 2})
+    assert t.holds_back("c1", 3)
+    assert not t.holds_back("c1", 2)
+    assert not t.holds_back("c9", 5)  # a cell not known yet: its first number is its start
+    assert t.seen("c1", 3, T, 3000) == ("ahead", None)
+    assert t.seen("c1", 4, T, 4000) == ("ahead", None)
+    assert t.seen("c1", 2, T, 2000) == ("next", 4000)  # 2, 3, 4 all in: 4's mark goes
+    assert t.seen("c1", 3, T, 3000) == ("resend", None)
+    assert t.seen("c1", 5, T, 5000) == ("next", 5000)
+
+
+def test_a_given_up_hole_releases_the_marks_behind_it() -> None:
+    t = DeliveryTracker({"c1": 0}, give_up_ms=1000)
+    assert t.seen("c1", 2, T, 2000) == ("ahead", None)
+    assert t.seen("c1", 3, T + 1000, 3000) == ("ahead", 3000)
