@@ -317,8 +317,10 @@ class RootService(Hooks):
         return head[1], head[2]
 
     def _delivered(self, cell: str, seq: int, through_ms: int, now_ms: int) -> None:
-        """A journaled message's number counts towards ``cell``'s acknowledgement; the
-        marks it makes contiguous go to the merger."""
+        """A journaled message's number counts towards ``cell``'s acknowledgement.
+
+        The closed-through marks it makes contiguous go to the merger.
+        """
         _, mark = self.delivery.seen(cell, seq, now_ms, through_ms)
         if mark is not None:
             self.merger.take_mark(cell, mark, now_ms)
