@@ -218,9 +218,15 @@ class RootService(Hooks):
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
         assert self.state.journal is not None  # noqa: S101 -- only called with a journal
         n = 0
-        for segment, _, payload in self.state.journal.replay():
-            end = self.merger.receive(payload, self.now_ms(), replay=True)
+        for segment, cell, payload in self.state.journal.replay():
+            # As on_message: a mark behind a hole waits; the journaled numbers count.
+            now = self.now_ms()
+            head = None if cell is None else self._numbered(cell, payload)
+            held = cell is not None and head is not None and self.delivery.holds_back(cell, head[0])
+            end = self.merger.receive(payload, now, replay=True, mark=not held)
             self.state.journal.note(segment, end if end is not None else -(2**62))
+            if cell is not None and head is not None:
+                self._delivered(cell, *head, now)
             n += 1
         if n:
             merged = self.merger.counts.rows["merged"]

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from pathlib import Path
 
 import pytest
 
+from fiomon.config import AggregatorConfig, RootConfig
+from fiomon.partials import decode, encode
 from fiomon.root.delivery import DeliveryTracker
+from fiomon.root.service import ACKED_FILE, RootService
+from tests.clock import T0, FakeClock
+from tests.root.test_merger import Q, _one_row_message
 
 T = 1_700_000_000_000
 
@@ -119,3 +127,52 @@ def test_a_given_up_hole_releases_the_marks_behind_it() -> None:
     t = DeliveryTracker({"c1": 0}, give_up_ms=1000)
     assert t.seen("c1", 2, T, 2000) == ("ahead", None)
     assert t.seen("c1", 3, T + 1000, 3000) == ("ahead", 3000)
+
+
+# -- in the root service -------------------------------------------------------------------
+
+
+def _numbered(seq: int, end: int, through: int, cell: str = "c1") -> bytes:
+    msg = decode(_one_row_message(cell, end, through))
+    return encode(dataclasses.replace(msg, seq=seq))
+
+
+def test_the_root_holds_a_mark_behind_a_hole_also_across_a_restart(tmp_path: Path) -> None:
+    """Message 1 is missing: message 2's mark must not close quantum 2 (message 1's rows)."""
+    clock = FakeClock(T0)
+    cfg = AggregatorConfig(
+        align="epoch",
+        lateness_ms=60_000,
+        state_dir=tmp_path / "s",
+        quanta_file=tmp_path / "q.jsonl",
+        root=RootConfig(cells=("c1",)),
+    )
+    first = RootService(cfg, now_ms=clock)
+    first.on_message("c1", _numbered(0, T0 + Q, T0 + Q))
+    first.on_message("c1", _numbered(2, T0 + 3 * Q, T0 + 3 * Q))
+    clock.t = T0 + 3 * Q + 10
+    assert [r.end_ms for r in first.tick()] == [T0 + Q]
+    assert first.delivery.ack("c1", clock.t) == {"next_seq": 1, "at_ms": clock.t, "gap": [1, 1]}
+    first.on_message("c1", _numbered(2, T0 + 3 * Q, T0 + 3 * Q))  # a resend: still held
+    assert first.tick() == []
+    first.close()
+    # A restart replays message 2 from the journal: its mark is still held.
+    again = RootService(cfg, now_ms=clock)
+    assert again.tick() == []
+    assert again.delivery.ack("c1", clock.t) == {"next_seq": 1, "at_ms": clock.t, "gap": [1, 1]}
+    again.on_message("c1", _numbered(1, T0 + 2 * Q, T0 + 2 * Q))  # the resend fills the hole
+    assert [r.end_ms for r in again.tick()] == [T0 + 2 * Q, T0 + 3 * Q]
+    assert again.delivery.positions() == {"c1": 3}
+    again.close()
+    saved = json.loads((tmp_path / "s" / ACKED_FILE).read_text())
+    assert saved == {"next_seq": {"c1": 3}}
+
+
+def test_an_unlisted_cell_or_a_message_under_another_name_moves_no_position() -> None:
+    clock = FakeClock(T0)
+    cfg = AggregatorConfig(align="epoch", lateness_ms=60_000, root=RootConfig(cells=("c1",)))
+    svc = RootService(cfg, now_ms=clock)
+    svc.on_message("evil", _numbered(0, T0 + Q, T0 + Q, cell="evil"))
+    svc.on_message("c1", _numbered(7, T0 + Q, T0 + Q, cell="c2"))
+    assert svc.delivery.positions() == {}
+    svc.close()
