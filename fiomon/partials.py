@@ -200,6 +200,26 @@ def _refuse(text: str, reason: WireReason = "invalid") -> NoReturn:
     raise WireFormatError(text, reason)
 
 
+def peek(payload: bytes) -> tuple[str, int, int] | None:
+    """``(cell, seq, closed_through_ms)`` from a message's header and first string, or None.
+
+    Cheap (no rows are read) and not a validation: the root's delivery bookkeeping and a
+    cell's outbox use it on messages :func:`decode` reads in full elsewhere.
+    """
+    if len(payload) < _HEAD.size + 3:
+        return None
+    magic, version, _, _, _, seq, through, nstr, _ = _HEAD.unpack_from(payload)
+    if magic != MAGIC or version != VERSION or nstr < 1:
+        return None
+    cur = Cursor(payload)
+    cur.pos = _HEAD.size
+    try:
+        cell = cur.text("cell name")
+    except WireFormatError:
+        return None
+    return cell, int(seq), int(through)
+
+
 def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMessage:
     """The message in ``payload``; anything :func:`encode` could not have written is refused.
 

@@ -11,10 +11,15 @@ alerts        ``<p>/v1/_aggregator/alerts`` (the default)  1      yes
 presence      ``<p>/v1/_aggregator/<client_id>/instance``  1      yes
 conflict      ``<p>/v1/_aggregator/<client_id>/conflict``  1      no
 partials      ``<p>/v1/_partials/<cell>`` (root's prefix)  1      no
+partials_ack  ``<p>/v1/_partials_ack/<cell>`` (the root's) 1      yes
 ============  ===========================================  =====  ========
 
-``_aggregator`` and ``_partials`` are fiomon's own namespaces: :meth:`Topics.parse` never
-reads them as a host (a host of that name would collide with them on the wire anyway).
+``partials_ack`` is the root's word to a cell: its messages numbered below ``next_seq``
+are journaled at the root (:mod:`fiomon.root.delivery`); the cell keeps them until then.
+
+``_aggregator``, ``_partials`` and ``_partials_ack`` are fiomon's own namespaces:
+:meth:`Topics.parse` never reads them as a host (a host of that name would collide with
+them on the wire anyway).
 
 Pure string work: importing this module loads no MQTT client (the configuration uses it
 for the alert topic's default).
@@ -27,11 +32,15 @@ from typing import Literal
 
 WIRE_LEVEL = "v1"
 
-TopicKind = Literal["records", "status", "alerts", "presence", "conflict", "partials"]
+TopicKind = Literal[
+    "records", "status", "alerts", "presence", "conflict", "partials", "partials_ack"
+]
 
 _AGGREGATOR = "_aggregator"  # the aggregators' namespace (alerts, presence, conflict)
 _PARTIALS = "_partials"  # the cells' partials, on the root's broker
-RESERVED_NAMES = frozenset({_AGGREGATOR, _PARTIALS})  # never a host (config refuses them)
+_PARTIALS_ACK = "_partials_ack"  # the root's acknowledgements to the cells, there too
+# Never a host (the configuration refuses them).
+RESERVED_NAMES = frozenset({_AGGREGATOR, _PARTIALS, _PARTIALS_ACK})
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,16 +108,21 @@ class Topics:
         """Subscription filter for every cell's partials (the root's)."""
         return f"{self._base}/{_PARTIALS}/+"
 
+    def partials_ack(self, cell: str) -> str:
+        """Where the root acknowledges cell ``cell``'s journaled partials (QoS 1, retained)."""
+        return f"{self._base}/{_PARTIALS_ACK}/{cell}"
+
     # -- parsing -------------------------------------------------------------------------
 
     def parse(self, topic: str) -> tuple[TopicKind, str] | None:
         """What ``topic`` is, as ``(kind, name)``; None when it is not one of ours.
 
-        ``name`` is the host (records, status), the cell (partials), the client id
+        ``name`` is the host (records, status), the cell (partials, partials_ack), the client id
         (presence, conflict; it may span levels) or ``""`` (alerts). Refused (None): another
         prefix or wire level, an unknown kind, an empty level, a wildcard, or a host named
-        like one of fiomon's namespaces (``_aggregator``, ``_partials``). Called for every
-        message the aggregator receives: string operations only, about a microsecond.
+        like one of fiomon's namespaces (``_aggregator``, ``_partials``, ``_partials_ack``).
+        Called for every message the aggregator receives: string operations only, about a
+        microsecond.
         """
         head = self._head
         if not topic.startswith(head) or "+" in topic or "#" in topic:
@@ -125,6 +139,8 @@ class Topics:
             return None
         if first == _PARTIALS:
             return ("partials", last) if len(levels) == 2 else None
+        if first == _PARTIALS_ACK:
+            return ("partials_ack", last) if len(levels) == 2 else None
         if first != _AGGREGATOR:
             return None
         if len(levels) == 2:

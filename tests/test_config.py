@@ -64,7 +64,7 @@ def test_every_problem_is_listed_with_its_path(tmp_path: Path) -> None:
     assert all(p.startswith(str(f)) for p in info.value.problems)
 
 
-@pytest.mark.parametrize("name", ["_aggregator", "_partials"])
+@pytest.mark.parametrize("name", ["_aggregator", "_partials", "_partials_ack"])
 def test_a_host_named_like_fiomons_own_topics_is_refused(tmp_path: Path, name: str) -> None:
     # <prefix>/v1/_aggregator/... and _partials/... are the aggregators' and cells' topics:
     # such a host's records would never be read as records (dropped, uncounted).

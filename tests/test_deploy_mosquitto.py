@@ -265,3 +265,30 @@ async def test_the_roots_broker_from_step_1_lets_cells_send_partials(
                 got.append((m.topic.value, bytes(m.payload)))
                 break
     assert got == [("fiomon/v1/_partials/cell-a", b"partials")]
+
+
+async def test_the_roots_broker_from_step_1_lets_the_root_acknowledge_to_the_cells(
+    stock_broker: Broker,
+) -> None:
+    """Issue 24: the root (``aggregator``) publishes ``fiomon/v1/_partials_ack/<cell>``,
+    retained; a cell (``aggregator`` too) reads it. A denial would be PUBACKed with 0x87."""
+    b = stock_broker
+    login = BrokerConfig(
+        host="localhost",
+        port=b.port,
+        tls=TlsConfig(ca_file=b.etc_fiomon / "ca.crt"),
+        username="aggregator",
+        password_file=b.etc_fiomon / "mqtt.pass",
+    )
+    body = b'{"next_seq": 7, "at_ms": 1}'
+    root = MqttSession(login, identifier="fiomon-root", logger=log, mqtt5=True)
+    async with root.client:
+        await root.publish_checked("fiomon/v1/_partials_ack/cell-a", body, retain=True)
+    got: list[tuple[str, bytes, bool]] = []
+    async with _client(login, "fiomon-cell-cell-a") as cell:
+        await cell.subscribe("fiomon/v1/_partials_ack/cell-a", qos=1)
+        async with asyncio.timeout(DEADLINE_S):
+            async for m in cell.messages:
+                got.append((m.topic.value, bytes(m.payload), m.retain))
+                break
+    assert got == [("fiomon/v1/_partials_ack/cell-a", body, True)]

@@ -18,6 +18,7 @@ from fiomon.partials import (
     RawPartial,
     decode,
     encode,
+    peek,
     split,
 )
 from fiomon.wire import MAX_TIME_MS, REASONS, Cursor
@@ -90,6 +91,7 @@ def same(a: PartialsMessage, b: PartialsMessage) -> None:
 @given(messages())
 def test_round_trip_is_exact(msg: PartialsMessage) -> None:
     same(decode(encode(msg)), msg)
+    assert peek(encode(msg)) == (msg.cell, msg.seq, msg.closed_through_ms)  # (issue 24)
 
 
 @settings(max_examples=400, deadline=None)
@@ -117,6 +119,7 @@ def test_random_bytes_are_refused(payload: bytes) -> None:
         decode(b"FIOP\x01" + payload)
     except WireFormatError as exc:
         assert exc.reason in REASONS
+    peek(b"FIOP\x01" + payload)  # None or a pair; never an exception
 
 
 def test_refusals_name_their_reason() -> None:

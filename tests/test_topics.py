@@ -19,6 +19,7 @@ from fiomon.topics import TopicKind, Topics
         ("records", "h.example_1"),
         ("status", "host-01"),
         ("partials", "cell-a"),
+        ("partials_ack", "cell-a"),
         ("presence", "fiomon-aggregator"),
         ("presence", "site/agg"),  # a client id is not a topic level: it may span levels
         ("conflict", "fiomon-aggregator"),
@@ -32,6 +33,7 @@ def test_every_kind_parses_back_to_what_built_it(prefix: str, kind: TopicKind, n
         "records": t.records,
         "status": t.status,
         "partials": t.partials,
+        "partials_ack": t.partials_ack,
         "presence": t.presence,
         "conflict": t.conflict,
         "alerts": lambda _: t.alerts,
@@ -53,6 +55,8 @@ def test_the_names_on_the_wire_are_unchanged() -> None:
     assert t.conflict("fiomon-aggregator") == "fiomon/v1/_aggregator/fiomon-aggregator/conflict"
     assert t.partials("c1") == "fiomon/v1/_partials/c1"
     assert t.all_partials == "fiomon/v1/_partials/+"
+    # The root's acknowledgements (issue 24): deploy/mosquitto/fiomon.acl lets it write them.
+    assert t.partials_ack("c1") == "fiomon/v1/_partials_ack/c1"
 
 
 @pytest.mark.parametrize(
@@ -77,6 +81,8 @@ def test_the_names_on_the_wire_are_unchanged() -> None:
         "fiomon/v1/_aggregator/records",
         "fiomon/v1/_partials/a/b",
         "fiomon/v1/_partials/",
+        "fiomon/v1/_partials_ack/a/b",
+        "fiomon/v1/_partials_ack/",
         "fiomon/v1/_aggregator/other",
         "fiomon/v1/_aggregator/x/other",
         "fiomon/v1/_aggregator//instance",
@@ -91,6 +97,7 @@ def test_fiomons_namespaces_come_before_host_names() -> None:
     t = Topics("fiomon")
     assert t.parse("fiomon/v1/_partials/records") == ("partials", "records")  # cell "records"
     assert t.parse("fiomon/v1/_partials/status") == ("partials", "status")
+    assert t.parse("fiomon/v1/_partials_ack/records") == ("partials_ack", "records")
     assert t.parse("fiomon/v1/partials/records") == ("records", "partials")
 
 

@@ -822,6 +822,8 @@ class AggregatorCore:
             sent=ob.sent,
             dropped=ob.dropped,
             refused=ob.refused,
+            backlog_messages=ob.backlog_messages,
+            resent=ob.resent,
         )
 
     def refresh_snapshot(self, *, min_age_ms: int = 0) -> bool:

@@ -231,8 +231,8 @@ class PubackCodes:
         paho.on_publish = on_publish
         setattr(paho, "publish", publish)  # noqa: B010 -- an instance override of a method
 
-    async def publish(self, topic: str, payload: bytes) -> None:
-        """Publish with QoS 1; returns once the broker acknowledged delivery.
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish with QoS 1 (``retain``: retained); returns once the broker took delivery.
 
         Raises:
             PublishRefusedError: the broker's PUBACK carried a failure reason code.
@@ -241,7 +241,7 @@ class PubackCodes:
         mids: list[int] = []
         self._capture = mids
         try:
-            await self.client.publish(topic, payload, qos=1)
+            await self.client.publish(topic, payload, qos=1, retain=retain)
         finally:
             self._capture = None
             codes = [self._codes.pop(mid, None) for mid in mids]
@@ -444,8 +444,8 @@ class MqttSession:
         """
         await self.client.publish(topic, payload, qos=1, retain=retain, timeout=timeout_s)
 
-    async def publish_checked(self, topic: str, payload: bytes) -> None:
-        """Publish with QoS 1; returns once the broker acknowledged *delivery*.
+    async def publish_checked(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish with QoS 1 (``retain``: retained); returns once the broker took *delivery*.
 
         Needs an MQTT 5 session (``mqtt5`` or ``persistent_session_s``) for the broker to
         say no; over MQTT 3.1.1 it is :meth:`publish`.
@@ -458,7 +458,7 @@ class MqttSession:
         if self._pubacks is None:
             self._pubacks = PubackCodes(self.client)
         try:
-            await self._pubacks.publish(topic, payload)
+            await self._pubacks.publish(topic, payload, retain=retain)
         except PublishRefusedError:
             self._refused = True
             raise
@@ -490,6 +490,7 @@ class MqttSession:
         self._consumer = token
         it = self.client.messages.__aiter__()
         stopper = asyncio.ensure_future(stop.wait())
+        nxt: asyncio.Future[aiomqtt.Message] | None = None
         try:
             while True:
                 nxt = asyncio.ensure_future(it.__anext__())
@@ -508,6 +509,13 @@ class MqttSession:
             # (the consumer stays set until the round ends, in run(): the stop sequence
             # keeps the connection up a while, and the reader must stay held meanwhile)
             stopper.cancel()
+            if nxt is not None:
+                # The consumer was cancelled while waiting: nothing is left reading (a
+                # message it got is never acknowledged: the broker's to redeliver), and a
+                # lost connection's error is not left unretrieved.
+                nxt.cancel()
+                if nxt.done() and not nxt.cancelled():
+                    nxt.exception()
 
     def ack(self, batch: Sequence[aiomqtt.Message]) -> None:
         """Acknowledge ``batch`` (its QoS 1 messages, in order) with one socket write.

@@ -192,6 +192,7 @@ class RootMerger:
         cell: str | None,
         max_bytes: int = MAX_PARTIALS_BYTES,
         replay: bool = False,
+        mark: bool = True,
     ) -> int | None:
         """One partials message on the topic of ``cell`` (refused ones: counted, logged).
 
@@ -201,6 +202,8 @@ class RootMerger:
         Returns the latest quantum end among its rows (None: refused or no rows), which
         tells a journal when the message is no longer needed. ``replay``: from the
         journal at a start (its rows of closed quanta are expected, not worth a warning).
+        ``mark``: take its closed-through mark (False: an earlier message of the cell is
+        missing, so the mark waits for :meth:`take_mark`; issue 24).
         """
         if cell is not None and not self._listed(cell):
             return None
@@ -209,7 +212,8 @@ class RootMerger:
         except WireFormatError as exc:
             self._invalid(exc.reason, str(exc))
             return None
-        if not self.take(msg, now_ms, cell=msg.cell if cell is None else cell, replay=replay):
+        name = msg.cell if cell is None else cell
+        if not self.take(msg, now_ms, cell=name, replay=replay, mark=mark):
             return None
         return max((r.part.end_ms for r in msg.rows), default=None)
 
@@ -287,11 +291,21 @@ class RootMerger:
         if n <= 5 or n % 1000 == 0:
             log.warning("partials refused (%s, %d so far): %s", reason, n, text)
 
-    def take(self, msg: PartialsMessage, now_ms: int, *, cell: str, replay: bool = False) -> bool:
+    def take(
+        self,
+        msg: PartialsMessage,
+        now_ms: int,
+        *,
+        cell: str,
+        replay: bool = False,
+        mark: bool = True,
+    ) -> bool:
         """Merge a decoded message's rows and note the cell's progress; False: refused.
 
         ``cell`` is the name in the message's topic: a cell not in the membership, or a
-        payload naming another cell, is refused (counted, logged).
+        payload naming another cell, is refused (counted, logged). ``mark``: take its
+        closed-through mark now (False: an earlier message of the cell is missing, so the
+        mark waits for :meth:`take_mark`).
         """
         if not self._listed(cell):
             return False
@@ -318,7 +332,7 @@ class RootMerger:
             self._rewound(cell, state, msg.seq, now_ms)
         state.seq = msg.seq
         self.counts.messages[cell] += 1
-        if not state.off_grid:  # a marker of a cell off the grid says nothing of our quanta
+        if mark and not state.off_grid:  # an off-grid cell's marker says nothing of ours
             self._mark(cell, state, msg.closed_through_ms, now_ms, replay=replay)
         rows = self.counts.rows
         late_before = rows["late"]
@@ -435,6 +449,18 @@ class RootMerger:
                 cell.mark_lag_ms,
                 self.lateness_ms,
             )
+
+    def take_mark(self, name: str, through_ms: int, now_ms: int, *, replay: bool = False) -> None:
+        """Cell ``name`` closed every quantum ending at or before ``through_ms``.
+
+        Taken from each message (:meth:`take`), or later, once the messages before it
+        are in (issue 24: a mark must not close quanta whose rows are still missing).
+        The skew bound and an off-grid cell's silence apply as in :meth:`take`.
+        """
+        cell = self.cells.get(name)
+        if cell is None or cell.off_grid:
+            return
+        self._mark(name, cell, through_ms, now_ms, replay=replay)
 
     def _rewound(self, name: str, cell: CellState, seq: int, now_ms: int) -> None:
         """A cell's message number went back: once per restart (a resend), or two cells.

@@ -20,6 +20,14 @@ state, ``<state_dir>/state.json``, as the aggregator's, written after the quanta
 past them, so a restart never closes a quantum twice. Without one, partials of open
 quanta die with the process.
 
+Delivery (issue 24): a cell keeps its partials until the root has journaled them. Per
+cell, :class:`~fiomon.root.delivery.DeliveryTracker` keeps the contiguous ``next_seq`` of
+its journaled messages (and the holes); a task of each MQTT connection publishes it,
+retained, on ``<prefix>/v1/_partials_ack/<cell>`` (every cell's on connecting, then what
+changed, at most every :data:`ACK_EVERY_S`), after saving the positions in
+``<state_dir>/partials-acked.json`` (a restart continues from them; without it each cell's
+first message tells where it stands).
+
 Stopping goes in the shell's written order under one ``GRACE_S``: intake stops, the
 open quanta close (``final``) or stay in the journal, what was closed is written and the
 state directory unlocked, then the connection closes.
@@ -33,8 +41,9 @@ import json
 import logging
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 
@@ -50,8 +59,10 @@ from fiomon.config import (
     root_problems,
 )
 from fiomon.errors import ConfigError
+from fiomon.partials import peek
+from fiomon.root.delivery import DeliveryTracker
 from fiomon.root.merger import RootMerger
-from fiomon.runtime import GRACE_S
+from fiomon.runtime import GRACE_S, write_atomic
 from fiomon.server.alerts import rules_not_computed
 from fiomon.server.app import Hooks, Server
 from fiomon.server.exporter import Snapshot
@@ -67,6 +78,8 @@ log = logging.getLogger("fiomon.root")
 
 # Where an earlier version kept the closed-through mark (read once, at an upgrade).
 LEGACY_MARK_FILE = "root-state.json"
+ACKED_FILE = "partials-acked.json"  # each cell's journaled next_seq (issue 24)
+ACK_EVERY_S = 0.25  # a cell's acknowledgement is published at most this often
 
 
 def _now() -> int:
@@ -132,6 +145,10 @@ class RootService(Hooks):
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
         # Closed rows to SLA alerts, gauges and the bucket histogram (/metrics).
         self.publisher = Publisher(cfg, log, fit_tail=False)
+        # What each cell's acknowledgement says (issue 24); the ack task is woken on news.
+        self._acked_path = None if cfg.state_dir is None else cfg.state_dir / ACKED_FILE
+        self.delivery = DeliveryTracker(self._load_acked())
+        self._ack_wake = asyncio.Event()
         if self.state.journal is not None:
             self._replay()
         self.snapshot = self._build()
@@ -248,8 +265,14 @@ class RootService(Hooks):
         assert self.state.journal is not None  # noqa: S101 -- only called with a journal
         n = 0
         for segment, cell, payload in self.state.journal.replay():
-            end = self.merger.receive(payload, self.now_ms(), cell=cell, replay=True)
+            # As on_message: a mark behind a hole waits; the journaled numbers count.
+            now = self.now_ms()
+            head = None if cell is None else self._numbered(cell, payload)
+            held = cell is not None and head is not None and self.delivery.holds_back(cell, head[0])
+            end = self.merger.receive(payload, now, cell=cell, replay=True, mark=not held)
             self.state.journal.note(segment, end if end is not None else -(2**62))
+            if cell is not None and head is not None:
+                self._delivered(cell, *head, now)
             n += 1
         if n:
             merged = self.merger.counts.rows["merged"]
@@ -322,11 +345,106 @@ class RootService(Hooks):
         """
         journal = self.state.journal if cell in self.merger.expected else None
         segment = journal.append([(cell, payload)]) if journal is not None else -1
+        now = self.now_ms()
+        head = self._numbered(cell, payload)
+        # A message behind a hole in the cell's numbers: its closed-through mark waits
+        # until the missing ones are in (it would close quanta without their rows).
+        held = head is not None and self.delivery.holds_back(cell, head[0])
         end = self.merger.receive(
-            payload, self.now_ms(), cell=cell, max_bytes=self.cfg.max_message_bytes
+            payload, now, cell=cell, max_bytes=self.cfg.max_message_bytes, mark=not held
         )
         if journal is not None and end is not None:
             journal.note(segment, end)
+        if head is not None and (self.state.journal is None or segment >= 0):  # journaled
+            self._delivered(cell, *head, now)
+
+    # -- delivery to the cells (issue 24) ----------------------------------------------------
+
+    def _numbered(self, cell: str, payload: bytes) -> tuple[int, int] | None:
+        """``(seq, closed_through_ms)`` of a message that counts for ``cell``'s delivery.
+
+        Only a message whose header names the topic's cell, and a listed cell when
+        ``root.cells`` is given: no acknowledgement for a name nobody configured, and a
+        message under another's name does not move that cell's position.
+        """
+        head = peek(payload)
+        expected = self.merger.expected
+        if head is None or head[0] != cell or (expected and cell not in expected):
+            return None
+        return head[1], head[2]
+
+    def _delivered(self, cell: str, seq: int, through_ms: int, now_ms: int) -> None:
+        """A journaled message's number counts towards ``cell``'s acknowledgement.
+
+        The closed-through marks it makes contiguous go to the merger.
+        """
+        _, mark = self.delivery.seen(cell, seq, now_ms, through_ms)
+        if mark is not None:
+            self.merger.take_mark(cell, mark, now_ms)
+        self._ack_wake.set()
+
+    def _load_acked(self) -> dict[str, int]:
+        """Each cell's ``next_seq`` saved by the previous run ({}: none, or unusable)."""
+        path = self._acked_path
+        if path is None:
+            return {}
+        try:
+            d = json.loads(path.read_bytes())
+            return {str(c): int(n) for c, n in d["next_seq"].items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            self.problem(
+                "state-unreadable",
+                f"{path}: {exc}; each cell's first message tells where it stands",
+            )
+            return {}
+
+    def _acked_body(self) -> bytes:
+        """What :meth:`_save_acked` writes (made on the event loop)."""
+        return json.dumps({"next_seq": self.delivery.positions()}).encode()
+
+    def _save_acked(self, body: bytes) -> None:
+        """Save each cell's ``next_seq`` (before an acknowledgement says it; any thread)."""
+        if self._acked_path is None:
+            return
+        try:
+            write_atomic(self._acked_path, body)
+        except OSError as exc:
+            self.problem("partials-acked", f"{self._acked_path}: {exc.strerror or exc}")
+
+    def session(self, client: aiomqtt.Client) -> list[Coroutine[Any, Any, None]]:
+        """The cells' acknowledgements, for this connection."""
+        return [self._send_acks(client)]
+
+    async def _send_acks(self, client: aiomqtt.Client) -> None:
+        """Publish each cell's acknowledgement (retained, QoS 1) while connected.
+
+        Every known cell's at once (the broker may have lost the retained ones with its
+        state), then a cell's whenever it changed, at most every :data:`ACK_EVERY_S`. The
+        positions are saved first: an acknowledgement never says more than a restarted
+        root would know. The handling of messages only marks cells; this task does the
+        disk and the network.
+        """
+        pending = set(self.delivery.positions())
+        while True:
+            pending.update(self.delivery.take_dirty())
+            if not pending:
+                self._ack_wake.clear()
+                await self._ack_wake.wait()
+                continue
+            await asyncio.to_thread(self._save_acked, self._acked_body())
+            for cell in sorted(pending):
+                body = self.delivery.ack(cell, self.now_ms())
+                if body is not None:
+                    await client.publish(
+                        self.topics.partials_ack(cell),
+                        json.dumps(body).encode(),
+                        qos=1,
+                        retain=True,
+                    )
+            pending.clear()
+            await asyncio.sleep(ACK_EVERY_S)
 
     def problem(self, kind: str, text: str) -> None:
         """A disk problem: logged and counted."""
@@ -410,6 +528,8 @@ class RootService(Hooks):
             mark_lag_s={
                 c: s.mark_lag_ms / 1000 for c, s in cells.items() if s.mark_lag_ms is not None
             },
+            gaps={c: d.gaps for c, d in self.delivery.cells.items()},
+            lost={c: d.lost for c, d in self.delivery.cells.items()},
         )
 
     def close(self, timeout_s: float = GRACE_S) -> None:
@@ -419,6 +539,7 @@ class RootService(Hooks):
         journal for the next start; without one they are lost (``flush`` closes them).
         """
         self._write([])
+        self._save_acked(self._acked_body())
         self.state.finish(timeout_s)
         self._release()
         self.state.close()

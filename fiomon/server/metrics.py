@@ -146,13 +146,18 @@ QUANTUM_COMPLETE = (
 # A cell's partials outbox (issue 16; only with a ``partials`` section).
 PARTIALS_BACKLOG = (
     "fiomon_partials_backlog_bytes",
-    "Partials in the outbox the root's broker has not acknowledged.",
+    "Partials in the outbox the root has not acknowledged (journaled) yet.",
+    (),
+)
+PARTIALS_BACKLOG_MESSAGES = (
+    "fiomon_partials_backlog_messages",
+    "Partials messages in the outbox the root has not acknowledged (journaled) yet.",
     (),
 )
 PARTIALS_MESSAGES = (
     "fiomon_partials_messages",
-    "Partials messages to the root: sent (acknowledged), dropped unsent, or "
-    "refused by the root's broker (kept and retried).",
+    "Partials messages to the root: sent (PUBACKed), resent (after a rewind to the "
+    "root's acknowledgement), dropped unacknowledged, or refused by the root's broker.",
     ("result",),
 )
 # The root's own families (``fiomon root``). With root.cells given, only listed cells
@@ -179,6 +184,16 @@ ROOT_INVALID_PARTIALS = (
 ROOT_PARTIALS_MESSAGES = (
     "fiomon_root_partials_messages",
     "Partials messages taken from each cell (refused ones not counted).",
+    ("cell",),
+)
+ROOT_PARTIALS_GAPS = (
+    "fiomon_root_partials_gaps",
+    "Holes in a cell's partials message numbers (each asked of the cell again).",
+    ("cell",),
+)
+ROOT_PARTIALS_LOST = (
+    "fiomon_root_partials_lost_messages",
+    "A cell's partials messages given up on: a hole that never filled.",
     ("cell",),
 )
 ROOT_CLOSED_BY_LATENESS = (
@@ -549,22 +564,33 @@ def build_snapshot(
 
 
 def with_outbox(
-    snap: Snapshot, *, backlog_bytes: int, sent: int, dropped: int, refused: int
+    snap: Snapshot,
+    *,
+    backlog_bytes: int,
+    sent: int,
+    dropped: int,
+    refused: int,
+    backlog_messages: int = 0,
+    resent: int = 0,
 ) -> Snapshot:
     """``snap`` plus a cell's partials outbox (issue 16): backlog, and messages by result.
 
     Args:
         snap: the cell's snapshot.
-        backlog_bytes: partials the root's broker has not acknowledged (bytes).
-        sent: messages the root's broker acknowledged.
-        dropped: messages dropped unsent (outbox over its bound).
+        backlog_bytes: partials the root has not acknowledged (bytes; issue 24).
+        sent: messages the root's broker acknowledged (PUBACK), first time.
+        dropped: messages dropped unacknowledged (outbox over its bound).
         refused: messages the root's broker refused (kept and retried).
+        backlog_messages: messages the root has not acknowledged.
+        resent: messages sent again after a rewind to the root's acknowledgement.
     """
     gauges = dict(snap.gauges)
     gauges[PARTIALS_BACKLOG] = {(): float(backlog_bytes)}
+    gauges[PARTIALS_BACKLOG_MESSAGES] = {(): float(backlog_messages)}
     counters = dict(snap.counters)
     counters[PARTIALS_MESSAGES] = {
         ("sent",): float(sent),
+        ("resent",): float(resent),
         ("dropped",): float(dropped),
         ("refused",): float(refused),
     }
@@ -583,6 +609,8 @@ def with_root(
     messages: Mapping[str, int] | None = None,
     missing: Mapping[str, int] | None = None,
     mark_lag_s: Mapping[str, float] | None = None,
+    gaps: Mapping[str, int] | None = None,
+    lost: Mapping[str, int] | None = None,
 ) -> Snapshot:
     """``snap`` plus the root's own families (``fiomon root``, issue 16).
 
@@ -600,6 +628,8 @@ def with_root(
             leaves the family out.
         mark_lag_s: per cell with a mark, the root's clock minus its latest closed mark
             at receipt, s; None leaves the family out.
+        gaps: holes in each cell's message numbers (issue 24); None leaves it out.
+        lost: each cell's messages given up on (issue 24); None leaves it out.
     """
     gauges = dict(snap.gauges)
     gauges[ROOT_CELLS_UP] = {(): float(cells_up)}
@@ -615,4 +645,8 @@ def with_root(
         counters[ROOT_QUANTA_MISSING_CELL] = {(c,): float(n) for c, n in sorted(missing.items())}
     if mark_lag_s is not None:
         gauges[ROOT_CELL_MARK_LAG] = {(c,): lag for c, lag in sorted(mark_lag_s.items())}
+    if gaps is not None:
+        counters[ROOT_PARTIALS_GAPS] = {(c,): float(n) for c, n in sorted(gaps.items())}
+    if lost is not None:
+        counters[ROOT_PARTIALS_LOST] = {(c,): float(n) for c, n in sorted(lost.items())}
     return dataclasses.replace(snap, gauges=gauges, counters=counters)
