@@ -54,13 +54,18 @@ def _cell(tmp: Path, broker_port: int, root_port: int) -> AggregatorConfig:
 
 
 def _root_yaml(tmp: Path, port: int) -> Path:
-    """The root, closing only on cell c1's word (lateness 2 min), with a state directory."""
+    """The root, closing only on cell c1's word (lateness 2 min), with a state directory.
+
+    The fed records run 4x ahead of the clock, and so do the cell's closed marks:
+    ``max_skew: 10min`` lets the root believe them (the default 5 s would ignore them).
+    """
     path = tmp / "root.yaml"
     path.write_text(
         f"broker: {{port: {port}}}\ntopic_prefix: {ROOT_PREFIX}\n"
         "client_id: fiomon-root-live\nquantum: 1s\nlateness: 120s\nalign: epoch\n"
         f"listen: 127.0.0.1:{free_port()}\nquanta_file: {tmp / 'root-quanta.jsonl'}\n"
-        f"root: {{cells: [c1], cell_timeout: 120s}}\nstate_dir: {tmp / 'root-state'}\n"
+        "root: {cells: [c1], cell_timeout: 120s, max_skew: 10min}\n"
+        f"state_dir: {tmp / 'root-state'}\n"
     )
     return path
 
@@ -212,7 +217,8 @@ async def test_a_message_lost_between_cell_and_root_is_counted_asked_for_and_res
         listen=f"127.0.0.1:{free_port()}",
         quanta_file=tmp_path / "root-quanta.jsonl",
         state_dir=tmp_path / "root-state",
-        root=RootConfig(cells=("c1",), cell_timeout_ms=120_000),
+        # Marks run ahead of the clock with the fed records (see _root_yaml).
+        root=RootConfig(cells=("c1",), cell_timeout_ms=120_000, max_skew_ms=600_000),
     )
     roots: list[RootService] = []
     cores: list[AggregatorCore] = []
