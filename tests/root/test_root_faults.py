@@ -454,10 +454,11 @@ async def test_the_roots_broker_crash_loses_no_quantum(mosquitto_bin: str, tmp_p
     """The root's broker (no persistence) ``kill -9``-ed and restarted on its port.
 
     It forgets the root's session. The root is held (SIGSTOP) until both cells
-    reconnected and published three quanta each to the new broker -- the order the issue
-    saw (the cells a second first); in a site it comes from the root's reconnect backoff,
-    a busy CPU or a half-open TCP connection. Those partials reach no subscriber: they
-    must reach the root all the same (the cells keep them until the root acknowledges).
+    reconnected and published three quanta each to the new broker (or 8 s): the order
+    the issue saw (the cells a second first); in a site it comes from the root's
+    reconnect backoff, a busy CPU or a half-open TCP connection. Those partials reach no
+    subscriber: they must reach the root all the same (the cells keep them until the
+    root acknowledges).
     """
     a, b = await _brokers(mosquitto_bin, tmp_path)
     rb = Mosquitto(mosquitto_bin, tmp_path / "mosquitto-root")
@@ -488,9 +489,11 @@ async def test_the_roots_broker_crash_loses_no_quantum(mosquitto_bin: str, tmp_p
         stopped_ms = time.time_ns() // 1_000_000
         rb.start()
         async with Spy(rb.port, "fiomon-test-spy") as spy:
-            await until(
+            # At most 8 s (the root's lateness is 10 s): cells that send nothing more
+            # before the root acknowledges (issue 24 allows that) must not fail the test.
+            await _settle(
                 lambda: all(len({e for e in spy.quanta(n) if e > stopped_ms}) >= 3 for n in CELLS),
-                what="both cells published three quanta to the restarted broker",
+                within=8,
             )
             sent = {n: sorted(spy.quanta(n)) for n in CELLS}
         procs[0].send_signal(signal.SIGCONT)
