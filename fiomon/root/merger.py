@@ -92,6 +92,10 @@ class CellState:
         mark_lag_ms: root clock minus its latest mark, at receipt (None: no mark yet).
         grid_logged_ms, skew_logged_ms, lag_logged_ms: root clock of the last warning
             about its grid, a mark ahead of the root's clock, its mark's lag.
+        doubled: ``(since_ms, until_ms)``, root clock: its message numbers went back
+            :data:`REWINDS` times within :data:`REWIND_WINDOW_MS` (two cells under one
+            name): quanta ending in ``[since_ms - lateness, until_ms]`` hold only part
+            of its rows and name it in ``cells_missing``; None: never seen so.
     """
 
     last_seen_ms: int
@@ -108,6 +112,7 @@ class CellState:
     grid_logged_ms: int = -_FAR
     skew_logged_ms: int = -_FAR
     lag_logged_ms: int = -_FAR
+    doubled: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -471,13 +476,22 @@ class RootMerger:
         rows are then taken for resends of each other's and dropped as duplicates.
         """
         cell.rewinds = [t for t in cell.rewinds if now_ms - t < REWIND_WINDOW_MS] + [now_ms]
-        if len(cell.rewinds) < REWINDS or now_ms - cell.rewind_logged_ms < REWIND_WINDOW_MS:
+        if len(cell.rewinds) < REWINDS:
+            return
+        # The quanta since the first of these rewinds (and those open then) may lack the
+        # other cell's rows: marked, for a window after the last one too.
+        since = cell.rewinds[0] if cell.doubled is None else min(cell.doubled[0], cell.rewinds[0])
+        if cell.doubled is not None and cell.doubled[1] < cell.rewinds[0] - self.lateness_ms:
+            since = cell.rewinds[0]  # an earlier episode, long over: a new one
+        cell.doubled = (since, now_ms + REWIND_WINDOW_MS)
+        if now_ms - cell.rewind_logged_ms < REWIND_WINDOW_MS:
             return
         cell.rewind_logged_ms = now_ms
         log.warning(
             "cell %s: its message numbers went back %d times within %d s (now %d after %d): "
             "two cells may be sending under this name (check each cell's `cell:`); the "
-            "root takes one's rows for resends of the other's and leaves them out",
+            "root takes one's rows for resends of the other's and leaves them out, and "
+            "names the cell in cells_missing meanwhile",
             name,
             len(cell.rewinds),
             REWIND_WINDOW_MS // 1000,
@@ -581,9 +595,21 @@ class RootMerger:
         return c.first_through_ms is None or end > c.first_through_ms
 
     def missing(self, end: int) -> tuple[str, ...]:
-        """The configured cells neither in quantum ``end`` nor known to have closed it."""
+        """The configured cells neither in quantum ``end`` nor known to have closed it.
+
+        Also a cell whose message numbers say two cells send under its name
+        (:attr:`CellState.doubled`): the quantum holds only part of its rows.
+        """
         sent = self._from.get(end, set())
-        return tuple(c for c in self.order if c not in sent and not self._closed_by(c, end))
+        return tuple(
+            c
+            for c in self.order
+            if (c not in sent and not self._closed_by(c, end)) or self._doubled(c, end)
+        )
+
+    def _doubled(self, name: str, end: int) -> bool:
+        d = self.cells[name].doubled
+        return d is not None and d[0] - self.lateness_ms <= end <= d[1]
 
     @property
     def open_quanta(self) -> int:

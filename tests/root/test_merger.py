@@ -300,7 +300,9 @@ def test_a_cell_core_puts_each_close_in_its_outbox_before_the_state_and_resends(
     third.close()
 
 
-def _one_row_message(cell: str, end: int, through: int, *, layout: BinLayout = LAY) -> bytes:
+def _one_row_message(
+    cell: str, end: int, through: int, *, layout: BinLayout = LAY, seq: int = 0
+) -> bytes:
     hist = np.zeros(layout.nbins)
     hist[min(700, layout.nbins - 1)] = 10.0
     part = RawPartial(
@@ -315,7 +317,7 @@ def _one_row_message(cell: str, end: int, through: int, *, layout: BinLayout = L
         nbytes=4096.0,
         streams=1,
     )
-    return encode(PartialsMessage(cell, 0, layout, through, (PartialRow(part),)))
+    return encode(PartialsMessage(cell, seq, layout, through, (PartialRow(part),)))
 
 
 def test_root_waits_for_live_cells_only_and_tells_resends_from_late_rows() -> None:
@@ -678,3 +680,28 @@ def test_two_cells_sending_under_one_name_are_logged(caplog: pytest.LogCaptureFi
             root.receive(_marker("c1", seq, T0 + t * Q), T0 + t * Q, cell="c1")
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "c1" in warning and "two cells" in warning, warning
+
+
+def test_quanta_while_two_cells_send_under_one_name_name_it_missing() -> None:
+    """The root takes one's cluster rows for resends of the other's: those quanta hold only
+    part of that name's hosts, so their rows say so (issue 24), and quanta well after the
+    episode are complete again."""
+    root = _merger(["c1", "c2"], lateness_ms=5000)
+    seqs = iter(range(1000, 1100))
+    other = iter(range(500, 600))
+    for t in range(1, 90):
+        now = T0 + t * Q
+        # c2 steady; c1's name used by two processes for the first 10 s (numbers interleave)
+        root.receive(_one_row_message("c2", now, now, seq=t), now, cell="c2")
+        root.receive(_one_row_message("c1", now, now, seq=next(seqs)), now, cell="c1")
+        if t <= 10:
+            root.receive(_one_row_message("c1", now, now, seq=next(other)), now, cell="c1")
+    rows = root.close(T0 + 200 * Q)
+    marked = {r.end_ms for r in rows if r.cells_missing == ("c1",)}
+    complete = {r.end_ms for r in rows if r.complete}
+    assert marked and complete and marked | complete == {r.end_ms for r in rows}
+    # From the episode's start (less the lateness) to a minute after its last rewind.
+    assert min(marked) <= T0 + 3 * Q
+    assert T0 + 29 * Q in marked  # within REWIND_WINDOW_MS of the last rewind
+    assert T0 + 80 * Q in complete  # a minute after it, complete again
+    assert all(not r.complete for r in rows if r.end_ms in marked)
