@@ -78,6 +78,8 @@ import numpy.typing as npt
 
 from fiomon.model import Direction
 
+MAX_OUTAGES = 32  # broker outages remembered for silent() (a flapping link: the newest)
+
 _FAR = 2**62
 DIRECTIONS = len(Direction)  # slots per part key: one per direction (mixed included)
 _RESTORED = ("restored",)  # the key of a stream's progress saved by the previous run
@@ -185,6 +187,9 @@ class Watermark:
         self._first_ms: int | None = None
         self._hold_at: int | None = None
         self._hold_until: int | None = None
+        # Recent spans (wall ms) with no broker connection, newest last; the open one ends
+        # at _FAR. A host's silence during them is ours, not the host's (silent()).
+        self._outages: list[tuple[int, int]] = []
         self._forgot_ms = -_FAR
         self.reason = ""  # which bound set the mark last (for the debug log)
 
@@ -395,7 +400,8 @@ class Watermark:
           is not expected from then on;
         * a host silent for ``idle_ms`` or longer is taken as gone: the quanta after
           that hold the other hosts and are complete (as the watermark stops waiting
-          for it after ``idle_ms``);
+          for it after ``idle_ms``); time the aggregator itself was cut from the broker
+          does not count as the host's silence (its records may come after the outage);
         * the quantum in which a host's records stop holds part of it and is not marked
           (a fio job that ends mid-quantum looks the same); the records that come later
           for it are counted late;
@@ -426,6 +432,13 @@ class Watermark:
                 continue
             lo = int(np.searchsorted(prog, start - self.idle_ms, side="right"))
             hi = int(np.searchsorted(prog, start, side="right"))
+            if self._outages:
+                # Time we were cut from the broker is not the hosts' silence: a host last
+                # heard before an outage is expected until idle_ms of connected time.
+                older = prog[:lo]
+                cut = self._outage_within(older, start)
+                lo = int(np.count_nonzero(start - older - cut > self.idle_ms))
+                # (older is sorted; those within the widened window are its tail)
             if lo == hi:
                 continue
             if names is None:
@@ -469,11 +482,22 @@ class Watermark:
     def disconnected(self, now_ms: int) -> None:
         """The broker connection dropped: the clock bound stops where it is."""
         self.hold(now_ms - self.lateness_ms)
+        if not self._outages or self._outages[-1][1] != _FAR:
+            self._outages = [*self._outages[-(MAX_OUTAGES - 1) :], (now_ms, _FAR)]
 
     def connected(self, now_ms: int) -> None:
         """Connected (again): the clock bound resumes ``lateness`` from now."""
         if self._hold_at is not None:
             self._hold_until = now_ms + self.lateness_ms
+        if self._outages and self._outages[-1][1] == _FAR:
+            self._outages[-1] = (self._outages[-1][0], now_ms)
+
+    def _outage_within(self, since: npt.NDArray[np.int64], until: int) -> npt.NDArray[np.int64]:
+        """Per value of ``since``, ms cut from the broker within ``(since, until]``."""
+        out = np.zeros(len(since), dtype=np.int64)
+        for lo, hi in self._outages:
+            out += np.clip(np.minimum(hi, until) - np.maximum(lo, since), 0, None)
+        return out
 
     def close_through(self, now_ms: int) -> int:
         """Quanta ending at or before the returned time (ms) may close now."""

@@ -58,3 +58,23 @@ def test_silent_names_the_hosts_expected_in_a_quantum_that_sent_nothing_for_it()
     # An agent that said offline (a clean stop) is not expected.
     w.set_online("h2", online=False)
     assert w.silent(quanta) == [()] * 20
+
+
+def test_a_broker_outage_is_not_the_hosts_silence() -> None:
+    """Cut from the broker for 20 s, the aggregator hears nobody; when h1's spooled records
+    come, h2's do not. h2 was last heard before the outage: it stays expected until it has
+    been silent ``idle_ms`` of *connected* time, so the quanta closed without it say so
+    (before, a host last heard more than ``idle_ms`` ago was taken as gone: unmarked)."""
+    w = Watermark(lateness_ms=5000)
+    for s in range(1, 11):
+        w.observe("h1", "a", T0 + 1000 * s, now_ms=T0 + 1000 * s)
+        w.observe("h2", "b", T0 + 1000 * s, now_ms=T0 + 1000 * s)
+    w.disconnected(T0 + 10_500)
+    w.connected(T0 + 30_000)
+    for s in range(11, 41):  # h1's spool, then live again; h2 never comes back
+        w.observe("h1", "a", T0 + 1000 * s, now_ms=max(T0 + 30_000, T0 + 1000 * s))
+    quanta = [(T0 + 1000 * (s - 1), T0 + 1000 * s) for s in range(12, 41)]
+    marked = {end for (_, end), hosts in zip(quanta, w.silent(quanta), strict=True) if hosts}
+    # Silent since 10 s: 0.5 s of it connected before the outage, then connected from 30 s:
+    # expected in quanta starting up to 30 s + 4.5 s.
+    assert marked == {T0 + 1000 * s for s in range(12, 36)}
