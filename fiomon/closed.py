@@ -56,7 +56,8 @@ class ClosedQuantum:
             maximum first). ``None`` for plain quanta.
         complete: whether the row holds everything its producer expected: always true
             offline (the input is what there is); at the root, false when a configured cell
-            is missing from the quantum (:attr:`cells_missing` names them); at an
+            is missing from the quantum (:attr:`cells_missing` names them) or a cell's own
+            row of the group was incomplete (``cells_missing`` may then be empty); at an
             aggregator, false when a host it was waiting for had not reported past the
             quantum's end when it closed on the lateness.
         cells_missing: root rows only: the configured cells neither in the quantum nor

@@ -20,7 +20,7 @@ what :func:`encode` could have written: anything else raises
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -39,6 +39,7 @@ MAX_PARTIALS_BYTES = 16 * 1024 * 1024  # hard decoder limit; cells split bigger 
 MAX_ROWS = 1 << 20
 MAX_STRINGS = 1 << 20
 SCOPES: tuple[Scope, ...] = ("cluster", "host")
+FLAG_INCOMPLETE = 1  # a row's flags: the cell's own row of this group said complete: false
 
 # magic, version, group_nr, coarseness, unit, seq, closed_through_ms, strings, rows
 _HEAD = struct.Struct("<4sBBBBxxxxQqII")
@@ -55,7 +56,7 @@ _ROW = np.dtype(
         ("nnz", "<u4"),
         ("scope", "u1"),
         ("direction", "u1"),  # index into DIRECTIONS
-        ("pad", "<u2"),
+        ("flags", "<u2"),  # bit 0: the cell's closed-quantum row was incomplete
     ]
 )
 assert _ROW.itemsize == 64  # noqa: S101 -- the documented row size
@@ -103,10 +104,13 @@ class PartialRow:
         part: the group (histogram, span, bytes, streams) as the cell's engine closed it.
         late_records: late records the cell counted on this group's closed-quantum row
             (0 for groups that formed no row).
+        complete: the cell's closed-quantum row of this group said ``complete`` (a host
+            it expected was silent: false); groups that formed no row are complete.
     """
 
     part: RawPartial
     late_records: int = 0
+    complete: bool = True
 
     def key(self) -> tuple[int, str, str | None, str]:
         """``(start_ms, scope, host, direction)``: with the cell, the row's identity."""
@@ -187,7 +191,7 @@ def encode(msg: PartialsMessage) -> bytes:
             len(nz),
             SCOPES.index(p.scope),
             DIRECTIONS.index(p.direction),
-            0,
+            0 if r.complete else FLAG_INCOMPLETE,
         )
     parts.append(table.tobytes())
     if bins:
@@ -266,7 +270,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
     at = 0
     nbins = layout.nbins
     for t, n in zip(table.tolist(), nnz.tolist(), strict=True):
-        start, end, lo, hi, nbytes, late, host, streams, _, scope, direction, _ = t
+        start, end, lo, hi, nbytes, late, host, streams, _, scope, direction, flags = t
         hist = np.zeros(nbins)
         hist[bins[at : at + n]] = vals[at : at + n]
         at += n
@@ -282,7 +286,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
             nbytes=nbytes,
             streams=streams,
         )
-        rows.append(PartialRow(part, late))
+        rows.append(PartialRow(part, late, complete=not flags & FLAG_INCOMPLETE))
     return PartialsMessage(strings[0], seq, layout, through, tuple(rows))
 
 
@@ -309,8 +313,8 @@ def _check_rows(
         _refuse("bytes not finite or negative")
     if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(DIRECTIONS)):
         _refuse("unknown scope or direction")
-    if np.any(table["pad"] != 0):
-        _refuse("non-zero padding", "inconsistent")
+    if np.any(table["flags"] > FLAG_INCOMPLETE):  # only bit 0 is defined
+        _refuse("unknown row flags", "inconsistent")
     host = table["host"]
     is_host = table["scope"] == 1
     if np.any(is_host & ((host < 1) | (host >= nstr))) or np.any(~is_host & (host != -1)):
@@ -333,10 +337,20 @@ def _check_rows(
 
 
 def rows_of(
-    parts: Sequence[RawPartial], late: dict[tuple[int, str, str | None, str], int]
+    parts: Sequence[RawPartial],
+    late: dict[tuple[int, str, str | None, str], int],
+    incomplete: Collection[tuple[int, str, str | None, str]] = (),
 ) -> list[PartialRow]:
-    """Partial rows of ``parts``, each with the late count its closed-quantum row has."""
-    return [PartialRow(p, late.get((p.start_ms, p.scope, p.host, p.direction), 0)) for p in parts]
+    """Partial rows of ``parts``, each with the late count and completeness of its row.
+
+    ``late`` and ``incomplete`` are keyed ``(start_ms, scope, host, direction)``, from the
+    closed-quantum rows of the same close.
+    """
+    out = []
+    for p in parts:
+        key = (p.start_ms, p.scope, p.host, p.direction)
+        out.append(PartialRow(p, late.get(key, 0), complete=key not in incomplete))
+    return out
 
 
 def split(

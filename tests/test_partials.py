@@ -50,7 +50,7 @@ def rows(draw: st.DrawFn, layout: BinLayout) -> PartialRow:
         nbytes=draw(st.floats(min_value=0, max_value=1e18)),
         streams=draw(st.integers(0, 2**32 - 1)),
     )
-    return PartialRow(part, draw(st.integers(0, 2**63)))
+    return PartialRow(part, draw(st.integers(0, 2**63)), complete=draw(st.booleans()))
 
 
 @st.composite
@@ -75,7 +75,7 @@ def same(a: PartialsMessage, b: PartialsMessage) -> None:
     assert len(a.rows) == len(b.rows)
     for x, y in zip(a.rows, b.rows, strict=True):
         px, py = x.part, y.part
-        assert x.late_records == y.late_records
+        assert (x.late_records, x.complete) == (y.late_records, y.complete)
         assert x.key() == y.key()
         assert (px.end_ms, px.lo_ms, px.hi_ms, px.nbytes, px.streams) == (
             py.end_ms,

@@ -731,8 +731,9 @@ class AggregatorCore:
             for r in rows
             if r.late_records
         }
+        incomplete = {(r.start_ms, r.scope, r.host, r.direction) for r in rows if not r.complete}
         parts.sort(key=lambda p: p.start_ms)
-        self.outbox.add(engine.layout, through, rows_of(parts, late))
+        self.outbox.add(engine.layout, through, rows_of(parts, late, incomplete))
 
     def _grid(self, closed_ms: int | None, *, fresh: bool = False) -> GridState | None:
         """The grid state to save after the quanta file (None without a state directory).

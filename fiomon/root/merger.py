@@ -71,6 +71,7 @@ class _Group:
     nbytes: float = 0.0
     streams: int = 0
     late: int = 0
+    incomplete: bool = False  # a cell's own row of it said complete: false
 
 
 @dataclass(slots=True)
@@ -371,6 +372,7 @@ class RootMerger:
             g.nbytes += p.nbytes
             g.streams += p.streams
             g.late += r.late_records
+            g.incomplete |= not r.complete
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
             self._log_late(cell, state, rows["late"] - late_before, now_ms)
@@ -662,7 +664,8 @@ class RootMerger:
                     streams=g.streams,
                     late_records=g.late,
                     hist=g.hist if scope == "cluster" else None,
-                    complete=not cells_missing,
+                    # Missing a cell, or a cell's own row lacked a host it expected.
+                    complete=not cells_missing and not g.incomplete,
                     cells_missing=cells_missing,
                 )
             )

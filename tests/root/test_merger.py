@@ -705,3 +705,21 @@ def test_quanta_while_two_cells_send_under_one_name_name_it_missing() -> None:
     assert T0 + 29 * Q in marked  # within REWIND_WINDOW_MS of the last rewind
     assert T0 + 80 * Q in complete  # a minute after it, complete again
     assert all(not r.complete for r in rows if r.end_ms in marked)
+
+
+def test_a_cells_incomplete_row_makes_the_roots_row_incomplete() -> None:
+    """A cell whose own row lacked a host it expected (its broker was down, say) passes
+    that on: the root's row of that group is incomplete too, though no cell is missing;
+    the other groups and quanta stay complete."""
+    root = _merger(["c1", "c2"])
+    flagged = decode(_one_row_message("c1", T0 + Q, T0 + Q))
+    row = flagged.rows[0]
+    flagged = dataclasses.replace(flagged, rows=(dataclasses.replace(row, complete=False),))
+    root.receive(encode(flagged), T0, cell="c1")
+    root.receive(_one_row_message("c2", T0 + Q, T0 + 2 * Q, seq=1), T0, cell="c2")
+    root.receive(_one_row_message("c1", T0 + 2 * Q, T0 + 2 * Q, seq=2), T0, cell="c1")
+    root.receive(_one_row_message("c2", T0 + 2 * Q, T0 + 2 * Q, seq=3), T0, cell="c2")
+    first, second = root.close(T0 + 10 * Q)
+    assert (first.end_ms, first.complete, first.cells_missing) == (T0 + Q, False, ())
+    assert first.stats.samples == 20  # both cells' rows merged
+    assert (second.end_ms, second.complete, second.cells_missing) == (T0 + 2 * Q, True, ())
