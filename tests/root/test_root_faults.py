@@ -432,6 +432,13 @@ async def test_a_cell_down_past_the_roots_lateness_is_named_in_the_rows(
             what="the root closed quanta ending 5 s after c2's kill",
             within=DEADLINE_S,
         )
+        # What FiomonRootCellMissing (deploy/prometheus/fiomon.rules.yml) alerts on, from
+        # the real root (test_e2e's "every rule expression returns data" runs an
+        # aggregator, which has no such family).
+        missing = await asyncio.to_thread(
+            _sample, c.root_port, "fiomon_root_quanta_missing_cell_total", cell="c2"
+        )
+        present = await asyncio.to_thread(_metrics, c.root_port)
         cells["c2"] = await c.cell("c2")
         procs += cells.values()
         await writer
@@ -442,6 +449,11 @@ async def test_a_cell_down_past_the_roots_lateness_is_named_in_the_rows(
         await _stop(procs)
         a.stop()
         b.stop()
+    assert missing > 0, "fiomon_root_quanta_missing_cell_total{cell=c2} while c2 was down"
+    assert (
+        "fiomon_root_quanta_missing_cell_total",
+        frozenset({("cell", "c1")}),
+    ) in present, "one series per listed cell, from 0"
     files = sorted(p.resolve() for p in (tmp_path / "data").glob("*/*.log"))
     offline, _ = offline_report(files)
     v = judge(c.root_rows(), offline, may_miss=lambda m: m == ["c2"])
