@@ -35,6 +35,7 @@ its state (``state_lost``), a cell's first mark does not vouch for the quanta it
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ LOG_EVERY_MS = 60_000  # per-cell warnings (grid, skew, lag) at most this often
 UNLISTED_NAMED = 100  # unlisted names logged one by one; past them, every 1000th refusal
 REWINDS = 3  # message-number rewinds within REWIND_WINDOW_MS that suggest two cells
 REWIND_WINDOW_MS = 60_000
+DIGESTS = 4096  # per cell, the latest messages' CRC-32 by number (two cells, one name)
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
 
@@ -93,10 +95,11 @@ class CellState:
         mark_lag_ms: root clock minus its latest mark, at receipt (None: no mark yet).
         grid_logged_ms, skew_logged_ms, lag_logged_ms: root clock of the last warning
             about its grid, a mark ahead of the root's clock, its mark's lag.
-        doubled: ``(since_ms, until_ms)``, root clock: its message numbers went back
-            :data:`REWINDS` times within :data:`REWIND_WINDOW_MS` (two cells under one
-            name): quanta ending in ``[since_ms - lateness, until_ms]`` hold only part
-            of its rows and name it in ``cells_missing``; None: never seen so.
+        doubled: ``(since_ms, until_ms)``, root clock: one of its message numbers came
+            twice with different contents (two cells under one name; a cell's outbox
+            resends the same bytes): quanta ending in ``[since_ms - lateness, until_ms]``
+            hold only part of its rows and name it in ``cells_missing``; None: never.
+        digests: CRC-32 of its latest :data:`DIGESTS` messages by number.
     """
 
     last_seen_ms: int
@@ -114,6 +117,8 @@ class CellState:
     skew_logged_ms: int = -_FAR
     lag_logged_ms: int = -_FAR
     doubled: tuple[int, int] | None = None
+    digests: dict[int, int] = field(default_factory=dict)
+    doubled_logged_ms: int = -_FAR
 
 
 @dataclass(slots=True)
@@ -219,7 +224,8 @@ class RootMerger:
             self._invalid(exc.reason, str(exc))
             return None
         name = msg.cell if cell is None else cell
-        if not self.take(msg, now_ms, cell=name, replay=replay, mark=mark):
+        digest = zlib.crc32(payload)
+        if not self.take(msg, now_ms, cell=name, replay=replay, mark=mark, digest=digest):
             return None
         return max((r.part.end_ms for r in msg.rows), default=None)
 
@@ -305,13 +311,15 @@ class RootMerger:
         cell: str,
         replay: bool = False,
         mark: bool = True,
+        digest: int | None = None,
     ) -> bool:
         """Merge a decoded message's rows and note the cell's progress; False: refused.
 
         ``cell`` is the name in the message's topic: a cell not in the membership, or a
         payload naming another cell, is refused (counted, logged). ``mark``: take its
         closed-through mark now (False: an earlier message of the cell is missing, so the
-        mark waits for :meth:`take_mark`).
+        mark waits for :meth:`take_mark`). ``digest``: the payload's CRC-32, to tell a
+        resend (the same bytes) from another cell's message under the same number.
         """
         if not self._listed(cell):
             return False
@@ -336,6 +344,8 @@ class RootMerger:
             log.info("cell %s: first message (closed through %d)", cell, msg.closed_through_ms)
         if msg.seq < state.seq and not replay:
             self._rewound(cell, state, msg.seq, now_ms)
+        if digest is not None:
+            self._numbered(cell, state, msg.seq, digest, now_ms)
         state.seq = msg.seq
         self.counts.messages[cell] += 1
         if mark and not state.off_grid:  # an off-grid cell's marker says nothing of ours
@@ -423,6 +433,8 @@ class RootMerger:
             # Believed, it would stop the root waiting for this cell (the mark only grows):
             # a clock ahead of the root's, or a forged message. Its rows still count.
             self.counts.invalid["future-mark"] += 1
+            if not replay:  # the gauge shows it (negative: ahead of the root's clock)
+                cell.mark_lag_ms = now_ms - through
             if now_ms - cell.skew_logged_ms >= LOG_EVERY_MS:
                 cell.skew_logged_ms = now_ms
                 log.warning(
@@ -480,25 +492,55 @@ class RootMerger:
         cell.rewinds = [t for t in cell.rewinds if now_ms - t < REWIND_WINDOW_MS] + [now_ms]
         if len(cell.rewinds) < REWINDS:
             return
-        # The quanta since the first of these rewinds (and those open then) may lack the
-        # other cell's rows: marked, for a window after the last one too.
-        since = cell.rewinds[0] if cell.doubled is None else min(cell.doubled[0], cell.rewinds[0])
-        if cell.doubled is not None and cell.doubled[1] < cell.rewinds[0] - self.lateness_ms:
-            since = cell.rewinds[0]  # an earlier episode, long over: a new one
-        cell.doubled = (since, now_ms + REWIND_WINDOW_MS)
         if now_ms - cell.rewind_logged_ms < REWIND_WINDOW_MS:
             return
         cell.rewind_logged_ms = now_ms
         log.warning(
             "cell %s: its message numbers went back %d times within %d s (now %d after %d): "
-            "two cells may be sending under this name (check each cell's `cell:`); the "
-            "root takes one's rows for resends of the other's and leaves them out, and "
-            "names the cell in cells_missing meanwhile",
+            "two cells may be sending under this name (check each cell's `cell:`), or its "
+            "link to the root flaps (each reconnection resends what the root has not "
+            "acknowledged)",
             name,
             len(cell.rewinds),
             REWIND_WINDOW_MS // 1000,
             seq,
             cell.seq,
+        )
+
+    def _numbered(self, name: str, cell: CellState, seq: int, digest: int, now_ms: int) -> None:
+        """Remember message ``seq``'s digest; the same number with other bytes: two cells.
+
+        A cell's outbox resends the very bytes it sent (after a reconnection, a restart,
+        a hole), so a number seen again with another digest comes from another process
+        using this cell's name (a copied configuration; or the cell's state was lost and
+        it numbers from 0 again). Until a minute after the last such message, the
+        quanta name the cell in ``cells_missing``: the root takes one's rows for resends
+        of the other's, and its cluster rows hold part of them only.
+        """
+        seen = cell.digests.get(seq)
+        if seen is None:
+            cell.digests[seq] = digest
+            if len(cell.digests) > DIGESTS:
+                del cell.digests[next(iter(cell.digests))]
+            return
+        if seen == digest:
+            return
+        since = now_ms
+        if cell.doubled is not None and cell.doubled[1] >= now_ms - self.lateness_ms:
+            since = cell.doubled[0]  # the same episode goes on
+        cell.doubled = (since, now_ms + REWIND_WINDOW_MS)
+        cell.digests[seq] = digest
+        if now_ms - cell.doubled_logged_ms < REWIND_WINDOW_MS:
+            return
+        cell.doubled_logged_ms = now_ms
+        log.warning(
+            "cell %s: message %d came twice with different contents: two cells send under "
+            "this name (check each cell's `partials.cell`), or the cell lost its state and "
+            "numbers from 0 again; the root takes one's rows for resends of the other's, so "
+            "its quanta name the cell in cells_missing until a minute after the last such "
+            "message",
+            name,
+            seq,
         )
 
     def _log_late(self, name: str, cell: CellState, n: int, now_ms: int) -> None:

@@ -3,6 +3,8 @@ and every row saying which listed cells it lacks. Pure: a fake clock, no broker.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -60,14 +62,21 @@ def part(end: int, host: str | None, *, length: int = Q, samples: float = 10.0) 
     )
 
 
+# Each cell's message numbers, one after another as its outbox gives them (the root
+# tells two cells under one name by a number that comes again with other bytes).
+NUMBERS: collections.defaultdict[str, itertools.count[int]] = collections.defaultdict(
+    itertools.count
+)
+
+
 def message(cell: str, end: int, through: int, *, host: str, length: int = Q) -> bytes:
     """A cell's close of quantum ``end``: its cluster row and its one host's row."""
     rows = (PartialRow(part(end, None, length=length)), PartialRow(part(end, host, length=length)))
-    return encode(PartialsMessage(cell, 0, LAY, through, rows))
+    return encode(PartialsMessage(cell, next(NUMBERS[cell]), LAY, through, rows))
 
 
 def marker(cell: str, through: int) -> bytes:
-    return encode(PartialsMessage(cell, 1, LAY, through, ()))
+    return encode(PartialsMessage(cell, next(NUMBERS[cell]), LAY, through, ()))
 
 
 def text(caplog: pytest.LogCaptureFixture) -> str:
