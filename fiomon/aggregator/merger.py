@@ -555,8 +555,32 @@ class AggregatorCore:
                 self._send_partials([], mark)  # the closed marker (and heartbeat)
             self._release()
             self._report_late(now)
+        elif self.outbox is not None:
+            self._idle_marker(now)
         self._idle_check(now)
         return rows
+
+    def _idle_marker(self, now: int) -> None:
+        """Before its first record, a cell still tells the root the quanta it closed empty.
+
+        Without it, a cell whose hosts have not run since the root started counts as
+        missing from every quantum of the other cells' runs (their rows marked, the
+        missing-cell alert firing for a healthy cell). A cell's grid is fixed (its
+        ``partials`` refuse ``align: auto``); a message without rows carries no bins, so
+        fio 3's layout stands in. Those quanta count as published here too, so records
+        that come later for them are late at the cell as they are at the root.
+        """
+        q = self.cfg.quantum_ms
+        phase = phase_for(self.cfg.align, q)
+        if phase is None:
+            return
+        through = now - self.cfg.lateness_ms
+        through -= (through - phase) % q  # the last quantum end at or before it
+        if self.published_ms is not None and through <= self.published_ms:
+            return
+        assert self.outbox is not None  # noqa: S101 -- only called for a cell
+        self.outbox.add(BinLayout(), through, [])
+        self.published_ms = through
 
     def _report_late(self, now: int) -> None:
         """Say in the log when records reached closed quanta (at most every 10 s)."""

@@ -261,6 +261,8 @@ class RootMerger:
         published rows and bucket histogram use them), and a coarser cell is refused.
         """
         new = msg.layout
+        if not msg.rows:
+            return True  # a marker carries no bins (an idle cell sends fio 3's layout)
         if self.layout is None or new == self.layout:
             self.layout = new
             return True
@@ -350,6 +352,8 @@ class RootMerger:
         self.counts.messages[cell] += 1
         if mark and not state.off_grid:  # an off-grid cell's marker says nothing of ours
             self._mark(cell, state, msg.closed_through_ms, now_ms, replay=replay)
+        if not msg.rows:
+            return True  # a marker (and heartbeat): nothing to merge
         rows = self.counts.rows
         late_before = rows["late"]
         lay = self.layout

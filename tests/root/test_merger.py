@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -182,6 +182,9 @@ def test_a_finer_cell_merges_exactly_into_a_coarser_one_in_either_order(
     in_a = np.array([batch.streams[i].host.startswith("a") for i in batch.stream_idx])
     fine = _cell_message("ca", batch.select(in_a), LAY)
     coarse = _cell_message("cb", batch.select(~in_a), COARSE)
+    # A message without rows carries no bins to merge (an idle cell's marker): the
+    # layouts meet only where both cells have rows.
+    assume(fine.rows and coarse.rows)
     root = _merger(["ca", "cb"], percentiles=one.percentiles, confidence_level=one.confidence_level)
     for m in (fine, coarse) if fine_first else (coarse, fine):
         root.receive(encode(m), T0 + 60_000, cell=m.cell)
@@ -399,14 +402,16 @@ def test_a_refused_message_sets_neither_bins_nor_grid() -> None:
     wide = dataclasses.replace(part, start_ms=part.start_ms - Q // 2)
     root.take(dataclasses.replace(bad, rows=(PartialRow(wide),)), T0, cell="cb")
     assert (root.counts.invalid["grid"], root.layout) == (1, LAY)
-    # A heartbeat (no rows) settles the bins; a fio 2 message 10 ms off is refused (for
-    # its grid, before its bins); the phase is the root's own throughout.
+    # A heartbeat (no rows) settles no bins (an idle cell sends one before it has any);
+    # a fio 2 message 10 ms off is refused (for its grid, before its bins); the phase is
+    # the root's own throughout.
     fresh = _merger(["ca"])
     fresh.receive(encode(PartialsMessage("ca", 0, LAY, T0, ())), T0, cell="ca")
+    assert fresh.layout is None
     fresh.receive(
         _one_row_message("ca", T0 + Q + 10, T0, layout=BinLayout(19, 0, "us")), T0, cell="ca"
     )
-    assert (fresh.counts.invalid["grid"], fresh.layout, fresh.phase_ms) == (1, LAY, 0)
+    assert (fresh.counts.invalid["grid"], fresh.layout, fresh.phase_ms) == (1, None, 0)
     fresh.receive(_one_row_message("ca", T0 + Q, T0), T0, cell="ca")  # on the epoch grid: taken
     assert fresh.phase_ms == 0
     assert fresh.counts.rows["merged"] == 1
@@ -749,3 +754,48 @@ def test_a_cells_incomplete_row_makes_the_roots_row_incomplete() -> None:
     assert (first.end_ms, first.complete, first.cells_missing) == (T0 + Q, False, ())
     assert first.stats.samples == 20  # both cells' rows merged
     assert (second.end_ms, second.complete, second.cells_missing) == (T0 + 2 * Q, True, ())
+
+
+def _sent(cell: AggregatorCore) -> list[bytes]:
+    """What a cell's outbox would send now, in order (as PUBACKs come)."""
+    out = []
+    assert cell.outbox is not None
+    while (nxt := cell.outbox.peek()) is not None:
+        out.append(nxt[1])
+        cell.outbox.ack(nxt[0])
+    return out
+
+
+def test_a_cell_idle_since_the_roots_start_is_not_missing(tmp_path: Path) -> None:
+    """Its hosts have not run yet: before its first record it still sends, each quantum,
+    the mark of what it closed (empty), so the busy cell's quanta are complete; records
+    that come later for quanta it said closed are late at the cell as at the root.
+    (A reviewer's loopback run: all 369 rows marked, FiomonRootCellMissing firing for a
+    healthy idle cell.)"""
+    clock = FakeClock(T0)
+    idle = AggregatorCore(
+        AggregatorConfig(
+            align="epoch",
+            lateness_ms=5000,
+            state_dir=tmp_path / "c2",
+            partials=PartialsConfig("c2"),
+        ),
+        now_ms=clock,
+    )
+    idle.restore()
+    root = _merger(["c1", "c2"], lateness_ms=60_000)
+    for t in range(1, 12):
+        clock.t = T0 + 5000 + t * Q
+        idle.tick()
+        for payload in _sent(idle):
+            root.receive(payload, clock.t, cell="c2")
+        root.receive(_one_row_message("c1", T0 + t * Q, T0 + t * Q), clock.t, cell="c1")
+    rows = root.close(clock.t)
+    assert [r.end_ms for r in rows] == [T0 + t * Q for t in range(1, 12)]
+    assert all(r.complete and r.cells_missing == () for r in rows)
+    assert root.layout == LAY  # the idle cell's stand-in layout took no part
+    # Its first records, for a quantum it said closed: late, as at the root.
+    idle.on_records("a", encode_records("a", "s", 0, records(random.Random(3), ["a"], 30)))
+    idle.tick()
+    assert idle.engine is not None and sum(idle.engine.late_records.values()) > 0
+    idle.close()
