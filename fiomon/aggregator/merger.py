@@ -574,7 +574,9 @@ class AggregatorCore:
         phase = phase_for(self.cfg.align, q)
         if phase is None:
             return
-        through = now - self.cfg.lateness_ms
+        # The watermark's bound: lateness, held while the broker may hold records for us
+        # (at the start, after a disconnection) as for any close.
+        through = self.watermark.close_through(now)
         through -= (through - phase) % q  # the last quantum end at or before it
         if self.published_ms is not None and through <= self.published_ms:
             return
