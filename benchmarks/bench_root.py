@@ -39,12 +39,14 @@ def _part(
     return RawPartial(end - Q, end, scope, host, direction, hist, end - Q, end, 1e6, 2)
 
 
-def run(args: argparse.Namespace) -> tuple[float, float, float, float, int]:
-    """One run: KiB per cell-quantum and ms of CPU (encode per cell, merge, close)."""
+def run(args: argparse.Namespace) -> tuple[float, float, float, float, int, int]:
+    """One run: KiB per cell-quantum, ms of CPU (encode per cell, merge, close), rows per
+    quantum, and rows not complete (every cell sent every quantum: must be 0)."""
     rng = np.random.default_rng(1)
     payloads: list[bytes] = []
     t_enc = 0.0
     for c in range(args.cells):
+        seq = 0  # each cell numbers its messages one after another, as its outbox does
         for q in range(1, args.quanta + 1):
             end = T0 + q * Q
             rows = [PartialRow(_part(rng, end, None, d, args.bins)) for d in ("read", "all")]
@@ -57,12 +59,13 @@ def run(args: argparse.Namespace) -> tuple[float, float, float, float, int]:
             t = time.process_time()
             msgs = split(
                 cell=f"c{c}",
-                first_seq=0,
+                first_seq=seq,
                 layout=LAY,
                 closed_through_ms=end,
                 rows=rows,
                 max_bytes=1 << 20,
             )
+            seq += len(msgs)
             payloads += [encode(m) for m in msgs]
             t_enc += time.process_time() - t
     root = RootMerger(
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> tuple[float, float, float, float, int]:
         t_merge / args.quanta * 1000,
         t_close / args.quanta * 1000,
         len(rows_out) // args.quanta,
+        sum(not r.complete for r in rows_out),
     )
 
 
@@ -102,11 +106,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     runs = [run(args) for _ in range(args.repeat)]
-    kib, enc, merge, close, rows = (statistics.median(x) for x in zip(*runs, strict=True))
+    kib, enc, merge, close, rows, _ = (statistics.median(x) for x in zip(*runs, strict=True))
+    incomplete = max(r[5] for r in runs)
     print(
         f"{args.hosts} hosts/cell x {args.cells} cells: {kib:.0f} KiB per cell-quantum; "
         f"cell split+encode {enc:.1f} ms CPU per quantum; root per quantum ({rows:.0f} rows): "
-        f"decode+merge {merge:.1f} ms, close {close:.1f} ms CPU (median of {args.repeat})"
+        f"decode+merge {merge:.1f} ms, close {close:.1f} ms CPU (median of {args.repeat}); "
+        f"rows not complete: {incomplete}"
     )
 
 
