@@ -347,7 +347,7 @@ class RootMerger:
         if msg.seq < state.seq and not replay:
             self._rewound(cell, state, msg.seq, now_ms)
         if digest is not None:
-            self._numbered(cell, state, msg.seq, digest, now_ms)
+            self._check_digest(cell, state, msg.seq, digest, now_ms)
         state.seq = msg.seq
         self.counts.messages[cell] += 1
         if mark and not state.off_grid:  # an off-grid cell's marker says nothing of ours
@@ -511,7 +511,7 @@ class RootMerger:
             cell.seq,
         )
 
-    def _numbered(self, name: str, cell: CellState, seq: int, digest: int, now_ms: int) -> None:
+    def _check_digest(self, name: str, cell: CellState, seq: int, digest: int, now_ms: int) -> None:
         """Remember message ``seq``'s digest; the same number with other bytes: two cells.
 
         A cell's outbox resends the very bytes it sent (after a reconnection, a restart,
