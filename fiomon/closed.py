@@ -63,6 +63,12 @@ class ClosedQuantum:
         cells_missing: root rows only: the configured cells neither in the quantum nor
             known to have closed it (``()`` when complete); ``None`` on other rows (not
             written).
+        revision: 0 on a row's first publication; each later publication of the same key
+            (``end_ms``, ``scope``, ``host``, ``direction``) with late records merged in
+            carries the next number. Readers take the highest revision per key.
+        revised_at: wall clock (epoch ms) of a publication after the quantum's first
+            close (a revision, or a key first published by late records); ``None`` on a
+            row published when its quantum closed (not written).
     """
 
     start_ms: int
@@ -80,6 +86,13 @@ class ClosedQuantum:
     target_met: bool | None = None
     complete: bool = True
     cells_missing: tuple[str, ...] | None = None
+    revision: int = 0
+    revised_at: int | None = None
+
+    @property
+    def key(self) -> tuple[int, str, str | None, str]:
+        """The row's identity across revisions: ``(end_ms, scope, host, direction)``."""
+        return (self.end_ms, self.scope, self.host, self.direction)
 
     def to_json(self) -> dict[str, Any]:
         """The closed-quantum JSON object of DESIGN.md."""
@@ -102,8 +115,11 @@ class ClosedQuantum:
             ),
             "streams": self.streams,
             "late_records": self.late_records,
-            "complete": self.complete,
+            "revision": self.revision,
         }
+        if self.revised_at is not None:
+            out["revised_at"] = self.revised_at
+        out["complete"] = self.complete
         if self.cells_missing is not None:
             out["cells_missing"] = list(self.cells_missing)
         if self.ci_ns is not None:
@@ -139,7 +155,9 @@ class ClosedQuantum:
             f'"bytes_per_second":'
             f"{'null' if self.bytes_per_second is None else _numtext(self.bytes_per_second)},"
             f'"streams":{_val(self.streams)},"late_records":{_val(self.late_records)},'
-            f'"complete":{"true" if self.complete else "false"}'
+            f'"revision":{_val(self.revision)},'
+            + ("" if self.revised_at is None else f'"revised_at":{_val(self.revised_at)},')
+            + f'"complete":{"true" if self.complete else "false"}'
         )
         if self.cells_missing is not None:
             line += f',"cells_missing":[{",".join(map(_STR, self.cells_missing))}]'

@@ -309,6 +309,11 @@ class AggregatorConfig:
             message size; the rest stays queued in the broker.
         quantum_ms: quantum length.
         lateness_ms: a quantum closes at the latest this long after its end.
+        revise_within_ms: the revision horizon: a record reaching a closed quantum that
+            ended at most this long before the newest close is merged into a new revision
+            of its rows; older ones are late (counted, not merged). 0: no revisions (every
+            record reaching a closed quantum is late). Closed quanta's histograms and the
+            journal are kept this long.
         align: ``epoch``, ``auto`` or a fixed offset in ms.
         percentiles: percentiles computed and exported.
         confidence_level: level of each percentile's distribution-free confidence
@@ -352,6 +357,7 @@ class AggregatorConfig:
     max_inflight: int = 1000
     quantum_ms: int = 1000
     lateness_ms: int = 5000
+    revise_within_ms: int = 600_000
     align: Align = "auto"
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     confidence_level: float | None = 0.95
@@ -726,6 +732,7 @@ _AGGREGATOR_KEYS: Table = {
     "max_inflight": ("max_inflight", _int_in(1, 65_535)),
     "quantum": ("quantum_ms", _duration_ms(1)),
     "lateness": ("lateness_ms", _duration_ms(0)),
+    "revise_within": ("revise_within_ms", _duration_between(0, 24 * 3_600_000)),
     "align": ("align", _align),
     "percentiles": ("percentiles", _percentile_list),
     "confidence_level": ("confidence_level", _level_or_off),
