@@ -82,6 +82,12 @@ class RawPartial:
         hi_ms: latest covered time, ms (``hi_ms - lo_ms`` is the covered span).
         nbytes: bytes (overlap-weighted).
         streams: number of streams that contributed.
+        revision: 0: the group as its quantum first closed. ``n >= 1``: the engine's
+            ``n``-th revision of the group (late records merged after the close), and
+            then the group holds only what that revision *added*: the late records' counts,
+            bytes and span, and ``streams`` the streams new to the group. Added to what
+            the earlier revisions sent, it gives the revised group (``lo_ms``/``hi_ms``
+            combine by min/max, the rest by sum).
     """
 
     start_ms: int
@@ -94,6 +100,7 @@ class RawPartial:
     hi_ms: int
     nbytes: float
     streams: int
+    revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
