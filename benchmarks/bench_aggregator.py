@@ -30,6 +30,16 @@ Modes:
                            the state directory, each followed by a restart
   --page-views 1           a live-page viewer: loads /live, then polls /api/v1/quanta
                            once a second as the page does
+  --late-share 0.1 --late-ms 8000   a tenth of the hosts (spread over the index range)
+                           publish each second's message 8 s after the others, past the
+                           lateness: their records revise published quanta. Prints the
+                           revisions (revision rows, quanta revised, keys first published
+                           by late records), late (beyond the horizon) and merged counts;
+                           EXACT compares the latest revision per key with the truth
+  --revise-within 0        the aggregator's revise_within (default: its own, 10m)
+  --horizon-cost           run twice, with revise_within 0 and with --revise-within (its
+                           default), and print the memory the revision horizon costs:
+                           the peak RSS difference per host and minute of horizon held
   --repeat 3               run 3 times and print the medians
   --profile agg.prof       run the aggregator under cProfile (main thread; inflated CPU)
 
@@ -37,6 +47,8 @@ Usage::
 
     python benchmarks/bench_aggregator.py --hosts 1000 --jobs 25 --seconds 60 --repeat 3
     python benchmarks/bench_aggregator.py --hosts 5000 --jobs 10 --seconds 60
+    python benchmarks/bench_aggregator.py --hosts 1000 --jobs 25 --seconds 60 \
+        --late-share 0.1 --late-ms 8000 --horizon-cost
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fiomon.bins import BinLayout
 from fiomon.engine import QuantumEngine
 from fiomon.model import DIRECTIONS, RecordBatch, StreamInfo
+from fiomon.units import parse_duration_ms
 from fiomon.wire import encode
 
 PREFIX = "fiomonbench"
@@ -169,41 +182,61 @@ class HostPayload:
         return bytes(self.buf)
 
 
+def late_hosts(hosts: int, share: float) -> list[int]:
+    """``share`` of the host indices, spread evenly over the range (0 among them)."""
+    n = round(share * hosts)
+    return sorted({h * hosts // n for h in range(n)}) if n else []
+
+
 def publish_seconds(
     pub: RawPublisher, payloads: list[HostPayload], due: list[int], seconds: int, start_ms: int
 ) -> tuple[int, int, float]:
     """Each second, each host's message at its offset ``due`` (ms) after the second ends.
+
+    Offsets may exceed a second (late hosts): the messages go out in time order, a late
+    host's second s among the others' second s + 8, say.
 
     Returns records and messages sent, and the worst lag behind schedule (ms).
     """
     records = messages = 0
     worst_lag = 0.0
     n = len(payloads)
-    for s in range(seconds):
-        end = start_ms + 1000 * (s + 1)
-        i = 0
-        while i < n:
-            now = time.time() * 1000
-            if now < end + due[i]:
-                time.sleep(min(0.01, (end + due[i] - now) / 1000))
-                continue
-            j = i
-            while j < n and end + due[j] <= now:
-                j += 1
-            worst_lag = max(worst_lag, now - end - due[i])
-            pub.send([pub.packet(payloads[k].topic, payloads[k].at(s, end)) for k in range(i, j)])
-            records += sum(payloads[k].records for k in range(i, j))
-            messages += j - i
-            i = j
+    hosts = sorted(range(n), key=lambda h: due[h])
+    events = [(start_ms + 1000 * (s + 1) + due[h], s, h) for s in range(seconds) for h in hosts]
+    if any(d >= 1000 for d in due):
+        events.sort()
+    i, m = 0, len(events)
+    while i < m:
+        now = time.time() * 1000
+        if now < events[i][0]:
+            time.sleep(min(0.01, (events[i][0] - now) / 1000))
+            continue
+        j = i
+        while j < m and events[j][0] <= now:
+            j += 1
+        worst_lag = max(worst_lag, now - events[i][0])
+        pub.send(
+            [
+                pub.packet(payloads[h].topic, payloads[h].at(s, start_ms + 1000 * (s + 1)))
+                for _, s, h in events[i:j]
+            ]
+        )
+        records += sum(payloads[h].records for _, _, h in events[i:j])
+        messages += j - i
+        i = j
     return records, messages, worst_lag
 
 
 def publish(argv: list[str]) -> None:
-    """The publisher process (port, hosts, jobs, seconds, start_ms, seed): a JSON summary."""
-    port, hosts, jobs, seconds, start_ms, seed = (int(a) for a in argv)
+    """The publisher process (port, hosts, jobs, seconds, start_ms, seed, late share,
+    late ms): a JSON summary."""
+    port, hosts, jobs, seconds, start_ms, seed = (int(a) for a in argv[:6])
+    late_share, late_ms = float(argv[6]), int(argv[7])
     tpls = templates(jobs, seed)
     payloads = [HostPayload.make(h, tpls[h % TEMPLATES]) for h in range(hosts)]
     due = [h * SPREAD_MS // hosts for h in range(hosts)]
+    for h in late_hosts(hosts, late_share):
+        due[h] += late_ms
     pub = RawPublisher(port, "bench-load")
     records, messages, worst_lag = publish_seconds(pub, payloads, due, seconds, start_ms)
     acked = pub.wait_acked(120)
@@ -435,6 +468,14 @@ class Result:
     publisher_lag_ms: float = 0.0
     wiped: set[int] = field(default_factory=set)  # quanta (ends) the deleted journal held
     rows_wiped_differing: int = 0
+    cpu_s: float = float("nan")  # the aggregator's CPU seconds over the load
+    revision_rows: int = 0  # rows published after their quantum first closed
+    quanta_revised: int = 0  # quanta (ends) with a revision >= 1
+    max_revision: int = 0
+    first_late: int = 0  # keys first published by late records (revision 0, revised_at)
+    merged: float = 0.0  # late records merged into revisions (the aggregator's counter)
+    merged_rows: int = 0  # the same from the quanta file (its revised cluster "all" rows)
+    latest_incomplete: int = 0  # latest rows still marked incomplete
     notes: list[str] = field(default_factory=list)
 
 
@@ -502,13 +543,43 @@ def quanta_lines(quanta: Path) -> list[str]:
     return [line for p in [*rotated, quanta] if p.exists() for line in p.read_text().splitlines()]
 
 
+def wait_revised(
+    port: int, quanta: Path, sent: int, deadline: float
+) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Until every record sent was received and the quanta file stopped growing (two
+    looks 1.5 s apart: revisions go out on the aggregator's next tick); the last scrape."""
+    m = metrics(port)
+    while time.monotonic() < deadline:
+        m = metrics(port)
+        if total(m, "fiomon_records_total", result="received") >= sent:
+            break
+        time.sleep(0.2)
+    size = -1
+    while time.monotonic() < deadline:
+        now = sum(p.stat().st_size for p in quanta.parent.glob(f"{quanta.name}*"))
+        if now == size:
+            break
+        size = now
+        time.sleep(1.5)
+    return metrics(port)
+
+
+# What a publication says about itself, not about the quantum: a revision's row differs from
+# the truth's (an engine fed every record in time) in these only.
+PUBLICATION = ("revision", "revised_at", "late_records", "complete")
+
+
 def compare(
     quanta: Path, truth: list[list[dict[str, Any]]], start_ms: int, seconds: int, r: Result
 ) -> None:
-    """The quanta file against the ground truth, row by row.
+    """The quanta file against the ground truth, row by row: the latest revision of each
+    key (the highest; on equal revision the later line), as readers take it.
 
     Rows of quanta whose journaled records were deleted with the state directory
-    (``r.wiped``) are counted apart (``rows_wiped_differing``): they may differ.
+    (``r.wiped``) are counted apart (``rows_wiped_differing``): they may differ. A key
+    written twice at one revision counts in ``rows_twice``. A row published after its
+    quantum first closed (``revised_at``) is compared without :data:`PUBLICATION`; the
+    latest rows still marked incomplete are counted apart (``latest_incomplete``).
     """
 
     def key(d: dict[str, Any]) -> tuple[Any, ...]:
@@ -523,15 +594,38 @@ def compare(
     r.rows_expected = len(want)
     seen: set[tuple[Any, ...]] = set()
     bad_ends: set[int] = set()
+    written: set[tuple[Any, ...]] = set()
+    newest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    revised_ends: set[int] = set()
     for line in quanta_lines(quanta):
         d = json.loads(line)
         k = key(d)
-        if k in seen:
+        rev = int(d.get("revision", 0))
+        if (k, rev) in written:
             r.rows_twice += 1
             bad_ends.add(d["end_ms"])
             continue
+        written.add((k, rev))
+        if "revised_at" in d:
+            r.revision_rows += 1
+            if d["scope"] == "cluster" and d["direction"] == "all":
+                r.merged_rows += int(d["late_records"])
+            r.max_revision = max(r.max_revision, rev)
+            if rev:
+                revised_ends.add(d["end_ms"])
+            else:
+                r.first_late += 1
+        if k not in newest or rev >= int(newest[k].get("revision", 0)):
+            newest[k] = d
+    r.quanta_revised = len(revised_ends)
+    for k, d in newest.items():
         seen.add(k)
         w = want.get(k)
+        if not d.get("complete", True):
+            r.latest_incomplete += 1
+        if w is not None and "revised_at" in d:
+            d = {f: v for f, v in d.items() if f not in PUBLICATION}  # noqa: PLW2901
+            w = {f: v for f, v in w.items() if f not in PUBLICATION}
         if w is not None and _close(d, w):
             r.rows_equal += 1
         elif d["end_ms"] in r.wiped:
@@ -599,7 +693,8 @@ def run(args: argparse.Namespace) -> Result:
             f"quantum: 1s\nlateness: {LATENESS_S}s\nalign: epoch\nlisten: 127.0.0.1:{hport}\n"
             f"max_hosts: {args.max_hosts}\nquanta_file: {quanta}\nstate_dir: {state}\n"
             f"confidence_level: {level}\n"
-            f"{extra}"
+            + ("" if args.revise_within is None else f"revise_within: {args.revise_within}\n")
+            + f"{extra}"
         )
         log = (folder / "aggregator.log").open("ab")
 
@@ -668,6 +763,8 @@ def run(args: argparse.Namespace) -> Result:
                 str(args.seconds),
                 str(start_ms),
                 str(args.seed),
+                str(args.late_share),
+                str(args.late_ms),
             ],
             stdout=subprocess.PIPE,
         )
@@ -708,7 +805,13 @@ def run(args: argparse.Namespace) -> Result:
             if end * 1000 >= last_end:
                 break
             time.sleep(0.2)
+        if args.late_share:
+            # The late hosts' last records come after the last quantum closed: wait until
+            # every record was received and the revisions they make are written (the
+            # quanta file stops growing).
+            m = wait_revised(hport, quanta, r.sent, deadline)
         c1, t1 = cpu_seconds(agg.pid), time.monotonic()
+        r.cpu_s = c1 - c0
         if not actions:
             r.cpu = 100 * (c1 - c0) / (t1 - t0)
         r.rss = peak_rss_mb(agg.pid)
@@ -746,6 +849,7 @@ def run(args: argparse.Namespace) -> Result:
         r.duplicates = sum(total(x, "fiomon_records_total", result="duplicate") for x in every)
         r.invalid = sum(total(x, "fiomon_invalid_messages_total") for x in every)
         r.quanta_closed = sum(total(x, "fiomon_quanta_closed_total") for x in every)
+        r.merged = sum(total(x, "fiomon_late_records_merged_total") for x in every)
         if before:
             r.notes.append(
                 "counters summed over the processes; the scrape just before each stop misses "
@@ -830,6 +934,11 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
     if args.restarts:
         mode.append(f"restarts {args.restarts}")
     mode.append(f"confidence_level {args.confidence_level or 'false'}")
+    if args.late_share:
+        late = len(late_hosts(args.hosts, args.late_share))
+        mode.append(f"{late} hosts {args.late_ms} ms late")
+    if args.revise_within is not None:
+        mode.append(f"revise_within {args.revise_within}")
     print(f"load: {load} ({med('offered'):,.0f} records/s offered), {', '.join(mode)}; {what}")
     for i, x in enumerate(results):
         exact = not (x.rows_missing or x.rows_extra or x.rows_twice or x.rows_differing)
@@ -853,24 +962,34 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         )
         print(
             f"         close delay p50 <= {x.delay_p50:g} s, p99 <= {x.delay_p99:g} s; "
-            f"CPU {x.cpu:.1f} % of a core, peak RSS {x.rss:.0f} MB; scrapes {x.scrapes} "
+            f"CPU {x.cpu:.1f} % of a core ({x.cpu_s:.1f} s), peak RSS {x.rss:.0f} MB; "
+            f"scrapes {x.scrapes} "
             f"(failed {x.scrape_failures}), p50 {1e3 * x.scrape_p50:.0f} ms, p99 "
             f"{1e3 * x.scrape_p99:.0f} ms, {x.metrics_kb:.0f} kB; publisher lag <= "
             f"{x.publisher_lag_ms:.0f} ms"
         )
+        if args.late_share or x.revision_rows:
+            print(
+                f"         revisions: {x.revision_rows:,} revision rows, {x.quanta_revised} "
+                f"quanta revised (highest revision {x.max_revision}), {x.first_late:,} keys "
+                f"first published by late records; late records merged {x.merged:,.0f} "
+                f"(quanta file, cluster rows: {x.merged_rows:,}), late beyond the horizon "
+                f"{x.late:,.0f}; latest rows marked incomplete {x.latest_incomplete:,}"
+            )
         for note in x.notes:
             print(f"         {note}")
     if n > 1:
         print(
             f"median: late {med('late'):.0f}, lost {med('lost'):.0f}, close delay p99 <= "
-            f"{med('delay_p99'):g} s, CPU {med('cpu'):.0f} %, RSS {med('rss'):.0f} MB, scrape p99 "
+            f"{med('delay_p99'):g} s, CPU {med('cpu'):.0f} % ({med('cpu_s'):.1f} s), "
+            f"RSS {med('rss'):.0f} MB, scrape p99 "
             f"{1e3 * med('scrape_p99'):.0f} ms"
         )
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_publish":
-        publish(sys.argv[2:8])
+        publish(sys.argv[2:10])
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_view":
         viewer(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
@@ -913,10 +1032,58 @@ def main() -> int:
         default=0.95,
         help="the aggregator's confidence_level ('false': no intervals, to measure their cost)",
     )
+    ap.add_argument(
+        "--late-share",
+        type=float,
+        default=0.0,
+        help="share of the hosts whose messages come --late-ms after the others' (0: none)",
+    )
+    ap.add_argument("--late-ms", type=int, default=8000, help="how late (default 8000)")
+    ap.add_argument(
+        "--revise-within",
+        default=None,
+        help="the aggregator's revise_within, e.g. 0 or 2m (default: its own)",
+    )
+    ap.add_argument(
+        "--horizon-cost",
+        action="store_true",
+        help="also run with revise_within 0 and print the horizon's RSS per host-minute",
+    )
     args = ap.parse_args()
+    off: list[Result] = []
+    if args.horizon_cost:
+        without = argparse.Namespace(**{**vars(args), "revise_within": "0"})
+        off = [run(without) for _ in range(args.repeat)]
+        report(without, off)
     results = [run(args) for _ in range(args.repeat)]
     report(args, results)
+    if off:
+        horizon_cost(args, off, results)
     return 0
+
+
+def horizon_cost(args: argparse.Namespace, off: list[Result], on: list[Result]) -> None:
+    """The peak RSS the revision horizon adds, per host and minute of horizon held.
+
+    Closed quanta's state is kept for the horizon: a run shorter than the horizon holds
+    every closed quantum (its length), a longer one the horizon's worth.
+    """
+    horizon_ms = (
+        600_000
+        if args.revise_within is None
+        else parse_duration_ms(args.revise_within, what="--revise-within")
+    )
+    held_min = min(horizon_ms, 1000 * args.seconds) / 60_000
+    rss0 = statistics.median(x.rss for x in off)
+    rss1 = statistics.median(x.rss for x in on)
+    cpu0 = statistics.median(x.cpu_s for x in off)
+    cpu1 = statistics.median(x.cpu_s for x in on)
+    per = (rss1 - rss0) * 1024 / args.hosts / held_min if held_min else float("nan")
+    print(
+        f"revision horizon: peak RSS {rss0:.0f} MB with revise_within 0, {rss1:.0f} MB with "
+        f"{args.revise_within or '10m (default)'} ({held_min:g} min of closed quanta held): "
+        f"{per:.1f} kB per host and minute of horizon; CPU {cpu0:.1f} s vs {cpu1:.1f} s"
+    )
 
 
 if __name__ == "__main__":
