@@ -114,7 +114,8 @@ def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
     clock.t += 300
     core.tick()
     assert core.counts.quanta_revised == 1
-    core.state.writer.close()  # type: ignore[union-attr] -- what was handed is on disk
+    assert core.state.writer is not None
+    core.state.writer.close()  # what was handed to it is on disk
     crash(core)
     core2 = AggregatorCore(config(tmp_path), now_ms=clock)
     core2.restore()
