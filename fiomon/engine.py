@@ -8,8 +8,12 @@ so cluster scope is the sum over hosts and ``all`` the sum over directions, at c
 
 Closing is driven from outside: :meth:`QuantumEngine.close_through` closes every quantum
 that ends at or before a time (the report passes the streams' common progress, the live
-aggregator its watermark). A record that reaches a closed quantum is *late*: that part is
-not merged (published quanta never change) and it is counted per host.
+aggregator its watermark). A record that reaches a closed quantum is *late*. With a
+revision horizon (``revise_within_ms``) the closed quanta's histograms are kept
+(:mod:`fiomon.kept`) and a late record whose quantum ended within the horizon is merged
+into it: the next close publishes a *revision* of the rows it changed (``revision``
+counts up per row key, ``revised_at`` says when), equal to what the quantum would have
+been with the record in time. Older late records are not merged and are counted per host.
 
 Memory is bounded by ``max_open_quanta``: when a record would open more, the oldest open
 quanta are closed early (counted in ``forced_closes``).
@@ -35,6 +39,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.confidence import DEFAULT_LEVEL
+from fiomon.kept import FOLDED, Delta, KeptQuantum
 from fiomon.model import (
     DEFAULT_PERCENTILES,
     DIRECTION_LABELS,
@@ -47,7 +52,8 @@ from fiomon.model import (
 from fiomon.partials import RawPartial
 
 OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
-FOLDED_HOST = -2  # host id of slots that sum every host (no host scope requested)
+FOLDED_HOST = FOLDED  # host id of slots that sum every host (no host scope requested)
+KEPT_BYTES = 1 << 30  # closed quanta kept for revisions at most (more forget the oldest)
 _FAR = 2**62
 CLOSE_ROWS = 2048  # stored rows closed together at most (bounds the memory of a close)
 
@@ -175,6 +181,11 @@ class QuantumEngine:
         keep_partials: also keep every closed group as a
             :class:`~fiomon.partials.RawPartial` in :attr:`partials` (a cell publishing to
             a root takes them from there).
+        revise_within_ms: the revision horizon: closed quanta ending within this of the
+            newest close are kept, and late records for them are merged into revisions.
+            0: none (every late record is counted and dropped).
+        kept_max_bytes: memory of the kept quanta at most; past it the oldest are
+            forgotten early (counted in :attr:`kept_dropped`).
     """
 
     def __init__(
@@ -194,6 +205,8 @@ class QuantumEngine:
         confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
         keep_partials: bool = False,
+        revise_within_ms: int = 0,
+        kept_max_bytes: int = KEPT_BYTES,
     ) -> None:
         if quantum_ms <= 0:
             msg = f"quantum_ms must be positive, got {quantum_ms}"
@@ -219,6 +232,19 @@ class QuantumEngine:
         self.confidence_level = confidence_level
         self.keep_partials = keep_partials
         self.partials: list[RawPartial] = []  # with keep_partials; the taker empties it
+        self.revise_within_ms = max(0, revise_within_ms)
+        self.kept_max_bytes = kept_max_bytes
+        self._kept: dict[int, KeptQuantum] = {}  # closed quantum id -> its state
+        self._kept_bytes = 0
+        self.kept_dropped = 0  # quanta forgotten before the horizon (memory)
+        # Quanta ending at or before this are not revisable: before the horizon, forgotten
+        # for memory, or (after a restart) closed by a previous run whose records the
+        # journal no longer holds in full.
+        self.kept_from_ms = -_FAR
+        self._mark_ms: int | None = None  # the newest close_through() time
+        self.revised_records: Counter[str] = Counter()  # late records merged, per host
+        self._rev_late: dict[int, Counter[str]] = {}  # revising quantum -> host -> records
+        self._added: dict[str, npt.NDArray[np.float64]] = {}  # cluster label -> counts
         self._next_open: int | None = None  # quanta below this id are closed
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
@@ -445,8 +471,15 @@ class QuantumEngine:
         if self._next_open is not None:
             late = p.slot_q < self._next_open
             if late.any():
-                self._count_late(p, late)
-                keep = ~late
+                # Within the horizon, late slots open rows of their closed quantum that
+                # hold only what the late records add (the next close revises it).
+                revisable = late & (p.slot_q >= self._revisable_q())
+                if revisable.any():
+                    self._count_revised(p, revisable)
+                dropped = late & ~revisable
+                if dropped.any():
+                    self._count_late(p, dropped)
+                keep = ~dropped
         keys = list(zip(p.slot_q.tolist(), host.tolist(), p.slot_dir.tolist(), strict=True))
         # Looked up in one C-level pass; only new slots take the Python path.
         rows = np.fromiter(map(self._rows.get, keys, repeat(-1)), dtype=np.int64, count=nslots)
@@ -504,6 +537,34 @@ class QuantumEngine:
             self.late_records[h] += n
             self._late_since_close[h] += n
 
+    def _revisable_q(self) -> int:
+        """The oldest closed quantum a late record may still revise (a huge id: none)."""
+        if not self.revise_within_ms or self._mark_ms is None:
+            return _FAR
+        horizon = int(self.quantum_of(np.array([self._mark_ms - self.revise_within_ms]))[0]) + 1
+        # Quanta starting at or after kept_from_ms (ceiling division).
+        kept = -((self.phase_ms - self.kept_from_ms) // self.quantum_ms)
+        return max(horizon, kept)
+
+    def _count_revised(self, p: PreparedBatch, revisable: npt.NDArray[np.bool_]) -> None:
+        """Count the late records merged into revisions: per host, and per quantum and host."""
+        sel = revisable[p.piece_slot]
+        rec = p.piece_rec[sel]
+        q = p.slot_q[p.piece_slot[sel]]
+        st = p.piece_stream[sel]
+        _, first = np.unique(rec, return_index=True)
+        per_stream = np.bincount(st[first], minlength=len(p.streams))
+        for si in np.flatnonzero(per_stream).tolist():
+            self.revised_records[p.streams[si].host] += int(per_stream[si])
+        # A record reaching two closed quanta counts in each one's rows.
+        q0 = int(q.min())
+        _, once = np.unique((q - q0) * max(p.records, 1) + rec, return_index=True)
+        nst = len(p.streams) + 1
+        keys, counts = np.unique((q[once] - q0) * nst + st[once], return_counts=True)
+        for k, n in zip(keys.tolist(), counts.tolist(), strict=True):
+            qq, si = divmod(k, nst)
+            self._rev_late.setdefault(q0 + qq, Counter())[p.streams[si].host] += n
+
     def _enforce_cap(self) -> None:
         excess = len(self._quanta) - self.max_open_quanta
         if self.max_open_rows is not None and len(self._rows) > self.max_open_rows:
@@ -534,12 +595,22 @@ class QuantumEngine:
         """Number of quanta holding data and not yet closed."""
         return len(self._quanta)
 
-    def close_through(self, t_ms: int) -> list[ClosedQuantum]:
-        """Close every quantum that ends at or before ``t_ms``, oldest first."""
+    def close_through(self, t_ms: int, now_ms: int | None = None) -> list[ClosedQuantum]:
+        """Close every quantum that ends at or before ``t_ms``, oldest first.
+
+        Then the revisions: every closed quantum that late records reached since the
+        previous close is published again (only the rows they changed), after the
+        quanta closed for the first time. ``now_ms``: the wall clock the revisions'
+        ``revised_at`` says (default ``t_ms``).
+        """
         out, self._pending_closed = self._pending_closed, []
         forced = len(out)  # closed earlier (memory bounds), their late counts given then
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
+        first_open = self._next_open
         ready = sorted(q for q in self._quanta if q <= last_q)
+        revising = [q for q in ready if first_open is not None and q < first_open]
+        if revising:
+            ready = ready[len(revising) :]
         # Close in chunks of about CLOSE_ROWS rows: closing many quanta at once (after an
         # outage, or at the end of a report) must not need memory for all of them.
         chunk: list[int] = []
@@ -559,6 +630,12 @@ class QuantumEngine:
             self._late_since_close.clear()
         if self._next_open is None or last_q + 1 > self._next_open:
             self._next_open = last_q + 1
+        if revising:
+            out.extend(self._revise(revising, t_ms if now_ms is None else now_ms))
+        if self.revise_within_ms:
+            if self._mark_ms is None or t_ms > self._mark_ms:
+                self._mark_ms = t_ms
+            self._forget(self._mark_ms - self.revise_within_ms)
         return out
 
     def flush(self) -> list[ClosedQuantum]:
@@ -575,8 +652,38 @@ class QuantumEngine:
         rq, rh, rd = self._row_q[rows], self._row_host[rows], self._row_dir[rows]
         lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
         cols = slice(lo, hi)
-        out = self._emit(rows, self._groups(rq, rh, rd, self._store[rows, cols]), lo)
-        self._store[rows, cols] = 0.0
+        hists = self._store[rows, cols]
+        u_pos, u_sid = self._take_pairs(rows)
+        out = self._emit(rows, self._groups(rq, rh, rd, hists), lo, u_pos, u_sid)
+        if self.revise_within_ms:
+            self._keep(rows, hists, lo, u_pos, u_sid, out)
+        self._free_rows(rows)
+        return out
+
+    def _take_pairs(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The distinct (position in ``rows``, stream id) pairs of closing rows, by position.
+
+        The pairs of the other rows stay.
+        """
+        pair_row = np.concatenate(self._pair_row)
+        pair_sid = np.concatenate(self._pair_sid)
+        pos = np.full(len(self._store), -1, dtype=np.int64)
+        pos[rows] = np.arange(len(rows))
+        pair_pos = pos[pair_row]
+        closing = pair_pos >= 0
+        self._pair_row, self._pair_sid = [pair_row[~closing]], [pair_sid[~closing]]
+        nsid = len(self._stream_ids) + 1
+        u = np.unique(pair_pos[closing] * nsid + pair_sid[closing])
+        u_pos = u // nsid
+        return u_pos, u - u_pos * nsid
+
+    def _free_rows(self, rows: npt.NDArray[np.int64]) -> None:
+        """Zero closed rows and give them back (their slots and quanta are forgotten)."""
+        lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
+        rq, rh, rd = self._row_q[rows], self._row_host[rows], self._row_dir[rows]
+        self._store[rows, lo:hi] = 0.0
         self._row_used[rows] = False
         self._row_lo[rows] = _FAR
         self._row_hi[rows] = -_FAR
@@ -586,7 +693,249 @@ class QuantumEngine:
         for q in set(rq.tolist()):
             del self._quanta[q]
         self._free.extend(rows.tolist())
+
+    # -- revisions ----------------------------------------------------------------------
+
+    def _keep(  # noqa: PLR0917 -- the closing rows' columns, as _close has them
+        self,
+        rows: npt.NDArray[np.int64],
+        hists: npt.NDArray[np.float64],
+        first_bin: int,
+        u_pos: npt.NDArray[np.int64],
+        u_sid: npt.NDArray[np.int64],
+        closed: list[ClosedQuantum],
+    ) -> None:
+        """Keep the state of the quanta closing (sorted by quantum) for revisions."""
+        rq = self._row_q[rows]
+        starts = _run_starts(rq)
+        bounds = [*starts.tolist(), len(rows)]
+        sbounds = np.searchsorted(u_pos, bounds)
+        for i in range(len(starts)):
+            a, b = bounds[i], bounds[i + 1]
+            sa, sb = int(sbounds[i]), int(sbounds[i + 1])
+            r = rows[a:b]
+            kq = KeptQuantum.of_rows(
+                self._row_host[r],
+                self._row_dir[r],
+                hists[a:b],
+                first_bin,
+                self._row_lo[r],
+                self._row_hi[r],
+                self._row_nbytes[r],
+                u_pos[sa:sb] - a,
+                u_sid[sa:sb],
+            )
+            self._put_kept(int(rq[a]), kq)
+        for row in closed:
+            q = int(self.quantum_of(np.array([row.end_ms]))[0])
+            kept = self._kept.get(q)
+            if kept is not None:
+                kept.published[(row.host, row.direction)] = 0
+
+    def _put_kept(self, q: int, kq: KeptQuantum) -> None:
+        old = self._kept.get(q)
+        if old is not None:
+            self._kept_bytes -= old.nbytes
+        self._kept[q] = kq
+        self._kept_bytes += kq.nbytes
+        while self._kept_bytes > self.kept_max_bytes and len(self._kept) > 1:
+            oldest = next(iter(self._kept))
+            self._kept_bytes -= self._kept.pop(oldest).nbytes
+            self.kept_dropped += 1
+            self.kept_from_ms = max(self.kept_from_ms, self.quantum_bounds(oldest)[1])
+
+    def _forget(self, before_ms: int) -> None:
+        """Forget kept quanta ending at or before ``before_ms`` (past the horizon)."""
+        last = int(self.quantum_of(np.array([before_ms]))[0])
+        end = self.quantum_bounds(last)[1]
+        last = last if end <= before_ms else last - 1
+        for q in [q for q in self._kept if q <= last]:
+            self._kept_bytes -= self._kept.pop(q).nbytes
+        for q in [q for q in self._rev_late if q <= last and q not in self._quanta]:
+            del self._rev_late[q]
+
+    @property
+    def kept_bytes(self) -> int:
+        """Memory the kept quanta hold (arrays), bytes."""
+        return self._kept_bytes
+
+    @property
+    def kept_quanta(self) -> int:
+        """Closed quanta kept for revisions."""
+        return len(self._kept)
+
+    def take_added(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per cluster direction label, the counts revisions added since the last call."""
+        out, self._added = self._added, {}
         return out
+
+    def _deltas(self, q: int) -> dict[tuple[int, int], Delta]:
+        """Take the rows late records opened in closed quantum ``q`` (freed here)."""
+        rows = np.flatnonzero(self._row_used & (self._row_q == q))
+        u_pos, u_sid = self._take_pairs(rows)
+        sb = np.searchsorted(u_pos, np.arange(len(rows) + 1))
+        out: dict[tuple[int, int], Delta] = {}
+        for i, r in enumerate(rows.tolist()):
+            key = (int(self._row_host[r]), int(self._row_dir[r]))
+            out[key] = Delta(
+                self._store[r].copy(),
+                int(self._row_lo[r]),
+                int(self._row_hi[r]),
+                float(self._row_nbytes[r]),
+                u_sid[sb[i] : sb[i + 1]].copy(),
+            )
+        self._free_rows(rows)
+        return out
+
+    def absorb(self) -> None:
+        """Fold what late records opened into the kept quanta without publishing it.
+
+        After a restart's replay of the journal: those records were in the rows
+        published before the restart (first closes or revisions), so they re-form the
+        kept state and are no revision (nor counted late or merged).
+        """
+        if self._next_open is None:
+            return
+        for q in sorted(q for q in self._quanta if q < self._next_open):
+            deltas = self._deltas(q)
+            base = self._kept.get(q) or KeptQuantum.empty()
+            revised = base.revised(deltas, self.layout.nbins)
+            revised.published, revised.revisions = base.published, base.revisions
+            self._put_kept(q, revised)
+        self._rev_late.clear()
+        self.revised_records.clear()
+
+    def note_published(self, end_ms: int, host: str | None, direction: str, revision: int) -> None:
+        """A row of a kept quantum was published at ``revision`` (a restart reads them back)."""
+        q = int(self.quantum_of(np.array([end_ms]))[0])
+        kept = self._kept.get(q)
+        if kept is None:
+            return
+        key = (host, direction)
+        kept.published[key] = max(kept.published.get(key, -1), revision)
+        # A later revision's partials must carry a number not used before the restart.
+        kept.revisions = max(kept.revisions, revision + 1)
+
+    def _revise(self, quanta: list[int], now_ms: int) -> list[ClosedQuantum]:
+        """Publish again the closed ``quanta`` that late records reached."""
+        out: list[ClosedQuantum] = []
+        nbins = self.layout.nbins
+        want_all = "all" in self.directions
+        labels = {**dict(enumerate(DIRECTION_LABELS)), -1: "all"}
+        for q in quanta:
+            deltas = self._deltas(q)
+            if not deltas:
+                continue
+            base = self._kept.get(q) or KeptQuantum.empty()
+            kept = base.revised(deltas, nbins)
+            kept.revisions += 1
+            touched = sorted(deltas)
+            groups = kept.groups(touched, nbins, per_host=self.per_host, want_all=want_all)
+            late = self._rev_late.pop(q, Counter())
+            start, end = self.quantum_bounds(q)
+            lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
+            wanted = [g for g in groups if labels[g[2]] in self.directions]
+            stats, cis = group_stats(
+                np.stack([g[3][lo:hi] for g in wanted]) if wanted else np.zeros((0, hi - lo)),
+                self.layout,
+                self.percentiles,
+                confidence_level=self.confidence_level,
+                first_bin=lo,
+            )
+            for g, st, ci in zip(wanted, stats, cis, strict=True):
+                scope, h, d, hist, glo, ghi, nb, streams = g
+                host = None if scope == "cluster" else self._host_names[h]
+                label = labels[d]
+                if scope == "cluster":
+                    self._add_delta(label, deltas, d)
+                if st is None:
+                    continue
+                key = (host, label)
+                revision = kept.published.get(key, -1) + 1
+                kept.published[key] = revision
+                out.append(
+                    replace(
+                        closed_row(
+                            start_ms=start,
+                            end_ms=end,
+                            scope=scope,  # type: ignore[arg-type]
+                            host=host,
+                            direction=label,
+                            stats=st,
+                            ci_ns=ci,
+                            lo_ms=glo,
+                            hi_ms=ghi,
+                            nbytes=nb,
+                            streams=streams,
+                            late_records=sum(late.values()) if host is None else late[host],
+                            hist=(
+                                hist
+                                if (self.keep_hists and host is None)
+                                or (self.keep_host_hists and host is not None)
+                                else None
+                            ),
+                        ),
+                        revision=revision,
+                        revised_at=now_ms,
+                    )
+                )
+            if self.keep_partials:
+                self._keep_delta_partials(q, base, kept, touched, deltas)
+            self._put_kept(q, kept)
+        return out
+
+    def _add_delta(self, label: str, deltas: dict[tuple[int, int], Delta], d: int) -> None:
+        """Add what the revision added to cluster direction ``label`` to :meth:`take_added`."""
+        add = [x.hist for (_, dd), x in deltas.items() if d in (-1, dd)]
+        if not add:
+            return
+        total = np.sum(add, axis=0)
+        prev = self._added.get(label)
+        self._added[label] = total if prev is None else prev + total
+
+    def _keep_delta_partials(
+        self,
+        q: int,
+        base: KeptQuantum,
+        kept: KeptQuantum,
+        touched: list[tuple[int, int]],
+        deltas: dict[tuple[int, int], Delta],
+    ) -> None:
+        """A revision's partials: per group, what it added (see RawPartial.revision)."""
+        nbins = self.layout.nbins
+        want_all = "all" in self.directions
+        labels = {**dict(enumerate(DIRECTION_LABELS)), -1: "all"}
+        before = {
+            (g[0], g[1], g[2]): g[7]
+            for g in base.groups(touched, nbins, per_host=self.per_host, want_all=want_all)
+        }
+        start, end = self.quantum_bounds(q)
+        for g in kept.groups(touched, nbins, per_host=self.per_host, want_all=want_all):
+            scope, h, d, _, _, _, _, streams = g
+            if labels[d] not in self.directions:
+                continue
+            mine = [
+                x
+                for (dh, dd), x in deltas.items()
+                if (scope == "cluster" or dh == h) and d in (-1, dd)
+            ]
+            if not mine:
+                continue
+            self.partials.append(
+                RawPartial(
+                    start_ms=start,
+                    end_ms=end,
+                    scope=scope,  # type: ignore[arg-type]
+                    host=None if scope == "cluster" else self._host_names[h],
+                    direction=labels[d],
+                    hist=np.sum([x.hist for x in mine], axis=0),
+                    lo_ms=min(x.lo_ms for x in mine),
+                    hi_ms=max(x.hi_ms for x in mine),
+                    nbytes=float(sum(x.nbytes for x in mine)),
+                    streams=streams - before.get((scope, h, d), 0),
+                    revision=kept.revisions,
+                )
+            )
 
     def _groups(
         self,
@@ -649,28 +998,23 @@ class QuantumEngine:
         return kinds
 
     def _emit(
-        self, rows: npt.NDArray[np.int64], kinds: list[_Groups], first_bin: int
+        self,
+        rows: npt.NDArray[np.int64],
+        kinds: list[_Groups],
+        first_bin: int,
+        u_pos: npt.NDArray[np.int64],
+        u_sid: npt.NDArray[np.int64],
     ) -> list[ClosedQuantum]:
         """Closed-quantum rows of ``kinds``: per quantum, cluster then hosts, in label order.
 
-        The histograms of ``kinds`` hold the columns from ``first_bin`` on.
+        The histograms of ``kinds`` hold the columns from ``first_bin`` on; ``u_pos`` and
+        ``u_sid`` are the closing rows' distinct (position, stream id) pairs.
         """
-        pair_row = np.concatenate(self._pair_row)
-        pair_sid = np.concatenate(self._pair_sid)
-        pos = np.full(len(self._store), -1, dtype=np.int64)
-        pos[rows] = np.arange(len(rows))
-        pair_pos = pos[pair_row]
-        closing = pair_pos >= 0
-        self._pair_row, self._pair_sid = [pair_row[~closing]], [pair_sid[~closing]]
-        pair_pos, pair_sid = pair_pos[closing], pair_sid[closing]
         nsid = len(self._stream_ids) + 1
         # Streams per group, from two sorts for every kind (not one per kind): a stream has
         # one host, so within one direction it lands in one row of a (quantum, direction)
         # and the distinct (row, stream) pairs count each group's streams; across
         # directions (``all``) the distinct (quantum, stream) pairs do.
-        u = np.unique(pair_pos * nsid + pair_sid)
-        u_pos = u // nsid
-        u_sid = u - u_pos * nsid
         _, first = np.unique(self._row_q[rows][u_pos] * nsid + u_sid, return_index=True)
         qs_pos = u_pos[first]
         lo, hi, nbytes = self._row_lo[rows], self._row_hi[rows], self._row_nbytes[rows]

@@ -65,7 +65,7 @@ from fiomon.server.metrics import (
     with_outbox,
 )
 from fiomon.server.publish import Publisher
-from fiomon.server.quantafile import RowKey, Tail
+from fiomon.server.quantafile import RowKey, Tail, recent_revisions
 from fiomon.server.reload import warn_restart_only
 from fiomon.server.state import StateDir
 from fiomon.wire import MAGIC, VERSION, DecodedGroup, Decoder
@@ -125,6 +125,9 @@ class AggregatorCore:
         self._first_layout: BinLayout | None = None
         self._phase_ms: int | None = None  # the grid's phase, when a previous run fixed it
         self._skip: tuple[int, frozenset[RowKey]] | None = None
+        # After a restart: quanta starting at or after this are whole in the journal
+        # (revisable); None: none of the previous run's.
+        self._kept_ms: int | None = None
         self._snapshot_ms = -_FAR
         self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
         # The state directory and quanta file (opened by restore()).
@@ -199,6 +202,8 @@ class AggregatorCore:
             g, c, unit = grid.layout
             self._first_layout = BinLayout.from_codes(g, c, unit)
             self._phase_ms = grid.phase_ms
+            # Quanta the journal holds in full can be revised after the restart.
+            self._kept_ms = grid.kept_ms
             self._create_engine(self._first_layout, grid.phase_ms)
         elif grid is not None:
             log.warning("quantum changed since the last run: its journal starts a new grid")
@@ -245,9 +250,23 @@ class AggregatorCore:
         self.replayed = self.counts.records["replayed"]
         if self.engine is not None:
             # Parts of replayed records in quanta published before the restart are not
-            # late: they were in those quanta.
+            # late: they were in those quanta (first closes or revisions). Within the
+            # revision horizon they re-form the kept quanta, so the next late record
+            # revises what was published, numbered after what the quanta file holds.
+            self.engine.absorb()
             self.engine.reset_late_counts()
+            self._note_published()
         log.info("re-formed the open quanta from %d journaled records", self.replayed)
+
+    def _note_published(self) -> None:
+        """Tell the engine the revisions the quanta file holds for the kept quanta."""
+        engine, quanta = self.engine, self.state.quanta
+        if engine is None or quanta is None or not engine.kept_quanta:
+            return
+        since = (self.published_ms or 0) - self.cfg.revise_within_ms - self.cfg.quantum_ms
+        paths = [quanta.path, quanta.path.with_name(f"{quanta.path.name}.1")]
+        for end, host, direction, _, rev in recent_revisions(paths, since):
+            engine.note_published(end, host, direction, rev)
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -541,7 +560,7 @@ class AggregatorCore:
         rows: list[ClosedQuantum] = []
         if self.engine is not None:
             mark = self.watermark.close_through(now)
-            rows = self._completeness(self.engine.close_through(mark))
+            rows = self._completeness(self.engine.close_through(mark, now))
             if rows:
                 log.debug(
                     "closing %d quanta through %d (%d ms ago) by %s",
@@ -666,6 +685,7 @@ class AggregatorCore:
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
             keep_partials=self.cfg.partials is not None,
+            revise_within_ms=self.cfg.revise_within_ms,
             # Room for every host's rows over the lateness, without copies as it fills.
             capacity_rows=min(
                 1 << 17,
@@ -673,7 +693,9 @@ class AggregatorCore:
             ),
         )
         if self.published_ms is not None:
-            # Records for published quanta are late: they are never published twice.
+            # Records for published quanta are late, or (within the revision horizon, for
+            # the quanta the journal holds whole) revisions: never published twice.
+            self.engine.kept_from_ms = self.published_ms if self._kept_ms is None else self._kept_ms
             self.engine.close_through(self.published_ms)
         if self.state.writer is not None and self.state.state_path is not None:
             # The grid is on disk as soon as it exists (a restart keeps its phase).
@@ -720,20 +742,46 @@ class AggregatorCore:
         return marked
 
     def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
-        ends = sorted({r.end_ms for r in rows})
+        """Publish a close: first publications, then revisions (``revised_at`` set)."""
+        first = [r for r in rows if r.revised_at is None]
+        revised = [r for r in rows if r.revised_at is not None]
+        ends = sorted({r.end_ms for r in first})
         self.counts.quanta_closed += len(ends)
-        through = max(mark, ends[-1])
+        through = max(mark, ends[-1]) if ends else mark
+        if self.published_ms is not None:
+            through = max(through, self.published_ms)
         self._send_partials(rows, through)  # before the state can say "published"
         if self.state.writer is not None:
             skip = None
-            if self._skip is not None and self._skip[0] <= ends[-1]:
+            if self._skip is not None and ends and self._skip[0] <= ends[-1]:
                 skip, self._skip = self._skip, None
             self.state.writer.submit(rows, through, self._grid(through), skip)
         self.published_ms = through
-        tails = self._tails(rows, ends[-1]) if self.cfg.fit_tail else None
-        self.transitions += self.publisher.observe(rows, now, tails)
+        if first:
+            tails = self._tails(first, ends[-1]) if self.cfg.fit_tail else None
+            self.transitions += self.publisher.observe(first, now, tails)
+        if revised:
+            self._revised(revised, now)
         self.live.add(rows, self.engine.layout if self.engine is not None else None)
         self.snapshot = self._build(now)
+
+    def _revised(self, rows: list[ClosedQuantum], now: int) -> None:
+        """Revisions to the publisher (gauges of the newest quantum, buckets, SLA log)."""
+        added = self.engine.take_added() if self.engine is not None else {}
+        quanta = len({r.end_ms for r in rows})
+        self.counts.quanta_revised += quanta
+        log.info(
+            "revised %d closed quanta (%d rows) with late records within revise_within "
+            "(%d ms); ends %d..%d",
+            quanta,
+            len(rows),
+            self.cfg.revise_within_ms,
+            min(r.end_ms for r in rows),
+            max(r.end_ms for r in rows),
+        )
+        revise = getattr(self.publisher, "revise", None)
+        if revise is not None:
+            revise(rows, now, added)
 
     def _send_partials(self, rows: list[ClosedQuantum], through: int) -> None:
         """Put what the engine closed (and the closed marker) in the cell's outbox.
@@ -774,17 +822,23 @@ class AggregatorCore:
         if fresh or self._known is None or now - self._known_at >= KNOWN_EVERY_MS:
             self._known, self._known_at = self.watermark.known(), now
         lay = self.engine.layout
+        kept = None
+        if closed_ms is not None and self.cfg.revise_within_ms:
+            # What the journal still holds whole (it releases behind the writer's
+            # confirmation, which is at most closed_ms): a restart may revise from there.
+            kept = max(closed_ms - self.cfg.revise_within_ms, self.engine.kept_from_ms)
         return GridState(
             self.cfg.quantum_ms,
             self.engine.phase_ms,
             (lay.group_nr, lay.coarseness, lay.unit),
             closed_ms,
             self._known,
+            kept_ms=kept,
         )
 
     def _release(self) -> None:
         """Let the journal drop what the quanta file has confirmed."""
-        self.state.release(self.published_ms)
+        self.state.release(self.published_ms, self.cfg.revise_within_ms)
 
     def _tails(self, rows: list[ClosedQuantum], end: int) -> dict[str, tuple[float, float]]:
         """Head + tail fit of the newest quantum's cluster rows (fit_tail)."""
@@ -814,6 +868,10 @@ class AggregatorCore:
             for h, n in engine.late_records.items():
                 late[self._host_label(h)] += n  # over-cap hosts add up in "_other"
             self.counts.late = late
+            merged: Counter[str] = Counter()
+            for h, n in engine.revised_records.items():
+                merged[self._host_label(h)] += n
+            self.counts.late_merged = merged
             self.counts.hosts_over_cap = engine.hosts_over_cap
             self.counts.forced_closes = engine.forced_closes
         health = Health(

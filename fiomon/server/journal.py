@@ -77,6 +77,9 @@ class GridState:
         known: the merger's own state (the aggregator: the streams the watermark knew, so
             a restart waits for hosts whose records all lie in confirmed quanta); None in
             state files of older versions.
+        kept_ms: the journal holds every record of the quanta starting at or after this
+            (it is released only past the revision horizon), so a restart can revise them;
+            None: none (older versions, or no revisions).
     """
 
     quantum_ms: int
@@ -84,6 +87,7 @@ class GridState:
     layout: tuple[int, int, str]
     closed_ms: int | None
     known: KnownState | None = None
+    kept_ms: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
@@ -100,6 +104,7 @@ class GridState:
             "phase_ms": self.phase_ms,
             "layout": list(self.layout),
             "closed_ms": self.closed_ms,
+            "kept_ms": self.kept_ms,
         }
 
     @classmethod
@@ -122,11 +127,13 @@ class GridState:
             d = json.loads(text)
             g, c, u = d["layout"]
             closed = d["closed_ms"]
+            kept = d.get("kept_ms")
             grid = cls(
                 int(d["quantum_ms"]),
                 int(d["phase_ms"]),
                 (int(g), int(c), str(u)),
                 None if closed is None else int(closed),
+                kept_ms=None if kept is None else int(kept),
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             return None, f"{path} is garbled ({type(exc).__name__}: {exc}; {len(text)} bytes)"

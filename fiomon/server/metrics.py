@@ -223,12 +223,15 @@ class Counts:
         lost: records never received (sequence gaps), by host label.
         recovered: records received after being counted lost, by host label.
         duplicates: records received again and dropped, by host label.
-        late: records that reached a closed quantum, by host label (over-cap hosts summed
-            into :data:`OTHER_HOST`).
+        late: records that reached a closed quantum beyond the revision horizon (not
+            merged), by host label (over-cap hosts summed into :data:`OTHER_HOST`).
+        late_merged: records that reached a closed quantum within the horizon and were
+            merged into a revision, by host label.
         id_conflicts: two agents seen with one id, by host.
         state_errors: problems with the state directory or quanta file, by kind.
         alert_deliveries: alert notifications by ``(sink, result)``.
         quanta_closed: quanta closed.
+        quanta_revised: closed quanta published again with late records (per revision).
         hosts_over_cap: hosts beyond ``max_hosts``.
         forced_closes: quanta closed early by ``max_open_quanta``.
         fits_skipped: tail fits (``fit_tail``) that failed on a quantum's histogram.
@@ -244,10 +247,12 @@ class Counts:
     recovered: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
     late: Counter[str] = field(default_factory=Counter)
+    late_merged: Counter[str] = field(default_factory=Counter)
     id_conflicts: Counter[str] = field(default_factory=Counter)
     state_errors: Counter[str] = field(default_factory=Counter)
     alert_deliveries: Counter[tuple[str, str]] = field(default_factory=Counter)
     quanta_closed: int = 0
+    quanta_revised: int = 0
     hosts_over_cap: int = 0
     forced_closes: int = 0
     fits_skipped: int = 0

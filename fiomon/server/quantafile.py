@@ -24,9 +24,10 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fiomon.closed import ClosedQuantum
 from fiomon.server.journal import GridState
@@ -120,10 +121,15 @@ class QuantaFile:
         Returns the rows written. Raises OSError (the caller reports and counts it).
         """
         # The report's own line (one serializer: the report == aggregator contract).
+        # Only first publications are skipped: a revision of that quantum is another
+        # line of the same key, never written before (its revision number is new).
         text = "".join(
             r.to_json_line()
             for r in rows
-            if skip is None or r.end_ms != skip[0] or row_key(r) not in skip[1]
+            if skip is None
+            or r.end_ms != skip[0]
+            or r.revised_at is not None
+            or row_key(r) not in skip[1]
         )
         if not text:
             return 0
@@ -186,12 +192,68 @@ def _read_tail(path: Path) -> Tail | None:
                     s = int(d["start_ms"])
                 except (ValueError, KeyError, TypeError, RecursionError):
                     continue  # not a row (a hand edit): it says nothing about publication
+                if d.get("revised_at") is not None:
+                    continue  # a revision of an older quantum, written after later ones
                 if end is None:
                     end, start = e, s
                 if e != end:
                     return Tail(end, start, frozenset(keys))
                 keys.add(key)
         return None if end is None else Tail(end, start, frozenset(keys))
+
+
+def recent_revisions(
+    paths: Sequence[Path], since_ms: int
+) -> list[tuple[int, str | None, str, str, int]]:
+    """``(end_ms, host, direction, scope, revision)`` of rows of quanta ending after ``since_ms``.
+
+    Read backwards from the end of ``paths`` (newest first: the file, then ``.1``), until a
+    first publication of a quantum ending at or before ``since_ms``: every revision of a
+    quantum is written after its first publication, so nothing older can revise a
+    quantum after ``since_ms``. A restart within the revision horizon numbers its next
+    revisions from these.
+    """
+    out: list[tuple[int, str | None, str, str, int]] = []
+    for path in paths:
+        for d in _lines_backwards(path):
+            try:
+                e = int(d["end_ms"])
+                rev = int(d.get("revision", 0))
+                host, direction, scope = d["host"], str(d["direction"]), str(d["scope"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if e <= since_ms:
+                if d.get("revised_at") is None:
+                    return out
+                continue
+            out.append((e, None if host is None else str(host), direction, scope, rev))
+    return out
+
+
+def _lines_backwards(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``path``'s lines, last first (unreadable lines skipped)."""
+    try:
+        fh = path.open("rb")
+    except OSError:
+        return
+    with fh:
+        pos = fh.seek(0, os.SEEK_END)
+        rest = b""
+        while pos > 0:
+            step = min(pos, 1 << 20)
+            pos -= step
+            fh.seek(pos)
+            lines = (fh.read(step) + rest).split(b"\n")
+            rest = lines[0] if pos > 0 else b""
+            for line in reversed(lines[1:] if pos > 0 else lines):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(d, dict):
+                    yield d
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,17 +93,19 @@ class StateDir:
             self.counts.state_errors[kind] += 1
         self.log.error("%s: %s", kind, text)
 
-    def release(self, published_ms: int | None) -> None:
+    def release(self, published_ms: int | None, keep_ms: int = 0) -> None:
         """Let the journal drop what is done with.
 
         Done: what the writer confirmed on disk; without a writer, ``published_ms``
-        (every quantum ending by then is published, epoch ms; None: nothing yet).
+        (every quantum ending by then is published, epoch ms; None: nothing yet). Records
+        of quanta within ``keep_ms`` before that stay (the revision horizon: a restart
+        re-forms those quanta from them, so it can still revise them).
         """
         if self.journal is None:
             return
         done = self.writer.confirmed_ms if self.writer is not None else published_ms
         if done is not None:
-            self.journal.release(done)
+            self.journal.release(done - keep_ms)
 
     def finish(self, timeout_s: float) -> None:
         """Wait for the writer to finish what it was handed (at most ``timeout_s``)."""

@@ -1,0 +1,147 @@
+"""Revisions at the aggregator core, on a fake clock: late records within the horizon
+revise what was published, so the quanta file's latest revisions equal a run without
+faults -- also across a crash and restart; past the horizon they are late, as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fiomon.aggregator.merger import AggregatorCore
+from tests.aggregator.test_aggregator_faults import (
+    HOSTS,
+    SECONDS,
+    config,
+    crash,
+    finish,
+    message,
+    reference,  # noqa: F401 -- the fixture
+    rows,
+)
+from tests.clock import T0, FakeClock
+
+LATE_HOST = 2
+LATE = range(5, 11)  # seconds whose records of the late host come 8 s late
+IGNORED = ("revision", "revised_at", "late_records")
+
+Row = dict[str, object]
+Key = tuple[object, ...]
+
+
+def key(r: Row) -> Key:
+    return (r["end_ms"], r["scope"], r["host"] or "", r["direction"])
+
+
+def latest(got: list[Row]) -> dict[Key, Row]:
+    out: dict[Key, Row] = {}
+    for r in got:
+        k = key(r)
+        if k not in out or int(r["revision"]) >= int(out[k]["revision"]):  # type: ignore[call-overload]
+            out[k] = r
+    return out
+
+
+def feed_late(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
+    """Like ``feed``, but the late host's records of LATE arrive 8 s after they end."""
+    held: dict[int, list[tuple[str, bytes]]] = {}
+    for s in seconds:
+        clock.t = T0 + 1000 * s + 300
+        batch = [message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE]
+        if s in LATE:
+            held.setdefault(s + 8, []).append(message(LATE_HOST, s))
+        batch += held.pop(s, [])
+        core.receive(batch)
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    for s in sorted(held):
+        core.receive(held[s])
+        core.tick()
+
+
+def assert_converged(path: Path, want_rows: dict[Key, Row]) -> list[Row]:
+    got = rows(path)
+    pairs = [(key(r), r["revision"]) for r in got]
+    assert len(pairs) == len(set(pairs)), "a key was written twice at one revision"
+    res = latest(got)
+    assert set(res) == set(want_rows)
+    for k, want in want_rows.items():
+        have = res[k]
+        assert {f: v for f, v in have.items() if f not in IGNORED} == {
+            f: v for f, v in want.items() if f not in IGNORED
+        }, k
+    return got
+
+
+def test_late_records_within_the_horizon_revise_the_published_quanta(
+    tmp_path: Path,
+    reference: dict[Key, Row],  # noqa: F811 -- the fixture
+) -> None:
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    feed_late(core, clock, range(1, SECONDS + 1))
+    assert core.counts.late_merged[HOSTS[LATE_HOST]] == 2 * len(LATE)
+    assert sum(core.counts.late.values()) == 0
+    assert core.counts.quanta_revised >= len(LATE)
+    finish(core)
+    got = assert_converged(tmp_path / "quanta.jsonl", reference)
+    revised = [r for r in got if r.get("revised_at") is not None]
+    assert {r["end_ms"] for r in revised} == {T0 + 1000 * s for s in LATE}
+    # The first publications lacked the host (incomplete), the revisions have it.
+    firsts = [r for r in got if r.get("revised_at") is None and r["scope"] == "cluster"]
+    assert any(not r["complete"] for r in firsts if r["end_ms"] == T0 + 5000)
+    cl = [r for r in revised if r["scope"] == "cluster" and r["direction"] == "all"]
+    assert all(r["complete"] and r["revision"] == 1 and r["late_records"] == 2 for r in cl)
+
+
+def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
+    tmp_path: Path,
+    reference: dict[Key, Row],  # noqa: F811 -- the fixture
+) -> None:
+    """Revisions before a crash, and more late records of those quanta after the restart."""
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    # Seconds 1..14 with the late host's read+write of 5..10 missing; its second 5
+    # arrives before the crash (a revision), the rest after the restart.
+    for s in range(1, 15):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    core.receive([message(LATE_HOST, 5)])
+    clock.t += 300
+    core.tick()
+    assert core.counts.quanta_revised == 1
+    assert core.state.writer is not None
+    core.state.writer.close()  # what was handed to it is on disk
+    crash(core)
+    core2 = AggregatorCore(config(tmp_path), now_ms=clock)
+    core2.restore()
+    core2.receive([message(LATE_HOST, s) for s in LATE if s != 5])
+    clock.t += 300
+    core2.tick()
+    assert sum(core2.counts.late.values()) == 0
+    for s in range(15, SECONDS + 1):
+        clock.t = T0 + 1000 * s + 300
+        core2.receive([message(h, s) for h in range(len(HOSTS))])
+        for _ in range(4):
+            core2.tick()
+            clock.t += 175
+    finish(core2)
+    assert_converged(tmp_path / "quanta.jsonl", reference)
+
+
+def test_without_a_horizon_late_records_are_counted_and_left_out(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path, revise_within_ms=0), now_ms=clock)
+    core.restore()
+    feed_late(core, clock, range(1, SECONDS + 1))
+    finish(core)
+    assert core.counts.late[HOSTS[LATE_HOST]] == 2 * len(LATE)
+    assert core.counts.quanta_revised == 0
+    got = rows(tmp_path / "quanta.jsonl")
+    assert all(r["revision"] == 0 and "revised_at" not in r for r in got)
+    lacking = [r for r in got if r["host"] == HOSTS[LATE_HOST] and r["end_ms"] == T0 + 5000]
+    assert lacking == []
