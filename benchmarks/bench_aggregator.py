@@ -40,6 +40,8 @@ Modes:
   --horizon-cost           run twice, with revise_within 0 and with --revise-within (its
                            default), and print the memory the revision horizon costs:
                            the peak RSS difference per host and minute of horizon held
+  --baseline               with --late-share: also run without late hosts and print the
+                           late run's CPU (seconds over the load) and peak RSS against it
   --repeat 3               run 3 times and print the medians
   --profile agg.prof       run the aggregator under cProfile (main thread; inflated CPU)
 
@@ -48,7 +50,7 @@ Usage::
     python benchmarks/bench_aggregator.py --hosts 1000 --jobs 25 --seconds 60 --repeat 3
     python benchmarks/bench_aggregator.py --hosts 5000 --jobs 10 --seconds 60
     python benchmarks/bench_aggregator.py --hosts 1000 --jobs 25 --seconds 60 \
-        --late-share 0.1 --late-ms 8000 --horizon-cost
+        --late-share 0.1 --late-ms 8000 --baseline --horizon-cost
 """
 
 from __future__ import annotations
@@ -849,7 +851,11 @@ def run(args: argparse.Namespace) -> Result:
         r.duplicates = sum(total(x, "fiomon_records_total", result="duplicate") for x in every)
         r.invalid = sum(total(x, "fiomon_invalid_messages_total") for x in every)
         r.quanta_closed = sum(total(x, "fiomon_quanta_closed_total") for x in every)
-        r.merged = sum(total(x, "fiomon_late_records_merged_total") for x in every)
+        r.merged = (
+            sum(total(x, "fiomon_late_records_merged_total") for x in every)
+            if any("fiomon_late_records_merged_total" in x for x in every)
+            else float("nan")  # not exported (yet)
+        )
         if before:
             r.notes.append(
                 "counters summed over the processes; the scrape just before each stop misses "
@@ -972,8 +978,9 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
             print(
                 f"         revisions: {x.revision_rows:,} revision rows, {x.quanta_revised} "
                 f"quanta revised (highest revision {x.max_revision}), {x.first_late:,} keys "
-                f"first published by late records; late records merged {x.merged:,.0f} "
-                f"(quanta file, cluster rows: {x.merged_rows:,}), late beyond the horizon "
+                f"first published by late records; late records merged "
+                f"{'n/a' if x.merged != x.merged else f'{x.merged:,.0f}'} (quanta file, "
+                f"cluster rows: {x.merged_rows:,}), late beyond the horizon "
                 f"{x.late:,.0f}; latest rows marked incomplete {x.latest_incomplete:,}"
             )
         for note in x.notes:
@@ -1049,7 +1056,17 @@ def main() -> int:
         action="store_true",
         help="also run with revise_within 0 and print the horizon's RSS per host-minute",
     )
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="with --late-share: also run without late hosts and compare CPU and RSS",
+    )
     args = ap.parse_args()
+    base: list[Result] = []
+    if args.baseline and args.late_share:
+        on_time = argparse.Namespace(**{**vars(args), "late_share": 0.0})
+        base = [run(on_time) for _ in range(args.repeat)]
+        report(on_time, base)
     off: list[Result] = []
     if args.horizon_cost:
         without = argparse.Namespace(**{**vars(args), "revise_within": "0"})
@@ -1057,6 +1074,16 @@ def main() -> int:
         report(without, off)
     results = [run(args) for _ in range(args.repeat)]
     report(args, results)
+    if base:
+        cpu0 = statistics.median(x.cpu_s for x in base)
+        cpu1 = statistics.median(x.cpu_s for x in results)
+        rss0 = statistics.median(x.rss for x in base)
+        rss1 = statistics.median(x.rss for x in results)
+        print(
+            f"late data vs none: CPU {cpu1:.1f} s vs {cpu0:.1f} s over the load "
+            f"({100 * (cpu1 / cpu0 - 1):+.1f} %), peak RSS {rss1:.0f} MB vs {rss0:.0f} MB "
+            f"({100 * (rss1 / rss0 - 1):+.1f} %)"
+        )
     if off:
         horizon_cost(args, off, results)
     return 0
@@ -1081,7 +1108,7 @@ def horizon_cost(args: argparse.Namespace, off: list[Result], on: list[Result]) 
     per = (rss1 - rss0) * 1024 / args.hosts / held_min if held_min else float("nan")
     print(
         f"revision horizon: peak RSS {rss0:.0f} MB with revise_within 0, {rss1:.0f} MB with "
-        f"{args.revise_within or '10m (default)'} ({held_min:g} min of closed quanta held): "
+        f"{args.revise_within or '10m (default)'} ({held_min:.2f} min of closed quanta held): "
         f"{per:.1f} kB per host and minute of horizon; CPU {cpu0:.1f} s vs {cpu1:.1f} s"
     )
 
