@@ -48,6 +48,8 @@ from tests.conftest import DEADLINE_S, Mosquitto, free_port
 from tests.fiorun import fiomon, total_ios
 from tests.metricskit import Samples, scrape_or_none, total
 
+pytestmark = pytest.mark.fio
+
 PREFIX = "fiomonrev"
 RUNTIME_S = 40  # fio's run; the lagging host's events cover (-30 s, +10 s] of it
 LAG_S = 30
