@@ -301,3 +301,48 @@ def test_a_revision_completes_the_latest_quantum_and_replaces_only_its_own_serie
     assert m[("fiomon_quantum_complete", ())] == 1
     assert m[("fiomon_quanta_incomplete_total", ())] == 1  # it closed incomplete: counted
     promtool_clean(text)
+
+
+def test_the_engines_revisions_bring_the_buckets_to_an_in_time_run() -> None:
+    # The engine's own revisions (late records within revise_within) and take_added():
+    # the buckets then equal those of a run that had every record in time.
+    fast, slow = fast_and_slow(np.random.default_rng(2025))
+
+    def engine() -> QuantumEngine:
+        return QuantumEngine(
+            layout=BinLayout(),
+            quantum_ms=1000,
+            percentiles=(50, 99),
+            directions=("read",),
+            keep_hists=True,
+            revise_within_ms=600_000,
+        )
+
+    through = T0 + 3000
+    live = engine()
+    live.add(batch_of_quanta(fast, t0_ms=T0))
+    first = live.close_through(through)
+    live.add(batch_of_quanta(slow[None, :], t0_ms=T0 + 1000))  # quantum 2's late reads
+    revised = live.close_through(through, now_ms=through + 20_000)
+    assert [(r.end_ms, r.revision, r.revised_at) for r in revised] == [
+        (T0 + 2000, 1, through + 20_000)
+    ]
+    pub = publisher(config(RULE))
+    pub.observe(first, through + 5000)
+    pub.revise(revised, through + 20_000, live.take_added())
+
+    in_time = engine()
+    in_time.add(batch_of_quanta(fast + np.stack([np.zeros_like(slow), slow, np.zeros_like(slow)])))
+    exact = publisher(config(RULE), "test.publish.exact")
+    exact.observe(in_time.close_through(through), through + 5000)
+
+    _, m = scrape(pub)
+    _, want = scrape(exact)
+    hist = {k: v for k, v in m.items() if k[0].startswith(HIST)}
+    assert hist.keys() == {k for k in want if k[0].startswith(HIST)}
+    for k, v in hist.items():
+        if k[0] == f"{HIST}_sum":
+            assert v == pytest.approx(want[k], rel=1e-12)
+        else:
+            assert v == want[k], k
+    assert m[(f"{HIST}_count", READ)] == fast.sum() + slow.sum()
