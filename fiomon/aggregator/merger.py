@@ -779,9 +779,7 @@ class AggregatorCore:
             min(r.end_ms for r in rows),
             max(r.end_ms for r in rows),
         )
-        revise = getattr(self.publisher, "revise", None)
-        if revise is not None:
-            revise(rows, now, added)
+        self.publisher.revise(rows, now, added)
 
     def _send_partials(self, rows: list[ClosedQuantum], through: int) -> None:
         """Put what the engine closed (and the closed marker) in the cell's outbox.
