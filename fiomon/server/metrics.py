@@ -262,6 +262,8 @@ class Counts:
             among the rows of one :meth:`~fiomon.server.publish.Publisher.revise` call
             counts once. The caller increments it, beside ``quanta_closed`` (both
             services count their own closes): ``len({r.end_ms for r in rows})``.
+        kept_forgotten: closed quanta forgotten before the revision horizon because the
+            kept quanta's memory reached its bound (late records for them are late).
         hosts_over_cap: hosts beyond ``max_hosts``.
         forced_closes: quanta closed early by ``max_open_quanta``.
         fits_skipped: tail fits (``fit_tail``) that failed on a quantum's histogram.
@@ -283,6 +285,7 @@ class Counts:
     alert_deliveries: Counter[tuple[str, str]] = field(default_factory=Counter)
     quanta_closed: int = 0
     quanta_revised: int = 0
+    kept_forgotten: int = 0
     hosts_over_cap: int = 0
     forced_closes: int = 0
     fits_skipped: int = 0
@@ -309,6 +312,9 @@ class Health:
         hosts_up: hosts that sent records, or a fresh online status, recently.
         streams: streams tracked for dedup.
         open_quanta: quanta open now (None before the engine exists).
+        kept_quanta: closed quanta kept for revisions (``revise_within``); None: none
+            kept (no engine yet, or revisions off).
+        kept_bytes: the memory they hold, bytes.
         session_taken_over: 1 while another client holds our MQTT session.
         broker_connected: whether the MQTT session is up now.
         backlog_max: the most MQTT messages that waited in the aggregator unprocessed at
@@ -324,6 +330,8 @@ class Health:
     hosts_up: int = 0
     streams: int = 0
     open_quanta: int | None = None
+    kept_quanta: int | None = None
+    kept_bytes: int = 0
     session_taken_over: bool = False
     broker_connected: bool = False
     backlog_max: int = 0
@@ -529,6 +537,12 @@ def build_snapshot(
             (): float(counts.forced_closes)
         },
         (
+            "fiomon_revision_quanta_forgotten",
+            "Closed quanta forgotten before revise_within: their kept histograms reached "
+            "the memory bound (late records for them are counted late).",
+            (),
+        ): {(): float(counts.kept_forgotten)},
+        (
             "fiomon_tail_fits_skipped",
             "Tail fits (fit_tail) that failed on a quantum's histogram (too few I/Os, ...).",
             (),
@@ -613,6 +627,17 @@ def build_snapshot(
             gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
     if health.open_quanta is not None:
         gauges_out[("fiomon_open_quanta", "Quanta open now.", ())] = {(): float(health.open_quanta)}
+    if health.kept_quanta is not None:
+        gauges_out[
+            ("fiomon_revision_kept_quanta", "Closed quanta kept for revisions (revise_within).", ())
+        ] = {(): float(health.kept_quanta)}
+        gauges_out[
+            (
+                "fiomon_revision_kept_bytes",
+                "Memory of the closed quanta kept for revisions (their histograms).",
+                (),
+            )
+        ] = {(): float(health.kept_bytes)}
     firing = {(r.name, h or ""): 1 for r, h, _ in alerts.firing()}
     breach = {(name, host or ""): firing.get((name, host or ""), 0) for name, host in alerts.states}
     # Every rule has its cluster-scope series from the start (0): an alert sees it at once.
