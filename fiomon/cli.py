@@ -39,7 +39,7 @@ from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
-from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row
+from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row, is_quanta_file
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import (
     HOST_FROM_HELP,
@@ -666,6 +666,13 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
     Raises:
         UsageError: a bad call.
     """
+    rows = [str(p) for p in args.logs if is_quanta_file(p)]
+    if rows:  # report and plot read them before coming here; the others cannot
+        msg = (
+            f"{', '.join(rows)}: a quanta file (closed-quantum rows, no histograms); "
+            f"{name} reads fio output (fiomon report and fiomon plot read quanta files)"
+        )
+        raise UsageError([msg])
     interval = args.log_hist_msec
     if interval is None and args.job_file is not None:
         try:

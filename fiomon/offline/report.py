@@ -29,7 +29,7 @@ from fiomon.offline.output import (
     RowWriter,
     TableWriter,
 )
-from fiomon.offline.quanta import QuantaOptions, QuantaReader
+from fiomon.offline.quanta import QuantaOptions, QuantaReader, file_selection
 from fiomon.offline.quantafiles import FileRow, Selection, all_quanta_files, resolve_rows
 
 PROGRESS_MIN_BYTES = 32 << 20
@@ -187,16 +187,6 @@ def run_report(
     return summary
 
 
-def _selection(q: QuantaOptions) -> Selection:
-    """What a library call's options ask of quanta files (no flag was "left out")."""
-    other = {}
-    if q.align != "auto":
-        other["align"] = "the phase of quanta is fixed when they close"
-    if q.target_error is not None:
-        other["target_error"] = "spans merge the quanta's histograms"
-    return Selection(q.percentiles, q.directions, q.per_host, q.quantum_ms, other)
-
-
 def _report_rows(
     paths: Sequence[Path],
     quanta: QuantaOptions,
@@ -211,7 +201,7 @@ def _report_rows(
     ``--format jsonl`` writes each row's line as the file holds it (a file read back
     prints itself, less the publications a later revision replaced).
     """
-    got, rows = resolve_rows(paths, opts.rows or _selection(quanta))
+    got, rows = resolve_rows(paths, opts.rows or file_selection(quanta))
     for warning in got.warnings:
         err.write(f"fiomon: warning: {warning}\n")
     if opts.rows is not None and opts.rows.percentiles is None:

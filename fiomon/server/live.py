@@ -225,6 +225,15 @@ class LiveFeed:
             self._recent.append((end, *encode_rows(by_end[end], layout)))
         self._tuple = tuple(self._recent)
         if later:
+            # Host rows the store would not serve are not encoded: past the host window,
+            # or beyond the host cap (the first hosts by name, as encode_rows keeps them).
+            newest = self._recent[-1][0] if self._recent else max(later)
+            host_cut = newest - self.host_window_s * 1000
+            for end, rs in later.items():
+                kept = set(sorted({r.host for r in rs if r.host is not None})[:MAX_LIVE_HOSTS])
+                later[end] = [
+                    r for r in rs if r.host is None or (end > host_cut and r.host in kept)
+                ]
             entries = [(end, _encode_revised(later[end], layout)) for end in sorted(later)]
             if len(self._revised_calls) == self._revised_calls.maxlen:
                 for _ in range(self._revised_calls[0]):

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from fiomon.closed import ClosedQuantum
+from fiomon.errors import FiomonError
+from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.quantafiles import parse_row, rotation_order
 from tests.fiorun import fiomon, job_file, start_fio, wait_fio
 
@@ -279,3 +281,25 @@ def test_plot_of_a_quanta_file_draws_the_resolved_rows(run: Run, tmp_path: Path)
     assert read["p"]["99"][0] == 12_345_700
     assert read["p"]["99"][1:] == before["p"]["99"][1:]
     assert read["samples"][0] == before["samples"][0] + 5
+
+
+def test_iter_quanta_gives_a_quanta_files_resolved_rows(run: Run, tmp_path: Path) -> None:
+    first = run.lines[0]
+    quanta = tmp_path / "quanta.jsonl"
+    quanta.write_text("".join(run.lines) + _revised(first, 1, 9.5e6))
+    rows = list(iter_quanta([quanta], QuantaOptions(per_host=True)))
+    assert [r.to_json_line() for r in rows[1:]] == [_row(x).to_json_line() for x in run.lines[1:]]
+    assert (rows[0].key, rows[0].revision) == (_row(first).key, 1)
+    assert rows[0].stats.percentiles_ns["99"] == 9.5e6
+    cluster = list(iter_quanta([quanta], QuantaOptions(directions=("read",))))
+    assert {(r.scope, r.direction) for r in cluster} == {("cluster", "read")}
+    with pytest.raises(FiomonError, match="quanta are 1000 ms"):
+        list(iter_quanta([quanta], QuantaOptions(quantum_ms=2000)))
+
+
+def test_summary_and_fit_name_a_quanta_file_they_cannot_read(run: Run) -> None:
+    for cmd in ("summary", "fit"):
+        r = fiomon(cmd, run.quanta)
+        assert r.returncode == 2, cmd
+        assert f"{run.quanta}: a quanta file" in r.stderr
+        assert "fiomon report and fiomon plot read quanta files" in r.stderr

@@ -202,3 +202,16 @@ def test_the_live_page_redraws_a_revised_quantum(
         rows = _rows(resp.read())
     got = rows[(ends[1], "cluster", None, "read")]
     assert (got["revision"], got["percentiles_ns"]["99"]) == (1, 9e6)
+
+
+def test_the_feed_sends_no_revised_host_rows_the_store_would_not_serve() -> None:
+    feed = LiveFeed([50.0, 99.0], [], QUANTUM_MS, window_s=900, host_window_s=10)
+    ends = [T0 + i * QUANTUM_MS for i in range(1, 31)]
+    for e in ends:
+        feed.add(_quantum(e), None)
+    old, recent = _quantum(ends[0]), _quantum(ends[-2])
+    feed.add([_revision(r, 1, 9e6) for r in old + recent], None)
+    sent = {end: {key for key, _, _ in rows} for end, rows in feed.view(_status()).revised}
+    # 29 s old: past the 10 s host window, so its cluster rows only.
+    assert sent[ends[0]] == {("cluster", "", "read"), ("cluster", "", "write")}
+    assert len(sent[ends[-2]]) == 6
