@@ -19,6 +19,7 @@ import pytest
 
 from fiomon.closed import ClosedQuantum
 from fiomon.errors import FiomonError
+from fiomon.histogram import HistStats
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.quantafiles import parse_row, rotation_order
 from tests.fiorun import fiomon, job_file, start_fio, wait_fio
@@ -303,3 +304,32 @@ def test_summary_and_fit_name_a_quanta_file_they_cannot_read(run: Run) -> None:
         assert r.returncode == 2, cmd
         assert f"{run.quanta}: a quanta file" in r.stderr
         assert "fiomon report and fiomon plot read quanta files" in r.stderr
+
+
+def test_every_field_of_a_row_reads_back_to_the_same_line() -> None:
+    stats = HistStats(12.5, 1024.0, 3333.25, 9e9, {"50": 2048.0, "99.9": 9e9}, ("99.9",))
+    root_row = ClosedQuantum(
+        start_ms=1_795_000_000_000,
+        end_ms=1_795_000_001_000,
+        scope="host",
+        host="h\u00e9",
+        direction="mixed",
+        stats=stats,
+        iops=None,
+        bytes_per_second=12.75,
+        streams=3,
+        late_records=4,
+        ci_ns={"50": (1024, None), "99.9": (None, None)},
+        target_met=False,
+        complete=False,
+        cells_missing=("cell-a", "cell-b"),
+        revision=2,
+        revised_at=1_795_000_500_000,
+    )
+    line = root_row.to_json_line()
+    assert parse_row(json.loads(line)).to_json_line() == line
+    old = json.loads(line)
+    for added in ("revision", "revised_at", "complete"):  # lines from before these fields
+        del old[added]
+    back = parse_row(old)
+    assert (back.revision, back.revised_at, back.complete) == (0, None, True)
