@@ -801,6 +801,15 @@ class QuantumEngine:
             base = self._kept.get(q) or KeptQuantum.empty()
             revised = base.revised(deltas, self.layout.nbins)
             revised.published, revised.revisions = base.published, base.revisions
+            # Those records were published (at revision 0 at least): a revision after the
+            # restart is never numbered 0 again, even if the quanta file no longer says.
+            for h, d in deltas:
+                label = DIRECTION_LABELS[d]
+                keys: list[tuple[str | None, str]] = [(None, label), (None, "all")]
+                if self.per_host and h >= 0:
+                    keys += [(self._host_names[h], label), (self._host_names[h], "all")]
+                for key in keys:
+                    revised.published.setdefault(key, 0)
             self._put_kept(q, revised)
         self._rev_late.clear()
         self.revised_records.clear()

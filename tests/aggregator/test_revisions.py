@@ -204,3 +204,32 @@ def test_the_journal_kept_for_the_horizon_is_bounded_and_a_restart_says_from_whe
     finish(core2)
     revised = {r["end_ms"] for r in rows(tmp_path / "quanta.jsonl") if r.get("revised_at")}
     assert not revised & set(old)
+
+
+def test_a_restart_that_lost_the_quanta_file_never_numbers_a_published_row_0_again(
+    tmp_path: Path,
+) -> None:
+    """The journal re-forms quanta the previous run published: their rows were at
+    revision 0 at least, so a revision after the restart is 1 even with no file to say."""
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    for s in range(1, 12):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    crash(core)
+    (tmp_path / "quanta.jsonl").rename(tmp_path / "before.jsonl")
+    core2 = AggregatorCore(config(tmp_path), now_ms=clock)
+    core2.restore()
+    core2.receive([message(LATE_HOST, 5)])
+    clock.t += 300
+    core2.tick()
+    finish(core2)
+    got = [r for r in rows(tmp_path / "quanta.jsonl") if r["end_ms"] == T0 + 5000]
+    cl = {r["direction"]: r for r in got if r["scope"] == "cluster"}
+    assert cl["all"]["revision"] == 1 and cl["all"]["revised_at"] is not None
+    host = {r["direction"]: r["revision"] for r in got if r["host"] == HOSTS[LATE_HOST]}
+    assert host == {"read": 0, "write": 0, "all": 0}  # first published by the late records
