@@ -4,6 +4,7 @@ faults -- also across a crash and restart; past the horizon they are late, as be
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -182,8 +183,14 @@ def test_the_journal_kept_for_the_horizon_is_bounded_and_a_restart_says_from_whe
         for _ in range(4):
             core.tick()
             clock.t += 175
-    # (How much stays depends on what the writer thread confirmed by the last tick:
-    # segments of unconfirmed quanta are never deleted.)
+    # Segments of quanta the writer thread has not confirmed are never deleted: wait for
+    # it to confirm what closed, then let a tick release and trim.
+    writer = core.state.writer
+    assert writer is not None
+    deadline = time.monotonic() + 30
+    while (writer.confirmed_ms or 0) < T0 + 9000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    core.tick()
     cut = core.state.journal_cut_ms
     assert T0 < cut < T0 + 14_000
     core.close()
