@@ -122,7 +122,7 @@ def main() -> int:
     logging.getLogger("fiomon").setLevel(logging.ERROR)
     msgs = payloads(args.hosts, args.jobs, args.seconds, args.seed)
     late = {f"h{h}" for h in range(0, args.hosts, max(1, round(1 / args.late_share)))}
-    modes = {
+    modes: dict[str, dict[str, Any]] = {
         "off": {"horizon_ms": 0, "late": set(), "late_ms": 0},
         "on": {"horizon_ms": 600_000, "late": set(), "late_ms": 0},
         "late": {"horizon_ms": 600_000, "late": late, "late_ms": args.late_ms},
@@ -133,8 +133,8 @@ def main() -> int:
     run(msgs[:3], horizon_ms=0, late=set(), late_ms=0)  # warm-up: imports, caches
     for _ in range(args.repeat):
         for m, kw in modes.items():
-            c, counts[m], rows[m] = run(msgs, **kw)  # type: ignore[arg-type]
-            cpu[m].append(c / args.seconds)
+            secs, counts[m], rows[m] = run(msgs, **kw)
+            cpu[m].append(secs / args.seconds)
     print(
         f"{args.hosts} hosts x {args.jobs} jobs x 2 records/s, {args.seconds} s; "
         f"late: {len(late)} hosts {args.late_ms} ms behind (lateness 5000 ms); "
