@@ -39,6 +39,7 @@ from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row, is_quanta_file
 from fiomon.offline.report import ReportOptions, ReportSummary, run_report
 from fiomon.offline.sources import (
     HOST_FROM_HELP,
@@ -90,6 +91,15 @@ inputs:
   read, with a note, when its jobs' hist logs are given beside it), lat/bw/iops logs,
   fio's log_store_compressed .fz files, text-only output.
 
+  quanta files: an aggregator's or root's quanta.jsonl with its rotated quanta.jsonl.1,
+  .2 ... (or report --format jsonl output), recognised by content. Their rows are
+  printed again with revisions resolved: per key (end_ms, scope, host, direction) the
+  highest revision, on equal revisions the later line (rotated files read oldest
+  first). --directions, --per-host, --percentiles (among those the rows hold) and
+  --format apply; what needs histograms (another --quantum, --align, --target-error,
+  --confidence-level) does not. A torn last line is skipped with a warning; quanta
+  files and fio output cannot be mixed in one run.
+
 semantics:
   a hist-log line is stamped at the END of its interval; records that straddle a quantum
   are split in proportion to overlap; --align auto puts quantum boundaries where the
@@ -99,14 +109,18 @@ examples:
   fiomon report results/*/job_clat_hist.*.log
   fiomon report --quantum 10s --percentiles 50,99,99.99 --format csv *.log > p.csv
   fiomon report --format fiologparser --percentiles 90,95,99 h_clat_hist.1.log
+  fiomon report --per-host --format csv /var/lib/fiomon/quanta.jsonl*
 """
 
 PLOT_EPILOG = """\
-inputs and options: as fiomon report (fiomon report --help).
+inputs and options: as fiomon report (fiomon report --help), quanta files included
+(their rows drawn with revisions resolved: per key the highest revision; no latency
+heatmap, as the rows hold no histograms).
 
 examples:
   fiomon plot --per-host --sla 5ms results/*_clat_hist.*.log -o run.html
   fiomon plot --percentiles 50,99,99.9 --directions read results/*.log -o run.png
+  fiomon plot --per-host /var/lib/fiomon/quanta.jsonl* -o live-run.html
 """
 
 # -- converters: each turns a flag's text into its value or names the flag in the error ----
@@ -296,13 +310,16 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_percentiles(p: argparse.ArgumentParser, default: tuple[float, ...]) -> None:
+def _add_percentiles(
+    p: argparse.ArgumentParser, default: tuple[float, ...], *, more: str = ""
+) -> None:
     p.add_argument(
         "--percentiles",
         type=_percentiles,
-        default=default,
+        # None: not given (a quanta file then prints the percentiles it holds).
+        default=None if more else default,
         metavar="P[,P]",
-        help=f"comma-separated percentiles (default {_csv(default)})",
+        help=f"comma-separated percentiles (default {_csv(default)}{more})",
     )
 
 
@@ -327,9 +344,10 @@ def _add_text_or_json(p: argparse.ArgumentParser) -> None:
 def _add_report(sub: SubParsers) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
-        help="percentiles over time from finished fio logs",
+        help="percentiles over time from finished fio logs (or a quanta file)",
         description="Percentiles over time, per direction, from fio hist logs and json+ "
-        "status files: merged cluster-wide (and per host) in quanta of fixed length.",
+        "status files: merged cluster-wide (and per host) in quanta of fixed length. "
+        "Also reads back a quanta file (closed-quantum JSON lines), resolving revisions.",
         epilog=REPORT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -383,8 +401,8 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
     p.add_argument(
         "--quantum",
         type=_duration("--quantum"),
-        default=QUANTUM,
-        help=f"quantum length (default {QUANTUM}; e.g. 250ms, 10s, 1m)",
+        default=None,  # not given: QUANTUM, or a quanta file's own
+        help=f"quantum length (default {QUANTUM}, or a quanta file's own; e.g. 250ms, 10s, 1m)",
     )
     p.add_argument(
         "--align",
@@ -393,7 +411,7 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         help="quantum phase: auto (match the records; default), epoch "
         "(multiples of the quantum) or an offset such as 250ms",
     )
-    _add_percentiles(p, DEFAULT_PERCENTILES)
+    _add_percentiles(p, DEFAULT_PERCENTILES, more="; a quanta file's: those it holds")
     p.add_argument(
         "--per-host",
         action="store_true",
@@ -648,6 +666,13 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
     Raises:
         UsageError: a bad call.
     """
+    rows = [str(p) for p in args.logs if is_quanta_file(p)]
+    if rows:  # report and plot read them before coming here; the others cannot
+        msg = (
+            f"{', '.join(rows)}: a quanta file (closed-quantum rows, no histograms); "
+            f"{name} reads fio output (fiomon report and fiomon plot read quanta files)"
+        )
+        raise UsageError([msg])
     interval = args.log_hist_msec
     if interval is None and args.job_file is not None:
         try:
@@ -685,7 +710,12 @@ def _report_options(
     except ConfigError as exc:
         raise UsageError([str(exc)]) from None
     fmt: Format = getattr(args, "format", "jsonl")  # plot has no --format
-    percentiles = args.percentiles
+    quantum = args.quantum or parse_duration_ms(QUANTUM, what="--quantum")
+    rows = _rows_selection(args, fmt)
+    percentiles = args.percentiles or DEFAULT_PERCENTILES
+    if rows is not None:
+        percentiles = rows.percentiles or percentiles
+        quantum = args.quantum or rows.quantum_ms or quantum
     directions = args.directions or DIRECTIONS
     target_pct = args.target_percentile
     if target_pct is None:
@@ -702,22 +732,27 @@ def _report_options(
                 f"--target-percentile {target_pct:g} is not among --percentiles {_csv(percentiles)}"
             )
             raise UsageError([msg])
-        if args.max_span < args.quantum:
+        if args.max_span < quantum:
             raise UsageError(["--max-span must be at least --quantum"])
     if fmt == "fiologparser":
         # fiologparser_hist.py always prints the median, and without --directions only the
         # mixed ("all") row.
         percentiles = tuple(sorted({50.0, *percentiles}))
         directions = args.directions or ("all",)
-    logs, source = _read_inputs(args, name)
+    if rows is None:
+        logs, source = _read_inputs(args, name)
+    else:
+        logs, source = list(args.logs), SourceOptions()
+        rows = Selection(percentiles, directions, args.per_host, args.quantum, rows.other)
     view = ReportOptions(
         fmt=fmt,
         directions_given=args.directions is not None,
         show_ci=getattr(args, "ci", False),  # plot draws the intervals as bands, no --ci
         progress=args.progress,
+        rows=rows,
     )
     opts = QuantaOptions(
-        quantum_ms=args.quantum,
+        quantum_ms=quantum,
         align=align,
         percentiles=percentiles,
         directions=directions,
@@ -731,6 +766,52 @@ def _report_options(
         workers=args.jobs,
     )
     return opts, view, logs
+
+
+def _rows_selection(args: argparse.Namespace, fmt: Format) -> Selection | None:
+    """For quanta files given to ``report`` or ``plot``: what the flags ask of their rows.
+
+    None: the inputs are fio output. The selection's percentiles are the flag's or the
+    first row's (fiologparser adds the median, as for logs), its quantum the first row's;
+    :attr:`Selection.other` lists the flags given that need histograms or fio's files.
+
+    Raises:
+        UsageError: quanta files and fio output are given together.
+    """
+    try:
+        if not all_quanta_files(args.logs):
+            return None
+    except FiomonError as exc:
+        raise UsageError([str(exc)]) from None
+    try:
+        first = first_row(args.logs)
+    except FiomonError:
+        first = None  # the run reports it, naming the line
+    have = () if first is None else tuple(map(float, first.stats.percentiles_ns))
+    pcts = args.percentiles or have or None
+    if pcts is not None and fmt == "fiologparser":
+        pcts = tuple(sorted({50.0, *pcts}))
+    need = "needs the histograms, which a quanta file does not hold"
+    other: dict[str, str] = {}
+    if args.align != "auto":
+        other["--align"] = f"another phase {need}"
+    if args.target_error is not None:
+        other["--target-error"] = f"merging quanta into spans {need}"
+    if args.confidence_level != DEFAULT_LEVEL:
+        other["--confidence-level"] = f"another level {need} (the rows carry their own)"
+    fio_only = {
+        "--source": args.source is not None,
+        "--log-hist-msec": args.log_hist_msec is not None,
+        "--job-file": args.job_file is not None,
+        "--group-nr": args.group_nr is not None,
+        "--usbin": args.usbin,
+        "--host-from": args.host_from != "auto",
+    }
+    other.update({flag: "reads fio output only" for flag, given in fio_only.items() if given})
+    quantum = (
+        None if first is None or first.target_met is not None else first.end_ms - first.start_ms
+    )
+    return Selection(pcts, (), args.per_host, quantum, other)
 
 
 def _report(args: argparse.Namespace) -> int:

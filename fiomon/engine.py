@@ -656,7 +656,7 @@ class QuantumEngine:
         u_pos, u_sid = self._take_pairs(rows)
         out = self._emit(rows, self._groups(rq, rh, rd, hists), lo, u_pos, u_sid)
         if self.revise_within_ms:
-            self._keep(rows, hists, lo, u_pos, u_sid, out)
+            self._keep(rows, hists, lo, u_pos, u_sid)
         self._free_rows(rows)
         return out
 
@@ -696,16 +696,19 @@ class QuantumEngine:
 
     # -- revisions ----------------------------------------------------------------------
 
-    def _keep(  # noqa: PLR0917 -- the closing rows' columns, as _close has them
+    def _keep(
         self,
         rows: npt.NDArray[np.int64],
         hists: npt.NDArray[np.float64],
         first_bin: int,
         u_pos: npt.NDArray[np.int64],
         u_sid: npt.NDArray[np.int64],
-        closed: list[ClosedQuantum],
     ) -> None:
-        """Keep the state of the quanta closing (sorted by quantum) for revisions."""
+        """Keep the state of the quanta closing (sorted by quantum) for revisions.
+
+        Which rows were published is not stored: a group was published at its first
+        close exactly when it held counts then (:meth:`KeptQuantum.has`).
+        """
         rq = self._row_q[rows]
         starts = _run_starts(rq)
         bounds = [*starts.tolist(), len(rows)]
@@ -726,11 +729,6 @@ class QuantumEngine:
                 u_sid[sa:sb],
             )
             self._put_kept(int(rq[a]), kq)
-        for row in closed:
-            q = int(self.quantum_of(np.array([row.end_ms]))[0])
-            kept = self._kept.get(q)
-            if kept is not None:
-                kept.published[(row.host, row.direction)] = 0
 
     def _put_kept(self, q: int, kq: KeptQuantum) -> None:
         old = self._kept.get(q)
@@ -800,6 +798,9 @@ class QuantumEngine:
             deltas = self._deltas(q)
             base = self._kept.get(q) or KeptQuantum.empty()
             revised = base.revised(deltas, self.layout.nbins)
+            # Those records were published (at revision 0 at least, as KeptQuantum.has
+            # then says): a revision after the restart is never numbered 0 again, even
+            # if the quanta file no longer says.
             revised.published, revised.revisions = base.published, base.revisions
             self._put_kept(q, revised)
         self._rev_late.clear()
@@ -812,7 +813,8 @@ class QuantumEngine:
         if kept is None:
             return
         key = (host, direction)
-        kept.published[key] = max(kept.published.get(key, -1), revision)
+        if revision > 0:  # revision 0 is what the kept counts say (KeptQuantum.has)
+            kept.published[key] = max(kept.published.get(key, 0), revision)
         # A later revision's partials must carry a number not used before the restart.
         kept.revisions = max(kept.revisions, revision + 1)
 
@@ -851,7 +853,10 @@ class QuantumEngine:
                 if st is None:
                     continue
                 key = (host, label)
-                revision = kept.published.get(key, -1) + 1
+                prev = kept.published.get(key)
+                if prev is None:  # its first close published it if it held counts then
+                    prev = 0 if base.has(scope, h, d) else -1
+                revision = prev + 1
                 kept.published[key] = revision
                 out.append(
                     replace(

@@ -94,6 +94,23 @@ class OverlapError(FiomonError, ValueError):
     """
 
 
+class QuantaFileError(FiomonError, ValueError):
+    """Raised when a quanta file (closed-quantum JSON lines) cannot be read as one.
+
+    Args:
+        source: the file.
+        line_no: 1-based line number, or 0 when the problem is not tied to a line.
+        reason: what is wrong, for a person.
+    """
+
+    def __init__(self, source: str, line_no: int, reason: str) -> None:
+        self.source = source
+        self.line_no = line_no
+        self.reason = reason
+        where = f"{source}:{line_no}" if line_no else source
+        super().__init__(f"{where}: {reason}")
+
+
 class PlotError(FiomonError, ValueError):
     """Raised when a plot cannot be made: an unknown extension or a missing extra."""
 

@@ -6,8 +6,10 @@ stored row (host, direction) the bin counts, covered span, bytes and streams -- 
 the quantum's rows published again exactly as if those records had come in time.
 
 Sparse (compressed rows): one host's quantum fills a few dozen to a few hundred of fio's
-1856 bins, so a stored row costs 12 bytes per non-empty bin (int32 index, float64 count)
-instead of 14.8 KiB dense, and a close keeps every row with a handful of array operations.
+1856 bins, so a stored row costs 6 bytes per non-empty bin (int16 index, float32 count
+when every count of the quantum is exactly a float32 -- whole counts below 2**24, as
+records on the quantum grid give -- else float64: never rounded) instead of 14.8 KiB
+dense, and a close keeps every row with a handful of array operations.
 A revision densifies only the rows it touches; cluster sums are one ``bincount`` over the
 kept entries of a direction.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+
+from fiomon.model import expand_ranges
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -65,8 +69,8 @@ class KeptQuantum:
     h: I64
     d: I64
     ptr: I64
-    idx: npt.NDArray[np.int32]
-    val: F64
+    idx: npt.NDArray[np.int16]
+    val: npt.NDArray[np.float32] | F64
     lo: I64
     hi: I64
     nb: F64
@@ -80,7 +84,7 @@ class KeptQuantum:
         """A quantum that closed with nothing in it."""
         z = np.zeros(0, dtype=np.int64)
         return cls(
-            z, z, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0), z, z,
+            z, z, np.zeros(1, np.int64), np.zeros(0, np.int16), np.zeros(0), z, z,
             np.zeros(0), np.zeros(1, np.int64), z,
         )  # fmt: skip
 
@@ -111,8 +115,8 @@ class KeptQuantum:
             h.astype(np.int64),
             d.astype(np.int64),
             ptr,
-            (ci + first_bin).astype(np.int32),
-            hists[ri, ci].astype(np.float64),
+            (ci + first_bin).astype(np.int16),
+            _compact(hists[ri, ci]),
             lo.astype(np.int64),
             hi.astype(np.int64),
             nb.astype(np.float64),
@@ -125,6 +129,18 @@ class KeptQuantum:
         """Memory the arrays hold, bytes."""
         arrays = (self.h, self.d, self.ptr, self.idx, self.val, self.lo, self.hi, self.nb)
         return sum(a.nbytes for a in arrays) + self.sptr.nbytes + self.sid.nbytes + 256
+
+    def has(self, scope: str, h: int, d: int) -> bool:
+        """Whether the group (scope, host id, direction; -1: ``all``) holds any count.
+
+        Only non-zero counts are kept, so a row holds counts exactly when it has entries.
+        """
+        sel = np.diff(self.ptr) > 0
+        if d >= 0:
+            sel &= self.d == d
+        if scope != "cluster":
+            sel &= self.h == h
+        return bool(sel.any())
 
     def _where(self) -> dict[tuple[int, int], int]:
         keys = zip(self.h.tolist(), self.d.tolist(), strict=True)
@@ -180,8 +196,8 @@ class KeptQuantum:
             np.concatenate([self.h[keep], np.array(new_h, dtype=np.int64)]),
             np.concatenate([self.d[keep], np.array(new_d, dtype=np.int64)]),
             ptr,
-            np.concatenate([self.idx[e_keep], ci.astype(np.int32)]),
-            np.concatenate([self.val[e_keep], dense[ri, ci]]),
+            np.concatenate([self.idx[e_keep], ci.astype(np.int16)]),
+            _compact(np.concatenate([self.val[e_keep].astype(np.float64), dense[ri, ci]])),
             np.concatenate([self.lo[keep], np.array(lo, dtype=np.int64)]),
             np.concatenate([self.hi[keep], np.array(hi, dtype=np.int64)]),
             np.concatenate([self.nb[keep], np.array(nb, dtype=np.float64)]),
@@ -208,20 +224,28 @@ class KeptQuantum:
         """
         out: list[Group] = []
         dirs = sorted({d for _, d in touched})
-        row_of_entry = np.repeat(np.arange(len(self.h)), np.diff(self.ptr))
+        lens = np.diff(self.ptr)
         slens = np.diff(self.sptr)
 
+        # By row numbers: a host's groups read its own few rows, not every entry.
         def summed(sel: npt.NDArray[np.bool_]) -> tuple[F64, int, int, float]:
-            e = sel[row_of_entry]
-            hist: F64 = np.bincount(self.idx[e], weights=self.val[e], minlength=nbins).astype(
-                np.float64
-            )
-            if not sel.any():
+            rows = np.flatnonzero(sel)
+            e = expand_ranges(self.ptr[rows], lens[rows])
+            hist: F64 = np.bincount(
+                self.idx[e].astype(np.int64), weights=self.val[e], minlength=nbins
+            ).astype(np.float64)
+            if not len(rows):
                 return hist, 0, 0, 0.0
-            return hist, int(self.lo[sel].min()), int(self.hi[sel].max()), float(self.nb[sel].sum())
+            return (
+                hist,
+                int(self.lo[rows].min()),
+                int(self.hi[rows].max()),
+                float(self.nb[rows].sum()),
+            )
 
         def distinct(sel: npt.NDArray[np.bool_]) -> int:
-            return len(np.unique(self.sid[np.repeat(sel, slens)]))
+            rows = np.flatnonzero(sel)
+            return len(np.unique(self.sid[expand_ranges(self.sptr[rows], slens[rows])]))
 
         for d in dirs:
             sel = self.d == d
@@ -251,3 +275,9 @@ class KeptQuantum:
                 hist, lo, hi, nb = summed(sel)
                 out.append(("host", h, -1, hist, lo, hi, nb, distinct(sel)))
         return out
+
+
+def _compact(val: F64) -> npt.NDArray[np.float32] | F64:
+    """``val`` as float32 if that holds every value exactly, else as float64."""
+    small = val.astype(np.float32)
+    return small if np.array_equal(small, val) else val.astype(np.float64)

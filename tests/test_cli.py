@@ -53,12 +53,14 @@ def test_jsonl_rows_follow_the_contract() -> None:
         "bytes_per_second",
         "streams",
         "late_records",
+        "revision",
         "complete",
         "percentiles_ci_ns",
     }
     for row in rows:
         assert set(row) == keys
         assert row["complete"] is True  # offline: the input is what there is
+        assert row["revision"] == 0  # offline: every row is a first publication
         assert set(row["percentiles_ns"]) == {"50", "90", "99", "99.9"}
         assert set(row["percentiles_ci_ns"]) == {"50", "90", "99", "99.9"}
         for k, (low, high) in row["percentiles_ci_ns"].items():

@@ -82,6 +82,7 @@ SNAPSHOT_EVERY_MS = 1000  # counters on /metrics are at most this old between cl
 # is older; its next record, replayed from the journal or sent again, replaces it).
 KNOWN_EVERY_MS = 10_000
 OPEN_BYTES = 1 << 30  # open quanta's histograms at most (more close the oldest early)
+REPLAY_CHUNK = 2000  # journaled messages merged at once at a restart
 _FAR = 2**62
 _PREFIX = MAGIC + bytes([VERSION])
 
@@ -130,6 +131,7 @@ class AggregatorCore:
         self._kept_ms: int | None = None
         self._snapshot_ms = -_FAR
         self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
+        self._revised_logged: tuple[int, int] = (-_FAR, 0)  # when, quanta revised then
         # The state directory and quanta file (opened by restore()).
         self.state = StateDir(
             cfg, service="aggregator", counts=self.counts, log=log, grid_state=True
@@ -242,21 +244,47 @@ class AggregatorCore:
 
     def _replay(self) -> None:
         assert self.state.journal is not None  # noqa: S101 -- only called with a journal
+        n = 0
+        started = time.monotonic()
         for segment, host, payload in self.state.journal.replay():
             self._queue.append((host, payload, segment, True))
-        if not self._queue:
+            n += 1
+            if n % REPLAY_CHUNK == 0:
+                # In chunks: the journal holds the revision horizon (minutes of every
+                # host's records), and each chunk's records of published quanta are
+                # folded into the kept quanta at once (open rows stay bounded).
+                self._replay_chunk()
+                if n % (20 * REPLAY_CHUNK) == 0:
+                    log.info(
+                        "replaying the journal: %d messages, %d records so far (%.0f s)",
+                        n,
+                        self.counts.records["replayed"],
+                        time.monotonic() - started,
+                    )
+        if not n:
             return
-        self._drain(self.now_ms(), force=True)
+        self._replay_chunk()
         self.replayed = self.counts.records["replayed"]
         if self.engine is not None:
-            # Parts of replayed records in quanta published before the restart are not
-            # late: they were in those quanta (first closes or revisions). Within the
-            # revision horizon they re-form the kept quanta, so the next late record
-            # revises what was published, numbered after what the quanta file holds.
-            self.engine.absorb()
             self.engine.reset_late_counts()
             self._note_published()
-        log.info("re-formed the open quanta from %d journaled records", self.replayed)
+        log.info(
+            "re-formed the open and kept quanta from %d journaled records (%d messages, %.1f s)",
+            self.replayed,
+            n,
+            time.monotonic() - started,
+        )
+
+    def _replay_chunk(self) -> None:
+        """Merge what replay queued; records of published quanta re-form the kept ones.
+
+        They were in those quanta (first closes or revisions), so they are neither late
+        nor a revision: within the horizon they re-form the kept state, and the next late
+        record revises what was published, numbered after what the quanta file holds.
+        """
+        self._drain(self.now_ms(), force=True)
+        if self.engine is not None:
+            self.engine.absorb()
 
     def _note_published(self) -> None:
         """Tell the engine the revisions the quanta file holds for the kept quanta."""
@@ -264,7 +292,11 @@ class AggregatorCore:
         if engine is None or quanta is None or not engine.kept_quanta:
             return
         since = (self.published_ms or 0) - self.cfg.revise_within_ms - self.cfg.quantum_ms
-        paths = [quanta.path, quanta.path.with_name(f"{quanta.path.name}.1")]
+        keep = self.cfg.quanta_file_keep
+        paths = [
+            quanta.path,
+            *(quanta.path.with_name(f"{quanta.path.name}.{i}") for i in range(1, keep + 1)),
+        ]
         for end, host, direction, _, rev in recent_revisions(paths, since):
             engine.note_published(end, host, direction, rev)
 
@@ -612,10 +644,11 @@ class AggregatorCore:
             return
         total = sum(engine.late_records.values())
         log.warning(
-            "%d records (%d so far) reached quanta already closed and are counted late; "
-            "quanta are closed through %d",
+            "%d records (%d so far) reached quanta closed more than revise_within (%d ms) "
+            "ago: counted late and left out of the quanta file; quanta are closed through %d",
             total - self._late_logged[2],
             total,
+            self.cfg.revise_within_ms,
             self.published_ms or 0,
         )
         self._late_logged = (engine.late_samples, now, total)
@@ -768,20 +801,21 @@ class AggregatorCore:
     def _revised(self, rows: list[ClosedQuantum], now: int) -> None:
         """Revisions to the publisher (gauges of the newest quantum, buckets, SLA log)."""
         added = self.engine.take_added() if self.engine is not None else {}
-        quanta = len({r.end_ms for r in rows})
-        self.counts.quanta_revised += quanta
-        log.info(
-            "revised %d closed quanta (%d rows) with late records within revise_within "
-            "(%d ms); ends %d..%d",
-            quanta,
-            len(rows),
-            self.cfg.revise_within_ms,
-            min(r.end_ms for r in rows),
-            max(r.end_ms for r in rows),
-        )
-        revise = getattr(self.publisher, "revise", None)
-        if revise is not None:
-            revise(rows, now, added)
+        self.counts.quanta_revised += len({r.end_ms for r in rows})
+        self.publisher.revise(rows, now, added)
+        # Said at most every 10 s (a host catching up revises at every tick).
+        when, before = self._revised_logged
+        if now - when >= 10_000:
+            log.info(
+                "revised %d closed quanta with late records (within revise_within, %d ms; "
+                "newest revised quantum ends %d, %d ms before the newest close): the "
+                "quanta file has their new revisions",
+                self.counts.quanta_revised - before,
+                self.cfg.revise_within_ms,
+                max(r.end_ms for r in rows),
+                (self.published_ms or 0) - max(r.end_ms for r in rows),
+            )
+            self._revised_logged = (now, self.counts.quanta_revised)
 
     def _send_partials(self, rows: list[ClosedQuantum], through: int) -> None:
         """Put what the engine closed (and the closed marker) in the cell's outbox.
@@ -826,7 +860,11 @@ class AggregatorCore:
         if closed_ms is not None and self.cfg.revise_within_ms:
             # What the journal still holds whole (it releases behind the writer's
             # confirmation, which is at most closed_ms): a restart may revise from there.
-            kept = max(closed_ms - self.cfg.revise_within_ms, self.engine.kept_from_ms)
+            kept = max(
+                closed_ms - self.cfg.revise_within_ms,
+                self.engine.kept_from_ms,
+                self.state.journal_cut_ms,
+            )
         return GridState(
             self.cfg.quantum_ms,
             self.engine.phase_ms,
@@ -874,10 +912,25 @@ class AggregatorCore:
             self.counts.late_merged = merged
             self.counts.hosts_over_cap = engine.hosts_over_cap
             self.counts.forced_closes = engine.forced_closes
+            if engine.kept_dropped > self.counts.kept_forgotten:
+                log.warning(
+                    "%d closed quanta (%d so far) forgotten before revise_within (%d ms): "
+                    "the kept quanta reached %d MiB; late records for them are counted "
+                    "late: shorten revise_within or give the aggregator memory",
+                    engine.kept_dropped - self.counts.kept_forgotten,
+                    engine.kept_dropped,
+                    self.cfg.revise_within_ms,
+                    engine.kept_max_bytes >> 20,
+                )
+            self.counts.kept_forgotten = engine.kept_dropped
         health = Health(
             hosts_up=self.hosts_up(now),
             streams=len(self.tracker),
             open_quanta=engine.open_quanta if engine is not None else None,
+            kept_quanta=(
+                engine.kept_quanta if engine is not None and engine.revise_within_ms else None
+            ),
+            kept_bytes=engine.kept_bytes if engine is not None else 0,
             session_taken_over=self.link.taken_over,
             broker_connected=self.link.connected,
             backlog_max=self.link.backlog_max,

@@ -32,6 +32,7 @@ from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.fio.problems import ProblemLog
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
+from fiomon.offline.quantafiles import Selection, all_quanta_files, resolve_rows
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -88,12 +89,21 @@ def iter_quanta(
     is that line). The files' problems (bad lines, ...) are merged into ``problems`` when
     given, also when the run fails.
 
+    Quanta files (closed-quantum JSON lines, :mod:`fiomon.offline.quantafiles`) give their
+    rows back, per key the highest revision, with the ``options``' directions, host rows
+    and percentiles (each must be in the rows); options that need histograms (another
+    quantum, ``align``, ``target_error``) are refused.
+
     Raises:
         FiomonError: a file is missing, nothing could be read, layouts cannot be merged,
-            or epoch and relative inputs are mixed.
+            epoch and relative inputs are mixed, or quanta files and fio output are mixed.
         ParseError: with ``source.strict``, the first bad line.
     """
-    reader = QuantaReader(paths, options or QuantaOptions())
+    opts = options or QuantaOptions()
+    if all_quanta_files(paths):
+        yield from _file_rows(paths, opts)
+        return
+    reader = QuantaReader(paths, opts)
     try:
         with reader:
             for rows in reader.chunks():
@@ -281,6 +291,23 @@ class QuantaReader:
         self.records = engine.records
         self.late_records = sum(engine.late_records.values())
         yield last
+
+
+def file_selection(opts: QuantaOptions) -> Selection:
+    """What ``opts`` ask of quanta files: every option as given (none was "left out")."""
+    other = {}
+    if opts.align != "auto":
+        other["align"] = "the phase of quanta is fixed when they close"
+    if opts.target_error is not None:
+        other["target_error"] = "spans merge the quanta's histograms"
+    return Selection(opts.percentiles, opts.directions, opts.per_host, opts.quantum_ms, other)
+
+
+def _file_rows(paths: Sequence[Path], opts: QuantaOptions) -> Iterator[ClosedQuantum]:
+    """:func:`iter_quanta` of quanta files."""
+    _, rows = resolve_rows(paths, file_selection(opts))
+    for f in rows:
+        yield f.row
 
 
 def _common_layout(sources: Sequence[FileSource]) -> BinLayout:

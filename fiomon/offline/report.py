@@ -3,6 +3,10 @@
 The computing is :class:`fiomon.offline.quanta.QuantaReader` (library users:
 :func:`fiomon.offline.quanta.iter_quanta`); this module picks the writer, shows a progress
 line for large inputs and reports the files' problems.
+
+Quanta files (an aggregator's or root's closed-quantum JSON lines, recognised by content)
+are read back instead (:mod:`fiomon.offline.quantafiles`): their rows, each key at its
+highest revision, go to the same writers.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from fiomon.offline.output import (
     RowWriter,
     TableWriter,
 )
-from fiomon.offline.quanta import QuantaOptions, QuantaReader
+from fiomon.offline.quanta import QuantaOptions, QuantaReader, file_selection
+from fiomon.offline.quantafiles import FileRow, Selection, all_quanta_files, resolve_rows
 
 PROGRESS_MIN_BYTES = 32 << 20
 
@@ -44,12 +49,16 @@ class ReportOptions:
         show_ci: the table shows the confidence intervals (csv and jsonl always do).
         progress: show a progress line on ``err``; ``None``: when it is a terminal and
             the input is large.
+        rows: what to print of quanta files (the command line knows which options were
+            given); ``None``: derived from the :class:`QuantaOptions` (every percentile
+            and the quantum as they say).
     """
 
     fmt: Format = "table"
     directions_given: bool = False
     show_ci: bool = False
     progress: bool | None = None
+    rows: Selection | None = None
 
 
 @dataclass(slots=True)
@@ -132,6 +141,8 @@ def run_report(
             relative inputs are mixed (and, with strict parsing, the first bad line).
     """
     opts = opts or ReportOptions()
+    if all_quanta_files(paths):
+        return _report_rows(paths, quanta, out, err, opts=opts, sink=sink)
     if sink is not None:
         # plot draws the cluster rows' histograms.
         quanta = dataclasses.replace(quanta, keep_hists=True)
@@ -174,3 +185,47 @@ def run_report(
                 "order by more than two intervals)\n"
             )
     return summary
+
+
+def _report_rows(
+    paths: Sequence[Path],
+    quanta: QuantaOptions,
+    out: TextIO,
+    err: TextIO,
+    *,
+    opts: ReportOptions,
+    sink: WriterFactory | None,
+) -> ReportSummary:
+    """:func:`run_report` of quanta files: their resolved rows, written as they are.
+
+    ``--format jsonl`` writes each row's line as the file holds it (a file read back
+    prints itself, less the publications a later revision replaced).
+    """
+    got, rows = resolve_rows(paths, opts.rows or file_selection(quanta))
+    for warning in got.warnings:
+        err.write(f"fiomon: warning: {warning}\n")
+    if opts.rows is not None and opts.rows.percentiles is None:
+        quanta = dataclasses.replace(quanta, percentiles=tuple(map(float, got.percentiles)))
+    summary = ReportSummary(
+        files=len(paths),
+        records=got.lines,
+        rows=len(rows),
+        quanta=len({f.row.end_ms for f in rows}),
+    )
+    if sink is not None:
+        writer = sink(BinLayout(), got.relative)  # no histograms: the charts draw no heat
+    elif opts.fmt == "jsonl":
+        out.write("".join(f.line for f in rows))
+        return summary
+    else:
+        # Latencies in ns: the file's rows are, whatever the fio logs' unit was.
+        writer = _writer(quanta, opts, out, got.relative, 1)
+    _write_all(writer, rows)
+    return summary
+
+
+def _write_all(writer: RowWriter, rows: list[FileRow]) -> None:
+    step = 4096  # writers take batches; one list of a long run's rows at once is fine too
+    for i in range(0, len(rows), step):
+        writer.write([f.row for f in rows[i : i + step]])
+    writer.close()

@@ -21,6 +21,13 @@ keeps both bounds and which one decided (``decided_by``), for the alert's annota
 :func:`evaluate` is pure; :class:`AlertBook` keeps the states of every rule and host and
 returns the transitions, which the aggregator logs, counts, publishes and posts.
 
+Revisions (issue 25): the state machine runs on first publications only, so a page is
+never withdrawn and nothing fires twice. The book remembers, for the revision horizon,
+the verdict each rule gave on each quantum (:class:`Verdict`: breach, no breach, no
+evidence); :meth:`AlertBook.revise` returns a :class:`RevisedVerdict` for each revision
+row whose verdict differs from that first one, which the services log as a warning and
+count (``fiomon_sla_revised_verdicts_total{rule}``).
+
 :class:`AlertDispatcher` delivers to Alertmanager apart from closing: the close path only
 hands it the current alerts (never blocks), and a task of its own posts them, one request
 at a time, each bounded by the configured timeout. A receiver that hangs costs that task
@@ -38,9 +45,12 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule, WebhookConfig
@@ -227,6 +237,156 @@ class Transition:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
 
+class Verdict(enum.IntEnum):
+    """What one quantum says to a rule, before the state machine: its evidence alone.
+
+    Stored as int8 (the book keeps one per rule, host and quantum of the horizon).
+    """
+
+    NONE = 0  # no evidence: no value, fewer than min_samples I/Os, or incomplete (hold)
+    CLEAR = 1  # evidence, not a breach
+    BREACH = 2  # the percentile (with confidence: its lower bound) above the threshold
+
+
+def verdict_of(rule: SlaRule, row: ClosedQuantum) -> tuple[Verdict, float | None, float | None]:
+    """The rule's verdict on ``row``, with the row's percentile and lower bound (ns).
+
+    The same evidence :meth:`AlertBook.observe` gives :func:`evaluate`: an incomplete row
+    under ``incomplete: hold`` and a row below ``min_samples`` are no evidence; with
+    ``confidence`` the lower bound decides (an unbounded side is no breach).
+    """
+    key = pct_key(rule.percentile)
+    value = row.stats.percentiles_ns.get(key)
+    low = (row.ci_ns or {}).get(key, (None, None))[0]
+    if not row.complete and rule.incomplete == "hold":
+        return Verdict.NONE, value, low
+    if value is None or row.stats.samples < rule.min_samples:
+        return Verdict.NONE, value, low
+    if rule.confidence is None:
+        over = value > rule.threshold_ns
+    else:
+        over = low is not None and low > rule.threshold_ns
+    return (Verdict.BREACH if over else Verdict.CLEAR), value, low
+
+
+@dataclass(frozen=True, slots=True)
+class RevisedVerdict:
+    """A revision row on which a rule's verdict differs from the first publication's.
+
+    Nothing fires or resolves for it (the state machine saw the first publication only):
+    it is logged and counted, so a reader knows a page (or its absence) rested on data
+    that was incomplete at the time.
+
+    Args:
+        rule: the rule.
+        host: the host for host-scope rules, else None.
+        end_ms: the quantum's end (epoch ms).
+        revision: the revision row's ``revision``.
+        first: the verdict on the first publication (:attr:`Verdict.NONE` when the key
+            was first published by late records: the rule saw no row then).
+        first_value_ns: the first publication's percentile (None: no row or no value).
+        first_lower_ns: its lower confidence bound (rules with ``confidence``).
+        revised: the verdict on the revision.
+        revised_value_ns: the revision's percentile.
+        revised_lower_ns: its lower confidence bound.
+    """
+
+    rule: SlaRule
+    host: str | None
+    end_ms: int
+    revision: int
+    first: Verdict
+    first_value_ns: float | None
+    first_lower_ns: float | None
+    revised: Verdict
+    revised_value_ns: float | None
+    revised_lower_ns: float | None
+
+    def to_json(self) -> dict[str, object]:
+        """A structured log object (times epoch ms, latencies ns)."""
+        out: dict[str, object] = {
+            "rule": self.rule.name,
+            "host": self.host,
+            "end_ms": self.end_ms,
+            "revision": self.revision,
+            "direction": self.rule.direction,
+            "percentile": self.rule.percentile,
+            "threshold_ns": self.rule.threshold_ns,
+            "first": self.first.name.lower(),
+            "first_value_ns": self.first_value_ns,
+            "revised": self.revised.name.lower(),
+            "revised_value_ns": self.revised_value_ns,
+        }
+        if self.rule.confidence is not None:  # the lower bound decided, not the value
+            out["first_lower_ns"] = self.first_lower_ns
+            out["revised_lower_ns"] = self.revised_lower_ns
+        return out
+
+    def log_text(self) -> str:
+        """:meth:`to_json` as one compact line (the ``sla verdict revised ...`` warning)."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+
+_UNSEEN = -1  # a verdict slot of a host the rule had not seen yet when the quantum closed
+
+
+@dataclass(slots=True)
+class _EndVerdicts:
+    """One rule's verdicts on one quantum, one slot per host (slot 0: the cluster).
+
+    Arrays rather than a dict per host: 1000 hosts over a 10-minute horizon of 1 s
+    quanta are 600,000 verdicts per host-scope rule, 6 MB here, about 100 MB as tuples.
+    """
+
+    first: npt.NDArray[np.int8]
+    last: npt.NDArray[np.int8]  # the latest publication's verdict (logged once per change)
+    value: npt.NDArray[np.float32]  # first publication's percentile, ns (nan: none)
+    low: npt.NDArray[np.float32]  # its lower bound, ns (nan: none)
+
+    @classmethod
+    def empty(cls, n: int) -> _EndVerdicts:
+        return cls(
+            np.full(n, _UNSEEN, np.int8),
+            np.full(n, _UNSEEN, np.int8),
+            np.full(n, np.nan, np.float32),
+            np.full(n, np.nan, np.float32),
+        )
+
+    def fit(self, slot: int) -> None:
+        """Grow the arrays to hold ``slot`` (a host first seen after this quantum)."""
+        n = len(self.first)
+        if slot < n:
+            return
+        more = _EndVerdicts.empty(max(slot + 1, 2 * n) - n)
+        self.first = np.concatenate([self.first, more.first])
+        self.last = np.concatenate([self.last, more.last])
+        self.value = np.concatenate([self.value, more.value])
+        self.low = np.concatenate([self.low, more.low])
+
+
+@dataclass(slots=True)
+class _RuleMemory:
+    """What one rule said on every quantum of the horizon (first publications)."""
+
+    slots: dict[str | None, int] = field(default_factory=lambda: {None: 0})
+    ends: dict[int, _EndVerdicts] = field(default_factory=dict)  # oldest first
+    since_ms: int | None = None  # the first quantum end this rule was evaluated on
+
+    def slot(self, host: str | None) -> int:
+        s = self.slots.get(host)
+        if s is None:
+            s = self.slots[host] = len(self.slots)
+        return s
+
+
+def _f(x: float | None) -> float:
+    return np.nan if x is None else x
+
+
+def _opt(x: np.float32) -> float | None:
+    return None if np.isnan(x) else float(x)
+
+
 class AlertBook:
     """States of every rule (and host, for host-scope rules).
 
@@ -235,25 +395,140 @@ class AlertBook:
         max_hosts: host-scope states kept per rule (more hosts are not evaluated; the
             aggregator's engine has the same cap and counts the hosts beyond it in
             ``fiomon_hosts_over_cap_total``).
+        remember_ms: how far back (ms of quantum ends before the newest one observed)
+            the first verdicts are kept for :meth:`revise`: the revision horizon plus a
+            margin. 0 keeps none (revisions off): :meth:`revise` then reports nothing.
     """
 
-    def __init__(self, rules: tuple[SlaRule, ...], max_hosts: int = 1000) -> None:
+    def __init__(
+        self, rules: tuple[SlaRule, ...], max_hosts: int = 1000, *, remember_ms: int = 0
+    ) -> None:
         self.rules = rules
         self.max_hosts = max_hosts
+        self.remember_ms = remember_ms
         self.states: dict[tuple[str, str | None], AlertState] = {}
         self.breaches: dict[str, int] = {r.name: 0 for r in rules}
+        # Revision rows whose verdict differed from the first publication's, per rule.
+        self.revised_verdicts: dict[str, int] = {r.name: 0 for r in rules}
         self._hosts: Counter[str] = Counter()
+        self._memory: dict[str, _RuleMemory] = {r.name: _RuleMemory() for r in rules}
+        self._cutoff_ms: int | None = None  # quanta ending before it are forgotten
 
     def observe(self, rows: list[ClosedQuantum]) -> list[Transition]:
-        """Evaluate every rule on one close's rows (quanta oldest first)."""
+        """Evaluate every rule on one close's rows (quanta oldest first).
+
+        ``rows`` are first publications (a quantum's revisions go to :meth:`revise`):
+        each rule's verdict on them is remembered for ``remember_ms``.
+        """
         out: list[Transition] = []
         by_end: dict[int, list[ClosedQuantum]] = {}
         for r in rows:
             by_end.setdefault(r.end_ms, []).append(r)
+        if not by_end:
+            return out
+        if self.remember_ms > 0:
+            first = min(by_end)
+            for mem in self._memory.values():
+                if mem.since_ms is None:
+                    mem.since_ms = first
         for end in sorted(by_end):
             for rule in self.rules:
                 out.extend(self._rule(rule, by_end[end], end))
+        if self.remember_ms > 0:
+            self._forget(max(by_end) - self.remember_ms)
         return out
+
+    def _forget(self, cutoff_ms: int) -> None:
+        """Drop the verdicts on quanta ending before ``cutoff_ms`` (beyond the horizon)."""
+        if self._cutoff_ms is not None and cutoff_ms <= self._cutoff_ms:
+            return
+        self._cutoff_ms = cutoff_ms
+        for mem in self._memory.values():
+            # A scan, not a pop from the front: revise() may add an older quantum last.
+            for end in [e for e in mem.ends if e < cutoff_ms]:
+                del mem.ends[end]
+
+    def _remember(self, rule: SlaRule, row: ClosedQuantum) -> None:
+        """Keep ``rule``'s verdict on a first publication, for :meth:`revise`."""
+        mem = self._memory.get(rule.name)
+        if mem is None:
+            return
+        slot = mem.slot(row.host)
+        ev = mem.ends.get(row.end_ms)
+        if ev is None:
+            ev = mem.ends[row.end_ms] = _EndVerdicts.empty(len(mem.slots))
+        ev.fit(slot)
+        v, value, low = verdict_of(rule, row)
+        ev.first[slot] = ev.last[slot] = v
+        ev.value[slot] = _f(value)
+        ev.low[slot] = _f(low)
+
+    def revise(self, rows: list[ClosedQuantum]) -> list[RevisedVerdict]:
+        """Revision rows: the verdicts that differ from the first publication's.
+
+        Nothing else changes: no state, no transition, no breach count (a page is not
+        withdrawn and nothing fires again). Each returned verdict is counted in
+        :attr:`revised_verdicts`; a key's later revisions are reported again only when
+        their verdict differs from both the first and the last one reported.
+
+        A revision is compared only when the book saw the quantum's close: quanta older
+        than ``remember_ms`` before the newest one, or closed before this book (or the
+        rule, after a reload) existed, are skipped. A host-scope key the first
+        publication lacked (first published by late records) had no verdict:
+        :attr:`Verdict.NONE`.
+        """
+        out: list[RevisedVerdict] = []
+        if self.remember_ms <= 0 or self._cutoff_ms is None:
+            return out
+        for r in rows:
+            for rule in self.rules:
+                if r.direction != rule.direction or r.scope != rule.scope:
+                    continue
+                mem = self._memory.get(rule.name)
+                if mem is None or mem.since_ms is None:
+                    continue
+                if r.end_ms < mem.since_ms or r.end_ms < self._cutoff_ms:
+                    continue  # its first verdict is not known (before us, or forgotten)
+                if (
+                    r.host is not None
+                    and (rule.name, r.host) not in self.states
+                    and self._hosts[rule.name] >= self.max_hosts
+                ):
+                    continue  # a host beyond the cap: the rule never evaluates it
+                found = self._revised(rule, mem, r)
+                if found is not None:
+                    self.revised_verdicts[rule.name] = self.revised_verdicts.get(rule.name, 0) + 1
+                    out.append(found)
+        return out
+
+    def _revised(
+        self, rule: SlaRule, mem: _RuleMemory, row: ClosedQuantum
+    ) -> RevisedVerdict | None:
+        """Compare one revision row with the remembered verdicts; remember it as the last."""
+        slot = mem.slot(row.host)
+        ev = mem.ends.get(row.end_ms)
+        if ev is None:
+            ev = mem.ends[row.end_ms] = _EndVerdicts.empty(len(mem.slots))
+        ev.fit(slot)
+        seen = int(ev.first[slot]) != _UNSEEN
+        first = Verdict(int(ev.first[slot])) if seen else Verdict.NONE
+        last = Verdict(int(ev.last[slot])) if int(ev.last[slot]) != _UNSEEN else first
+        new, value, low = verdict_of(rule, row)
+        ev.last[slot] = new
+        if new is first or new is last:
+            return None
+        return RevisedVerdict(
+            rule,
+            row.host,
+            row.end_ms,
+            row.revision,
+            first,
+            _opt(ev.value[slot]) if seen else None,
+            _opt(ev.low[slot]) if seen else None,
+            new,
+            value,
+            low,
+        )
 
     def _rule(self, rule: SlaRule, rows: list[ClosedQuantum], end_ms: int) -> list[Transition]:
         key = pct_key(rule.percentile)
@@ -262,7 +537,13 @@ class AlertBook:
             if r.direction != rule.direction or r.scope != rule.scope:
                 continue
             if not r.complete and rule.incomplete == "hold":
-                continue  # a quantum missing a host or cell is no evidence either way
+                # A quantum missing a host or cell is no evidence either way. Its verdict
+                # (none) is kept with its value, for the log of a revision that completes
+                # it; a host not evaluated yet gets no slot here (the cap counts hosts
+                # evaluated), and reads as none anyway.
+                if self.remember_ms > 0 and (r.host is None or (rule.name, r.host) in self.states):
+                    self._remember(rule, r)
+                continue
             state_key = (rule.name, r.host)
             old = self.states.get(state_key)
             if old is None:
@@ -275,6 +556,8 @@ class AlertBook:
             ci = (r.ci_ns or {}).get(key, (None, None))
             new = evaluate(rule, value, r.stats.samples, old, end_ms, bounds_ns=ci)
             self.states[state_key] = new
+            if self.remember_ms > 0:
+                self._remember(rule, r)
             if new.phase is not old.phase:
                 if new.phase is Phase.FIRING:
                     self.breaches[rule.name] += 1
@@ -315,6 +598,12 @@ class AlertBook:
         removed = [n for n in old if n not in new]
         self.states = {k: v for k, v in self.states.items() if k[0] in kept}
         self.breaches = {n: self.breaches.get(n, 0) if n in kept else 0 for n in new}
+        # A changed rule's earlier verdicts were another rule's: it compares revisions of
+        # the quanta it evaluates from now on only.
+        self._memory = {n: self._memory[n] if n in kept else _RuleMemory() for n in new}
+        self.revised_verdicts = {
+            n: self.revised_verdicts.get(n, 0) if n in kept else 0 for n in new
+        }
         self._hosts = Counter({n: c for n, c in self._hosts.items() if n in kept})
         self.rules = rules
         parts = [f"{len(kept)} kept"]

@@ -414,6 +414,34 @@ class Journal:
             self._close_fd()  # the current segment is done with too
             self.release(closed_ms)
 
+    def trim(self, max_bytes: int, closed_ms: int) -> int | None:
+        """Delete the oldest segments done with by ``closed_ms`` until at most ``max_bytes`` stay.
+
+        The revision horizon keeps segments after their quanta are confirmed; this bounds
+        their disk. Returns the latest record end among the deleted segments (quanta
+        ending at or before it are no longer whole in the journal), or None.
+        """
+        sizes: dict[int, int] = {}
+        for number, path in self._paths.items():
+            with contextlib.suppress(OSError):
+                sizes[number] = path.stat().st_size
+        total = sum(sizes.values())
+        if total <= max_bytes:
+            return None
+        cut: int | None = None
+        done = [n for n in sorted(self._paths) if n != self._number or self._fd is None]
+        for number in sorted(done, key=lambda n: self._ends.get(n, -_FAR)):
+            end = self._ends.get(number, -_FAR)
+            if total <= max_bytes or end > closed_ms:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                self._paths[number].unlink()
+            total -= sizes.get(number, 0)
+            del self._paths[number]
+            self._ends.pop(number, None)
+            cut = end if cut is None else max(cut, end)
+        return cut
+
     def _roll(self) -> None:
         self._close_fd()
         path = self.folder / f"journal-{self._number:08d}.jnl"

@@ -143,6 +143,31 @@ QUANTUM_COMPLETE = (
     (),
 )
 
+# Revisions (issue 25): late records within revise_within are merged into a revision of
+# their quantum; only those beyond it are late in the old sense (counted, not merged).
+LATE_RECORDS = (
+    "fiomon_late_records",
+    "Records that reached a closed quantum beyond the revision horizon (revise_within): "
+    "counted, not merged (missing from the quanta file).",
+    ("host",),
+)
+LATE_MERGED = (
+    "fiomon_late_records_merged",
+    "Late records merged into a revision of their quantum (within revise_within).",
+    ("host",),
+)
+QUANTA_REVISED = (
+    "fiomon_quanta_revised",
+    "Quanta republished with a revision (late records merged in; the quanta file has it).",
+    (),
+)
+SLA_REVISED_VERDICTS = (
+    "fiomon_sla_revised_verdicts",
+    "Revision rows on which an SLA rule's verdict differs from the first publication's "
+    "(logged; alerts evaluate first publications only).",
+    ("rule",),
+)
+
 # A cell's partials outbox (issue 16; only with a ``partials`` section).
 PARTIALS_BACKLOG = (
     "fiomon_partials_backlog_bytes",
@@ -223,15 +248,22 @@ class Counts:
         lost: records never received (sequence gaps), by host label.
         recovered: records received after being counted lost, by host label.
         duplicates: records received again and dropped, by host label.
-        late: records that reached a closed quantum beyond the revision horizon (not
-            merged), by host label (over-cap hosts summed into :data:`OTHER_HOST`).
-        late_merged: records that reached a closed quantum within the horizon and were
-            merged into a revision, by host label.
+        late: records that reached a closed quantum beyond the revision horizon
+            (``revise_within``; every closed quantum when it is 0): counted, not merged,
+            by host label (over-cap hosts summed into :data:`OTHER_HOST`).
+        late_merged: late records merged into revisions (within the horizon), by host
+            label, capped like ``late`` (the aggregator fills it from the engine's
+            ``revised_records``; the root leaves it empty).
         id_conflicts: two agents seen with one id, by host.
         state_errors: problems with the state directory or quanta file, by kind.
         alert_deliveries: alert notifications by ``(sink, result)``.
         quanta_closed: quanta closed.
-        quanta_revised: closed quanta published again with late records (per revision).
+        quanta_revised: quanta republished with a revision: each distinct quantum end
+            among the rows of one :meth:`~fiomon.server.publish.Publisher.revise` call
+            counts once. The caller increments it, beside ``quanta_closed`` (both
+            services count their own closes): ``len({r.end_ms for r in rows})``.
+        kept_forgotten: closed quanta forgotten before the revision horizon because the
+            kept quanta's memory reached its bound (late records for them are late).
         hosts_over_cap: hosts beyond ``max_hosts``.
         forced_closes: quanta closed early by ``max_open_quanta``.
         fits_skipped: tail fits (``fit_tail``) that failed on a quantum's histogram.
@@ -253,6 +285,7 @@ class Counts:
     alert_deliveries: Counter[tuple[str, str]] = field(default_factory=Counter)
     quanta_closed: int = 0
     quanta_revised: int = 0
+    kept_forgotten: int = 0
     hosts_over_cap: int = 0
     forced_closes: int = 0
     fits_skipped: int = 0
@@ -279,6 +312,9 @@ class Health:
         hosts_up: hosts that sent records, or a fresh online status, recently.
         streams: streams tracked for dedup.
         open_quanta: quanta open now (None before the engine exists).
+        kept_quanta: closed quanta kept for revisions (``revise_within``); None: none
+            kept (no engine yet, or revisions off).
+        kept_bytes: the memory they hold, bytes.
         session_taken_over: 1 while another client holds our MQTT session.
         broker_connected: whether the MQTT session is up now.
         backlog_max: the most MQTT messages that waited in the aggregator unprocessed at
@@ -294,6 +330,8 @@ class Health:
     hosts_up: int = 0
     streams: int = 0
     open_quanta: int | None = None
+    kept_quanta: int | None = None
+    kept_bytes: int = 0
     session_taken_over: bool = False
     broker_connected: bool = False
     backlog_max: int = 0
@@ -316,6 +354,7 @@ class QuantumGauges:
     percentiles: tuple[float, ...]
     fit_tail: bool = False
     quantum_end_s: float | None = None
+    end_ms: int | None = None  # the same quantum's end, exact (revisions match on it)
     cluster: dict[tuple[str, str], float] = field(default_factory=dict)
     hosts: dict[tuple[str, str, str], float] = field(default_factory=dict)
     saturated: Table = field(default_factory=dict)
@@ -357,50 +396,95 @@ class QuantumGauges:
                 if r.scope == "cluster" and r.hist is not None:
                     self.buckets.add(r.direction, r.hist, r.stats.mean_ns)
         last = ends[-1]
+        self.end_ms = last
         self.quantum_end_s = last / 1000.0
         # A quantum is incomplete when any of its rows says so (a host the aggregator
         # expected, a cell the root expected, missing): its cluster rows do.
         partial = {r.end_ms for r in rows if not r.complete}
         self.incomplete += len(partial)
         self.complete = last not in partial
-        # The percentile label is the quanta file's key ("99", "99.9"): legends read p99.
-        labels = [(q, pct_key(q), pct_key(q)) for q in self.percentiles]
-        cluster: dict[tuple[str, str], float] = {}
-        hosts: dict[tuple[str, str, str], float] = {}
-        saturated: Table = {}
-        iops: Table = {}
-        throughput: Table = {}
-        ci_lower: Table = {}
-        ci_upper: Table = {}
-        for r in rows:
-            if r.end_ms != last:
-                continue
-            pct = r.stats.percentiles_ns
-            if r.scope == "cluster":
-                iops[(r.direction,)] = r.iops or 0.0
-                throughput[(r.direction,)] = r.bytes_per_second or 0.0
-                for _, key, ql in labels:
-                    v = pct.get(key)
-                    if v is not None:
-                        cluster[(r.direction, ql)] = v / 1e9
-                        saturated[(r.direction, ql)] = float(key in r.stats.saturated)
-                    low, high = (r.ci_ns or {}).get(key, (None, None))
-                    if low is not None:
-                        ci_lower[(r.direction, key)] = low / 1e9
-                    if high is not None:
-                        ci_upper[(r.direction, key)] = high / 1e9
-            elif r.host is not None:
-                for _, key, ql in labels:
-                    v = pct.get(key)
-                    if v is not None:
-                        hosts[(r.host, r.direction, ql)] = v / 1e9
-        self.cluster, self.hosts, self.iops, self.throughput = cluster, hosts, iops, throughput
-        self.ci_lower, self.ci_upper = ci_lower, ci_upper
-        if saturated:
-            self.saturated = saturated
+        t = self._tables([r for r in rows if r.end_ms == last])
+        self.cluster, self.hosts, self.iops, self.throughput = t.cluster, t.hosts, t.iops, t.put
+        self.ci_lower, self.ci_upper = t.ci_lower, t.ci_upper
+        if t.saturated:
+            self.saturated = t.saturated
         for d, (share, alpha) in (tails or {}).items():
             self.tail_share[(d,)] = share
             self.tail_alpha[(d,)] = alpha
+
+    def revise(self, rows: list[ClosedQuantum]) -> None:
+        """Take revision rows: those of the quantum the gauges show replace its values.
+
+        The gauges describe the latest closed quantum only. Revisions of older quanta
+        change nothing here: Prometheus keeps the samples it scraped and has no way to
+        rewrite them (the quanta file and ``/api/v1/quanta`` are the record). A revised
+        key replaces its own series (a cluster direction's percentiles, bounds, rates;
+        one host and direction's percentiles); the others stay. The close delay, the
+        incomplete count and the tail fit (``fit_tail``) describe first publications
+        and stay too. ``complete`` follows the revision's cluster rows: a host or cell
+        that arrives late makes the quantum complete.
+        """
+        mine = [r for r in rows if self.end_ms is not None and r.end_ms == self.end_ms]
+        if not mine:
+            return
+        t = self._tables(mine)
+        dirs = {r.direction for r in mine if r.scope == "cluster"}
+        keys = {(r.host, r.direction) for r in mine if r.scope == "host" and r.host is not None}
+        # New dicts, never changed in place: a snapshot may hold the old ones (hosts).
+        self.cluster = {k: v for k, v in self.cluster.items() if k[0] not in dirs} | t.cluster
+        self.saturated = {k: v for k, v in self.saturated.items() if k[0] not in dirs}
+        self.saturated |= t.saturated
+        self.iops = {k: v for k, v in self.iops.items() if k[0] not in dirs} | t.iops
+        self.throughput = {k: v for k, v in self.throughput.items() if k[0] not in dirs} | t.put
+        self.ci_lower = {k: v for k, v in self.ci_lower.items() if k[0] not in dirs}
+        self.ci_lower |= t.ci_lower
+        self.ci_upper = {k: v for k, v in self.ci_upper.items() if k[0] not in dirs}
+        self.ci_upper |= t.ci_upper
+        if keys:
+            self.hosts = {k: v for k, v in self.hosts.items() if k[:2] not in keys} | t.hosts
+        cluster = [r for r in mine if r.scope == "cluster"]
+        if cluster:
+            self.complete = all(r.complete for r in cluster)
+
+    def _tables(self, rows: list[ClosedQuantum]) -> _Tables:
+        """The gauges' tables of one quantum's rows (seconds; labels as exported)."""
+        # The percentile label is the quanta file's key ("99", "99.9"): legends read p99.
+        labels = [(pct_key(q), pct_key(q)) for q in self.percentiles]
+        t = _Tables()
+        for r in rows:
+            pct = r.stats.percentiles_ns
+            if r.scope == "cluster":
+                t.iops[(r.direction,)] = r.iops or 0.0
+                t.put[(r.direction,)] = r.bytes_per_second or 0.0
+                for key, ql in labels:
+                    v = pct.get(key)
+                    if v is not None:
+                        t.cluster[(r.direction, ql)] = v / 1e9
+                        t.saturated[(r.direction, ql)] = float(key in r.stats.saturated)
+                    low, high = (r.ci_ns or {}).get(key, (None, None))
+                    if low is not None:
+                        t.ci_lower[(r.direction, key)] = low / 1e9
+                    if high is not None:
+                        t.ci_upper[(r.direction, key)] = high / 1e9
+            elif r.host is not None:
+                for key, ql in labels:
+                    v = pct.get(key)
+                    if v is not None:
+                        t.hosts[(r.host, r.direction, ql)] = v / 1e9
+        return t
+
+
+@dataclass(slots=True)
+class _Tables:
+    """One quantum's gauge values, as :class:`QuantumGauges` holds them."""
+
+    cluster: dict[tuple[str, str], float] = field(default_factory=dict)
+    hosts: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    saturated: Table = field(default_factory=dict)
+    iops: Table = field(default_factory=dict)
+    put: Table = field(default_factory=dict)  # throughput, bytes per second
+    ci_lower: Table = field(default_factory=dict)
+    ci_upper: Table = field(default_factory=dict)
 
 
 def _with_zeros(counts: Mapping[str, int], keys: Iterable[str] | Table) -> Table:
@@ -437,10 +521,11 @@ def build_snapshot(
         ("fiomon_duplicate_records", "Records received again and dropped.", ("host",)): (
             _with_zeros(counts.duplicates, hosts)
         ),
-        ("fiomon_late_records", "Records that reached a closed quantum.", ("host",)): (
-            _with_zeros(counts.late, hosts)
-        ),
+        LATE_RECORDS: _with_zeros(counts.late, hosts),
+        LATE_MERGED: _with_zeros(counts.late_merged, hosts),
         ("fiomon_quanta_closed", "Quanta closed.", ()): {(): float(counts.quanta_closed)},
+        QUANTA_REVISED: {(): float(counts.quanta_revised)},
+        SLA_REVISED_VERDICTS: {(k,): float(v) for k, v in sorted(alerts.revised_verdicts.items())},
         QUANTA_INCOMPLETE: {(): float(gauges.incomplete)},
         ("fiomon_agent_id_conflicts", "Two agents seen with one id.", ("host",)): {
             (k,): float(v) for k, v in counts.id_conflicts.items()
@@ -451,6 +536,12 @@ def build_snapshot(
         ("fiomon_forced_closes", "Quanta closed early by max_open_quanta.", ()): {
             (): float(counts.forced_closes)
         },
+        (
+            "fiomon_revision_quanta_forgotten",
+            "Closed quanta forgotten before revise_within: their kept histograms reached "
+            "the memory bound (late records for them are counted late).",
+            (),
+        ): {(): float(counts.kept_forgotten)},
         (
             "fiomon_tail_fits_skipped",
             "Tail fits (fit_tail) that failed on a quantum's histogram (too few I/Os, ...).",
@@ -536,6 +627,17 @@ def build_snapshot(
             gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
     if health.open_quanta is not None:
         gauges_out[("fiomon_open_quanta", "Quanta open now.", ())] = {(): float(health.open_quanta)}
+    if health.kept_quanta is not None:
+        gauges_out[
+            ("fiomon_revision_kept_quanta", "Closed quanta kept for revisions (revise_within).", ())
+        ] = {(): float(health.kept_quanta)}
+        gauges_out[
+            (
+                "fiomon_revision_kept_bytes",
+                "Memory of the closed quanta kept for revisions (their histograms).",
+                (),
+            )
+        ] = {(): float(health.kept_bytes)}
     firing = {(r.name, h or ""): 1 for r, h, _ in alerts.firing()}
     breach = {(name, host or ""): firing.get((name, host or ""), 0) for name, host in alerts.states}
     # Every rule has its cluster-scope series from the start (0): an alert sees it at once.

@@ -24,7 +24,8 @@ HTTP: ``GET /metrics`` (or ``/``) gets the text format,
 gzip-encoded when the request's ``Accept-Encoding`` names gzip. The live page
 (:mod:`fiomon.server.live`) is served here too, from bytes made once: ``/`` when the request
 accepts ``text/html`` (a browser; scrapers and curl keep getting the metrics), and
-``/live``; ``GET /api/v1/quanta?since=MS`` joins the stored JSON of recent quanta.
+``/live``; ``GET /api/v1/quanta?since=MS`` joins the stored JSON of recent quanta
+(``&revised=N``: and of older quanta revised since; :mod:`fiomon.server.live`).
 Keep-alive as HTTP/1.1 and 1.0 define it; other paths 404, other methods 501, malformed
 requests 400. At most ``max_connections`` connections are open at once (more wait in the
 listen backlog), each idle at most ``timeout_s``; with a certificate, TLS (the handshake
@@ -82,15 +83,29 @@ def since_ms(query: str) -> int:
     Raises:
         ValueError: ``since`` is not an integer.
     """
+    value = _query_int(query, "since", "epoch ms")
+    return 0 if value is None else value
+
+
+def revised_of(query: str) -> int | None:
+    """The ``revised`` of an API query string (None when absent).
+
+    Raises:
+        ValueError: ``revised`` is not an integer.
+    """
+    return _query_int(query, "revised", "the revised of an earlier answer")
+
+
+def _query_int(query: str, key: str, what: str) -> int | None:
     for part in query.split("&"):
         name, _, value = part.partition("=")
-        if name == "since":
+        if name == key:
             try:
                 return int(value)
             except ValueError:
-                msg = f"since={value!r} is not an integer (epoch ms)"
+                msg = f"{key}={value!r} is not an integer ({what})"
                 raise ValueError(msg) from None
-    return 0
+    return None
 
 
 STALE_S = 2.0  # a scrape may get a rendering this long after a newer snapshot came
@@ -526,10 +541,11 @@ class _Http(asyncio.Protocol):
     def _api(self, headers: dict[str, str], keep: bool, query: str) -> None:
         try:
             since = since_ms(query)
+            revised = revised_of(query)
         except ValueError as exc:
             self._error(400, str(exc))
             return
-        body = self._body.live.body(since)
+        body = self._body.live.body(since, revised)
         gz = "gzip" in headers.get("accept-encoding", "").lower() and len(body) > 4096
         if gz:
             body = gzip.compress(body, compresslevel=1, mtime=0)

@@ -28,6 +28,9 @@ from fiomon.server.metrics import Counts
 from fiomon.server.quantafile import QuantaFile, QuantaWriter
 
 GRID_STATE_FILE = "state.json"  # the grid and how far the quanta file is confirmed
+# The journal kept for the revision horizon at most, bytes (its oldest segments go first).
+JOURNAL_KEEP_BYTES = 4 << 30
+_FAR = 2**62
 
 
 class StateDir:
@@ -64,6 +67,9 @@ class StateDir:
             self.state_path = cfg.state_dir / GRID_STATE_FILE
         self.quanta: QuantaFile | None = None
         self.writer: QuantaWriter | None = None
+        # The latest record end in journal segments deleted for their size (a restart
+        # revises only quanta starting after it).
+        self.journal_cut_ms = -_FAR
 
     def open(self) -> None:
         """Lock the state directory, open the journal, the quanta file and its writer.
@@ -106,6 +112,18 @@ class StateDir:
         done = self.writer.confirmed_ms if self.writer is not None else published_ms
         if done is not None:
             self.journal.release(done - keep_ms)
+            if keep_ms:
+                cut = self.journal.trim(JOURNAL_KEEP_BYTES, done)
+                if cut is not None and cut > self.journal_cut_ms:
+                    if self.journal_cut_ms == -_FAR:
+                        self.log.warning(
+                            "the journal kept for revise_within passed %d MiB: its oldest "
+                            "segments go, so a restart can revise only quanta after %d "
+                            "(the running aggregator still revises the whole horizon)",
+                            JOURNAL_KEEP_BYTES >> 20,
+                            cut,
+                        )
+                    self.journal_cut_ms = cut
 
     def finish(self, timeout_s: float) -> None:
         """Wait for the writer to finish what it was handed (at most ``timeout_s``)."""

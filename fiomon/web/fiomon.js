@@ -554,21 +554,33 @@
     return parts.join("");
   }
 
-  /* Live: poll the aggregator's API, keep the last window of rows, redraw on news. */
+  /* Live: poll the aggregator's API, keep the last window of rows, redraw on news.
+     A quantum revised after it closed (late records merged in) comes again, however old,
+     when the answer's "revised" count passed the one we sent: its rows replace the
+     stored ones key by key (a lower revision never replaces a higher one). */
   function runLive(doc, cfg) {
     var store = new Map();
     var since = 0;
+    var revised = -1;  // none yet: the first answer holds every quantum anyway
     var r = null;
     var statusEl = doc.getElementById("status");
     function tick() {
-      global.fetch(cfg.api + "?since=" + since, { cache: "no-store" })
+      var url = cfg.api + "?since=" + since + (revised >= 0 ? "&revised=" + revised : "");
+      global.fetch(url, { cache: "no-store" })
         .then(function (resp) { return resp.json(); })
         .then(function (body) {
           var meta = body.meta;
           if (!r) r = new Renderer(doc, { percentiles: meta.percentiles, sla_ns: meta.sla_ns, relative: false });
           var news = 0;
+          // A count that went back: the server restarted (and forgot what it counted);
+          // the next poll asks for everything again.
+          var restarted = typeof body.revised === "number" && body.revised < revised;
+          if (typeof body.revised === "number") revised = body.revised;
           body.quanta.forEach(function (row) {
-            store.set(row.scope + "|" + (row.host || "") + "|" + row.direction + "|" + row.end_ms, row);
+            var k = row.scope + "|" + (row.host || "") + "|" + row.direction + "|" + row.end_ms;
+            var old = store.get(k);
+            if (old && (old.revision || 0) > (row.revision || 0)) return;
+            store.set(k, row);
             since = Math.max(since, row.end_ms);
             news++;
           });
@@ -585,6 +597,7 @@
             (since ? new Date(since).toISOString().slice(11, 23) + " UTC" : "-") +
             ", quantum " + meta.quantum_ms + " ms");
           if (news || !global.fiomonState) r.draw(Array.from(store.values()));
+          if (restarted) since = 0;
         })
         .catch(function (e) { info(doc, "live: cannot reach the aggregator (" + e + "), retrying"); })
         .then(function () { global.setTimeout(tick, cfg.poll_ms); });

@@ -4,9 +4,16 @@ faults -- also across a crash and restart; past the horizon they are late, as be
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
+
+from fiomon.aggregator import merger
 from fiomon.aggregator.merger import AggregatorCore
+from fiomon.server import journal as journal_mod
+from fiomon.server import state as state_mod
+from fiomon.wire import encode
 from tests.aggregator.test_aggregator_faults import (
     HOSTS,
     SECONDS,
@@ -14,6 +21,7 @@ from tests.aggregator.test_aggregator_faults import (
     crash,
     finish,
     message,
+    records,
     reference,  # noqa: F401 -- the fixture
     rows,
 )
@@ -94,11 +102,19 @@ def test_late_records_within_the_horizon_revise_the_published_quanta(
     assert all(r["complete"] and r["revision"] == 1 and r["late_records"] == 2 for r in cl)
 
 
+@pytest.mark.parametrize("chunk", [2000, 3])
 def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
     tmp_path: Path,
     reference: dict[Key, Row],  # noqa: F811 -- the fixture
+    monkeypatch: pytest.MonkeyPatch,
+    chunk: int,
 ) -> None:
-    """Revisions before a crash, and more late records of those quanta after the restart."""
+    """Revisions before a crash, and more late records of those quanta after the restart.
+
+    ``chunk``: the replay merges the journal in chunks of that many messages (3: the
+    kept quanta are re-formed piece by piece, never published).
+    """
+    monkeypatch.setattr(merger, "REPLAY_CHUNK", chunk)
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
@@ -119,6 +135,8 @@ def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
     crash(core)
     core2 = AggregatorCore(config(tmp_path), now_ms=clock)
     core2.restore()
+    assert core2.engine is not None and core2.engine.kept_quanta >= 14
+    assert core2.tick() == [], "the replay re-forms, it publishes nothing"
     core2.receive([message(LATE_HOST, s) for s in LATE if s != 5])
     clock.t += 300
     core2.tick()
@@ -145,3 +163,80 @@ def test_without_a_horizon_late_records_are_counted_and_left_out(tmp_path: Path)
     assert all(r["revision"] == 0 and "revised_at" not in r for r in got)
     lacking = [r for r in got if r["host"] == HOSTS[LATE_HOST] and r["end_ms"] == T0 + 5000]
     assert lacking == []
+
+
+def test_the_journal_kept_for_the_horizon_is_bounded_and_a_restart_says_from_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its byte bound the oldest segments go; the grid state says what a restart
+    can still revise, and late records for older quanta are counted late after it."""
+    monkeypatch.setattr(journal_mod, "SEGMENT_BYTES", 512)
+    monkeypatch.setattr(state_mod, "JOURNAL_KEEP_BYTES", 1500)
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    assert core.state.journal is not None
+    core.state.journal.segment_bytes = 512
+    for s in range(1, 15):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    # Segments of quanta the writer thread has not confirmed are never deleted: wait for
+    # it to confirm what closed, then let a tick release and trim.
+    writer = core.state.writer
+    assert writer is not None
+    deadline = time.monotonic() + 30
+    while (writer.confirmed_ms or 0) < T0 + 9000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    core.tick()
+    cut = core.state.journal_cut_ms
+    assert T0 < cut < T0 + 14_000
+    core.close()
+    core2 = AggregatorCore(config(tmp_path), now_ms=clock)
+    core2.restore()
+    assert core2.engine is not None
+    assert core2.engine.kept_from_ms >= cut
+    # A stream the restarted aggregator has no history of (so no duplicate filter says
+    # anything): its records reach the engine, which revises only what it holds whole.
+    name = HOSTS[LATE_HOST]
+    core2.receive([(name, encode(name, "other.json@1", s, records(LATE_HOST, s))) for s in LATE])
+    clock.t += 300
+    core2.tick()
+    # Quanta starting before what the journal still holds whole are not revised.
+    old = [T0 + 1000 * s for s in LATE if T0 + 1000 * (s - 1) < core2.engine.kept_from_ms]
+    assert old, "the bound must have cut into the late quanta"
+    assert sum(core2.counts.late.values()) > 0
+    finish(core2)
+    revised = {r["end_ms"] for r in rows(tmp_path / "quanta.jsonl") if r.get("revised_at")}
+    assert not revised & set(old)
+
+
+def test_a_restart_that_lost_the_quanta_file_never_numbers_a_published_row_0_again(
+    tmp_path: Path,
+) -> None:
+    """The journal re-forms quanta the previous run published: their rows were at
+    revision 0 at least, so a revision after the restart is 1 even with no file to say."""
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    for s in range(1, 12):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    crash(core)
+    (tmp_path / "quanta.jsonl").rename(tmp_path / "before.jsonl")
+    core2 = AggregatorCore(config(tmp_path), now_ms=clock)
+    core2.restore()
+    core2.receive([message(LATE_HOST, 5)])
+    clock.t += 300
+    core2.tick()
+    finish(core2)
+    got = [r for r in rows(tmp_path / "quanta.jsonl") if r["end_ms"] == T0 + 5000]
+    cl = {r["direction"]: r for r in got if r["scope"] == "cluster"}
+    assert cl["all"]["revision"] == 1 and cl["all"]["revised_at"] is not None
+    host = {r["direction"]: r["revision"] for r in got if r["host"] == HOSTS[LATE_HOST]}
+    assert host == {"read": 0, "write": 0, "all": 0}  # first published by the late records
