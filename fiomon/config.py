@@ -314,6 +314,8 @@ class AggregatorConfig:
             of its rows; older ones are late (counted, not merged). 0: no revisions (every
             record reaching a closed quantum is late). Closed quanta's histograms and the
             journal are kept this long.
+        revise_memory_bytes: the kept closed quanta's memory at most; past it the oldest
+            are forgotten before the horizon (logged and counted).
         align: ``epoch``, ``auto`` or a fixed offset in ms.
         percentiles: percentiles computed and exported.
         confidence_level: level of each percentile's distribution-free confidence
@@ -358,6 +360,7 @@ class AggregatorConfig:
     quantum_ms: int = 1000
     lateness_ms: int = 5000
     revise_within_ms: int = 600_000
+    revise_memory_bytes: int = 1 << 30
     align: Align = "auto"
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     confidence_level: float | None = 0.95
@@ -733,6 +736,7 @@ _AGGREGATOR_KEYS: Table = {
     "quantum": ("quantum_ms", _duration_ms(1)),
     "lateness": ("lateness_ms", _duration_ms(0)),
     "revise_within": ("revise_within_ms", _duration_between(0, 24 * 3_600_000)),
+    "revise_memory": ("revise_memory_bytes", _size(1024 * 1024)),
     "align": ("align", _align),
     "percentiles": ("percentiles", _percentile_list),
     "confidence_level": ("confidence_level", _level_or_off),

@@ -496,6 +496,9 @@ class AggregatorCore:
             log.info("agent %s is %s", topic_host, state)
         if not online:
             self._alive.pop(topic_host, None)
+            # The instance that went offline (a clean stop, or its Will after a crash) is
+            # not a second agent when a new one comes online under the id within 30 s.
+            self.instances.pop(topic_host, None)
             return
         stamp = now
         if retained:
@@ -719,6 +722,7 @@ class AggregatorCore:
             keep_hists=True,
             keep_partials=self.cfg.partials is not None,
             revise_within_ms=self.cfg.revise_within_ms,
+            kept_max_bytes=self.cfg.revise_memory_bytes,
             # Room for every host's rows over the lateness, without copies as it fills.
             capacity_rows=min(
                 1 << 17,
@@ -915,8 +919,8 @@ class AggregatorCore:
             if engine.kept_dropped > self.counts.kept_forgotten:
                 log.warning(
                     "%d closed quanta (%d so far) forgotten before revise_within (%d ms): "
-                    "the kept quanta reached %d MiB; late records for them are counted "
-                    "late: shorten revise_within or give the aggregator memory",
+                    "the kept quanta reached revise_memory (%d MiB); late records for them "
+                    "are counted late: raise revise_memory or shorten revise_within",
                     engine.kept_dropped - self.counts.kept_forgotten,
                     engine.kept_dropped,
                     self.cfg.revise_within_ms,

@@ -261,6 +261,12 @@ def test_host_flood_is_capped_and_two_agents_with_one_id_are_noticed() -> None:
     c.on_status("h1", json.dumps({"state": "online", "instance": "one"}).encode())
     c.on_status("h1", json.dumps({"state": "online", "instance": "two"}).encode())
     assert c.counts.id_conflicts["h1"] == 1
+    # A restart is no second agent: the old instance went offline first (its Will after
+    # kill -9, or its clean stop), then the new one came online within seconds.
+    c.on_status("h2", json.dumps({"state": "online", "instance": "one"}).encode())
+    c.on_status("h2", json.dumps({"state": "offline"}).encode())
+    c.on_status("h2", json.dumps({"state": "online", "instance": "two"}).encode())
+    assert c.counts.id_conflicts["h2"] == 0
 
 
 def _two_hosts(
