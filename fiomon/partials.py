@@ -126,8 +126,10 @@ class PartialRow:
     complete: bool = True
 
     def key(self) -> tuple[int, str, str | None, str]:
-        """``(start_ms, scope, host, direction)``: with the cell and ``part.revision``, the
-        row's identity (a resend repeats all three; a revision of the group is a new row).
+        """``(start_ms, scope, host, direction)``, the group.
+
+        With the cell and ``part.revision`` it is the row's identity: a resend repeats all
+        three; a revision of the group is a new row.
         """
         p = self.part
         return (p.start_ms, p.scope, p.host, p.direction)

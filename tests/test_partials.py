@@ -13,8 +13,8 @@ from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.model import DIRECTIONS
 from fiomon.partials import (
-    PartialRow,
     MAX_REVISION,
+    PartialRow,
     PartialsMessage,
     RawPartial,
     decode,
