@@ -8,8 +8,10 @@ revision of each of the late root's keys must equal that root's row of the key, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fiomon.closed import ClosedQuantum
+from fiomon.config import AggregatorConfig, RootConfig
 from fiomon.model import RecordBatch
 from fiomon.partials import PartialRow, PartialsMessage, RawPartial, encode, rows_of
 from fiomon.root.merger import RootMerger
-from tests.clock import T0
+from fiomon.root.service import RootService
+from tests.clock import T0, FakeClock
 from tests.root.test_merger import LAY, Q, assert_same, engine, records
 
 NOW = T0 + 60_000  # the root's clock when it closes: every record's quantum is 5 s old
@@ -308,3 +312,77 @@ def test_take_added_is_the_cluster_bins_revisions_merged() -> None:
     added = root.take_added()
     assert list(added) == ["read"] and added["read"].sum() == 4.0 and added["read"][700] == 4.0
     assert root.take_added() == {}
+
+
+# -- the service: the quanta file, the publisher, a restart -----------------------------------
+
+
+def _service_cfg(tmp: Path) -> AggregatorConfig:
+    return AggregatorConfig(
+        align="epoch",
+        lateness_ms=5000,
+        state_dir=tmp / "s",
+        quanta_file=tmp / "q.jsonl",
+        root=RootConfig(cells=("c1", "c2"), cell_timeout_ms=5000),
+        revise_within_ms=HORIZON,
+    )
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _identity(d: dict[str, object]) -> tuple[object, ...]:
+    return (d["end_ms"], d["scope"], d["host"], d["direction"], d["revision"])
+
+
+def test_the_service_appends_revisions_and_a_restart_writes_no_key_at_a_revision_twice(
+    tmp_path: Path,
+) -> None:
+    """Revisions go to the quanta file after the first publications (append-only) and to
+    ``Publisher.revise`` when it exists; a restarted root counts rows of quanta its
+    previous run closed as late, even after a write of revisions only (the file's last
+    line then a revision of an older quantum), and publishes none of them again."""
+    clock = FakeClock(T0)
+    cfg = _service_cfg(tmp_path)
+    svc = RootService(cfg, now_ms=clock)
+    calls: list[tuple[list[ClosedQuantum], int, dict[str, np.ndarray]]] = []
+    setattr(svc.publisher, "revise", lambda rows, now, added: calls.append((rows, now, added)))  # noqa: B010 -- the publisher may not have it yet
+    c1 = [_message("c1", i, [_row(T0 + i * Q)], through=T0 + i * Q) for i in range(1, 6)]
+    first = []
+    for i, payload in enumerate(c1, start=1):
+        svc.on_message("c1", payload)
+        clock.t = T0 + i * Q + 10
+        first += svc.tick()
+    clock.t = T0 + 5 * Q + 6000  # c2 is gone: quanta close without it
+    first += svc.tick()
+    assert [r.end_ms for r in first] == [T0 + i * Q for i in range(1, 6)]
+    assert all(r.cells_missing == ("c2",) for r in first)
+    # c2 comes back with quantum 2 only: a revision, the one write of this tick.
+    svc.on_message("c2", _message("c2", 0, [_row(T0 + 2 * Q, samples=5.0)], through=T0))
+    (rev,) = svc.tick()
+    assert (rev.end_ms, rev.revision, rev.revised_at, rev.stats.samples) == (
+        T0 + 2 * Q, 1, clock.t, 15)  # fmt: skip
+    assert len(calls) == 1 and calls[0][0] == [rev] and calls[0][1] == clock.t
+    assert calls[0][2]["read"].sum() == 5.0
+    svc.close()
+    lines = _lines(tmp_path / "q.jsonl")
+    assert [(d["end_ms"], d["revision"]) for d in lines[-2:]] == [(T0 + 5 * Q, 0), (T0 + 2 * Q, 1)]
+    assert lines[-1]["revised_at"] == clock.t and lines[-1]["complete"] is True
+    # A restart: c1 resends everything (its outbox lost the acknowledgements), c2 a row of
+    # quantum 3 (within the horizon, but closed by the previous run).
+    again = RootService(cfg, now_ms=clock)
+    for payload in c1:
+        again.on_message("c1", payload)
+    again.on_message("c2", _message("c2", 1, [_row(T0 + 3 * Q)], through=T0 + 3 * Q))
+    clock.t += 10_000
+    assert again.tick() == []
+    assert again.merger.counts.rows["late"] == 6
+    # (the previous run closed through T0 + 6 s on its clock: quantum 20 is new)
+    again.on_message("c1", _message("c1", 6, [_row(T0 + 20 * Q)], through=T0 + 20 * Q))
+    again.on_message("c2", _message("c2", 2, [_row(T0 + 20 * Q)], through=T0 + 20 * Q))
+    (row,) = again.tick()
+    assert (row.end_ms, row.revision, row.complete) == (T0 + 20 * Q, 0, True)
+    again.close()
+    ids = [_identity(d) for d in _lines(tmp_path / "q.jsonl")]
+    assert len(ids) == len(set(ids)) == 7
