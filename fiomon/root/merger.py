@@ -869,8 +869,11 @@ class RootMerger:
                 del self._kept[end]
         return out
 
-    def flush(self) -> list[ClosedQuantum]:
-        """Close everything open (a final stop), then publish the pending revisions."""
+    def flush(self, now_ms: int | None = None) -> list[ClosedQuantum]:
+        """Close everything open (a final stop), then publish the pending revisions.
+
+        ``now_ms``: the root's clock, their ``revised_at`` (None: the closed-through point).
+        """
         out: list[ClosedQuantum] = []
         for end in sorted(self._open):
             out.extend(self._close_one(end))
@@ -878,7 +881,7 @@ class RootMerger:
         if self._open or self._seen:
             last = max([*self._open, *self._seen])
             self.closed_ms = max(self.closed_ms or last, last)
-        out.extend(self._revise(self.closed_ms or 0))
+        out.extend(self._revise(now_ms if now_ms is not None else self.closed_ms or 0))
         self._open.clear()
         self._seen.clear()
         self._from.clear()

@@ -501,7 +501,7 @@ class RootService(Hooks):
     def flush(self) -> list[ClosedQuantum]:
         """Close everything open (a final stop); written, alerted and exported as a tick."""
         now = self.now_ms()
-        rows = self.merger.flush()
+        rows = self.merger.flush(now)
         self._closed(rows, now)
         self.snapshot = self._build()
         return rows

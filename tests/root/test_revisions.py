@@ -386,3 +386,16 @@ def test_the_service_appends_revisions_and_a_restart_writes_no_key_at_a_revision
     again.close()
     ids = [_identity(d) for d in _lines(tmp_path / "q.jsonl")]
     assert len(ids) == len(set(ids)) == 7
+
+
+def test_a_final_flush_publishes_the_pending_revisions_at_its_clock() -> None:
+    root = _root(["c1", "c2"])
+    root.receive(_message("c1", 0, [_row(T0 + Q)]), NOW, cell="c1")
+    root.receive(_message("c1", 1, [_row(T0 + 9 * Q)], through=T0 + 2 * Q), NOW, cell="c1")
+    assert [r.end_ms for r in root.close(NOW)] == [T0 + Q, T0 + 9 * Q]
+    root.receive(_message("c2", 0, [_row(T0 + Q)], through=T0 + Q), NOW, cell="c2")
+    root.receive(_message("c1", 2, [_row(T0 + 70 * Q)], through=T0 + 2 * Q), NOW, cell="c1")
+    opened, revised = root.flush(NOW + 5)
+    assert (opened.end_ms, opened.revised_at) == (T0 + 70 * Q, None)  # (closed through NOW)
+    assert (revised.end_ms, revised.revision, revised.revised_at) == (T0 + Q, 1, NOW + 5)
+    assert revised.complete and root.kept_quanta == 0
