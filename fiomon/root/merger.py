@@ -867,6 +867,8 @@ class RootMerger:
             horizon = self.closed_ms - self.revise_within_ms
             for end in [e for e in self._kept if e <= horizon]:
                 del self._kept[end]
+            if not self._kept:
+                self._intern.clear()  # (hosts that went away leave no key behind)
         return out
 
     def flush(self, now_ms: int | None = None) -> list[ClosedQuantum]:
