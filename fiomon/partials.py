@@ -40,6 +40,12 @@ MAX_ROWS = 1 << 20
 MAX_STRINGS = 1 << 20
 SCOPES: tuple[Scope, ...] = ("cluster", "host")
 FLAG_INCOMPLETE = 1  # a row's flags: the cell's own row of this group said complete: false
+# A row's flags above bit 0 carry RawPartial.revision (bits 1..15): a cell revising one
+# group more often than this is refused at encode rather than wrapped or saturated (either
+# would give two different deltas one identity, and the root would drop the second as a
+# resend).
+REVISION_SHIFT = 1
+MAX_REVISION = (1 << 15) - 1
 
 # magic, version, group_nr, coarseness, unit, seq, closed_through_ms, strings, rows
 _HEAD = struct.Struct("<4sBBBBxxxxQqII")
@@ -56,7 +62,7 @@ _ROW = np.dtype(
         ("nnz", "<u4"),
         ("scope", "u1"),
         ("direction", "u1"),  # index into DIRECTIONS
-        ("flags", "<u2"),  # bit 0: the cell's closed-quantum row was incomplete
+        ("flags", "<u2"),  # bit 0: the cell's row was incomplete; bits 1..15: revision
     ]
 )
 assert _ROW.itemsize == 64  # noqa: S101 -- the documented row size
@@ -120,7 +126,11 @@ class PartialRow:
     complete: bool = True
 
     def key(self) -> tuple[int, str, str | None, str]:
-        """``(start_ms, scope, host, direction)``: with the cell, the row's identity."""
+        """``(start_ms, scope, host, direction)``, the group.
+
+        With the cell and ``part.revision`` it is the row's identity: a resend repeats all
+        three; a revision of the group is a new row.
+        """
         p = self.part
         return (p.start_ms, p.scope, p.host, p.direction)
 
@@ -147,9 +157,11 @@ class PartialsMessage:
 def encode(msg: PartialsMessage) -> bytes:
     """The bytes of ``msg`` (counts are written as they are: exact float64).
 
+    A row's ``part.revision`` goes into bits 1..15 of its ``flags`` (0 on a first close).
+
     Raises:
-        ValueError: a name out of bounds, a histogram of the wrong width, or a row that
-            :func:`decode` would refuse.
+        ValueError: a name out of bounds, a histogram of the wrong width, a revision
+            outside ``0..MAX_REVISION`` (32767), or a row that :func:`decode` would refuse.
     """
     lay = msg.layout
     hosts: dict[str, int] = {}
@@ -183,6 +195,12 @@ def encode(msg: PartialsMessage) -> bytes:
         if len(p.hist) != lay.nbins:
             text = f"histogram of {len(p.hist)} bins, the layout has {lay.nbins}"
             raise ValueError(text)
+        if not 0 <= p.revision <= MAX_REVISION:
+            text = (
+                f"revision {p.revision} of group ({p.end_ms}, {p.scope}, {p.host}, "
+                f"{p.direction}) outside 0..{MAX_REVISION} (the row's 15 flag bits)"
+            )
+            raise ValueError(text)
         nz = np.flatnonzero(p.hist)
         bins.append(nz)
         counts.append(p.hist[nz])
@@ -198,7 +216,7 @@ def encode(msg: PartialsMessage) -> bytes:
             len(nz),
             SCOPES.index(p.scope),
             DIRECTIONS.index(p.direction),
-            0 if r.complete else FLAG_INCOMPLETE,
+            (p.revision << REVISION_SHIFT) | (0 if r.complete else FLAG_INCOMPLETE),
         )
     parts.append(table.tobytes())
     if bins:
@@ -292,6 +310,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
             hi_ms=hi,
             nbytes=nbytes,
             streams=streams,
+            revision=flags >> REVISION_SHIFT,
         )
         rows.append(PartialRow(part, late, complete=not flags & FLAG_INCOMPLETE))
     return PartialsMessage(strings[0], seq, layout, through, tuple(rows))
@@ -320,8 +339,6 @@ def _check_rows(
         _refuse("bytes not finite or negative")
     if np.any(table["scope"] > 1) or np.any(table["direction"] >= len(DIRECTIONS)):
         _refuse("unknown scope or direction")
-    if np.any(table["flags"] > FLAG_INCOMPLETE):  # only bit 0 is defined
-        _refuse("unknown row flags", "inconsistent")
     host = table["host"]
     is_host = table["scope"] == 1
     if np.any(is_host & ((host < 1) | (host >= nstr))) or np.any(~is_host & (host != -1)):
@@ -351,7 +368,9 @@ def rows_of(
     """Partial rows of ``parts``, each with the late count and completeness of its row.
 
     ``late`` and ``incomplete`` are keyed ``(start_ms, scope, host, direction)``, from the
-    closed-quantum rows of the same close.
+    closed-quantum rows of the same close (for a revision's group, the revision's row:
+    its ``late_records`` are the late records that revision merged). Each part keeps its
+    ``revision``.
     """
     out = []
     for p in parts:

@@ -13,12 +13,14 @@ from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
 from fiomon.model import DIRECTIONS
 from fiomon.partials import (
+    MAX_REVISION,
     PartialRow,
     PartialsMessage,
     RawPartial,
     decode,
     encode,
     peek,
+    rows_of,
     split,
 )
 from fiomon.wire import MAX_TIME_MS, REASONS, Cursor
@@ -49,6 +51,7 @@ def rows(draw: st.DrawFn, layout: BinLayout) -> PartialRow:
         hi_ms=draw(st.integers(lo, end)),
         nbytes=draw(st.floats(min_value=0, max_value=1e18)),
         streams=draw(st.integers(0, 2**32 - 1)),
+        revision=draw(st.one_of(st.just(0), st.integers(0, MAX_REVISION))),
     )
     return PartialRow(part, draw(st.integers(0, 2**63)), complete=draw(st.booleans()))
 
@@ -77,12 +80,13 @@ def same(a: PartialsMessage, b: PartialsMessage) -> None:
         px, py = x.part, y.part
         assert (x.late_records, x.complete) == (y.late_records, y.complete)
         assert x.key() == y.key()
-        assert (px.end_ms, px.lo_ms, px.hi_ms, px.nbytes, px.streams) == (
+        assert (px.end_ms, px.lo_ms, px.hi_ms, px.nbytes, px.streams, px.revision) == (
             py.end_ms,
             py.lo_ms,
             py.hi_ms,
             py.nbytes,
             py.streams,
+            py.revision,
         )
         assert np.array_equal(px.hist, py.hist)  # bit-exact float counts
 
@@ -193,3 +197,43 @@ def test_split_keeps_every_row_and_closes_only_at_the_end(
         assert all(m.closed_through_ms < r.part.end_ms for r in m.rows)
     for m in out:
         same(decode(encode(m)), m)
+
+
+def _one_row(revision: int, *, complete: bool = True) -> PartialsMessage:
+    hist = np.zeros(BinLayout().nbins)
+    hist[7] = 2.5
+    part = RawPartial(0, 1000, "host", "h1", "write", hist, 10, 900, 512.0, 1, revision)
+    return PartialsMessage("c1", 3, BinLayout(), 1000, (PartialRow(part, 4, complete),))
+
+
+@pytest.mark.parametrize("revision", [0, 1, 2, 255, MAX_REVISION])
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_rows_revision_rides_in_its_flags_beside_the_incomplete_bit(
+    revision: int, complete: bool
+) -> None:
+    """Bits 1..15 of a row's flags carry the revision; bit 0 stays the incomplete flag."""
+    raw = encode(_one_row(revision, complete=complete))
+    flags = struct.unpack_from("<H", raw, len(raw) - 2 - 8 - 2)[0]  # last 2 bytes of the row
+    assert flags == (revision << 1) | (0 if complete else 1)
+    (row,) = decode(raw).rows
+    assert (row.part.revision, row.complete, row.late_records) == (revision, complete, 4)
+
+
+def test_a_revision_beyond_the_flag_bits_is_refused_at_encode() -> None:
+    """Neither wrapped nor saturated: either would give two deltas one identity."""
+    with pytest.raises(ValueError, match="revision 32768"):
+        encode(_one_row(MAX_REVISION + 1))
+    with pytest.raises(ValueError, match="revision -1"):
+        encode(_one_row(-1))
+
+
+def test_rows_of_keeps_each_parts_revision() -> None:
+    hist = np.zeros(BinLayout().nbins)
+    first = RawPartial(0, 1000, "cluster", None, "all", hist, 0, 1000, 0.0, 0)
+    again = RawPartial(0, 1000, "cluster", None, "all", hist, 5, 7, 0.0, 0, revision=3)
+    key = (0, "cluster", None, "all")
+    out = rows_of([first, again], {key: 2}, {key})
+    assert [(r.part.revision, r.late_records, r.complete) for r in out] == [
+        (0, 2, False),
+        (3, 2, False),
+    ]

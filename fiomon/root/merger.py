@@ -9,9 +9,20 @@ the same :class:`~fiomon.closed.ClosedQuantum` rows from them, with the engine's
 statistics functions, so the root's quanta file equals one aggregator's (and the
 offline report's) to rounding of the float sums.
 
-Exactly once: a row is merged once per ``(cell, quantum, scope, host, direction)``;
-repeats (a cell resending its outbox after a restart) are counted and dropped, and rows
-for quanta the root already closed are counted as late.
+Exactly once: a row is merged once per ``(cell, quantum, scope, host, direction,
+revision)`` (a cell's revision ``n >= 1`` of a group is a delta: what its late records
+added); repeats (a cell resending its outbox after a restart) are counted and dropped.
+
+Revisions (issue 25): the groups of a closed quantum are kept, packed sparse, while its
+end is within ``revise_within_ms`` of the root's closed-through point. A cell's row of
+such a quantum (its first-close row that came late, or a revision of its own) is merged
+into them, and the next :meth:`RootMerger.close` publishes a *revision*: the rows of the
+keys it touched, plus every row of that quantum whose ``complete``/``cells_missing``
+the newly arrived cell changes, each with the key's next ``revision`` (0 for a key that
+formed no row before), ``revised_at`` = the root's clock, the full statistics of the
+merged state, and ``late_records`` = the cells' late counts on the rows merged into that
+publication. Rows of quanta closed longer ago, or closed before the root's start (a
+restart loses the kept state, :class:`RootMerger`), are counted late and left out.
 
 Membership and grid come from the root's configuration: only the configured ``cells``
 are taken (named by the topic; anything else is refused, counted and logged once per
@@ -38,7 +49,7 @@ import logging
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +58,7 @@ from fiomon.bins import BinLayout, coarsen_hist, merged_layout
 from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.errors import LayoutError, WireFormatError
 from fiomon.model import DIRECTIONS
-from fiomon.partials import MAX_PARTIALS_BYTES, PartialsMessage, decode
+from fiomon.partials import MAX_PARTIALS_BYTES, PartialRow, PartialsMessage, decode
 
 log = logging.getLogger("fiomon.root")
 
@@ -61,11 +72,18 @@ REWIND_WINDOW_MS = 60_000
 DIGESTS = 4096  # per cell, the latest messages' CRC-32 by number (two cells, one name)
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
+RowId = tuple[str, GroupKey, int]  # cell, group, the cell's revision of the group
 
 
 @dataclass(slots=True)
 class _Group:
-    """One (quantum, scope, host, direction) summed over cells."""
+    """One (quantum, scope, host, direction) summed over cells.
+
+    ``late``: the cells' late counts on the rows merged since the group's last
+    publication (its row's ``late_records``). ``flags``: per cell that ever said so, the
+    revision of its latest row of the group and whether that row was incomplete (a cell's
+    newer row replaces its older row's word; None: no cell ever said incomplete).
+    """
 
     hist: npt.NDArray[np.float64]
     lo_ms: int = _FAR
@@ -73,7 +91,189 @@ class _Group:
     nbytes: float = 0.0
     streams: int = 0
     late: int = 0
-    incomplete: bool = False  # a cell's own row of it said complete: false
+    flags: dict[str, tuple[int, bool]] | None = None
+
+    @property
+    def incomplete(self) -> bool:
+        """A cell's latest row of the group said ``complete: false``."""
+        return self.flags is not None and any(bad for _, bad in self.flags.values())
+
+    def flag(self, cell: str, revision: int, *, complete: bool) -> None:
+        """Note cell ``cell``'s word on the group from its row of ``revision``."""
+        if self.flags is None:
+            if complete:
+                return  # the common case: no cell ever said incomplete, nothing kept
+            self.flags = {}
+        seen = self.flags.get(cell)
+        if seen is None or revision >= seen[0]:
+            self.flags[cell] = (revision, not complete)
+
+
+@dataclass(slots=True)
+class _Kept:
+    """A closed quantum's groups kept for the revision horizon, packed.
+
+    Per group (``keys`` in publication order, interned): its non-zero bins and counts in
+    one CSR block (``indptr`` into ``bins`` uint16 and ``vals`` float64), span, bytes,
+    streams, and the revision its row was last published at (-1: it formed no row). About
+    50 bytes plus 10 per non-zero bin per group, where a dense group is 8 per bin of the
+    layout (1856 for fio 3). A group a revision touches is unpacked into ``live`` until
+    the revision is published, then the whole quantum is packed again.
+
+    Args:
+        cells: the cells with rows in the quantum.
+        missing: the ``cells_missing`` of its latest publication.
+    """
+
+    keys: list[GroupKey]
+    indptr: npt.NDArray[np.int64]
+    bins: npt.NDArray[np.uint16]
+    vals: npt.NDArray[np.float64]
+    lo: npt.NDArray[np.int64]
+    hi: npt.NDArray[np.int64]
+    nbytes: npt.NDArray[np.float64]
+    streams: npt.NDArray[np.int64]
+    revision: npt.NDArray[np.int32]
+    flags: dict[GroupKey, dict[str, tuple[int, bool]]]
+    cells: set[str]
+    missing: tuple[str, ...]
+    index: dict[GroupKey, int] | None = None  # made when a revision first touches it
+    live: dict[GroupKey, tuple[_Group, int]] = field(default_factory=dict)  # (group, rev)
+    touched: set[GroupKey] = field(default_factory=set)
+
+    @classmethod
+    def pack(
+        cls,
+        groups: dict[GroupKey, tuple[_Group, int]],
+        *,
+        cells: set[str],
+        missing: tuple[str, ...],
+        intern: dict[GroupKey, GroupKey],
+    ) -> _Kept:
+        """Pack ``groups`` (each with its published revision, -1 for none)."""
+        keys = [intern.setdefault(k, k) for k in groups]
+        n = len(keys)
+        nz = [np.flatnonzero(g.hist) for g, _ in groups.values()]
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum([len(x) for x in nz], out=indptr[1:])
+        bins = np.concatenate(nz).astype(np.uint16) if n else np.zeros(0, np.uint16)
+        vals = (
+            np.concatenate([g.hist[x] for (g, _), x in zip(groups.values(), nz, strict=True)])
+            if n
+            else np.zeros(0)
+        )
+        gs = [g for g, _ in groups.values()]
+        return cls(
+            keys=keys,
+            indptr=indptr,
+            bins=bins,
+            vals=vals,
+            lo=np.array([g.lo_ms for g in gs], np.int64),
+            hi=np.array([g.hi_ms for g in gs], np.int64),
+            nbytes=np.array([g.nbytes for g in gs], np.float64),
+            streams=np.array([g.streams for g in gs], np.int64),
+            revision=np.array([r for _, r in groups.values()], np.int32),
+            flags={k: g.flags for k, g in zip(keys, gs, strict=True) if g.flags},
+            cells=cells,
+            missing=missing,
+        )
+
+    def group(self, key: GroupKey, nbins: int) -> tuple[_Group, int]:
+        """The group of ``key`` unpacked (a new empty one, revision -1, if none), kept live."""
+        got = self.live.get(key)
+        if got is not None:
+            return got
+        if self.index is None:
+            self.index = {k: i for i, k in enumerate(self.keys)}
+        i = self.index.get(key)
+        if i is None:
+            got = (_Group(np.zeros(nbins)), -1)
+        else:
+            hist = np.zeros(nbins)
+            a, b = int(self.indptr[i]), int(self.indptr[i + 1])
+            hist[self.bins[a:b]] = self.vals[a:b]
+            g = _Group(
+                hist,
+                lo_ms=int(self.lo[i]),
+                hi_ms=int(self.hi[i]),
+                nbytes=float(self.nbytes[i]),
+                streams=int(self.streams[i]),
+                flags=self.flags.get(key),
+            )
+            got = (g, int(self.revision[i]))
+        self.live[key] = got
+        return got
+
+    def repacked(
+        self,
+        revised: dict[GroupKey, int],
+        missing: tuple[str, ...],
+        intern: dict[GroupKey, GroupKey],
+    ) -> _Kept:
+        """The quantum packed again after a publication.
+
+        The live groups go back into the arrays (with their new revisions from
+        ``revised``; their late counts start again at 0), the others are copied as they
+        are (never unpacked: a revision touching a few groups costs little more than them).
+        """
+        keys = list(self.keys)
+        keys.extend(k for k in self.live if self.index is None or k not in self.index)
+        idx = self.index or {}
+        n = len(keys)
+        sizes = np.zeros(n, np.int64)
+        bins: list[npt.NDArray[np.uint16]] = []
+        vals: list[npt.NDArray[np.float64]] = []
+        lo = np.zeros(n, np.int64)
+        hi = np.zeros(n, np.int64)
+        nbytes = np.zeros(n)
+        streams = np.zeros(n, np.int64)
+        revision = np.zeros(n, np.int32)
+        flags: dict[GroupKey, dict[str, tuple[int, bool]]] = {}
+        for j, k in enumerate(keys):
+            got = self.live.get(k)
+            if got is None:
+                i = idx.get(k, j)  # an old key; without an index, keys kept their places
+                a, b = int(self.indptr[i]), int(self.indptr[i + 1])
+                bins.append(self.bins[a:b])
+                vals.append(self.vals[a:b])
+                sizes[j] = b - a
+                lo[j], hi[j] = self.lo[i], self.hi[i]
+                nbytes[j], streams[j] = self.nbytes[i], self.streams[i]
+                revision[j] = self.revision[i]
+                if k in self.flags:
+                    flags[k] = self.flags[k]
+                continue
+            g, rev = got
+            nz = np.flatnonzero(g.hist)
+            bins.append(nz.astype(np.uint16))
+            vals.append(g.hist[nz])
+            sizes[j] = len(nz)
+            lo[j], hi[j], nbytes[j], streams[j] = g.lo_ms, g.hi_ms, g.nbytes, g.streams
+            revision[j] = revised.get(k, rev)
+            if g.flags:
+                flags[k] = g.flags
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(sizes, out=indptr[1:])
+        return _Kept(
+            keys=[intern.setdefault(k, k) for k in keys],
+            indptr=indptr,
+            bins=np.concatenate(bins) if bins else np.zeros(0, np.uint16),
+            vals=np.concatenate(vals) if vals else np.zeros(0),
+            lo=lo,
+            hi=hi,
+            nbytes=nbytes,
+            streams=streams,
+            revision=revision,
+            flags=flags,
+            cells=self.cells,
+            missing=missing,
+        )
+
+    def all_groups(self, nbins: int) -> dict[GroupKey, tuple[_Group, int]]:
+        """Every group, unpacked (a revision of the whole quantum)."""
+        for k in self.keys:
+            self.group(k, nbins)
+        return self.live
 
 
 @dataclass(slots=True)
@@ -125,11 +325,13 @@ class CellState:
 class RootCounts:
     """The root's counters (exported as ``fiomon_root_*``)."""
 
-    rows: Counter[str] = field(default_factory=Counter)  # merged, duplicate, late, future
+    # merged, duplicate, late, future; revised: merged into a closed quantum's revision
+    rows: Counter[str] = field(default_factory=Counter)
     invalid: Counter[str] = field(default_factory=Counter)  # by wire reason, grid, layout
     messages: Counter[str] = field(default_factory=Counter)  # by cell
     quanta_closed: int = 0
     closed_by_lateness: int = 0
+    quanta_revised: int = 0  # publications of revisions (a quantum revised twice: 2)
     missing: Counter[str] = field(default_factory=Counter)  # incomplete quanta, by cell
 
 
@@ -153,6 +355,13 @@ class RootMerger:
         state_lost: what the previous run had received may be lost (the service found
             its state missing at the start): a cell's first mark then vouches for no
             quantum it covers, only its rows or a later mark do.
+        revise_within_ms: the revision horizon, ms: a cell's row of a quantum the root
+            closed, ending after ``closed_ms - revise_within_ms`` (the root's
+            closed-through point then), is merged into a revision of that quantum's rows;
+            older ones are counted late. 0: no revisions (every such row is late). The
+            groups of closed quanta are kept (sparse) for this long. Quanta closed before
+            this merger was made (``closed_ms`` at a restart) are never revised: their
+            groups were not kept, and a revision from part of them would be wrong.
     """
 
     def __init__(
@@ -170,8 +379,11 @@ class RootMerger:
         phase_ms: int = 0,
         max_skew_ms: int = MAX_SKEW_MS,
         state_lost: bool = False,
+        revise_within_ms: int = 0,
     ) -> None:
         self.quantum_ms = quantum_ms
+        self.revise_within_ms = max(0, revise_within_ms)
+        self._floor = closed_ms  # quanta ending at or before it closed in an earlier run
         self.lateness_ms = lateness_ms
         self.percentiles = tuple(percentiles)
         self.confidence_level = confidence_level
@@ -187,7 +399,10 @@ class RootMerger:
         self.counts = RootCounts()
         self.counts.missing.update({c: 0 for c in cells})
         self._open: dict[int, dict[GroupKey, _Group]] = {}  # quantum end -> groups
-        self._seen: dict[int, set[tuple[str, GroupKey]]] = {}  # quantum end -> cell rows
+        self._seen: dict[int, set[RowId]] = {}  # quantum end -> cell rows (with revision)
+        self._kept: dict[int, _Kept] = {}  # closed quantum end -> its groups (the horizon)
+        self._intern: dict[GroupKey, GroupKey] = {}  # one tuple per key across kept quanta
+        self._added: dict[str, npt.NDArray[np.float64]] = {}  # see take_added
         self._from: dict[int, set[str]] = {}  # open quantum end -> cells with rows in it
         self._closed_any = False  # rows were closed: the layout is fixed from then on
         self._fresh = state_lost
@@ -367,30 +582,54 @@ class RootMerger:
                 rows["future"] += 1  # bounds what a wrong clock (or hostile cell) holds open
                 continue
             seen = self._seen.setdefault(p.end_ms, set())
-            if (msg.cell, key) in seen:
+            rid: RowId = (msg.cell, key, p.revision)
+            if rid in seen:
                 rows["duplicate"] += 1  # a resend (closed quanta are remembered a while)
                 continue
+            hist = p.hist if msg.layout == self.layout else coarsen_hist(p.hist, msg.layout, lay)
             if self.closed_ms is not None and p.end_ms <= self.closed_ms:
-                rows["late"] += 1  # never merged: its quantum closed without it
+                kept = self._revisable(p.end_ms)
+                if kept is None:
+                    rows["late"] += 1  # never merged: its quantum closed without it
+                    continue
+                seen.add(rid)
+                late_group, _ = kept.group(key, lay.nbins)
+                kept.touched.add(key)
+                kept.cells.add(cell)  # (no longer missing once its rows are in)
+                _merge(late_group, hist, r, cell)
+                if p.scope == "cluster":  # what the bucket histogram lacks (take_added)
+                    have = self._added.get(p.direction)
+                    self._added[p.direction] = hist.copy() if have is None else have + hist
+                rows["revised"] += 1
                 continue
-            seen.add((msg.cell, key))
+            seen.add(rid)
             self._from.setdefault(p.end_ms, set()).add(cell)
             groups = self._open.setdefault(p.end_ms, {})
-            hist = p.hist if msg.layout == self.layout else coarsen_hist(p.hist, msg.layout, lay)
             g = groups.get(key)
             if g is None:
                 g = groups[key] = _Group(np.zeros_like(hist))
-            g.hist += hist
-            g.lo_ms = min(g.lo_ms, p.lo_ms)
-            g.hi_ms = max(g.hi_ms, p.hi_ms)
-            g.nbytes += p.nbytes
-            g.streams += p.streams
-            g.late += r.late_records
-            g.incomplete |= not r.complete
+            _merge(g, hist, r, cell)
             rows["merged"] += 1
         if rows["late"] > late_before and not replay:
             self._log_late(cell, state, rows["late"] - late_before, now_ms)
         return True
+
+    def _revisable(self, end: int) -> _Kept | None:
+        """The kept groups of closed quantum ``end`` if a row of it can still revise it.
+
+        Within the horizon of the closed-through point and closed by this merger (not
+        before its start); a quantum the root closed with no rows at all gets empty
+        groups here. None: a row of it is late.
+        """
+        closed = self.closed_ms
+        if not self.revise_within_ms or closed is None or end <= closed - self.revise_within_ms:
+            return None
+        if self._floor is not None and end <= self._floor:
+            return None
+        kept = self._kept.get(end)
+        if kept is None:
+            kept = self._kept[end] = _Kept.pack({}, cells=set(), missing=(), intern=self._intern)
+        return kept
 
     def _on_grid(self, msg: PartialsMessage, state: CellState, now_ms: int) -> bool:
         """Whether every row is a quantum of the root's grid; else refused and named.
@@ -556,13 +795,15 @@ class RootMerger:
         log.warning(
             "cell %s: %d partial rows (%d so far) came after the root closed their quanta "
             "(closed through %s) and are left out: the cell was down or cut off longer than "
-            "the root's lateness (%d ms), or that lateness is not above the cells' plus the "
-            "clock skew between cell and root",
+            "the root's lateness (%d ms) plus its revise_within (%d ms), or their quanta "
+            "closed before the root's start (a restart revises none of them), or the root's "
+            "lateness is not above the cells' plus the clock skew between cell and root",
             name,
             n,
             cell.late_rows,
             self.closed_ms,
             self.lateness_ms,
+            self.revise_within_ms,
         )
 
     # -- cells ------------------------------------------------------------------------------
@@ -591,44 +832,71 @@ class RootMerger:
     # -- closing ----------------------------------------------------------------------------
 
     def close(self, now_ms: int) -> list[ClosedQuantum]:
-        """Close every quantum all live cells closed, or ``lateness_ms`` old; oldest first."""
+        """Close every quantum all live cells closed, or ``lateness_ms`` old; oldest first.
+
+        Then the revisions of closed quanta that rows reached since the previous close
+        (``revised_at`` = ``now_ms``), oldest quantum first, after the first publications.
+        """
         live = self.live_cells(now_ms)
         by_clock = now_ms - self.lateness_ms
         bound = by_clock
         throughs = [self.cells[c].through_ms for c in live]
         if live and all(t is not None for t in throughs):
             bound = max(bound, min(t for t in throughs if t is not None))
-        if self.closed_ms is not None and bound <= self.closed_ms:
-            return []
-        ready = sorted(e for e in self._open if e <= bound)
         out: list[ClosedQuantum] = []
-        for end in ready:
-            if any(not self._closed_by(c, end) for c in self.order):
-                # Closed while a configured cell had not closed it: on the root's clock, or
-                # without a gone cell (counted whether the cell was live or not).
-                self.counts.closed_by_lateness += 1
-            out.extend(self._close_one(end))
-        # Rows of closed quanta are remembered for SEEN_QUANTA quanta, so a cell's resends
-        # after a restart count as duplicates, not late.
-        forget = bound - SEEN_QUANTA * self.quantum_ms
-        for end in [e for e in self._seen if e <= forget]:
-            del self._seen[end]
-        self.counts.quanta_closed += len(ready)
-        self.closed_ms = bound
+        if self.closed_ms is None or bound > self.closed_ms:
+            ready = sorted(e for e in self._open if e <= bound)
+            for end in ready:
+                if any(not self._closed_by(c, end) for c in self.order):
+                    # Closed while a configured cell had not closed it: on the root's clock,
+                    # or without a gone cell (counted whether the cell was live or not).
+                    self.counts.closed_by_lateness += 1
+                out.extend(self._close_one(end))
+            # Row identities of closed quanta are remembered for SEEN_QUANTA quanta, and at
+            # least over the revision horizon, so a cell's resends after a restart count as
+            # duplicates, not late, and a resent row never revises a quantum twice.
+            keep = max(SEEN_QUANTA * self.quantum_ms, self.revise_within_ms + self.quantum_ms)
+            for end in [e for e in self._seen if e <= bound - keep]:
+                del self._seen[end]
+            self.counts.quanta_closed += len(ready)
+            self.closed_ms = bound
+        out.extend(self._revise(now_ms))
+        # Past the horizon a quantum's groups go (after its last revision was published):
+        # its rows are late from now on.
+        if self.closed_ms is not None:
+            horizon = self.closed_ms - self.revise_within_ms
+            for end in [e for e in self._kept if e <= horizon]:
+                del self._kept[end]
+            if not self._kept:
+                self._intern.clear()  # (hosts that went away leave no key behind)
         return out
 
-    def flush(self) -> list[ClosedQuantum]:
-        """Close everything open (a final stop)."""
+    def flush(self, now_ms: int | None = None) -> list[ClosedQuantum]:
+        """Close everything open (a final stop), then publish the pending revisions.
+
+        ``now_ms``: the root's clock, their ``revised_at`` (None: the closed-through point).
+        """
         out: list[ClosedQuantum] = []
         for end in sorted(self._open):
             out.extend(self._close_one(end))
-        self.counts.quanta_closed += len({r.end_ms for r in out})
+        self.counts.quanta_closed += len({r.end_ms for r in out if r.revised_at is None})
         if self._open or self._seen:
             last = max([*self._open, *self._seen])
             self.closed_ms = max(self.closed_ms or last, last)
+        out.extend(self._revise(now_ms if now_ms is not None else self.closed_ms or 0))
         self._open.clear()
         self._seen.clear()
         self._from.clear()
+        self._kept.clear()
+        return out
+
+    def take_added(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per cluster direction, the bin counts merged into revisions since the last call.
+
+        In the root's layout; what the bucket histogram (``Publisher.revise``) lacks: the
+        first publications carried the rest.
+        """
+        out, self._added = self._added, {}
         return out
 
     def _closed_by(self, name: str, end: int) -> bool:
@@ -648,7 +916,8 @@ class RootMerger:
         Also a cell whose message numbers say two cells send under its name
         (:attr:`CellState.doubled`): the quantum holds only part of its rows.
         """
-        sent = self._from.get(end, set())
+        kept = self._kept.get(end)
+        sent = kept.cells if kept is not None else self._from.get(end, set())
         return tuple(
             c
             for c in self.order
@@ -664,20 +933,97 @@ class RootMerger:
         """Quanta holding rows and not yet closed."""
         return len(self._open)
 
+    @property
+    def kept_quanta(self) -> int:
+        """Closed quanta whose groups are kept for revisions (the horizon)."""
+        return len(self._kept)
+
+    def kept_bytes(self) -> int:
+        """The kept groups' array bytes (an estimate of their memory, for tests and logs)."""
+        return sum(
+            sum(a.nbytes for a in (k.indptr, k.bins, k.vals, k.lo, k.hi, k.nbytes, k.streams))
+            + k.revision.nbytes
+            + 8 * len(k.keys)
+            for k in self._kept.values()
+        )
+
     def _close_one(self, end: int) -> list[ClosedQuantum]:
-        """The rows of quantum ``end``: cluster, then hosts by name; directions in order."""
+        """The rows of quantum ``end``: cluster, then hosts by name; directions in order.
+
+        Its groups are then kept (packed) for revisions when there is a horizon.
+        """
         cells_missing = self.missing(end)
-        self._from.pop(end, None)
+        cells = self._from.pop(end, set())
         self.counts.missing.update(cells_missing)
         groups = self._open.pop(end)
         self._closed_any = True
-        assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
+        keys = self._ordered(groups)
+        out = self._rows(end, {k: (groups[k], -1) for k in keys}, keys, cells_missing, None)
+        if self.revise_within_ms:
+            published = {(r.scope, r.host, r.direction) for r in out}
+            self._kept[end] = _Kept.pack(
+                {k: (groups[k], 0 if k in published else -1) for k in keys},
+                cells=cells,
+                missing=cells_missing,
+                intern=self._intern,
+            )
+        return out
+
+    def _revise(self, now_ms: int) -> list[ClosedQuantum]:
+        """The revisions of the kept quanta that changed since their last publication.
+
+        A quantum rows reached: the rows of the keys they touched. A quantum a cell named
+        in its ``cells_missing`` is no longer missing from (its rows came, or its mark
+        now says it closed the quantum: what an in-time root would have known): every
+        row of it, the untouched ones with their statistics unchanged, so the latest
+        revision of each key says ``complete`` as the in-time root's row would.
+        """
+        out: list[ClosedQuantum] = []
+        for end in sorted(self._kept):
+            kept = self._kept[end]
+            if not kept.touched and not kept.missing:
+                continue  # (the common case: nothing to recompute)
+            cells_missing = self.missing(end)
+            back = any(c not in cells_missing for c in kept.missing)
+            if not kept.touched and not back:
+                continue
+            assert self.layout is not None  # noqa: S101 -- kept groups come after a layout
+            groups = kept.all_groups(self.layout.nbins) if back else kept.live
+            keys = self._ordered({k: g for k, (g, _) in groups.items()})
+            rows = self._rows(end, groups, keys, cells_missing, now_ms)
+            if rows:
+                self.counts.quanta_revised += 1
+            out.extend(rows)
+            revised = {(r.scope, r.host, r.direction): r.revision for r in rows}
+            # A key not republished keeps its row's earlier word on completeness; only a
+            # cell leaving the missing ones republishes them all, so this is that word.
+            self._kept[end] = kept.repacked(
+                revised, cells_missing if back or not kept.missing else kept.missing, self._intern
+            )
+        return out
+
+    def _ordered(self, groups: dict[GroupKey, _Group]) -> list[GroupKey]:
+        """Keys in row order: cluster, then hosts by name; directions in order."""
         order = {d: i for i, d in enumerate(DIRECTIONS)}
-        keys = sorted(
-            groups,
-            key=lambda k: (k[0] != "cluster", k[1] or "", order[k[2]]),
-        )
-        hists = np.stack([groups[k].hist for k in keys])
+        return sorted(groups, key=lambda k: (k[0] != "cluster", k[1] or "", order[k[2]]))
+
+    def _rows(
+        self,
+        end: int,
+        groups: dict[GroupKey, tuple[_Group, int]],
+        keys: list[GroupKey],
+        cells_missing: tuple[str, ...],
+        revised_at: int | None,
+    ) -> list[ClosedQuantum]:
+        """Rows of ``keys`` of quantum ``end`` (each group with its published revision).
+
+        ``revised_at`` None: the first publication (revision 0); else each key's row is
+        its revision + 1 (0 for a key published for the first time).
+        """
+        assert self.layout is not None  # noqa: S101 -- groups exist only after a layout
+        if not keys:
+            return []
+        hists = np.stack([groups[k][0].hist for k in keys])
         # Only the columns between the first and last bin with a count (as the engine
         # does): one workload fills a few hundred of fio's 1856 bins.
         used = np.flatnonzero(hists.any(axis=0))
@@ -693,26 +1039,39 @@ class RootMerger:
         for k, st, ci in zip(keys, stats, cis, strict=True):
             if st is None:
                 continue  # empty groups form no row (they only widened no span here)
-            g = groups[k]
+            g, rev = groups[k]
             scope, host, direction = k
-            out.append(
-                closed_row(
-                    start_ms=end - self.quantum_ms,
-                    end_ms=end,
-                    scope=scope,
-                    host=host,
-                    direction=direction,
-                    stats=st,
-                    ci_ns=ci,
-                    lo_ms=g.lo_ms,
-                    hi_ms=g.hi_ms,
-                    nbytes=g.nbytes,
-                    streams=g.streams,
-                    late_records=g.late,
-                    hist=g.hist if scope == "cluster" else None,
-                    # Missing a cell, or a cell's own row lacked a host it expected.
-                    complete=not cells_missing and not g.incomplete,
-                    cells_missing=cells_missing,
-                )
+            row = closed_row(
+                start_ms=end - self.quantum_ms,
+                end_ms=end,
+                scope=scope,
+                host=host,
+                direction=direction,
+                stats=st,
+                ci_ns=ci,
+                lo_ms=g.lo_ms,
+                hi_ms=g.hi_ms,
+                nbytes=g.nbytes,
+                streams=g.streams,
+                late_records=g.late,
+                hist=g.hist if scope == "cluster" else None,
+                # Missing a cell, or a cell's own row lacked a host it expected.
+                complete=not cells_missing and not g.incomplete,
+                cells_missing=cells_missing,
             )
+            if revised_at is not None:
+                row = replace(row, revision=rev + 1, revised_at=revised_at)
+            out.append(row)
         return out
+
+
+def _merge(g: _Group, hist: npt.NDArray[np.float64], r: PartialRow, cell: str) -> None:
+    """Add one cell's row (its revision 0, or a revision's delta) to a group."""
+    p = r.part
+    g.hist += hist
+    g.lo_ms = min(g.lo_ms, p.lo_ms)
+    g.hi_ms = max(g.hi_ms, p.hi_ms)
+    g.nbytes += p.nbytes
+    g.streams += p.streams
+    g.late += r.late_records
+    g.flag(cell, p.revision, complete=r.complete)

@@ -28,6 +28,21 @@ changed, at most every :data:`ACK_EVERY_S`), after saving the positions in
 ``<state_dir>/partials-acked.json`` (a restart continues from them; without it each cell's
 first message tells where it stands).
 
+Revisions (issue 25, ``revise_within``): a cell's rows that reach a quantum the root
+closed within that horizon revise its rows (:class:`~fiomon.root.merger.RootMerger`).
+They are appended to the quanta file (the rows a close returns with ``revised_at`` set;
+earlier lines never change) and handed to ``Publisher.revise`` when the publisher has it
+(first publications go to ``observe`` as before). A restart keeps what was published
+exact but not what could still be revised: the journal holds partials only until their
+quanta are written, so the groups of quanta closed before the restart are gone, and
+rows of them that come after it are counted late, not merged (the restarted merger
+never revises a quantum it did not close itself: a revision from part of a quantum
+would be wrong, and its revision numbers would repeat the previous run's). Quanta
+closed after the start are revised as usual. Within a write, revision rows go before
+the first publications, and the start takes the later of the quanta file's last
+quantum and the saved mark, so a last line that is a revision of an older quantum never
+makes a restart publish a quantum again.
+
 Stopping goes in the shell's written order under one ``GRACE_S``: intake stops, the
 open quanta close (``final``) or stay in the journal, what was closed is written and the
 state directory unlocked, then the connection closes.
@@ -122,6 +137,12 @@ class RootService(Hooks):
         quanta = self.state.quanta
         tail = quanta.tail() if quanta is not None else None
         closed = tail.end_ms if tail is not None else self._load_mark()
+        if tail is not None:
+            # The file's last line may be a revision of an older quantum (a write of
+            # revisions only): the mark saved after every write then knows better.
+            saved = self._saved_mark()
+            if saved is not None and saved > tail.end_ms:
+                closed = saved
         path = self.state.state_path
         lost = path is not None and not (path.exists() or path.with_name(LEGACY_MARK_FILE).exists())
         # Evidence of a previous run whose state is gone: its received rows may be lost.
@@ -140,6 +161,7 @@ class RootService(Hooks):
             phase_ms=phase,
             max_skew_ms=self.rc.max_skew_ms,
             state_lost=evidence,
+            revise_within_ms=cfg.revise_within_ms,
         )
         if path is not None and lost:
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
@@ -192,6 +214,20 @@ class RootService(Hooks):
             )
             return None
         return closed
+
+    def _saved_mark(self) -> int | None:
+        """The grid state's closed-through mark, quietly.
+
+        None: none, unreadable or of another quantum (:meth:`_load_mark` reports those
+        when the mark is all there is).
+        """
+        path = self.state.state_path
+        if path is None:
+            return None
+        grid, _ = GridState.load(path)
+        if grid is None or grid.quantum_ms != self.cfg.quantum_ms:
+            return None
+        return grid.closed_ms
 
     def _lost_state(self, path: Path, closed: int | None, tail: bool, *, new_dir: bool) -> None:
         """Say what a start without its state assumes and what may be missing.
@@ -258,7 +294,11 @@ class RootService(Hooks):
                 grid = GridState(q, m.phase_ms, (lay.group_nr, lay.coarseness, lay.unit), mark)
                 self._marked_ms = mark
         if rows or grid is not None:
-            writer.submit(rows, m.closed_ms or 0, grid)
+            # Revisions first: a write cut short then ends on a first publication, so
+            # the file's last quantum (what a restart takes as published) stays right.
+            ordered = [r for r in rows if r.revised_at is not None]
+            ordered += [r for r in rows if r.revised_at is None]
+            writer.submit(ordered, m.closed_ms or 0, grid)
 
     def _replay(self) -> None:
         """Re-form the open quanta from the journal (rows of closed quanta are skipped)."""
@@ -461,17 +501,30 @@ class RootService(Hooks):
     def flush(self) -> list[ClosedQuantum]:
         """Close everything open (a final stop); written, alerted and exported as a tick."""
         now = self.now_ms()
-        rows = self.merger.flush()
+        rows = self.merger.flush(now)
         self._closed(rows, now)
         self.snapshot = self._build()
         return rows
 
     def _closed(self, rows: list[ClosedQuantum], now: int) -> None:
+        """Closed rows to the publisher and the writer.
+
+        First publications (``revised_at`` None) go to ``observe``; revisions to
+        ``Publisher.revise`` with the cluster bins they added, when the publisher has it
+        (issue 25's publisher; without it revisions reach the quanta file only).
+        """
+        first = [r for r in rows if r.revised_at is None]
+        revised = [r for r in rows if r.revised_at is not None]
+        added = self.merger.take_added()  # (taken every time: it must not pile up)
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
             if self.merger.layout is not None:
                 self.publisher.use_layout(self.merger.layout)
-            self.publisher.observe(rows, now)
+        if first:
+            self.publisher.observe(first, now)
+        revise = getattr(self.publisher, "revise", None)
+        if revised and revise is not None:
+            revise(revised, now, added)
         self._write(rows)
         self._release()
 

@@ -62,8 +62,9 @@ ROOT_LATENESS_S = 10
 CELL_LATENESS_S = 4
 HOST_CELL = {f"client-{h:02d}": cell for cell, hosts in CELLS.items() for h in hosts}
 # What says how a row was made rather than what it measured: the root's marks, a
-# revision number, the late records the cells counted (the offline report has none).
-BOOKKEEPING = frozenset({"complete", "cells_missing", "revision", "late_records"})
+# revision number and when it was published, the late records the cells counted (the
+# offline report has none).
+BOOKKEEPING = frozenset({"complete", "cells_missing", "revision", "revised_at", "late_records"})
 
 
 # -- the cluster ----------------------------------------------------------------------------
