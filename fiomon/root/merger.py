@@ -72,7 +72,12 @@ REWIND_WINDOW_MS = 60_000
 DIGESTS = 4096  # per cell, the latest messages' CRC-32 by number (two cells, one name)
 SEEN_QUANTA = 600  # closed quanta whose row identities are kept (to tell resends apart)
 GroupKey = tuple[Scope, str | None, str]  # scope, host, direction
-RowId = tuple[str, GroupKey, int]  # cell, group, the cell's revision of the group
+# cell, group, the cell's revision of the group, and for revisions (deltas) the CRC-32 of
+# what it adds: a cell that restarted without its quanta file numbers its revisions from 1
+# again, and its new deltas must not be taken for resends of the old ones (a resend is the
+# same bytes). First publications are told apart by identity alone: a cell that lost its
+# state and closes a quantum again must not add it twice.
+RowId = tuple[str, GroupKey, int, int]
 
 
 @dataclass(slots=True)
@@ -582,7 +587,7 @@ class RootMerger:
                 rows["future"] += 1  # bounds what a wrong clock (or hostile cell) holds open
                 continue
             seen = self._seen.setdefault(p.end_ms, set())
-            rid: RowId = (msg.cell, key, p.revision)
+            rid: RowId = (msg.cell, key, p.revision, _delta_digest(r) if p.revision else 0)
             if rid in seen:
                 rows["duplicate"] += 1  # a resend (closed quanta are remembered a while)
                 continue
@@ -1075,3 +1080,10 @@ def _merge(g: _Group, hist: npt.NDArray[np.float64], r: PartialRow, cell: str) -
     g.streams += p.streams
     g.late += r.late_records
     g.flag(cell, p.revision, complete=r.complete)
+
+
+def _delta_digest(r: PartialRow) -> int:
+    """CRC-32 of what a revision row adds (its counts, span, bytes and streams)."""
+    p = r.part
+    head = f"{p.lo_ms},{p.hi_ms},{p.nbytes!r},{p.streams},{r.late_records}".encode()
+    return zlib.crc32(np.ascontiguousarray(p.hist).tobytes(), zlib.crc32(head))

@@ -31,7 +31,7 @@ first message tells where it stands).
 Revisions (issue 25, ``revise_within``): a cell's rows that reach a quantum the root
 closed within that horizon revise its rows (:class:`~fiomon.root.merger.RootMerger`).
 They are appended to the quanta file (the rows a close returns with ``revised_at`` set;
-earlier lines never change) and handed to ``Publisher.revise`` when the publisher has it
+earlier lines never change) and handed to ``Publisher.revise``
 (first publications go to ``observe`` as before). A restart keeps what was published
 exact but not what could still be revised: the journal holds partials only until their
 quanta are written, so the groups of quanta closed before the restart are gone, and
@@ -510,21 +510,20 @@ class RootService(Hooks):
         """Closed rows to the publisher and the writer.
 
         First publications (``revised_at`` None) go to ``observe``; revisions to
-        ``Publisher.revise`` with the cluster bins they added, when the publisher has it
-        (issue 25's publisher; without it revisions reach the quanta file only).
+        ``Publisher.revise`` with the cluster bins they added.
         """
         first = [r for r in rows if r.revised_at is None]
         revised = [r for r in rows if r.revised_at is not None]
         added = self.merger.take_added()  # (taken every time: it must not pile up)
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
+            self.counts.quanta_revised = self.merger.counts.quanta_revised
             if self.merger.layout is not None:
                 self.publisher.use_layout(self.merger.layout)
         if first:
             self.publisher.observe(first, now)
-        revise = getattr(self.publisher, "revise", None)
-        if revised and revise is not None:
-            revise(revised, now, added)
+        if revised:
+            self.publisher.revise(revised, now, added)
         self._write(rows)
         self._release()
 

@@ -195,10 +195,11 @@ ROOT_CELLS_UP = (
 )
 ROOT_CELLS_EXPECTED = ("fiomon_root_cells_expected", "Cells listed in root.cells.", ())
 ROOT_CELL_UP = ("fiomon_root_cell_up", "1 while the cell is heard from, else 0.", ("cell",))
-ROOT_ROW_OUTCOMES = ("merged", "duplicate", "late", "future")
+ROOT_ROW_OUTCOMES = ("merged", "revised", "duplicate", "late", "future")
 ROOT_PARTIAL_ROWS = (
     "fiomon_root_partial_rows",
-    "Partial rows by outcome (merged, duplicate, late, future).",
+    "Partial rows by outcome (merged, revised: merged into a revision of a closed quantum, "
+    "duplicate, late: beyond revise_within, future).",
     ("outcome",),
 )
 ROOT_INVALID_PARTIALS = (

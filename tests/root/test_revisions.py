@@ -399,3 +399,24 @@ def test_a_final_flush_publishes_the_pending_revisions_at_its_clock() -> None:
     assert (opened.end_ms, opened.revised_at) == (T0 + 70 * Q, None)  # (closed through NOW)
     assert (revised.end_ms, revised.revision, revised.revised_at) == (T0 + Q, 1, NOW + 5)
     assert revised.complete and root.kept_quanta == 0
+
+
+def test_a_restarted_cells_revisions_numbered_again_are_merged_and_resends_are_not() -> None:
+    """A cell that restarted without its quanta file numbers its revisions from 1 again:
+    a delta under a number seen before with other contents is new data; the same bytes
+    again are a resend."""
+    end = T0 + Q
+    root = _root(["c1"])
+    root.receive(_message("c1", 0, [_row(end)]), NOW, cell="c1")
+    root.close(NOW)
+    root.receive(_message("c1", 1, [_row(end, revision=1, samples=2.0)]), NOW + 1, cell="c1")
+    (first,) = root.close(NOW + 1)
+    assert (first.revision, first.stats.samples) == (1, 12)
+    # The restarted cell's first revision: number 1 again, other records.
+    root.receive(_message("c1", 0, [_row(end, revision=1, samples=5.0)]), NOW + 2, cell="c1")
+    (second,) = root.close(NOW + 2)
+    assert (second.revision, second.stats.samples) == (2, 17)
+    # Its outbox resends that message: nothing changes.
+    root.receive(_message("c1", 0, [_row(end, revision=1, samples=5.0)]), NOW + 3, cell="c1")
+    assert root.close(NOW + 3) == []
+    assert root.counts.rows["duplicate"] == 1
