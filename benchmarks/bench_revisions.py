@@ -156,6 +156,11 @@ def main() -> int:
         f"= {per_host_min / 1024:.0f} KiB per host and minute of horizon "
         f"({per_host_min * 10 * 1000 / 2**30:.2f} GiB for 1000 hosts x 10 min)"
     )
+    journal = sum(len(m[1]) for sec in msgs for m in sec) / args.hosts / args.seconds * 60
+    print(
+        f"  journal kept for the horizon: {journal / 1024:.0f} KiB per host and minute "
+        f"(the messages' bytes; {journal * 10 * 1000 / 2**30:.2f} GiB for 1000 hosts x 10 min)"
+    )
     print(
         f"  CPU: keeping closed quanta {100 * (on / off - 1):+.1f} %, late data "
         f"{100 * (lt / on - 1):+.1f} % over in time"

@@ -337,6 +337,7 @@ class RootCounts:
     quanta_closed: int = 0
     closed_by_lateness: int = 0
     quanta_revised: int = 0  # publications of revisions (a quantum revised twice: 2)
+    kept_forgotten: int = 0  # closed quanta forgotten before the horizon (memory bound)
     missing: Counter[str] = field(default_factory=Counter)  # incomplete quanta, by cell
 
 
@@ -385,9 +386,11 @@ class RootMerger:
         max_skew_ms: int = MAX_SKEW_MS,
         state_lost: bool = False,
         revise_within_ms: int = 0,
+        revise_memory_bytes: int = 1 << 30,
     ) -> None:
         self.quantum_ms = quantum_ms
         self.revise_within_ms = max(0, revise_within_ms)
+        self.revise_memory_bytes = revise_memory_bytes
         self._floor = closed_ms  # quanta ending at or before it closed in an earlier run
         self.lateness_ms = lateness_ms
         self.percentiles = tuple(percentiles)
@@ -872,6 +875,7 @@ class RootMerger:
             horizon = self.closed_ms - self.revise_within_ms
             for end in [e for e in self._kept if e <= horizon]:
                 del self._kept[end]
+            self._bound_kept()
             if not self._kept:
                 self._intern.clear()  # (hosts that went away leave no key behind)
         return out
@@ -938,6 +942,33 @@ class RootMerger:
         """Quanta holding rows and not yet closed."""
         return len(self._open)
 
+    def _bound_kept(self) -> None:
+        """Forget the oldest kept quanta while they hold more than ``revise_memory_bytes``.
+
+        Their rows are late from then on (as past the horizon); logged once per episode.
+        """
+        if len(self._kept) < 2:
+            return
+        total = self.kept_bytes()
+        if total <= self.revise_memory_bytes:
+            return
+        dropped = 0
+        while total > self.revise_memory_bytes and len(self._kept) > 1:
+            oldest = min(self._kept)
+            total -= _kept_nbytes(self._kept.pop(oldest))
+            self._floor = oldest if self._floor is None else max(self._floor, oldest)
+            dropped += 1
+        self.counts.kept_forgotten += dropped
+        log.warning(
+            "forgot %d closed quanta before revise_within (%d ms, %d so far): the kept "
+            "groups reached revise_memory (%d MiB); rows for them are late: raise "
+            "revise_memory or shorten revise_within",
+            dropped,
+            self.revise_within_ms,
+            self.counts.kept_forgotten,
+            self.revise_memory_bytes >> 20,
+        )
+
     @property
     def kept_quanta(self) -> int:
         """Closed quanta whose groups are kept for revisions (the horizon)."""
@@ -945,12 +976,7 @@ class RootMerger:
 
     def kept_bytes(self) -> int:
         """The kept groups' array bytes (an estimate of their memory, for tests and logs)."""
-        return sum(
-            sum(a.nbytes for a in (k.indptr, k.bins, k.vals, k.lo, k.hi, k.nbytes, k.streams))
-            + k.revision.nbytes
-            + 8 * len(k.keys)
-            for k in self._kept.values()
-        )
+        return sum(_kept_nbytes(k) for k in self._kept.values())
 
     def _close_one(self, end: int) -> list[ClosedQuantum]:
         """The rows of quantum ``end``: cluster, then hosts by name; directions in order.
@@ -1087,3 +1113,9 @@ def _delta_digest(r: PartialRow) -> int:
     p = r.part
     head = f"{p.lo_ms},{p.hi_ms},{p.nbytes!r},{p.streams},{r.late_records}".encode()
     return zlib.crc32(np.ascontiguousarray(p.hist).tobytes(), zlib.crc32(head))
+
+
+def _kept_nbytes(k: _Kept) -> int:
+    """A kept quantum's array bytes (and 8 per key reference)."""
+    arrays = (k.indptr, k.bins, k.vals, k.lo, k.hi, k.nbytes, k.streams, k.revision)
+    return sum(a.nbytes for a in arrays) + 8 * len(k.keys)

@@ -162,6 +162,7 @@ class RootService(Hooks):
             max_skew_ms=self.rc.max_skew_ms,
             state_lost=evidence,
             revise_within_ms=cfg.revise_within_ms,
+            revise_memory_bytes=cfg.revise_memory_bytes,
         )
         if path is not None and lost:
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
@@ -518,6 +519,7 @@ class RootService(Hooks):
         if rows:
             self.counts.quanta_closed = self.merger.counts.quanta_closed
             self.counts.quanta_revised = self.merger.counts.quanta_revised
+            self.counts.kept_forgotten = self.merger.counts.kept_forgotten
             if self.merger.layout is not None:
                 self.publisher.use_layout(self.merger.layout)
         if first:

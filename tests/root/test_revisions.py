@@ -278,6 +278,23 @@ def test_rows_beyond_the_horizon_are_late_and_the_kept_state_is_forgotten() -> N
     assert root.counts.rows["duplicate"] == 1
 
 
+def test_kept_quanta_are_bounded_by_revise_memory_and_the_forgotten_counted() -> None:
+    """Past ``revise_memory_bytes`` the oldest kept quanta go before the horizon: counted,
+    and their rows are late, as past the horizon."""
+    root = _root(["c1", "c2"], cell_timeout_ms=10**9)
+    root.revise_memory_bytes = 1000  # about two quanta of two one-bin groups
+    for t in range(1, 11):
+        root.receive(_message("c1", t, [_row(T0 + t * Q), _row(T0 + t * Q, host="a")],
+                              through=T0 + t * Q), T0 + t * Q, cell="c1")  # fmt: skip
+    root.close(T0 + 10 * Q + 5000)
+    kept = root.kept_quanta
+    assert 1 <= kept < 10
+    assert root.kept_bytes() <= 1000
+    assert root.counts.kept_forgotten == 10 - kept
+    root.receive(_message("c2", 0, [_row(T0 + Q), _row(T0 + 10 * Q)], through=T0), NOW, cell="c2")
+    assert (root.counts.rows["late"], root.counts.rows["revised"]) == (1, 1)
+
+
 def test_no_revisions_without_a_horizon_nor_of_quanta_closed_before_the_start() -> None:
     """``revise_within_ms=0`` is the root before issue 25; a restarted root (``closed_ms``
     from its quanta file) never revises what the previous run closed: it kept no groups
