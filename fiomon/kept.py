@@ -257,23 +257,38 @@ class KeptQuantum:
             out.append(("cluster", FOLDED, -1, hist, lo, hi, nb, distinct(sel)))
         if not per_host:
             return out
-        hosts = sorted({h for h, _ in touched if h >= 0})
-        where = self._where()
-        for h in hosts:
-            for d in sorted({d for hh, d in touched if hh == h}):
-                i = where.get((h, d))
-                if i is None:
+        dirs_of: dict[int, set[int]] = {}
+        for h, d in touched:
+            if h >= 0:
+                dirs_of.setdefault(h, set()).add(d)
+        rows_of: dict[int, list[int]] = {}
+        for i, h in enumerate(self.h.tolist()):
+            if h in dirs_of:
+                rows_of.setdefault(h, []).append(i)
+        for h in sorted(dirs_of):
+            # Each of the host's few rows made dense once, for its own group and ``all``.
+            mine = rows_of.get(h, [])
+            dense = {int(self.d[i]): (i, self._dense(i, nbins)) for i in mine}
+            for d in sorted(dirs_of[h]):
+                got = dense.get(d)
+                if got is None:
                     continue
+                i, hist = got
                 out.append(
                     (
-                        "host", h, d, self._dense(i, nbins), int(self.lo[i]), int(self.hi[i]),
+                        "host", h, d, hist, int(self.lo[i]), int(self.hi[i]),
                         float(self.nb[i]), int(slens[i]),
                     )
                 )  # fmt: skip
-            if want_all:
-                sel = self.h == h
-                hist, lo, hi, nb = summed(sel)
-                out.append(("host", h, -1, hist, lo, hi, nb, distinct(sel)))
+            if want_all and mine:
+                total = np.sum([x for _, x in dense.values()], axis=0)
+                sids = np.concatenate([self.sid[self.sptr[i] : self.sptr[i + 1]] for i in mine])
+                out.append(
+                    (
+                        "host", h, -1, total, int(self.lo[mine].min()), int(self.hi[mine].max()),
+                        float(self.nb[mine].sum()), len(np.unique(sids)),
+                    )
+                )  # fmt: skip
         return out
 
 
