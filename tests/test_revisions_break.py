@@ -60,3 +60,42 @@ def _assert_cluster_samples(path: Path, reference: dict) -> None:
     got = {k[0]: r["samples"] for k, r in res.items() if k[1:] == ("cluster", "", "all")}
     diff = {(e - T0) // 1000: (got.get(e), n) for e, n in want.items() if got.get(e) != n}
     assert not diff, f"second: (latest samples, reference samples) {diff}"
+
+
+def test_a_restart_with_revise_within_longer_than_max_open_quanta_republishes_at_revision_0(
+    tmp_path: Path,
+) -> None:
+    """revise_within 700 s (allowed up to 24 h) with the default max_open_quanta (600).
+
+    The replay opens a row in every journaled closed quantum (700 of them) before absorb()
+    folds them in; the engine's max_open_quanta bound counts those as open quanta and
+    force-closes the oldest, which _revise publishes again -- as revision 0 with
+    revised_at set (the kept state is still empty), so the quanta file holds the same
+    key twice at revision 0, and the replayed records count as late records merged.
+    """
+    clock = FakeClock(T0)
+    cfg = config(tmp_path, revise_within_ms=700_000)
+    core = AggregatorCore(cfg, now_ms=clock)
+    core.restore()
+    for s in range(1, 761):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(2)])
+        core.tick()
+        clock.t += 500
+        core.tick()
+    crash(core)
+    before = len(rows(tmp_path / "quanta.jsonl"))
+    core2 = AggregatorCore(config(tmp_path, revise_within_ms=700_000), now_ms=clock)
+    core2.restore()
+    clock.t += 1000
+    core2.tick()
+    finish(core2)
+    got = rows(tmp_path / "quanta.jsonl")
+    again = got[before:]
+    pairs = [(r["end_ms"], r["scope"], r["host"], r["direction"], r["revision"]) for r in got]
+    dup = len(pairs) - len(set(pairs))
+    assert (dup, len(again), core2.counts.quanta_revised) == (0, 0, 0), (
+        f"{dup} keys written twice at one revision; the restart wrote {len(again)} rows "
+        f"(revised_at set on {sum(1 for r in again if r.get('revised_at'))}) and counted "
+        f"{core2.counts.quanta_revised} quanta revised, with nothing late"
+    )
