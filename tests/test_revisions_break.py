@@ -99,3 +99,40 @@ def test_a_restart_with_revise_within_longer_than_max_open_quanta_republishes_at
         f"(revised_at set on {sum(1 for r in again if r.get('revised_at'))}) and counted "
         f"{core2.counts.quanta_revised} quanta revised, with nothing late"
     )
+
+
+def test_a_lost_state_file_with_the_two_newest_quanta_files_holding_only_revisions(
+    tmp_path: Path,
+) -> None:
+    """quanta_file_max_size 4096 (the smallest allowed): the late host's revisions after
+    the run fill quanta.jsonl.1 and .2 (and the empty new quanta.jsonl). state.json is
+    then lost. QuantaFile.tail() looks at quanta.jsonl and .1 only and skips revision
+    rows, so it finds no quantum: the restart takes nothing as published (and does not
+    even report state-lost), and the journal's quanta are written again at revision 0.
+    """
+    kw = {"quanta_file_max_bytes": 4096, "quanta_file_keep": 20}
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
+    core.restore()
+    _run_missing_late_host(core, clock, range(1, 15))
+    for s in LATE:
+        core.receive([message(LATE_HOST, s)])
+        clock.t += 250
+        core.tick()
+    crash(core)
+    before = [r for p in tmp_path.glob("quanta.jsonl*") for r in rows(p)]
+    last_first = max(r["end_ms"] for r in before if "revised_at" not in r)
+    (tmp_path / "state" / "state.json").unlink()
+    core2 = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
+    core2.restore()
+    published = core2.published_ms
+    clock.t += 6000
+    core2.tick()
+    finish(core2)
+    got = [r for p in tmp_path.glob("quanta.jsonl*") for r in rows(p)]
+    pairs = [(r["end_ms"], r["scope"], r["host"], r["direction"], r["revision"]) for r in got]
+    dup = len(pairs) - len(set(pairs))
+    assert (published, dup) == (last_first, 0), (
+        f"published_ms after the restart: {published}; {dup} rows written twice at one "
+        f"revision; state errors {dict(core2.counts.state_errors)}"
+    )
