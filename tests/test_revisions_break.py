@@ -136,3 +136,63 @@ def test_a_lost_state_file_with_the_two_newest_quanta_files_holding_only_revisio
         f"published_ms after the restart: {published}; {dup} rows written twice at one "
         f"revision; state errors {dict(core2.counts.state_errors)}"
     )
+
+
+def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_root(
+    tmp_path: Path,
+) -> None:
+    """A cell (partials) restarts; nothing is late. Its replay opens rows in the journaled
+    closed quanta, max_open_quanta force-closes them, and _revise sends each as a revision
+    *delta* (revision 1, a new digest) holding the whole quantum again: the root adds it
+    to the rev-0 partial it already has. (Same with the default max_open_quanta and
+    revise_within 700 s: 100 quanta x 9 rows doubled at the root.)
+    """
+    from fiomon.config import PartialsConfig
+    from fiomon.root.merger import RootMerger
+    from tests.root.test_merger import _outbox_messages
+
+    kw = {"max_open_quanta": 10, "partials": PartialsConfig(cell="c1")}
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
+    core.restore()
+    _run_missing_late_host(core, clock, range(1, 5))  # (LATE starts at 5: all in time)
+    for s in range(5, 13):
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS))])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    crash(core)
+    core2 = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
+    core2.restore()
+    for s in range(13, 20):
+        clock.t = T0 + 1000 * s + 300
+        core2.receive([message(h, s) for h in range(len(HOSTS))])
+        for _ in range(4):
+            core2.tick()
+            clock.t += 175
+    finish(core2)
+    cfg = core2.cfg
+    root = RootMerger(
+        quantum_ms=1000, lateness_ms=5000, percentiles=cfg.percentiles,
+        confidence_level=cfg.confidence_level, per_host=True, cells=["c1"],
+        cell_timeout_ms=600_000, now_ms=T0, revise_within_ms=600_000,
+    )  # fmt: skip
+    out = []
+    for m in _outbox_messages(tmp_path / "state"):
+        root.take(m, clock(), cell="c1")
+        out += root.close(clock())
+    out += root.flush(clock())
+    at_root: dict = {}
+    for r in out:
+        if r.key not in at_root or r.revision >= at_root[r.key].revision:
+            at_root[r.key] = r
+    cell = latest(rows(tmp_path / "quanta.jsonl"))
+    diff = {
+        (r.end_ms - T0) // 1000: (r.stats.samples, cell[k]["samples"])
+        for r in at_root.values()
+        if r.scope == "cluster" and r.direction == "all"
+        and (k := (r.end_ms, "cluster", "", "all")) in cell
+        and r.stats.samples != cell[k]["samples"]
+    }  # fmt: skip
+    assert not diff, f"second: (root samples, cell samples) {diff}"
