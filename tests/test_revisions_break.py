@@ -196,3 +196,30 @@ def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_ro
         and r.stats.samples != cell[k]["samples"]
     }  # fmt: skip
     assert not diff, f"second: (root samples, cell samples) {diff}"
+
+
+def test_report_of_a_rotated_quanta_file_family_right_after_a_rotation(tmp_path: Path) -> None:
+    """`fiomon report --per-host quanta.jsonl*` (the README's way of reading a rotated
+    family back, revisions resolved across files) fails with exit 2 whenever the current
+    file was just rotated and is still empty: is_quanta_file() takes the empty file for
+    fio output ("cannot mix a quanta file ... with fio output (quanta.jsonl)"). An idle
+    aggregator leaves it empty indefinitely.
+    """
+    from fiomon.server.quantafile import QuantaFile
+    from tests.fiorun import fiomon
+
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp_path), now_ms=clock)
+    core.restore()
+    _run_missing_late_host(core, clock, range(1, 15))
+    core.receive([message(LATE_HOST, s) for s in LATE])
+    clock.t += 300
+    core.tick()
+    finish(core)
+    qf = QuantaFile(tmp_path / "quanta.jsonl", max_bytes=4096, keep=5)
+    qf._rotate()  # what the writer does once the file passed quanta_file_max_size
+    qf.close()
+    files = sorted(tmp_path.glob("quanta.jsonl*"))
+    assert (tmp_path / "quanta.jsonl").stat().st_size == 0
+    r = fiomon("report", "--per-host", "--format", "jsonl", *files)
+    assert r.returncode == 0, r.stderr
