@@ -223,3 +223,43 @@ def test_report_of_a_rotated_quanta_file_family_right_after_a_rotation(tmp_path:
     assert (tmp_path / "quanta.jsonl").stat().st_size == 0
     r = fiomon("report", "--per-host", "--format", "jsonl", *files)
     assert r.returncode == 0, r.stderr
+
+
+def _gap_run(tmp: Path, late: bool) -> dict:
+    """h3 sends nothing for seconds 5..10 (its records are gone for good); with ``late``
+    h1's records of second 7 arrive at second 15 (within the horizon)."""
+    clock = FakeClock(T0)
+    core = AggregatorCore(config(tmp), now_ms=clock)
+    core.restore()
+    for s in range(1, SECONDS + 1):
+        clock.t = T0 + 1000 * s + 300
+        b = [
+            message(h, s)
+            for h in range(len(HOSTS))
+            if not (h == LATE_HOST and s in LATE) and not (late and h == 0 and s == 7)
+        ]
+        if late and s == 15:
+            b.append(message(0, 7))
+        core.receive(b)
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
+    finish(core)
+    return latest(rows(tmp / "quanta.jsonl"))
+
+
+def test_a_revision_by_another_host_marks_a_quantum_complete_that_still_lacks_a_silent_host(
+    tmp_path: Path,
+) -> None:
+    """Quantum 7 first closes complete: false (h3 silent, its records never come). h1's
+    late record of second 7 revises it at second 15, when h3 sends again: _completeness
+    judges the revision with the watermark's *current* progress (h3 is past the quantum
+    now), so the latest revision says complete: true -- though h3 is still missing from
+    it, and an aggregator fed h1's record in time says false.
+    """
+    want = _gap_run(tmp_path / "ref", late=False)
+    got = _gap_run(tmp_path / "late", late=True)
+    k = (T0 + 7000, "cluster", "", "all")
+    assert want[k]["complete"] is False
+    assert got[k]["samples"] == want[k]["samples"]
+    assert (got[k]["revision"], got[k]["complete"]) == (1, False), got[k]
