@@ -163,6 +163,8 @@ def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_ro
             core.tick()
             clock.t += 175
     crash(core)
+    assert core.outbox is not None
+    core.outbox.close()  # (kill -9: the kernel closes it)
     core2 = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core2.restore()
     for s in range(13, 20):
