@@ -242,6 +242,10 @@ class QuantumEngine:
         # journal no longer holds in full.
         self.kept_from_ms = -_FAR
         self._mark_ms: int | None = None  # the newest close_through() time
+        self._now_ms: int | None = None  # the newest close_through() wall clock
+        # Replaying records the previous run published: what they add to closed quanta is
+        # folded in at once (:meth:`absorb`), never revised (nor force-closed as revisions).
+        self.absorbing = False
         self.revised_records: Counter[str] = Counter()  # late records merged, per host
         self._rev_late: dict[int, Counter[str]] = {}  # revising quantum -> host -> records
         self._added: dict[str, npt.NDArray[np.float64]] = {}  # cluster label -> counts
@@ -508,6 +512,8 @@ class QuantumEngine:
         pair_keep = keep[p.pair_slot]
         self._pair_row.append(rows[p.pair_slot[pair_keep]])
         self._pair_sid.append(sids[p.pair_stream[pair_keep]])
+        if self.absorbing:
+            self.absorb()
         self._enforce_cap()
 
     def _open_row(self, key: tuple[int, int, int]) -> int:
@@ -579,7 +585,7 @@ class QuantumEngine:
         if excess > 0:
             oldest = sorted(self._quanta)[excess - 1]
             self.forced_closes += excess
-            closed = self.close_through(self.quantum_bounds(oldest)[1])
+            closed = self.close_through(self.quantum_bounds(oldest)[1], self._now_ms)
             self._pending_closed.extend(closed)
 
     def reset_late_counts(self) -> None:
@@ -605,6 +611,8 @@ class QuantumEngine:
         """
         out, self._pending_closed = self._pending_closed, []
         forced = len(out)  # closed earlier (memory bounds), their late counts given then
+        if now_ms is not None:
+            self._now_ms = now_ms
         last_q = int(self.quantum_of(np.array([t_ms + 1], dtype=np.int64))[0]) - 1
         first_open = self._next_open
         ready = sorted(q for q in self._quanta if q <= last_q)
@@ -752,6 +760,11 @@ class QuantumEngine:
         for q in [q for q in self._rev_late if q <= last and q not in self._quanta]:
             del self._rev_late[q]
 
+    def late_hosts(self, end_ms: int) -> frozenset[str]:
+        """The hosts whose late records revised the kept quantum ending at ``end_ms``."""
+        kept = self._kept.get(int(self.quantum_of(np.array([end_ms]))[0]))
+        return frozenset() if kept is None else kept.late_hosts
+
     @property
     def kept_bytes(self) -> int:
         """Memory the kept quanta hold (arrays), bytes."""
@@ -834,6 +847,7 @@ class QuantumEngine:
             touched = sorted(deltas)
             groups = kept.groups(touched, nbins, per_host=self.per_host, want_all=want_all)
             late = self._rev_late.pop(q, Counter())
+            kept.late_hosts = kept.late_hosts | frozenset(late)
             start, end = self.quantum_bounds(q)
             lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
             wanted = [g for g in groups if labels[g[2]] in self.directions]

@@ -64,6 +64,7 @@ class KeptQuantum:
             published (0: the first); absent: never published (it was empty).
         revisions: how many times the quantum was revised (the number its last revision's
             partials carried; 0: only its first close).
+        late_hosts: the hosts whose late records were merged into it (its revisions).
     """
 
     h: I64
@@ -78,6 +79,7 @@ class KeptQuantum:
     sid: I64
     published: dict[tuple[str | None, str], int] = field(default_factory=dict)
     revisions: int = 0
+    late_hosts: frozenset[str] = frozenset()
 
     @classmethod
     def empty(cls) -> KeptQuantum:
@@ -205,6 +207,7 @@ class KeptQuantum:
             np.concatenate([self.sid[s_keep], *sids]) if sids else self.sid[s_keep],
             dict(self.published),
             self.revisions,
+            self.late_hosts,
         )
 
     def groups(

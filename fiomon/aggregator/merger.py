@@ -129,6 +129,13 @@ class AggregatorCore:
         # After a restart: quanta starting at or after this are whole in the journal
         # (revisable); None: none of the previous run's.
         self._kept_ms: int | None = None
+        # The saved journal position (records before it were published) and the replay's
+        # phase before it (their records of closed quanta re-form the kept ones).
+        self._journal_pos: tuple[int, int] | None = None
+        self._absorbing = False
+        # The journal position when the queue was last drained (everything before it is
+        # merged): saved with the grid state.
+        self._drained_pos: tuple[int, int] | None = None
         self._snapshot_ms = -_FAR
         self._late_logged: tuple[float, int, int] = (0.0, -_FAR, 0)  # samples, when, records
         self._revised_logged: tuple[int, int] = (-_FAR, 0)  # when, quanta revised then
@@ -143,6 +150,10 @@ class AggregatorCore:
         self._known_at = -_FAR
         self._marker_q: int | None = None
         self._silent_logged: tuple[str, ...] = ()  # the silent hosts logged last
+        # Per quantum this process closed with hosts silent, which (for its revisions);
+        # quanta ending at or before _silent_known_ms were first closed by an earlier run.
+        self._first_silent: dict[int, tuple[str, ...]] = {}
+        self._silent_known_ms = -_FAR
         # The live page's recent quanta, encoded once here and served by the /metrics child.
         self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
         self.snapshot = self._build()
@@ -206,6 +217,7 @@ class AggregatorCore:
             self._phase_ms = grid.phase_ms
             # Quanta the journal holds in full can be revised after the restart.
             self._kept_ms = grid.kept_ms
+            self._journal_pos = grid.journal_pos
             self._create_engine(self._first_layout, grid.phase_ms)
         elif grid is not None:
             log.warning("quantum changed since the last run: its journal starts a new grid")
@@ -243,16 +255,30 @@ class AggregatorCore:
             )
 
     def _replay(self) -> None:
-        assert self.state.journal is not None  # noqa: S101 -- only called with a journal
+        """Re-form the open and kept quanta from the journal, then go on as before.
+
+        Records before the saved journal position were merged when the last confirmed
+        rows were published: those of closed quanta re-form their kept state (no
+        revision, not late). Later ones (received after that, up to the crash) are new:
+        a late one among them revises its quantum at the next close, as it would have.
+        """
+        journal = self.state.journal
+        assert journal is not None  # noqa: S101 -- only called with a journal
+        pos = self._journal_pos
+        self._absorbing = True
+        if self.engine is not None:
+            self.engine.absorbing = True
         n = 0
         started = time.monotonic()
-        for segment, host, payload in self.state.journal.replay():
+        for segment, host, payload in journal.replay():
+            if self._absorbing and pos is not None and (segment, journal.replay_offset) > pos:
+                self._replay_chunk()  # what came before the position, absorbed
+                self._end_absorbing()
             self._queue.append((host, payload, segment, True))
             n += 1
             if n % REPLAY_CHUNK == 0:
                 # In chunks: the journal holds the revision horizon (minutes of every
-                # host's records), and each chunk's records of published quanta are
-                # folded into the kept quanta at once (open rows stay bounded).
+                # host's records); open rows stay bounded.
                 self._replay_chunk()
                 if n % (20 * REPLAY_CHUNK) == 0:
                     log.info(
@@ -261,12 +287,15 @@ class AggregatorCore:
                         self.counts.records["replayed"],
                         time.monotonic() - started,
                     )
+        if n:
+            self._replay_chunk()
+        self._end_absorbing()
+        if pos is not None:
+            journal.floor(pos[0])
         if not n:
             return
-        self._replay_chunk()
         self.replayed = self.counts.records["replayed"]
         if self.engine is not None:
-            self.engine.reset_late_counts()
             self._note_published()
         log.info(
             "re-formed the open and kept quanta from %d journaled records (%d messages, %.1f s)",
@@ -275,16 +304,19 @@ class AggregatorCore:
             time.monotonic() - started,
         )
 
-    def _replay_chunk(self) -> None:
-        """Merge what replay queued; records of published quanta re-form the kept ones.
-
-        They were in those quanta (first closes or revisions), so they are neither late
-        nor a revision: within the horizon they re-form the kept state, and the next late
-        record revises what was published, numbered after what the quanta file holds.
-        """
-        self._drain(self.now_ms(), force=True)
+    def _end_absorbing(self) -> None:
+        """The replay passed the saved position: later records are new (revisions)."""
+        if not self._absorbing:
+            return
+        self._absorbing = False
         if self.engine is not None:
             self.engine.absorb()
+            self.engine.absorbing = False
+            self.engine.reset_late_counts()
+
+    def _replay_chunk(self) -> None:
+        """Merge what replay queued (while absorbing, the engine folds it into kept quanta)."""
+        self._drain(self.now_ms(), force=True)
 
     def _note_published(self) -> None:
         """Tell the engine the revisions the quanta file holds for the kept quanta."""
@@ -336,6 +368,10 @@ class AggregatorCore:
 
     def _drain(self, now: int, *, force: bool) -> None:
         """Decode and judge everything queued; merge what is kept."""
+        if self.state.journal is not None and not self._absorbing:
+            # Everything journaled so far is queued (receive() does both at once): once
+            # merged, it lies before this position.
+            self._drained_pos = self.state.journal.position()
         queued, self._queue = self._queue, []
         self._queued_bytes = 0
         if queued:
@@ -729,7 +765,9 @@ class AggregatorCore:
                 self.cfg.max_hosts * 2 * (self.cfg.lateness_ms // self.cfg.quantum_ms + 3),
             ),
         )
+        self.engine.absorbing = self._absorbing
         if self.published_ms is not None:
+            self._silent_known_ms = max(self._silent_known_ms, self.published_ms)
             # Records for published quanta are late, or (within the revision horizon, for
             # the quanta the journal holds whole) revisions: never published twice.
             self.engine.kept_from_ms = self.published_ms if self._kept_ms is None else self._kept_ms
@@ -756,14 +794,22 @@ class AggregatorCore:
         :meth:`Watermark.silent` says which hosts (what the aggregator can know:
         README, "the quanta file"); :func:`mark_incomplete` sets ``complete`` false on
         those quanta's cluster rows. Each new set of silent hosts is logged once.
+
+        A revision (``revised_at`` set) is judged against its quantum's first close: the
+        hosts silent then, less those whose late records are now merged into it (a host
+        that went on sending later quanta but never this one's records still lacks).
+        Quanta first closed before this process started are judged on the progress now.
         """
         if not rows or self.engine is None:
             return rows
-        spans = sorted({(r.start_ms, r.end_ms) for r in rows}, key=lambda se: se[1])
+        first = [r for r in rows if r.revised_at is None]
+        revised = [r for r in rows if r.revised_at is not None]
+        spans = sorted({(r.start_ms, r.end_ms) for r in first}, key=lambda se: se[1])
         ends = [e for _, e in spans]
         silent = dict(zip(ends, self.watermark.silent(spans), strict=True))
-        marked = mark_incomplete(rows, silent)
         for end in ends:
+            if silent[end]:
+                self._first_silent[end] = silent[end]
             hosts = silent[end]
             if hosts and hosts != self._silent_logged:
                 log.warning(
@@ -776,7 +822,20 @@ class AggregatorCore:
                 )
             if hosts or self._silent_logged:
                 self._silent_logged = hosts
-        return marked
+        if revised:
+            rspans = sorted({(r.start_ms, r.end_ms) for r in revised}, key=lambda se: se[1])
+            now_silent = self.watermark.silent(rspans)
+            for (_, end), hosts in zip(rspans, now_silent, strict=True):
+                if end > self._silent_known_ms:
+                    came = self.engine.late_hosts(end)
+                    silent[end] = tuple(h for h in self._first_silent.get(end, ()) if h not in came)
+                else:
+                    silent[end] = hosts
+        if self._first_silent and self.published_ms is not None:
+            horizon = self.published_ms - self.cfg.revise_within_ms
+            for end in [e for e in self._first_silent if e <= horizon]:
+                del self._first_silent[end]
+        return mark_incomplete(rows, silent)
 
     def _closed(self, rows: list[ClosedQuantum], now: int, mark: int) -> None:
         """Publish a close: first publications, then revisions (``revised_at`` set)."""
@@ -876,6 +935,7 @@ class AggregatorCore:
             closed_ms,
             self._known,
             kept_ms=kept,
+            journal_pos=self._drained_pos,
         )
 
     def _release(self) -> None:

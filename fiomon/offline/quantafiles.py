@@ -55,6 +55,15 @@ def is_quanta_file(path: Path) -> bool:
     return _HEAD.match(head) is not None
 
 
+def _blank(path: Path) -> bool:
+    """Whether ``path`` holds nothing but white space (an unreadable file is not blank)."""
+    try:
+        with path.open("rb") as fh:
+            return not fh.read(HEAD_BYTES).strip()
+    except OSError:
+        return False
+
+
 def rotation_order(paths: Sequence[Path]) -> list[Path]:
     """``paths`` with each rotation's files oldest first (``f.2``, ``f.1``, ``f``).
 
@@ -393,6 +402,11 @@ def all_quanta_files(paths: Sequence[Path]) -> bool:
         FiomonError: both kinds are given (naming one of each): a quanta file's rows
             are already closed quanta, and fio's records cannot be merged into them.
     """
+    # An empty file says nothing either way: the current quanta file right after a
+    # rotation (or of an idle aggregator) is empty, and its rotated siblings are the rows.
+    given = [p for p in paths if not _blank(p)]
+    if given and len(given) < len(paths) and all(is_quanta_file(p) for p in given):
+        return True
     kinds = [is_quanta_file(p) for p in paths]
     if all(kinds):
         return bool(kinds)

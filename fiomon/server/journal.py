@@ -80,6 +80,11 @@ class GridState:
         kept_ms: the journal holds every record of the quanta starting at or after this
             (it is released only past the revision horizon), so a restart can revise them;
             None: none (older versions, or no revisions).
+        journal_pos: the journal position (:meth:`Journal.position`) before which every
+            record had been merged when these rows were published: a restart re-forms
+            closed quanta from those and takes later ones as new (a late record journaled
+            just before a crash still revises its quantum); None: every record of a
+            closed quantum counts as published (older versions).
     """
 
     quantum_ms: int
@@ -88,6 +93,7 @@ class GridState:
     closed_ms: int | None
     known: KnownState | None = None
     kept_ms: int | None = None
+    journal_pos: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, object]:
         """The state file's content."""
@@ -105,6 +111,7 @@ class GridState:
             "layout": list(self.layout),
             "closed_ms": self.closed_ms,
             "kept_ms": self.kept_ms,
+            "journal_pos": None if self.journal_pos is None else list(self.journal_pos),
         }
 
     @classmethod
@@ -128,12 +135,14 @@ class GridState:
             g, c, u = d["layout"]
             closed = d["closed_ms"]
             kept = d.get("kept_ms")
+            jpos = d.get("journal_pos")
             grid = cls(
                 int(d["quantum_ms"]),
                 int(d["phase_ms"]),
                 (int(g), int(c), str(u)),
                 None if closed is None else int(closed),
                 kept_ms=None if kept is None else int(kept),
+                journal_pos=None if jpos is None else (int(jpos[0]), int(jpos[1])),
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             return None, f"{path} is garbled ({type(exc).__name__}: {exc}; {len(text)} bytes)"
@@ -230,6 +239,26 @@ class Journal:
         self._ends: dict[int, int] = {}  # segment -> latest record end noted
         self._size = 0
         self._fd: int | None = None
+        # During replay: the byte offset just past the record last yielded (a segment of
+        # the first format: 0, so it compares as before any position in it).
+        self.replay_offset = 0
+
+    def position(self) -> tuple[int, int]:
+        """Where the next append goes: ``(segment, byte offset)``.
+
+        Everything journaled so far lies before it: in a lower segment, or in this one
+        below the offset. Positions only grow, also across restarts (:meth:`floor`).
+        """
+        return (self._number, self._size if self._fd is not None else 0)
+
+    def floor(self, number: int) -> None:
+        """Number new segments above ``number`` (a saved position's segment).
+
+        A restart whose segments were all deleted would number from 1 again, and a
+        position saved by the previous run would then lie after every new record.
+        """
+        if self._fd is None and self._number <= number:
+            self._number = number + 1
 
     def _scan(self) -> dict[int, Path]:
         out: dict[int, Path] = {}
@@ -314,6 +343,7 @@ class Journal:
                     what="corrupt (host)",
                 )
                 return
+            self.replay_offset = body_at + length
             yield number, host, body[hlen:]
             pos = body_at + length
 

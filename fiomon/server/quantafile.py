@@ -108,8 +108,13 @@ class QuantaFile:
         )
 
     def tail(self) -> Tail | None:
-        """The last quantum in the file (or in the newest rotated one), or None."""
-        for p in (self.path, self.path.with_name(f"{self.path.name}.1")):
+        """The last quantum first published in the file or its rotated ones, or None.
+
+        Newest first, through every rotated file: revisions of older quanta follow later
+        first publications, and a file right after a rotation may hold nothing else.
+        """
+        rotated = (self.path.with_name(f"{self.path.name}.{i}") for i in range(1, self.keep + 1))
+        for p in (self.path, *rotated):
             t = _read_tail(p)
             if t is not None:
                 return t

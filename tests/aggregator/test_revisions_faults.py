@@ -1,10 +1,18 @@
-"""Attempts to break issue 25 (revisions): each test names a problem found."""
+"""Revisions under faults (found by trying to break issue 25): crashes around a late
+record, replays longer than max_open_quanta, a cell restarting, a lost state file with
+rotated quanta files, a revision of a quantum that still lacks a host, reading a rotated
+family back."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fiomon.aggregator.merger import AggregatorCore
+from fiomon.closed import ClosedQuantum
+from fiomon.config import PartialsConfig
+from fiomon.root.merger import RootMerger
+from fiomon.server.quantafile import QuantaFile
 from tests.aggregator.test_aggregator_faults import (
     HOSTS,
     SECONDS,
@@ -17,6 +25,10 @@ from tests.aggregator.test_aggregator_faults import (
 )
 from tests.aggregator.test_revisions import LATE, LATE_HOST, assert_converged, latest
 from tests.clock import T0, FakeClock
+from tests.fiorun import fiomon
+from tests.root.test_merger import _outbox_messages
+
+Reference = dict[tuple[object, ...], dict[str, object]]
 
 
 def _run_missing_late_host(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
@@ -28,15 +40,15 @@ def _run_missing_late_host(core: AggregatorCore, clock: FakeClock[int], seconds:
             clock.t += 175
 
 
-def test_crash_after_a_late_record_is_journaled_but_before_its_revision_loses_it(
+def test_a_late_record_journaled_just_before_a_crash_still_revises_its_quantum(
     tmp_path: Path,
-    reference: dict,  # noqa: F811
+    reference: Reference,  # noqa: F811 -- the fixture
 ) -> None:
-    """kill -9 between journaling (acknowledging) a late record and the next tick.
+    """kill -9 between journaling (acknowledging) late records and the next tick.
 
-    The replay folds every journaled record of a closed quantum into the kept state as
-    if it had been published (engine.absorb), so the late record is never published:
-    the quanta file's latest revision lacks it for good.
+    The grid state's journal position says which records the published rows hold: the
+    replay re-forms the kept quanta from those only, and takes the late ones after it
+    as new, so they revise their quanta after the restart.
     """
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
@@ -53,25 +65,24 @@ def test_crash_after_a_late_record_is_journaled_but_before_its_revision_loses_it
     assert_converged(tmp_path / "quanta.jsonl", reference)
 
 
-def _assert_cluster_samples(path: Path, reference: dict) -> None:
+def _assert_cluster_samples(path: Path, want_rows: Reference) -> None:
     """The latest cluster/all samples per quantum equal the reference (numbers in the message)."""
     res = latest(rows(path))
-    want = {k[0]: r["samples"] for k, r in reference.items() if k[1:] == ("cluster", "", "all")}
+    want = {k[0]: r["samples"] for k, r in want_rows.items() if k[1:] == ("cluster", "", "all")}
     got = {k[0]: r["samples"] for k, r in res.items() if k[1:] == ("cluster", "", "all")}
-    diff = {(e - T0) // 1000: (got.get(e), n) for e, n in want.items() if got.get(e) != n}
+    diff = {(int(e) - T0) // 1000: (got.get(e), n)  # type: ignore[call-overload]
+            for e, n in want.items() if got.get(e) != n}  # fmt: skip
     assert not diff, f"second: (latest samples, reference samples) {diff}"
 
 
-def test_a_restart_with_revise_within_longer_than_max_open_quanta_republishes_at_revision_0(
+def test_a_replay_longer_than_max_open_quanta_publishes_nothing_again(
     tmp_path: Path,
 ) -> None:
     """revise_within 700 s (allowed up to 24 h) with the default max_open_quanta (600).
 
-    The replay opens a row in every journaled closed quantum (700 of them) before absorb()
-    folds them in; the engine's max_open_quanta bound counts those as open quanta and
-    force-closes the oldest, which _revise publishes again -- as revision 0 with
-    revised_at set (the kept state is still empty), so the quanta file holds the same
-    key twice at revision 0, and the replayed records count as late records merged.
+    The replay folds each commit's records of closed quanta into the kept ones at once
+    (the engine's ``absorbing``), so the max_open_quanta bound never force-closes them
+    as revisions: nothing is written again, nothing counted as revised or merged.
     """
     clock = FakeClock(T0)
     cfg = config(tmp_path, revise_within_ms=700_000)
@@ -101,16 +112,15 @@ def test_a_restart_with_revise_within_longer_than_max_open_quanta_republishes_at
     )
 
 
-def test_a_lost_state_file_with_the_two_newest_quanta_files_holding_only_revisions(
+def test_a_lost_state_file_finds_the_last_quantum_past_rotated_files_of_revisions(
     tmp_path: Path,
 ) -> None:
     """quanta_file_max_size 4096 (the smallest allowed): the late host's revisions after
-    the run fill quanta.jsonl.1 and .2 (and the empty new quanta.jsonl). state.json is
-    then lost. QuantaFile.tail() looks at quanta.jsonl and .1 only and skips revision
-    rows, so it finds no quantum: the restart takes nothing as published (and does not
-    even report state-lost), and the journal's quanta are written again at revision 0.
+    the run fill quanta.jsonl.1 and .2 (and the empty new quanta.jsonl); state.json is
+    then lost. The tail is looked for through every rotated file, past revision rows,
+    so the restart knows what was published and writes nothing twice.
     """
-    kw = {"quanta_file_max_bytes": 4096, "quanta_file_keep": 20}
+    kw: dict[str, Any] = {"quanta_file_max_bytes": 4096, "quanta_file_keep": 20}
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core.restore()
@@ -121,7 +131,7 @@ def test_a_lost_state_file_with_the_two_newest_quanta_files_holding_only_revisio
         core.tick()
     crash(core)
     before = [r for p in tmp_path.glob("quanta.jsonl*") for r in rows(p)]
-    last_first = max(r["end_ms"] for r in before if "revised_at" not in r)
+    last_first = max(int(r["end_ms"]) for r in before if "revised_at" not in r)  # type: ignore[call-overload]
     (tmp_path / "state" / "state.json").unlink()
     core2 = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core2.restore()
@@ -138,20 +148,13 @@ def test_a_lost_state_file_with_the_two_newest_quanta_files_holding_only_revisio
     )
 
 
-def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_root(
+def test_a_cell_restart_sends_the_root_nothing_twice(
     tmp_path: Path,
 ) -> None:
-    """A cell (partials) restarts; nothing is late. Its replay opens rows in the journaled
-    closed quanta, max_open_quanta force-closes them, and _revise sends each as a revision
-    *delta* (revision 1, a new digest) holding the whole quantum again: the root adds it
-    to the rev-0 partial it already has. (Same with the default max_open_quanta and
-    revise_within 700 s: 100 quanta x 9 rows doubled at the root.)
-    """
-    from fiomon.config import PartialsConfig
-    from fiomon.root.merger import RootMerger
-    from tests.root.test_merger import _outbox_messages
-
-    kw = {"max_open_quanta": 10, "partials": PartialsConfig(cell="c1")}
+    """A cell (partials) restarts with a small max_open_quanta; nothing is late. Its
+    replay re-forms the closed quanta without revising them, so the root's rows equal
+    the cell's (a forced revision would send the whole quantum again as a delta)."""
+    kw: dict[str, Any] = {"max_open_quanta": 10, "partials": PartialsConfig(cell="c1")}
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core.restore()
@@ -180,12 +183,12 @@ def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_ro
         confidence_level=cfg.confidence_level, per_host=True, cells=["c1"],
         cell_timeout_ms=600_000, now_ms=T0, revise_within_ms=600_000,
     )  # fmt: skip
-    out = []
+    out: list[ClosedQuantum] = []
     for m in _outbox_messages(tmp_path / "state"):
         root.take(m, clock(), cell="c1")
         out += root.close(clock())
     out += root.flush(clock())
-    at_root: dict = {}
+    at_root: dict[tuple[int, str, str | None, str], ClosedQuantum] = {}
     for r in out:
         if r.key not in at_root or r.revision >= at_root[r.key].revision:
             at_root[r.key] = r
@@ -201,15 +204,10 @@ def test_a_cell_restart_whose_replay_force_closes_doubles_those_quanta_at_the_ro
 
 
 def test_report_of_a_rotated_quanta_file_family_right_after_a_rotation(tmp_path: Path) -> None:
-    """`fiomon report --per-host quanta.jsonl*` (the README's way of reading a rotated
-    family back, revisions resolved across files) fails with exit 2 whenever the current
-    file was just rotated and is still empty: is_quanta_file() takes the empty file for
-    fio output ("cannot mix a quanta file ... with fio output (quanta.jsonl)"). An idle
-    aggregator leaves it empty indefinitely.
+    """`fiomon report --per-host quanta.jsonl*` (reading a rotated family back, revisions
+    resolved across files) works while the current file was just rotated and is empty
+    (an idle aggregator leaves it so): an empty file is neither kind of input.
     """
-    from fiomon.server.quantafile import QuantaFile
-    from tests.fiorun import fiomon
-
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
@@ -227,7 +225,7 @@ def test_report_of_a_rotated_quanta_file_family_right_after_a_rotation(tmp_path:
     assert r.returncode == 0, r.stderr
 
 
-def _gap_run(tmp: Path, late: bool) -> dict:
+def _gap_run(tmp: Path, *, late: bool) -> Reference:
     """h3 sends nothing for seconds 5..10 (its records are gone for good); with ``late``
     h1's records of second 7 arrive at second 15 (within the horizon)."""
     clock = FakeClock(T0)
@@ -250,14 +248,14 @@ def _gap_run(tmp: Path, late: bool) -> dict:
     return latest(rows(tmp / "quanta.jsonl"))
 
 
-def test_a_revision_by_another_host_marks_a_quantum_complete_that_still_lacks_a_silent_host(
+def test_a_revision_by_another_host_keeps_a_quantum_incomplete_that_still_lacks_a_host(
     tmp_path: Path,
 ) -> None:
     """Quantum 7 first closes complete: false (h3 silent, its records never come). h1's
-    late record of second 7 revises it at second 15, when h3 sends again: _completeness
-    judges the revision with the watermark's *current* progress (h3 is past the quantum
-    now), so the latest revision says complete: true -- though h3 is still missing from
-    it, and an aggregator fed h1's record in time says false.
+    late record of second 7 revises it at second 15, when h3 sends again: the revision is
+    judged against the first close's silent hosts less those whose records came (not on
+    h3's progress now, past the quantum), so it still says complete: false, as an
+    aggregator fed h1's record in time does.
     """
     want = _gap_run(tmp_path / "ref", late=False)
     got = _gap_run(tmp_path / "late", late=True)
