@@ -52,8 +52,8 @@ class LayoutError(FiomonError, ValueError):
     """Raised when no fio bin layout fits a histogram, or two layouts cannot be merged."""
 
 
-class ParseError(FiomonError, ValueError):
-    """Raised when input cannot be parsed and the caller asked for strictness.
+class LocatedError(FiomonError, ValueError):
+    """An error in a file's content, located: ``<source>:<line>: <reason>``.
 
     Args:
         source: the file (or stream) the bad input came from.
@@ -67,6 +67,16 @@ class ParseError(FiomonError, ValueError):
         self.reason = reason
         where = f"{source}:{line_no}" if line_no else source
         super().__init__(f"{where}: {reason}")
+
+
+class ParseError(LocatedError):
+    """Raised when input cannot be parsed and the caller asked for strictness.
+
+    Args:
+        source: the file (or stream) the bad input came from.
+        line_no: 1-based line number, or 0 when the problem is not tied to a line.
+        reason: what is wrong, for a person.
+    """
 
 
 class InputError(FiomonError, ValueError):
@@ -94,7 +104,7 @@ class OverlapError(FiomonError, ValueError):
     """
 
 
-class QuantaFileError(FiomonError, ValueError):
+class QuantaFileError(LocatedError):
     """Raised when a quanta file (closed-quantum JSON lines) cannot be read as one.
 
     Args:
@@ -102,13 +112,6 @@ class QuantaFileError(FiomonError, ValueError):
         line_no: 1-based line number, or 0 when the problem is not tied to a line.
         reason: what is wrong, for a person.
     """
-
-    def __init__(self, source: str, line_no: int, reason: str) -> None:
-        self.source = source
-        self.line_no = line_no
-        self.reason = reason
-        where = f"{source}:{line_no}" if line_no else source
-        super().__init__(f"{where}: {reason}")
 
 
 class PlotError(FiomonError, ValueError):

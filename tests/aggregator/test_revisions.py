@@ -19,6 +19,7 @@ from tests.aggregator.test_aggregator_faults import (
     SECONDS,
     config,
     crash,
+    feed,
     finish,
     message,
     records,
@@ -46,6 +47,16 @@ def latest(got: list[Row]) -> dict[Key, Row]:
         if k not in out or int(r["revision"]) >= int(out[k]["revision"]):  # type: ignore[call-overload]
             out[k] = r
     return out
+
+
+def run_without_late(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
+    """Like ``feed``, without the late host's records of LATE (they come later, or never)."""
+    for s in seconds:
+        clock.t = T0 + 1000 * s + 300
+        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
+        for _ in range(4):
+            core.tick()
+            clock.t += 175
 
 
 def feed_late(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
@@ -120,12 +131,7 @@ def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
     core.restore()
     # Seconds 1..14 with the late host's read+write of 5..10 missing; its second 5
     # arrives before the crash (a revision), the rest after the restart.
-    for s in range(1, 15):
-        clock.t = T0 + 1000 * s + 300
-        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
-        for _ in range(4):
-            core.tick()
-            clock.t += 175
+    run_without_late(core, clock, range(1, 15))
     core.receive([message(LATE_HOST, 5)])
     clock.t += 300
     core.tick()
@@ -141,12 +147,7 @@ def test_a_restart_within_the_horizon_still_revises_and_numbers_after_the_file(
     clock.t += 300
     core2.tick()
     assert sum(core2.counts.late.values()) == 0
-    for s in range(15, SECONDS + 1):
-        clock.t = T0 + 1000 * s + 300
-        core2.receive([message(h, s) for h in range(len(HOSTS))])
-        for _ in range(4):
-            core2.tick()
-            clock.t += 175
+    feed(core2, clock, range(15, SECONDS + 1))
     finish(core2)
     assert_converged(tmp_path / "quanta.jsonl", reference)
 
@@ -177,12 +178,7 @@ def test_the_journal_kept_for_the_horizon_is_bounded_and_a_restart_says_from_whe
     core.restore()
     assert core.state.journal is not None
     core.state.journal.segment_bytes = 512
-    for s in range(1, 15):
-        clock.t = T0 + 1000 * s + 300
-        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
-        for _ in range(4):
-            core.tick()
-            clock.t += 175
+    run_without_late(core, clock, range(1, 15))
     # Segments of quanta the writer thread has not confirmed are never deleted: wait for
     # it to confirm what closed, then let a tick release and trim.
     writer = core.state.writer
@@ -221,12 +217,7 @@ def test_a_restart_that_lost_the_quanta_file_never_numbers_a_published_row_0_aga
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
-    for s in range(1, 12):
-        clock.t = T0 + 1000 * s + 300
-        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
-        for _ in range(4):
-            core.tick()
-            clock.t += 175
+    run_without_late(core, clock, range(1, 12))
     crash(core)
     (tmp_path / "quanta.jsonl").rename(tmp_path / "before.jsonl")
     core2 = AggregatorCore(config(tmp_path), now_ms=clock)

@@ -18,26 +18,24 @@ from tests.aggregator.test_aggregator_faults import (
     SECONDS,
     config,
     crash,
+    feed,
     finish,
     message,
     reference,  # noqa: F401 -- the fixture
     rows,
 )
-from tests.aggregator.test_revisions import LATE, LATE_HOST, assert_converged, latest
+from tests.aggregator.test_revisions import (
+    LATE,
+    LATE_HOST,
+    assert_converged,
+    latest,
+    run_without_late,
+)
 from tests.clock import T0, FakeClock
 from tests.fiorun import fiomon
 from tests.root.test_merger import _outbox_messages
 
 Reference = dict[tuple[object, ...], dict[str, object]]
-
-
-def _run_missing_late_host(core: AggregatorCore, clock: FakeClock[int], seconds: range) -> None:
-    for s in seconds:
-        clock.t = T0 + 1000 * s + 300
-        core.receive([message(h, s) for h in range(len(HOSTS)) if h != LATE_HOST or s not in LATE])
-        for _ in range(4):
-            core.tick()
-            clock.t += 175
 
 
 def test_a_late_record_journaled_just_before_a_crash_still_revises_its_quantum(
@@ -53,13 +51,13 @@ def test_a_late_record_journaled_just_before_a_crash_still_revises_its_quantum(
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
-    _run_missing_late_host(core, clock, range(1, 15))
+    run_without_late(core, clock, range(1, 15))
     # the late host's records of 5..10 arrive; journaled (acknowledged); crash before a tick
     core.receive([message(LATE_HOST, s) for s in LATE])
     crash(core)
     core2 = AggregatorCore(config(tmp_path), now_ms=clock)
     core2.restore()
-    _run_missing_late_host(core2, clock, range(15, SECONDS + 1))
+    run_without_late(core2, clock, range(15, SECONDS + 1))
     finish(core2)
     _assert_cluster_samples(tmp_path / "quanta.jsonl", reference)
     assert_converged(tmp_path / "quanta.jsonl", reference)
@@ -124,7 +122,7 @@ def test_a_lost_state_file_finds_the_last_quantum_past_rotated_files_of_revision
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core.restore()
-    _run_missing_late_host(core, clock, range(1, 15))
+    run_without_late(core, clock, range(1, 15))
     for s in LATE:
         core.receive([message(LATE_HOST, s)])
         clock.t += 250
@@ -158,24 +156,14 @@ def test_a_cell_restart_sends_the_root_nothing_twice(
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core.restore()
-    _run_missing_late_host(core, clock, range(1, 5))  # (LATE starts at 5: all in time)
-    for s in range(5, 13):
-        clock.t = T0 + 1000 * s + 300
-        core.receive([message(h, s) for h in range(len(HOSTS))])
-        for _ in range(4):
-            core.tick()
-            clock.t += 175
+    run_without_late(core, clock, range(1, 5))  # (LATE starts at 5: all in time)
+    feed(core, clock, range(5, 13))
     crash(core)
     assert core.outbox is not None
     core.outbox.close()  # (kill -9: the kernel closes it)
     core2 = AggregatorCore(config(tmp_path, **kw), now_ms=clock)
     core2.restore()
-    for s in range(13, 20):
-        clock.t = T0 + 1000 * s + 300
-        core2.receive([message(h, s) for h in range(len(HOSTS))])
-        for _ in range(4):
-            core2.tick()
-            clock.t += 175
+    feed(core2, clock, range(13, 20))
     finish(core2)
     cfg = core2.cfg
     root = RootMerger(
@@ -211,7 +199,7 @@ def test_report_of_a_rotated_quanta_file_family_right_after_a_rotation(tmp_path:
     clock = FakeClock(T0)
     core = AggregatorCore(config(tmp_path), now_ms=clock)
     core.restore()
-    _run_missing_late_host(core, clock, range(1, 15))
+    run_without_late(core, clock, range(1, 15))
     core.receive([message(LATE_HOST, s) for s in LATE])
     clock.t += 300
     core.tick()
