@@ -324,12 +324,7 @@ class AggregatorCore:
         if engine is None or quanta is None or not engine.kept_quanta:
             return
         since = (self.published_ms or 0) - self.cfg.revise_within_ms - self.cfg.quantum_ms
-        keep = self.cfg.quanta_file_keep
-        paths = [
-            quanta.path,
-            *(quanta.path.with_name(f"{quanta.path.name}.{i}") for i in range(1, keep + 1)),
-        ]
-        for end, host, direction, _, rev in recent_revisions(paths, since):
+        for end, host, direction, _, rev in recent_revisions(quanta.files(), since):
             engine.note_published(end, host, direction, rev)
 
     # -- intake -----------------------------------------------------------------------------

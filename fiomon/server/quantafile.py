@@ -113,12 +113,16 @@ class QuantaFile:
         Newest first, through every rotated file: revisions of older quanta follow later
         first publications, and a file right after a rotation may hold nothing else.
         """
-        rotated = (self.path.with_name(f"{self.path.name}.{i}") for i in range(1, self.keep + 1))
-        for p in (self.path, *rotated):
+        for p in self.files():
             t = _read_tail(p)
             if t is not None:
                 return t
         return None
+
+    def files(self) -> list[Path]:
+        """The file and its rotated ones, newest first (``f``, ``f.1``, ... ``f.<keep>``)."""
+        rotated = [self.path.with_name(f"{self.path.name}.{i}") for i in range(1, self.keep + 1)]
+        return [self.path, *rotated]
 
     def write(self, rows: Sequence[ClosedQuantum], skip: Skip | None = None) -> int:
         """Append ``rows`` and flush; ``skip`` = (end, keys): rows of that quantum already in.
@@ -169,42 +173,25 @@ class QuantaFile:
 
 
 def _read_tail(path: Path) -> Tail | None:
-    """The rows of the last quantum of ``path`` (read backwards in chunks)."""
-    try:
-        fh = path.open("rb")
-    except OSError:
-        return None
-    with fh:
-        size = fh.seek(0, os.SEEK_END)
-        pos, rest = size, b""
-        end: int | None = None
-        start = 0
-        keys: set[RowKey] = set()
-        while pos > 0:
-            step = min(pos, 1 << 20)
-            pos -= step
-            fh.seek(pos)
-            buf = fh.read(step) + rest
-            lines = buf.split(b"\n")
-            rest = lines[0] if pos > 0 else b""
-            for line in reversed(lines[1:] if pos > 0 else lines):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                    e = int(d["end_ms"])
-                    key = (str(d["scope"]), str(d["host"] or ""), str(d["direction"]))
-                    s = int(d["start_ms"])
-                except (ValueError, KeyError, TypeError, RecursionError):
-                    continue  # not a row (a hand edit): it says nothing about publication
-                if d.get("revised_at") is not None:
-                    continue  # a revision of an older quantum, written after later ones
-                if end is None:
-                    end, start = e, s
-                if e != end:
-                    return Tail(end, start, frozenset(keys))
-                keys.add(key)
-        return None if end is None else Tail(end, start, frozenset(keys))
+    """The rows of the last quantum first published in ``path`` (read backwards)."""
+    end: int | None = None
+    start = 0
+    keys: set[RowKey] = set()
+    for d in _lines_backwards(path):
+        try:
+            e = int(d["end_ms"])
+            key = (str(d["scope"]), str(d["host"] or ""), str(d["direction"]))
+            s = int(d["start_ms"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a row (a hand edit): it says nothing about publication
+        if d.get("revised_at") is not None:
+            continue  # a revision of an older quantum, written after later ones
+        if end is None:
+            end, start = e, s
+        if e != end:
+            return Tail(end, start, frozenset(keys))
+        keys.add(key)
+    return None if end is None else Tail(end, start, frozenset(keys))
 
 
 def recent_revisions(
