@@ -39,7 +39,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.confidence import DEFAULT_LEVEL
-from fiomon.kept import FOLDED, Delta, KeptQuantum
+from fiomon.kept import FOLDED, Delta, Group, KeptQuantum
 from fiomon.model import (
     DEFAULT_PERCENTILES,
     DIRECTION_LABELS,
@@ -54,6 +54,8 @@ from fiomon.partials import RawPartial
 OVERFLOW_HOST = -1  # host id of hosts over the cap: cluster scope only
 FOLDED_HOST = FOLDED  # host id of slots that sum every host (no host scope requested)
 KEPT_BYTES = 1 << 30  # closed quanta kept for revisions at most (more forget the oldest)
+# A kept group's direction (fio's 0..3, or -1 for the sum of them) as its row's label.
+_LABELS = {**dict(enumerate(DIRECTION_LABELS)), -1: "all"}
 _FAR = 2**62
 CLOSE_ROWS = 2048  # stored rows closed together at most (bounds the memory of a close)
 
@@ -836,7 +838,6 @@ class QuantumEngine:
         out: list[ClosedQuantum] = []
         nbins = self.layout.nbins
         want_all = "all" in self.directions
-        labels = {**dict(enumerate(DIRECTION_LABELS)), -1: "all"}
         for q in quanta:
             deltas = self._deltas(q)
             if not deltas:
@@ -850,7 +851,7 @@ class QuantumEngine:
             kept.late_hosts = kept.late_hosts | frozenset(late)
             start, end = self.quantum_bounds(q)
             lo, hi = (self._bin_lo, self._bin_hi + 1) if self._bin_hi >= 0 else (0, 1)
-            wanted = [g for g in groups if labels[g[2]] in self.directions]
+            wanted = [g for g in groups if _LABELS[g[2]] in self.directions]
             stats, cis = group_stats(
                 np.stack([g[3][lo:hi] for g in wanted]) if wanted else np.zeros((0, hi - lo)),
                 self.layout,
@@ -861,7 +862,7 @@ class QuantumEngine:
             for g, st, ci in zip(wanted, stats, cis, strict=True):
                 scope, h, d, hist, glo, ghi, nb, streams = g
                 host = None if scope == "cluster" else self._host_names[h]
-                label = labels[d]
+                label = _LABELS[d]
                 if scope == "cluster":
                     self._add_delta(label, deltas, d)
                 if st is None:
@@ -899,7 +900,7 @@ class QuantumEngine:
                     )
                 )
             if self.keep_partials:
-                self._keep_delta_partials(q, base, kept, touched, deltas)
+                self._keep_delta_partials(q, base, kept.revisions, groups, deltas)
             self._put_kept(q, kept)
         return out
 
@@ -916,22 +917,25 @@ class QuantumEngine:
         self,
         q: int,
         base: KeptQuantum,
-        kept: KeptQuantum,
-        touched: list[tuple[int, int]],
+        revision: int,
+        groups: list[Group],
         deltas: dict[tuple[int, int], Delta],
     ) -> None:
-        """A revision's partials: per group, what it added (see RawPartial.revision)."""
+        """A revision's partials: per group, what it added (see RawPartial.revision).
+
+        ``groups``: the revised quantum's groups the revision touched (its rows' groups);
+        ``base``: the quantum before it (the streams it had).
+        """
         nbins = self.layout.nbins
         want_all = "all" in self.directions
-        labels = {**dict(enumerate(DIRECTION_LABELS)), -1: "all"}
         before = {
             (g[0], g[1], g[2]): g[7]
-            for g in base.groups(touched, nbins, per_host=self.per_host, want_all=want_all)
+            for g in base.groups(sorted(deltas), nbins, per_host=self.per_host, want_all=want_all)
         }
         start, end = self.quantum_bounds(q)
-        for g in kept.groups(touched, nbins, per_host=self.per_host, want_all=want_all):
+        for g in groups:
             scope, h, d, _, _, _, _, streams = g
-            if labels[d] not in self.directions:
+            if _LABELS[d] not in self.directions:
                 continue
             mine = [
                 x
@@ -946,13 +950,13 @@ class QuantumEngine:
                     end_ms=end,
                     scope=scope,  # type: ignore[arg-type]
                     host=None if scope == "cluster" else self._host_names[h],
-                    direction=labels[d],
+                    direction=_LABELS[d],
                     hist=np.sum([x.hist for x in mine], axis=0),
                     lo_ms=min(x.lo_ms for x in mine),
                     hi_ms=max(x.hi_ms for x in mine),
                     nbytes=float(sum(x.nbytes for x in mine)),
                     streams=streams - before.get((scope, h, d), 0),
-                    revision=kept.revisions,
+                    revision=revision,
                 )
             )
 
