@@ -1143,47 +1143,44 @@ def _root_summary(agg: AggregatorConfig) -> str:
 
 def _check_config(args: argparse.Namespace) -> int:
     from fiomon.config import (  # noqa: PLC0415
-        agent_config_from,
-        aggregator_config_from,
-        aggregator_files,
+        check_agent,
+        check_aggregator,
         read_yaml,
-        readable_files,
-        state_dir_problems,
         watch_warnings,
     )
 
     try:
         data = read_yaml(args.file)
-        if isinstance(data, dict) and "watch" in data:
-            agent = agent_config_from(data, source=str(args.file))
-            problems = readable_files(agent.broker)
-            problems += state_dir_problems(agent.state_dir, strict=False)
-            for warning in watch_warnings(agent):
-                print(f"{args.file}: warning: {warning}", file=sys.stderr)
-            text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
-            if agent.cell is not None:
-                b = agent.broker
-                text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
-        else:
-            agg = aggregator_config_from(data, source=str(args.file))
-            problems = aggregator_files(agg)
-            text = (
-                f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
-                f"/metrics on {agg.listen})"
-            )
-            if agg.cell is not None:
-                text += f"; cell {agg.cell}"
-            if agg.root is not None:
-                text += "; " + _root_summary(agg)
-        if problems:
-            raise ConfigError([f"{args.file}: {p}" for p in problems])
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
-        return EXIT_USAGE
+        return _config_problems(args.file, exc.problems)
+    if isinstance(data, dict) and "watch" in data:
+        agent, problems = check_agent(data)
+        for warning in watch_warnings(agent, unit_note=True):
+            print(f"{args.file}: warning: {warning}", file=sys.stderr)
+        text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
+        if agent.cell is not None:
+            b = agent.broker
+            text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
+    else:
+        agg, problems = check_aggregator(data)
+        text = (
+            f"valid aggregator configuration ({len(agg.sla)} SLA rules, /metrics on {agg.listen})"
+        )
+        if agg.cell is not None:
+            text += f"; cell {agg.cell}"
+        if agg.root is not None and not problems:
+            text += "; " + _root_summary(agg)
+    if problems:  # the keys' and the files' problems, all in one pass
+        return _config_problems(args.file, [f"{args.file}: {p}" for p in problems])
     print(f"{args.file}: {text}")
     return EXIT_OK
+
+
+def _config_problems(file: Path, problems: list[str]) -> int:
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{file}: {len(problems)} problem(s)", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _add_agent(sub: SubParsers) -> argparse.ArgumentParser:
