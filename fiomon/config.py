@@ -21,7 +21,7 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1286,7 +1286,7 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
     return problems
 
 
-def _unreadable(named: list[tuple[str, Path | None]]) -> list[str]:
+def _unreadable(named: Sequence[tuple[str, Path | None]]) -> list[str]:
     """``key: cannot read PATH (why)`` for each named file that cannot be opened and read."""
     problems = []
     for key, path in named:

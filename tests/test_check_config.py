@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fiomon.config import AgentConfig, load_agent_config, private_tmp, watch_warnings
 from fiomon.errors import ConfigError
 
@@ -63,12 +65,9 @@ def test_agent_schema_and_file_problems_come_in_one_pass(tmp_path: Path) -> None
     assert lines[-1] == f"{cfg}: {len(wanted)} problem(s)", r.stderr
     assert "Traceback" not in r.stderr
     # The agent refuses to start with the same list, not the schema half of it.
-    try:
+    with pytest.raises(ConfigError) as caught:
         load_agent_config(cfg)
-    except ConfigError as exc:
-        assert len(exc.problems) == len(wanted), exc.problems
-    else:
-        raise AssertionError("load_agent_config accepted a bad file")
+    assert len(caught.value.problems) == len(wanted), caught.value.problems
 
 
 def test_aggregator_schema_and_file_problems_come_in_one_pass(tmp_path: Path) -> None:
@@ -142,7 +141,7 @@ def test_the_agent_names_a_private_tmp_as_systemd_makes_it(tmp_path: Path) -> No
     private.mkdir(parents=True)
     script = (
         f"mount --bind {private} /tmp && "
-        f"exec {sys.executable} -c \"$0\" {tmp_path}/state"  # $0: the Python program
+        f'exec {sys.executable} -c "$0" {tmp_path}/state'  # $0: the Python program
     )
     r = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PRIVATE_TMP],
