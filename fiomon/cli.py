@@ -1,4 +1,4 @@
-"""The ``fiomon`` command line: one entry point, subcommands (DESIGN.md "Command line").
+"""The ``fiomon`` command line: one entry point, subcommands (README.md has each one).
 
 Each subcommand is an adder (its flags) and a handler (what it runs), both named in
 :data:`COMMANDS`. Flags are checked where argparse reads them, so a handler gets valid

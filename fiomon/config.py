@@ -1,6 +1,6 @@
 """YAML configuration into frozen dataclasses, with every problem reported at once.
 
-``load_agent_config(path)`` reads the agent's file (DESIGN.md "Minimal configuration").
+``load_agent_config(path)`` reads the agent's file (config/agent.example.yaml).
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
@@ -33,7 +33,7 @@ from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.topics import RESERVED_NAMES, Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
+DEFAULT_LISTEN = "127.0.0.1:10027"  # above 9100-9999: Prometheus' port wiki is full there
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MQTT_PORT = 1883  # the broker's port by convention, plain TCP
 MQTTS_PORT = 8883  # and with TLS: the default port once ``broker.tls`` is set

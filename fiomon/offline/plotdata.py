@@ -1,6 +1,6 @@
 """Closed quanta packed for the charts (``fiomon plot``'s embedded data), down-sampled.
 
-The charts take closed-quantum objects (DESIGN.md's JSON line, plus an optional ``heat``
+The charts take closed-quantum objects (the quanta file's JSON line, plus an optional ``heat``
 of :mod:`fiomon.heat` on cluster rows). Written out one object per row, 16 hosts x 600
 quanta x 3 directions would be about 12 MB of HTML, so the offline page embeds them
 *columnar*, one series per (scope, host, direction), and ``fiomon.js`` unpacks them back
