@@ -48,7 +48,7 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
-from fiomon.tools import completion, manpage
+from fiomon.tools import baselinecmd, completion, manpage
 from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms
 
@@ -1266,6 +1266,7 @@ COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
     "root": Command(_add_root, _root),
     "check-config": Command(_add_check_config, _check_config),
     "version": Command(_add_version, _version),
+    "baseline": Command(baselinecmd.add_parser, baselinecmd.run),
     "completion": Command(completion.add_parser, completion.run),
     "man": Command(manpage.add_parser, manpage.run),
 }
