@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fiomon.config import AgentConfig, load_agent_config, private_tmp, watch_warnings
 from fiomon.errors import ConfigError
+from tests.conftest import DEADLINE_S, free_port
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
@@ -162,3 +164,60 @@ def test_the_agent_names_a_private_tmp_as_systemd_makes_it(tmp_path: Path) -> No
     assert not private_tmp()
     here = AgentConfig(watch=(str(tmp_path / "fio" / "*.json"),), state_dir=tmp_path / "s")
     assert not any("PrivateTmp" in w for w in watch_warnings(here))
+
+
+def test_the_agent_warns_at_start_when_its_tmp_is_private(tmp_path: Path) -> None:
+    """The real agent, started in a mount namespace whose /tmp is a systemd-private-* one.
+
+    No broker listens (the agent keeps retrying): the warning comes at start, before it.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("a mount namespace needs root (CI runs as root)")
+    private = tmp_path / "systemd-private-0123abcd-fiomon-agent.service-XyZ12" / "tmp"
+    private.mkdir(parents=True)
+    # Seen from inside the namespace, `private` is /tmp.
+    (private / "agent.yaml").write_text(
+        "watch: ['/tmp/fio/*.json']\nstate_dir: /tmp/state\n"
+        f"broker: {{host: 127.0.0.1, port: {free_port()}}}\n"
+    )
+    script = f'mount --bind {private} /tmp && exec "$@"'
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            "-m",
+            "fiomon",
+            "agent",
+            "--config",
+            "/tmp/agent.yaml",  # noqa: S108 -- the namespace's own private /tmp
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "PrivateTmp" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=DEADLINE_S)
+    warned = [x for x in seen if "PrivateTmp" in x]
+    assert warned, "".join(seen)
+    assert "watch[0]: '/tmp/fio/*.json' is under /tmp or /var/tmp" in warned[0]
+    assert "runs with a private /tmp (systemd PrivateTmp=yes)" in warned[0]
