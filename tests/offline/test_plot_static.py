@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ GAP = (START_MS + 20_000, START_MS + 40_000)  # no I/O in this window (gapped ru
 
 
 def gapped_logs(folder: Path, hosts: int = 2, seconds: int = 60) -> list[Path]:
-    """Hist logs with no I/O from 20 s to 40 s: fio keeps writing records, all zero."""
+    """Hist logs with no I/O from 20 s to 40 s: fio keeps writing records, all zero.
+
+    host01 is 6x slower from 45 s to 52 s.
+    """
     rng = np.random.default_rng(5)
     model = LatencyModel(head_mean_ns=300_000, head_sd_ns=80_000, tail_share=0.05)
     empty = np.zeros(BinLayout().nbins, np.int64)
@@ -44,8 +48,15 @@ def gapped_logs(folder: Path, hosts: int = 2, seconds: int = 60) -> list[Path]:
         spec = JobSpec(f"host{h:02d}", 1, iops=400, phase_ms=100 * h)
         path = folder / f"host{h:02d}_clat_hist.1.log"
         with path.open("w") as fh:
+            slow = (START_MS + 45_000, START_MS + 52_000, 6.0) if h == 1 else None
             for end, d, counts, _ in records(
-                spec, start_ms=START_MS, seconds=seconds, interval_ms=1000, model=model, rng=rng
+                spec,
+                start_ms=START_MS,
+                seconds=seconds,
+                interval_ms=1000,
+                model=model,
+                rng=rng,
+                slow=slow,
             ):
                 idle = GAP[0] < end <= GAP[1]
                 fh.write(format_line(end, d, 4096, empty if idle else counts))
@@ -340,3 +351,17 @@ def test_per_host_small_multiples_share_their_axes(run4: list[Path], tmp_path: P
     target = tmp_path / "hosts.svg"
     assert fiomon("plot", "--per-host", *run4, "-o", target).returncode == 0
     assert "per host: read percentiles" in target.read_text()
+
+
+def test_the_command_draws_the_documented_figure(tmp_path: Path) -> None:
+    """The README's picture (FIOMON_SCREENSHOTS=docs copies it there): 4 hosts, one gap."""
+    logs = gapped_logs(tmp_path, hosts=4)
+    target = tmp_path / "plot.png"
+    out = fiomon("plot", "--per-host", "--sla", "p99:read:2ms", *logs, "-o", target)
+    assert out.returncode == 0, out.stderr
+    body = target.read_bytes()
+    assert body.startswith(b"\x89PNG")
+    assert len(body) > 100_000
+    folder = os.environ.get("FIOMON_SCREENSHOTS")
+    if folder:
+        (Path(folder) / "plot-offline.png").write_bytes(body)
