@@ -165,28 +165,53 @@ def _broken(
     return np.insert(x, at, x[at]), [np.insert(y, at, np.nan) for y in ys]
 
 
-def _columns(time: _Time, series: Sequence[dict[str, Any]]) -> tuple[Floats, dict[int, int]]:
-    """Column edges (axis values) of a heatmap over ``series``' quanta, and end -> column.
+class _Columns:
+    """The time columns of a heatmap over some series' quanta.
 
-    Quanta without rows become empty columns of their own, so a gap stays a gap.
+    Quanta without rows become empty columns of their own, so a gap stays a gap. A point
+    fills every column from the previous point's end (or its own start, after a gap) to its
+    end: down-sampled series of different lengths group different quanta, and each still
+    covers its own time.
     """
-    spans: dict[int, int] = {}
-    for s in series:
-        for st, en in zip(s["start"], s["end"], strict=True):
-            spans[en] = min(st, spans.get(en, st))
-    edges: list[int] = []
-    col: dict[int, int] = {}
-    prev: int | None = None
-    for en in sorted(spans):
-        st = spans[en]
-        if prev is None:
-            edges.append(st)
-        elif st - prev > time.slack_ms:
-            edges.append(st)  # the gap's column: [prev, st], left empty
-        col[en] = len(edges) - 1
-        edges.append(en)
-        prev = en
-    return time.x(edges), col
+
+    def __init__(self, time: _Time, series: Sequence[dict[str, Any]]) -> None:
+        self.time = time
+        spans: dict[int, int] = {}
+        for s in series:
+            for st, en in zip(s["start"], s["end"], strict=True):
+                spans[en] = min(st, spans.get(en, st))
+        edges: list[int] = []
+        ends: list[int] = []  # the end of each column (gap columns too)
+        prev: int | None = None
+        for en in sorted(spans):
+            st = spans[en]
+            if prev is None:
+                edges.append(st)
+            elif st - prev > time.slack_ms:
+                edges.append(st)  # the gap's column: [prev, st], left empty
+                ends.append(st)
+            edges.append(en)
+            ends.append(en)
+            prev = en
+        self.edges = time.x(edges)
+        self.ends = np.asarray(ends, np.int64)
+
+    def row(self, s: dict[str, Any], values: Sequence[float | None]) -> Floats:
+        """One heatmap row (ms) of a series' values (ns), NaN where it has none."""
+        out = np.full(self.ends.size, np.nan)
+        start = np.asarray(s["start"], np.int64)
+        end = np.asarray(s["end"], np.int64)
+        left = start.copy()
+        joined = np.ones(end.size, bool)
+        joined[0] = False
+        joined[self.time.gaps_before(s)] = False
+        left[joined] = end[np.flatnonzero(joined) - 1]
+        a = np.searchsorted(self.ends, left, side="right")
+        b = np.searchsorted(self.ends, end, side="right")
+        for i, v in enumerate(values):
+            if v is not None and v > 0:
+                out[a[i] : b[i]] = v / 1e6
+        return out
 
 
 def _colourbar(fig: Figure | SubFigure, mesh: Any, ax: Axes, label: str, name: str) -> None:
@@ -303,12 +328,9 @@ def _pick_key(doc: dict[str, Any]) -> str:
 def _host_heat(
     fig: SubFigure, ax: Axes, time: _Time, host_rows: list[dict[str, Any]], *, key: str, d: str
 ) -> None:
-    edges, col = _columns(time, host_rows)
-    grid = np.full((len(host_rows), len(edges) - 1), np.nan)
-    for j, s in enumerate(host_rows):
-        for e, v in zip(s["end"], s["p"][key], strict=True):
-            if v is not None and v > 0:
-                grid[j, col[e]] = v / 1e6
+    cols = _Columns(time, host_rows)
+    edges = cols.edges
+    grid = np.stack([cols.row(s, s["p"][key]) for s in host_rows])
     mesh = ax.pcolormesh(
         edges, np.arange(len(host_rows) + 1) - 0.5, np.ma.masked_invalid(grid),
         cmap=CMAP, norm=_log_norm(grid),
@@ -336,12 +358,9 @@ def _surface(
     first = ys[0] - (mids[0] - ys[0] if mids.size else 0.25)
     last = ys[-1] + (ys[-1] - mids[-1] if mids.size else 0.25)
     yedges = np.r_[first, mids, last]
-    edges, col = _columns(time, [s])
-    grid = np.full((len(keys), len(edges) - 1), np.nan)
-    for j, k in enumerate(keys):
-        for e, v in zip(s["end"], values[k], strict=True):
-            if v is not None and v > 0:
-                grid[j, col[e]] = v / 1e6
+    cols = _Columns(time, [s])
+    edges = cols.edges
+    grid = np.stack([cols.row(s, values[k]) for k in keys])
     mesh = ax.pcolormesh(edges, yedges, np.ma.masked_invalid(grid), cmap=CMAP, norm=_log_norm(grid))
     ticks = [q for q in _NINES_TICKS if first <= nines(q) <= last]
     ax.set_yticks([nines(q) for q in ticks], [f"p{q:g}" for q in ticks], fontsize=7)

@@ -70,6 +70,7 @@ def plot_doc(
     *,
     per_host: bool = False,
     sla: tuple[SlaLine, ...] = (),
+    max_points: int = 2000,
 ) -> dict[str, Any]:
     """The document ``fiomon plot`` draws, built the way it builds it."""
     opts = QuantaOptions(percentiles=percentiles, per_host=per_host)
@@ -81,7 +82,7 @@ def plot_doc(
 
     run_report(logs, opts, io.StringIO(), sink=sink)
     hosts = [p.name.split("_")[0] for p in logs]
-    return holder[0].document(title="test", sla=sla, hosts=hosts)
+    return holder[0].document(title="test", sla=sla, hosts=hosts, max_points=max_points)
 
 
 def axes(fig: Figure, label: str) -> Axes:
@@ -287,6 +288,21 @@ def test_an_idle_gap_stays_empty(tmp_path: Path) -> None:
         ax = axes(fig, f"host-lat-{host}")
         rows, cols = column_span(fig, ax, *inside)
         assert near(img[rows, cols], percentile_colour(99.0), tol=40).sum() == 0
+
+
+def test_downsampled_heatmaps_cover_every_quantum(run4: list[Path]) -> None:
+    # Host series of different lengths are grouped at different quanta when down-sampled;
+    # each cell must still cover its own time (no holes where another host's group ends).
+    doc = plot_doc(run4, per_host=True, max_points=40)
+    assert doc["downsampled"] > 1
+    fig = build_figure(doc)
+    for label in ("hosts", "surface"):
+        (mesh,) = axes(fig, label).collections
+        values = mesh.get_array()
+        assert values is not None
+        cells = np.ma.getmaskarray(values)
+        inner = cells[:, 1:-1]  # a host's first and last quanta may be another's edge
+        assert inner.mean() == 0, (label, inner.mean())
 
 
 # -- the surface --------------------------------------------------------------------------
