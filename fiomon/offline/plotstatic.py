@@ -8,6 +8,8 @@ needs nothing beyond fiomon itself. The figure draws the packed document of
   band (translucent, left out where a side is unbounded), the mean, the saturated points
   and the SLA lines meant for that direction (black, dashed, labelled "SLA p99 read 5 ms");
 * IOPS and throughput;
+* the latency distribution: I/Os per quantum in each half-octave latency band
+  (:mod:`fiomon.heat`), when the rows had histograms;
 * with host series (``--per-host``), the host x time heatmap of p99 (or the highest
   percentile below it);
 * the percentile surface: time x percentile on a nines axis (p50 .. p99.99 at 30 steps
@@ -35,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.errors import PlotError
+from fiomon.heat import bucket_edge_ns
 from fiomon.palette import MEAN_COLOUR, SATURATED_COLOUR, SLA_COLOUR, nines, percentile_colour
 
 if TYPE_CHECKING:
@@ -196,30 +199,38 @@ class _Columns:
         self.edges = time.x(edges)
         self.ends = np.asarray(ends, np.int64)
 
-    def row(self, s: dict[str, Any], values: Sequence[float | None]) -> Floats:
-        """One heatmap row (ms) of a series' values (ns), NaN where it has none."""
-        out = np.full(self.ends.size, np.nan)
+    def cover(self, s: dict[str, Any]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """Per point of ``s``, the first column it fills and the one after its last."""
         start = np.asarray(s["start"], np.int64)
         end = np.asarray(s["end"], np.int64)
         left = start.copy()
         joined = np.ones(end.size, bool)
-        joined[0] = False
+        joined[:1] = False
         joined[self.time.gaps_before(s)] = False
         left[joined] = end[np.flatnonzero(joined) - 1]
-        a = np.searchsorted(self.ends, left, side="right")
-        b = np.searchsorted(self.ends, end, side="right")
+        return (
+            np.searchsorted(self.ends, left, side="right"),
+            np.searchsorted(self.ends, end, side="right"),
+        )
+
+    def row(self, s: dict[str, Any], values: Sequence[float | None]) -> Floats:
+        """One heatmap row (ms) of a series' values (ns), NaN where it has none."""
+        out = np.full(self.ends.size, np.nan)
+        a, b = self.cover(s)
         for i, v in enumerate(values):
             if v is not None and v > 0:
                 out[a[i] : b[i]] = v / 1e6
         return out
 
 
-def _colourbar(fig: Figure | SubFigure, mesh: Any, ax: Axes, label: str, name: str) -> None:
-    """A colour bar in ms with several labelled ticks on its log scale."""
+def _colourbar(
+    fig: Figure | SubFigure, mesh: Any, ax: Axes, label: str, name: str, *, ms: bool = True
+) -> None:
+    """A colour bar (in ms, or counts) with several labelled ticks on its log scale."""
     norm = mesh.norm
     cbar = fig.colorbar(mesh, ax=ax, pad=0.01, fraction=0.04)
     ticks = log_ticks(norm.vmin, norm.vmax)
-    cbar.set_ticks(ticks, labels=[fmt_ms(t) for t in ticks])
+    cbar.set_ticks(ticks, labels=[fmt_ms(t) if ms else f"{t:g}" for t in ticks])
     cbar.ax.minorticks_off()
     cbar.set_label(label, fontsize=8)
     cbar.ax.tick_params(labelsize=7)
@@ -345,6 +356,43 @@ def _host_heat(
     ax.set_label("hosts")
 
 
+def _latency_heat(fig: SubFigure, ax: Axes, time: _Time, *, s: dict[str, Any], d: str) -> None:
+    """I/Os per quantum per half-octave latency band (:mod:`fiomon.heat`), log colour."""
+    heat: list[dict[str, Any] | None] = s["heat"]
+    got = [h for h in heat if h]
+    k0 = min(h["k0"] for h in got)
+    k1 = max(h["k0"] + len(h["counts"]) for h in got)
+    cols = _Columns(time, [s])
+    a, b = cols.cover(s)
+    gaps = set(time.gaps_before(s).tolist())
+    grid = np.full((k1 - k0, cols.ends.size), np.nan)
+    carry: int | None = None  # a down-sampled group's counts sit on its second point
+    for i, h in enumerate(heat):
+        first = int(a[i]) if carry is None else carry
+        if not h:
+            carry = first if i + 1 < len(heat) and i + 1 not in gaps else None
+            continue
+        carry = None
+        width = int(b[i]) - first
+        if width <= 0:
+            continue
+        counts = np.asarray(h["counts"], np.float64) / width  # per quantum (column)
+        counts[counts <= 0] = np.nan
+        grid[h["k0"] - k0 : h["k0"] - k0 + counts.size, first : int(b[i])] = counts[:, None]
+    yedges = np.asarray([bucket_edge_ns(k) for k in range(k0, k1 + 1)]) / 1e6
+    mesh = ax.pcolormesh(
+        cols.edges, yedges, np.ma.masked_invalid(grid), cmap=CMAP, norm=_log_norm(grid)
+    )
+    _ms_axis(ax)
+    ax.set_ylabel(f"{d} latency (ms)")
+    _colourbar(fig, mesh, ax, "I/Os per quantum", "cbar-heat", ms=False)
+    ax.set_title(
+        f"{d} latency distribution: I/Os per quantum per half-octave band (log colour)",
+        fontsize=9,
+    )
+    ax.set_label("heat")
+
+
 def _surface(
     fig: SubFigure, ax: Axes, doc: dict[str, Any], time: _Time, *, s: dict[str, Any], d: str
 ) -> None:
@@ -456,6 +504,9 @@ def build_figure(doc: dict[str, Any]) -> Figure:
         key=lambda s: s["host"] or "",
     )
     heights = [2.5] * len(dirs) + [1.9]
+    has_heat = pick in cluster and any(cluster[pick].get("heat") or [])
+    if has_heat:
+        heights.append(2.6)
     if host_rows:
         heights.append(max(1.6, 0.16 * len(host_rows) + 0.6))
     if pick in cluster:
@@ -479,6 +530,9 @@ def build_figure(doc: dict[str, Any]) -> Figure:
         _latency_panel(ax, doc, time, d, cluster[d])
     _throughput_panel(ax_list[len(dirs)], time, dirs, cluster)
     i = len(dirs) + 1
+    if has_heat:
+        _latency_heat(top, ax_list[i], time, s=cluster[pick], d=pick)
+        i += 1
     if host_rows:
         _host_heat(top, ax_list[i], time, host_rows, key=_pick_key(doc), d=pick)
         i += 1

@@ -290,6 +290,24 @@ def test_an_idle_gap_stays_empty(tmp_path: Path) -> None:
         assert near(img[rows, cols], percentile_colour(99.0), tol=40).sum() == 0
 
 
+def test_the_latency_heatmap_counts_every_io(run4: list[Path]) -> None:
+    for max_points in (2000, 40):  # as is, and down-sampled (a group's counts spread out)
+        doc = plot_doc(run4, max_points=max_points)
+        (read,) = [s for s in doc["series"] if s["scope"] == "cluster" and s["direction"] == "read"]
+        fig = build_figure(doc)
+        ax = axes(fig, "heat")
+        (mesh,) = ax.collections
+        values = mesh.get_array()
+        assert values is not None
+        total = float(np.ma.sum(values))
+        assert abs(total - sum(read["samples"])) < 1e-3 * total, max_points
+        assert ax.get_yscale() == "log"
+        assert "(ms)" in ax.get_ylabel()
+        pixels(fig)
+        labels = [t.get_text() for t in axes(fig, "cbar-heat").get_yticklabels() if t.get_text()]
+        assert len(labels) >= 3
+
+
 def test_downsampled_heatmaps_cover_every_quantum(run4: list[Path]) -> None:
     # Host series of different lengths are grouped at different quanta when down-sampled;
     # each cell must still cover its own time (no holes where another host's group ends).
