@@ -380,9 +380,10 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
         "--sla",
         action="append",
         default=[],
-        metavar="[pPCT:][DIR:]LATENCY",
-        help="draw a labelled threshold line, e.g. 5ms (every latency panel) or "
-        "p99:read:5ms (the read panel only, labelled 'SLA p99 read 5 ms'); repeatable",
+        metavar="THRESHOLD",
+        help="draw a labelled threshold line, [pPCT:][DIR:]LATENCY: e.g. 5ms (every "
+        "latency panel) or p99:read:5ms (the read panel only, labelled 'SLA p99 read 5 "
+        "ms'); repeatable",
     )
     p.add_argument("--title", default=None, help="page title (default: the first input)")
     p.add_argument(
