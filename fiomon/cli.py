@@ -381,8 +381,10 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
         "--sla",
         action="append",
         default=[],
-        metavar="LATENCY",
-        help="draw a threshold line at this latency, e.g. 5ms (repeatable)",
+        metavar="THRESHOLD",
+        help="draw a labelled threshold line, [pPCT:][DIR:]LATENCY: e.g. 5ms (every "
+        "latency panel) or p99:read:5ms (the read panel only, labelled 'SLA p99 read 5 "
+        "ms'); repeatable",
     )
     p.add_argument("--title", default=None, help="page title (default: the first input)")
     p.add_argument(
@@ -838,11 +840,11 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from fiomon.offline.plot import plot_kind, run_plot  # noqa: PLC0415
-    from fiomon.units import parse_latency_ns  # noqa: PLC0415
+    from fiomon.offline.plotdata import parse_sla  # noqa: PLC0415
 
     try:
         kind = plot_kind(args.output)
-        sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
+        sla = [parse_sla(x) for x in args.sla]
     except (PlotError, ConfigError) as exc:
         raise UsageError([str(exc)]) from None
     opts, _, logs = _report_options(args, "plot")
@@ -858,7 +860,7 @@ def _plot(args: argparse.Namespace) -> int:
                 args.output,
                 kind=kind,
                 title=title,
-                sla_ns=sla_ns,
+                sla=sla,
                 max_points=args.max_points,
             ),
         )
