@@ -751,6 +751,9 @@ class AggregatorCore:
             # bounded by bytes, not only by count: a lagging intake holds quanta open.
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
+            # Host rows' histograms: the SLA rules' tail shares (which hosts hold the
+            # I/Os above the cluster percentile) are computed from them at each close.
+            keep_host_hists=bool(self.cfg.sla) and self.cfg.per_host,
             keep_partials=self.cfg.partials is not None,
             revise_within_ms=self.cfg.revise_within_ms,
             kept_max_bytes=self.cfg.revise_memory_bytes,
@@ -1048,6 +1051,8 @@ class AggregatorCore:
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
                 done.append(self.publisher.alerts.replace_rules(new.sla))
+                if self.engine is not None:  # tail shares need the host rows' histograms
+                    self.engine.keep_host_hists = bool(new.sla) and cfg.per_host
                 edges = set(self.publisher.buckets.edges_s.tolist())
                 for r in new.sla:
                     if r.threshold_ns / 1e9 not in edges:
