@@ -433,6 +433,8 @@ class AlertBook:
         # Cluster rules' incidents (pending or firing, kept after): the hosts' tail counts
         # over the breaching quanta, for worst_hosts().
         self._worst: dict[str, _Worst] = {}
+        # Alerts resolved because the input went idle (settle): the benchmark stopped.
+        self._ended: set[tuple[str, str | None]] = set()
         self._tails: dict[tuple[int, str, str], TailShare] = {}
 
     def observe(
@@ -582,6 +584,8 @@ class AlertBook:
             ci = (r.ci_ns or {}).get(key, (None, None))
             new = evaluate(rule, value, r.stats.samples, old, end_ms, bounds_ns=ci)
             self.states[state_key] = new
+            if new.phase is not Phase.RESOLVED:
+                self._ended.discard(state_key)
             if self.remember_ms > 0:
                 self._remember(rule, r)
             if r.host is None:
@@ -645,6 +649,8 @@ class AlertBook:
             else:
                 continue
             self.states[key] = new
+            if new.phase is Phase.RESOLVED:
+                self._ended.add(key)
             worst = self.worst_hosts(rule.name) if key[1] is None else ()
             out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms, True, worst))
         return out
@@ -670,6 +676,7 @@ class AlertBook:
         }
         self._hosts = Counter({n: c for n, c in self._hosts.items() if n in kept})
         self._worst = {n: w for n, w in self._worst.items() if n in kept}
+        self._ended = {k for k in self._ended if k[0] in kept}
         self.rules = rules
         parts = [f"{len(kept)} kept"]
         for what, names in (("changed", changed), ("added", added), ("removed", removed)):
@@ -696,9 +703,10 @@ class AlertBook:
                 "state": st.phase.value,
                 "value_ns": st.value_ns,
                 "since_ms": st.since_ms,
+                **({"ended": (name, host) in self._ended} if st.phase is Phase.RESOLVED else {}),
                 **(
                     {"worst_hosts": [[h, round(s, 4)] for h, s in self.worst_hosts(name)]}
-                    if host is None and st.phase in (Phase.PENDING, Phase.FIRING)
+                    if host is None and st.phase is not Phase.INACTIVE
                     else {}
                 ),
                 **(_evidence(rules[name], st) if name in rules else {}),
@@ -802,7 +810,11 @@ def _resolution(t: Transition) -> dict[str, str]:
     out = _annotations(t.rule, t.state, t.host, t.worst)
     if t.idle:
         out["resolution"] = "ended: the benchmark stopped (no records arrive), not recovered"
-        out["summary"] = f"ended (the benchmark stopped): {out['summary']}"
+        scope = f"host {t.host}" if t.host else "cluster"
+        out["summary"] = (
+            f"ended (the benchmark stopped): {_what(t.rule)} last {out['value']}, threshold "
+            f"{out['threshold']} ({scope})"
+        )
     else:
         out["resolution"] = (
             f"recovered: {_what(t.rule)} below {human_ns(t.rule.clear_ns)} for "

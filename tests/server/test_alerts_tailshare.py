@@ -5,7 +5,7 @@ from __future__ import annotations
 from fiomon.aggregator.merger import AggregatorCore
 from fiomon.bins import BinLayout
 from fiomon.config import AggregatorConfig, SlaRule
-from fiomon.server.alerts import Phase
+from fiomon.server.alerts import AlertBook, AlertState, Phase, Transition, alertmanager_payload
 from fiomon.server.exporter import render
 from fiomon.server.tailshare import TOP_K, shares_text
 from fiomon.wire import encode
@@ -76,3 +76,41 @@ def test_no_sla_rules_no_tail_share_and_no_host_histograms() -> None:
     assert "fiomon_tail_share" not in text
     assert c.engine is not None
     assert not c.engine.keep_host_hists
+
+
+def test_the_alert_topic_names_the_worst_hosts_and_says_ended_when_the_run_stops() -> None:
+    clock = FakeClock(T0)
+    c = _core(clock, SlaRule("p99-read", "read", 99.0, 1e6, for_quanta=2, min_samples=1))
+    _feed(c, clock, {"fast": {FAST: 100}, "slow": {FAST: 40, SLOW: 60}})
+    (firing,) = c.publisher.alerts.snapshot()
+    assert (firing["state"], firing["worst_hosts"]) == ("firing", [["slow", 1.0]])
+    assert "ended" not in firing
+    clock.advance(c.idle_after_ms)
+    c.tick()  # no records: idle, the alert settles
+    (t,) = c.transitions[-1:]
+    assert (t.new, t.idle, t.to_json()["ended"]) == (Phase.RESOLVED, True, True)
+    (ended,) = c.publisher.alerts.snapshot()
+    assert (ended["state"], ended["ended"], ended["worst_hosts"]) == (
+        "resolved",
+        True,
+        [["slow", 1.0]],
+    )
+
+
+def test_a_resolution_during_the_run_says_recovered_one_at_idle_says_ended() -> None:
+    rule = SlaRule("p99-read", "read", 99.0, 5e6, clear_for=3)
+    book = AlertBook((rule,))
+    state = AlertState(Phase.RESOLVED, value_ns=2.5e6, fired_ms=T0)
+    for idle, summary, resolution in (
+        (False, "recovered: p99 read 2.5 ms < 4.5 ms", "recovered: p99 read below 4.5 ms for 3"),
+        (
+            True,
+            "ended (the benchmark stopped): p99 read last 2.5 ms, threshold 5 ms (cluster)",
+            "ended: the benchmark",
+        ),
+    ):
+        t = Transition(rule, None, Phase.FIRING, Phase.RESOLVED, state, T0 + 9000, idle)
+        (alert,) = alertmanager_payload(book, [t], T0 + 9000)
+        assert alert["annotations"]["summary"].startswith(summary), alert
+        assert alert["annotations"]["resolution"].startswith(resolution), alert
+        assert "endsAt" in alert
