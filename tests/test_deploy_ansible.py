@@ -84,7 +84,7 @@ def _task(report: dict[str, Any], name: str) -> dict[str, Any]:
             if task["task"]["name"] == f"fiomon : {name}":  # the role's name comes first
                 result: dict[str, Any] = task["hosts"]["localhost"]
                 return result
-    raise AssertionError(f"no task {name!r} in the run")
+    pytest.fail(f"no task {name!r} in the run")
 
 
 def _rebuilt(wheel: Path, out: Path, revision: str) -> Path:
