@@ -21,10 +21,11 @@ INSTALL_TIMEOUT_S = 600
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """What one run of scripts/release left: the sdist, the wheel and what it printed."""
+    """What one run of scripts/release --wheelhouse left, and what it printed."""
 
     sdist: Path
     wheel: Path
+    wheelhouse: Path  # the wheel and its runtime dependencies, for this interpreter
     revision: str
     output: str
 
@@ -57,7 +58,7 @@ def build_release(outdir: Path) -> Release:
     """Run scripts/release with this interpreter's venv (which has build and twine)."""
     venv = Path(sys.prefix)
     r = subprocess.run(
-        [str(ROOT / "scripts/release"), "--outdir", str(outdir)],
+        [str(ROOT / "scripts/release"), "--outdir", str(outdir), "--wheelhouse"],
         capture_output=True,
         text=True,
         timeout=INSTALL_TIMEOUT_S,
@@ -74,6 +75,7 @@ def build_release(outdir: Path) -> Release:
     return Release(
         sdist=outdir / f"fiomon-{__version__}.tar.gz",
         wheel=outdir / f"fiomon-{__version__}-py3-none-any.whl",
+        wheelhouse=outdir / "wheelhouse",
         revision=revision,
         output=r.stdout + r.stderr,
     )

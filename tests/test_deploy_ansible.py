@@ -4,7 +4,8 @@
 groups (``agents`` and ``aggregator``), the way deploy/README.md runs it for a fleet, except
 that the venv, the config folder and the systemd root are temporary folders (so the test
 leaves /opt, /etc and the running system alone; it does create the ``fiomon`` system user).
-What it proves: the wheel from scripts/release goes into a fresh venv; both configurations
+What it proves: the wheel from scripts/release goes into a fresh venv, its dependencies
+from the release's wheelhouse (no package index); both configurations
 are written from variables and pass ``fiomon check-config``; the units come from the
 wheel's share/fiomon, point at that venv and config folder, pass ``systemd-analyze verify``,
 and are enabled offline (the wants symlinks), never started, since the systemd root is not
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -32,6 +34,7 @@ from tests.release import ROOT, Release, clean_env, run
 
 PLAYBOOK = ROOT / "deploy/ansible/fiomon.yml"
 PLAYBOOK_TIMEOUT_S = 600
+BASE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +120,10 @@ def test_playbook_installs_configures_and_enables_idempotently(
     prefix, etc, root = tmp_path / "opt/fiomon", tmp_path / "etc/fiomon", tmp_path / "sysroot"
     extra_vars: dict[str, Any] = {
         "fiomon_wheel": str(release.wheel),
+        # no package index: the dependencies come from scripts/release --wheelhouse, built
+        # for the interpreter behind this venv, which therefore makes the new one
+        "fiomon_wheelhouse": str(release.wheelhouse),
+        "fiomon_python": str(BASE_PYTHON),
         "fiomon_prefix": str(prefix),
         "fiomon_etc": str(etc),
         "fiomon_systemd_root": str(root),
@@ -134,6 +141,8 @@ def test_playbook_installs_configures_and_enables_idempotently(
     first_s = time.monotonic() - started
     assert _stats(first)["failures"] == 0
     assert _stats(first)["changed"] > 0
+    pip = _task(first, "Install the wheel and its dependencies into the venv")
+    assert "--no-index" in pip["cmd"], pip["cmd"]
 
     # the wheel, in a venv of its own, reporting the revision it was built from
     fiomon = prefix / "bin/fiomon"
