@@ -81,10 +81,11 @@ def _stats(report: dict[str, Any]) -> dict[str, int]:
     return stats
 
 
-def _task(report: dict[str, Any], name: str) -> dict[str, Any]:
+def _task(report: dict[str, Any], name: str, *, role: bool = True) -> dict[str, Any]:
+    full = f"fiomon : {name}" if role else name  # the role's tasks carry its name first
     for play in report["plays"]:
         for task in play["tasks"]:
-            if task["task"]["name"] == f"fiomon : {name}":  # the role's name comes first
+            if task["task"]["name"] == full:
                 result: dict[str, Any] = task["hosts"]["localhost"]
                 return result
     pytest.fail(f"no task {name!r} in the run")
@@ -196,6 +197,12 @@ def test_playbook_installs_configures_and_enables_idempotently(
     # enabled offline, never started: the live path is skipped for a systemd root that is
     # not / and on a machine whose PID 1 is not systemd
     pid1 = Path("/proc/1/comm").read_text().strip()
+    # the role's test of "systemd runs this host" is ansible's service_mgr fact, from PID 1
+    facts = _task(first, "Gathering Facts", role=False)["ansible_facts"]
+    assert (facts["ansible_service_mgr"] == "systemd") == (pid1 == "systemd"), (pid1, facts)
+    assert (
+        "installed and enabled, not started" in _task(first, "Say why nothing was started")["msg"]
+    )
     assert _task(first, "Enable and start the services (systemd runs this host)").get("skipped")
     offline = _task(first, "Enable the services offline (systemd does not run this host; nothing "
                     "is started)")  # fmt: skip
