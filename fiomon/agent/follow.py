@@ -83,6 +83,7 @@ import numpy as np
 from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
+from fiomon.agent.treeglob import TreeGlob, is_recursive
 from fiomon.fio.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
 from fiomon.fio.decode import container, fio_log_store
 from fiomon.fio.fiojson import JsonStatusParser
@@ -230,6 +231,9 @@ class _Pattern:
     warned: bool = False
     folder_mtime: int | None = None  # of its folder at the last scan (None: always scan)
     paths: list[str] = field(default_factory=list)
+    tree: TreeGlob | None = None  # a recursive (``**``) pattern's cached tree
+    truncated: bool = False  # its tree was larger than a scan visits (reported once)
+    tree_due: float = 0.0  # perf_counter time of its next scan (big trees: at most 10 % busy)
 
 
 class Follower:
@@ -298,7 +302,9 @@ class Follower:
         self._closed: dict[str, _Closed] = {
             s: _Closed(r, r.acked_seq, replay=True, seen_at=now) for s, r in state.streams.items()
         }
-        self._patterns = [_Pattern(p, now) for p in patterns]
+        self._patterns = [
+            _Pattern(p, now, tree=TreeGlob(p) if is_recursive(p) else None) for p in patterns
+        ]
         self._rescan_at = 0.0
         self._waiting_logged = False
         self.changes = 0  # bumped whenever what :meth:`state` returns may have changed
@@ -488,6 +494,10 @@ class Follower:
         full = now >= self._rescan_at
         changed = full or self.stats.files_waiting > 0 or bool(self._open_failed)
         for pat in self._patterns:
+            if pat.tree is not None:
+                # one stat per folder of the tree; listings only of folders that changed
+                changed = self._refresh_tree(pat, pat.tree) or changed
+                continue
             folder = os.path.dirname(pat.pattern) or "."
             if any(c in folder for c in "*?["):
                 changed = True  # no cache for wildcard folders
@@ -506,7 +516,8 @@ class Follower:
         found: dict[str, os.stat_result] = {}
         for pat in self._patterns:
             n = 0
-            for path in glob.glob(pat.pattern):
+            paths = pat.tree.paths if pat.tree is not None else glob.glob(pat.pattern)
+            for path in paths:
                 if self._exclude and os.path.realpath(path).startswith(self._exclude):
                     continue
                 try:
@@ -524,6 +535,26 @@ class Follower:
         self.stats.patterns_idle = sum(p.warned for p in self._patterns)
         return found
 
+    def _refresh_tree(self, pat: _Pattern, tree: TreeGlob) -> bool:
+        """Scan a recursive pattern's tree again; whether what it matches may have changed."""
+        start = time.perf_counter()
+        if start < pat.tree_due:
+            return False
+        changed = tree.refresh()
+        # A tree whose scan takes T is scanned again after 9 T at the earliest: one core
+        # spends at most a tenth of its time on it (20 000 folders: ~100 ms, so every ~1 s).
+        pat.tree_due = start + 10 * (time.perf_counter() - start)
+        if tree.truncated and not pat.truncated:
+            log.warning(
+                "watch pattern %r: the tree under %s has more than %d folders; the rest are "
+                "not scanned (narrow the pattern)",
+                pat.pattern,
+                tree.root,
+                tree.max_folders,
+            )
+        pat.truncated = tree.truncated
+        return changed
+
     def _note_matches(self, pat: _Pattern, n: int, now: float) -> None:
         """Report once when a pattern has matched nothing for ``pattern_idle_s``."""
         if n:
@@ -532,8 +563,8 @@ class Follower:
             pat.matched_at, pat.warned = now, False
         elif not pat.warned and now - pat.matched_at >= self.pattern_idle_s:
             pat.warned = True
-            folder = os.path.dirname(pat.pattern) or "."
-            exists = any(c in folder for c in "*?[") or os.path.isdir(folder)
+            folder = pat.tree.root if pat.tree else os.path.dirname(pat.pattern) or "."
+            exists = (pat.tree is None and any(c in folder for c in "*?[")) or os.path.isdir(folder)
             why = "" if exists else f" (folder {folder} does not exist)"
             log.warning(
                 "watch pattern %r has matched no file for %.0f s%s",
