@@ -107,7 +107,7 @@ def _writer(
     if opts.fmt == "jsonl":
         return JsonlWriter(out)
     if opts.fmt == "csv":
-        return CsvWriter(out, q.percentiles, spans=spans)
+        return CsvWriter(out, q.percentiles, spans=spans, relative=relative)
     if opts.fmt == "fiologparser":
         return FiologparserWriter(
             out, q.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
