@@ -182,6 +182,7 @@ class _Stream:
     held: list[RecordBatch] = field(default_factory=list)  # a hist log's, while undecided
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
+    run: str | None = None  # its run label, set when it first publishes
 
     def declaration(self) -> Declaration | None:
         if isinstance(self.parser, JsonStatusParser):
@@ -257,6 +258,8 @@ class Follower:
         wall_s: wall-clock epoch seconds (generation numbers, rename grace across restarts).
         exclude: folders whose files are never followed (the agent's own state directory,
             should a pattern reach into it).
+        run: every message's run label (``{dir}``: the followed file's folder name when
+            it first publishes), or None for none.
     """
 
     def __init__(
@@ -275,8 +278,10 @@ class Follower:
         clock: Callable[[], float] = time.monotonic,
         wall_s: Callable[[], float] = time.time,
         exclude: tuple[str, ...] = (),
+        run: str | None = None,
     ) -> None:
         self.patterns = patterns
+        self.run = run
         self._refused: set[str] = set()
         self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
         self.agent = agent
@@ -1367,7 +1372,13 @@ class Follower:
             self.stats.records_skipped_replay += int((~keep).sum())
             batch = batch.select(keep)
             first = s.skip_below
-        yield from self._messages(s.stream, first, batch)
+        yield from self._messages(s.stream, first, batch, self._run_of(s))
+
+    def _run_of(self, s: _Stream) -> str | None:
+        """The stream's run label: the template with ``{dir}`` filled from its path, once."""
+        if self.run is not None and s.run is None:
+            s.run = wire_id(self.run.replace("{dir}", os.path.basename(os.path.dirname(s.path))))
+        return s.run
 
     def _retire(self, stream: str) -> None:
         """``stream``'s lineage ended: its id is never given to other content (this run)."""
@@ -1418,10 +1429,12 @@ class Follower:
         self._heads = None  # it listed the provisional id
         self.changes += 1
 
-    def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
+    def _messages(
+        self, stream: str, first: int, batch: RecordBatch, run: str | None = None
+    ) -> Iterator[Outgoing]:
         """``batch`` as messages under the size cap, records in order (the wire sizes them)."""
         cap = self.max_message_bytes - PACKET_OVERHEAD
-        for part in split(self.agent, stream, first, batch, cap):
+        for part in split(self.agent, stream, first, batch, cap, run=run):
             yield Outgoing(stream, part.first_seq, part.records, part.payload)
 
     # -- state -----------------------------------------------------------------------------

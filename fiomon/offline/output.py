@@ -9,6 +9,7 @@ run in memory.
   ``end_s``, seconds since the job started, for logs without ``log_unix_epoch``), latencies
   in ms with ns resolution (``min_ms``, ``mean_ms``, ``p99_ms``, ..., ``max_ms``).
   Saturated percentiles hold their lower bound and are listed in the ``saturated`` column.
+  ``runs`` holds the row's run labels, ``;``-separated (empty: none).
   The confidence bounds come last (``p99_low_ms``, ``p99_high_ms``, ...; empty where the
   data bound no side), so the columns before them keep their places. ``jsonl`` keeps the
   exact integers (epoch ms, ns).
@@ -19,7 +20,8 @@ run in memory.
 * ``table``: aligned columns; each latency carries its own unit, chosen for its size with
   3 significant digits (``850ns``, ``63.6us``, ``1.07ms``, ``2.41s``, as ``fiomon summary``
   writes them), so a run whose p99 goes from µs to seconds stays readable;
-  a saturated percentile is shown as ``>`` its lower bound. With ``ci_level``, each
+  a saturated percentile is shown as ``>`` its lower bound. A ``# run: NAME`` line comes
+  before the first row and whenever the rows' runs change. With ``ci_level``, each
   percentile is followed by its confidence interval ``[low, high]`` at that level (``?``:
   the data bound no side). With ``spans`` (``--target-error``), a ``span`` column gives each
   row's length, ``*`` marking one that did not reach the target.
@@ -136,6 +138,7 @@ class CsvWriter:
                 "saturated",
                 "streams",
                 "late_records",
+                "runs",
                 *[f"p{k}_{side}_ms" for k in self.keys for side in ("low", "high")],
                 *(["target_met"] if spans else []),
             ]
@@ -163,6 +166,7 @@ class CsvWriter:
                     ";".join(j["saturated"]),
                     j["streams"],
                     j["late_records"],
+                    ";".join(r.runs),
                     *[ms(x) for k in self.keys for x in ci.get(k, (None, None))],
                     *([int(bool(r.target_met))] if self.spans else []),
                 ]
@@ -251,6 +255,7 @@ class TableWriter:
         self.started = False
         self.saturated_seen = False
         self._last_date = ""
+        self._last_runs: tuple[str, ...] = ()
 
     def _header(self) -> None:
         cols = [
@@ -301,6 +306,9 @@ class TableWriter:
             if not self.started:
                 self.started = True
                 self._header()
+            if r.runs != self._last_runs:
+                self._last_runs = r.runs
+                self.out.write(f"# run: {', '.join(r.runs) or '(none)'}\n")
             self.out.write(self._line(r) + "\n")
 
     def _line(self, r: ClosedQuantum) -> str:

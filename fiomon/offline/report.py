@@ -204,6 +204,8 @@ def _report_rows(
     got, rows = resolve_rows(paths, opts.rows or file_selection(quanta))
     for warning in got.warnings:
         err.write(f"fiomon: warning: {warning}\n")
+    if quanta.run is not None:  # --run: only the rows that hold records of that run
+        rows = [f for f in rows if quanta.run in f.row.runs]
     if opts.rows is not None and opts.rows.percentiles is None:
         quanta = dataclasses.replace(quanta, percentiles=tuple(map(float, got.percentiles)))
     summary = ReportSummary(
