@@ -102,3 +102,31 @@ def test_table_latencies_scale_with_each_value(tmp_path: Path) -> None:
     assert p50.endswith("us")
     assert p99.endswith("s") and not p99.endswith(("us", "ms", "ns"))
     assert 2.4 <= float(p99[:-1]) <= 2.7
+
+
+def test_run_labels_the_rows_of_fio_output_in_every_format() -> None:
+    j = fiomon("report", "--format", "jsonl", "--run", "nightly-42", str(HIST))
+    assert j.returncode == 0, j.stderr
+    assert {tuple(json.loads(x)["runs"]) for x in j.stdout.splitlines()} == {("nightly-42",)}
+    c = fiomon("report", "--format", "csv", "--run", "nightly-42", str(HIST))
+    assert {row["runs"] for row in csv.DictReader(io.StringIO(c.stdout))} == {"nightly-42"}
+    t = fiomon("report", "--run", "nightly-42", str(HIST))
+    assert t.stdout.splitlines()[2] == "# run: nightly-42"
+    plain = fiomon("report", "--format", "csv", str(HIST))
+    assert {row["runs"] for row in csv.DictReader(io.StringIO(plain.stdout))} == {""}
+    bad = fiomon("report", "--run", "", str(HIST))
+    assert bad.returncode == 2
+    assert "run label" in bad.stderr
+
+
+def test_fiomon_fio_name_is_one_folder_name(tmp_path: Path) -> None:
+    from fiomon.tools.runfio import run_folder  # noqa: PLC0415
+
+    assert run_folder(tmp_path, None) == tmp_path
+    assert run_folder(tmp_path, "nightly-42") == tmp_path / "nightly-42"
+    for bad in ("", "..", "a/b"):
+        with pytest.raises(ValueError, match="one folder name"):
+            run_folder(tmp_path, bad)
+    r = fiomon("fio", "--name", "a/b", "--output-dir", tmp_path, "--", "job.fio")
+    assert r.returncode == 2
+    assert "--name must be one folder name" in r.stderr
