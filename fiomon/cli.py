@@ -398,6 +398,13 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
     return p
 
 
+def _run_name(text: str) -> str:
+    if not text.strip() or len(text.encode("utf-8")) > 512:
+        msg = f"a run label is 1..512 bytes, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return text
+
+
 def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None:
     """The options of ``report`` (``plot`` takes the same, minus ``--format`` and ``--ci``)."""
     _add_input_options(p)
@@ -415,6 +422,14 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         "(multiples of the quantum) or an offset such as 250ms",
     )
     _add_percentiles(p, DEFAULT_PERCENTILES, more="; a quanta file's: those it holds")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="NAME",
+        type=_run_name,
+        help="the run label: fio output's rows carry it (runs in jsonl and csv); of a quanta "
+        "file only the rows that hold records of run NAME are shown",
+    )
     p.add_argument(
         "--per-host",
         action="store_true",
@@ -626,6 +641,13 @@ def _add_fio(sub: SubParsers) -> argparse.ArgumentParser:
         help="where fio writes its status stream and hist logs (default: here)",
     )
     p.add_argument(
+        "--name",
+        default=None,
+        metavar="NAME",
+        help='the run\'s name: its files go to DIR/NAME/, and an agent with run: "{dir}" '
+        "labels its records NAME (rows' runs, fiomon_run_info)",
+    )
+    p.add_argument(
         "--quantum",
         type=_duration("--quantum", minimum="0ms"),
         default=FIO_QUANTUM,
@@ -783,6 +805,7 @@ def _report_options(
         max_span_ms=args.max_span,
         source=source,
         workers=args.jobs,
+        run=args.run,
     )
     return opts, view, logs
 
@@ -973,7 +996,9 @@ def _fio(args: argparse.Namespace) -> int:
     from fiomon.tools.runfio import run_fio  # noqa: PLC0415
 
     fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
-    return run_fio(fio_args, output_dir=args.output_dir, quantum_ms=max(1, args.quantum))
+    return run_fio(
+        fio_args, output_dir=args.output_dir, quantum_ms=max(1, args.quantum), name=args.name
+    )
 
 
 def _version(args: argparse.Namespace) -> int:

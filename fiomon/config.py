@@ -113,6 +113,10 @@ class AgentConfig:
         cell: the cell this host publishes to, when the file lists ``cells`` (named by
             ``cell:`` or picked by :func:`fiomon.cells.assign_cell`); ``broker`` and
             ``topic_prefix`` are then that cell's. None: no cells listed.
+        run: the run label of every record (rows and metrics name the runs they hold);
+            ``{dir}`` in it is the followed file's folder name (``run: "{dir}"`` with
+            ``watch: [results/**/*.json]`` labels each run folder's records). None: no
+            label (messages exactly as before run labels existed).
     """
 
     watch: tuple[str, ...]
@@ -131,6 +135,7 @@ class AgentConfig:
     max_document_bytes: int = 32 * 1024**2
     rename_grace_ms: int = 60_000
     cell: str | None = None
+    run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +566,18 @@ def _globs(value: object, where: str) -> tuple[str, ...]:
     return tuple(str(Path(g).expanduser()) for g in items)
 
 
+def _run_label(value: object, where: str) -> str:
+    text = _str(value, where)
+    rest = text.replace("{dir}", "")
+    if not text.strip() or len(text.encode("utf-8")) > 512 or "{" in rest or "}" in rest:
+        msg = (
+            f"{where}: expected a run label of 1..512 bytes (the only placeholder is {{dir}}, "
+            f"the followed file's folder name), got {value!r}"
+        )
+        raise ConfigError([msg])
+    return text
+
+
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -697,6 +714,7 @@ _AGENT_KEYS: Table = {
     "max_document_size": ("max_document_bytes", _size(1024**2)),
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
+    "run": ("run", _run_label),
 }
 _AGENT_SECTIONS = ("broker", "cells")
 

@@ -58,10 +58,13 @@ class StreamInfo:
         host: host (agent) label; ``""`` when the report runs without per-host scope.
         stream: identifier unique within the host (file path, plus job and restart number
             for json+ streams).
+        run: the run label its records belong to (the agent's ``run``, a message's run
+            label on the wire), or None: closed rows name the runs of what they merged.
     """
 
     host: str
     stream: str
+    run: str | None = None
 
 
 def _empty_i64() -> npt.NDArray[np.int64]:

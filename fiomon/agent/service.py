@@ -102,6 +102,7 @@ class Agent:
             max_document_bytes=cfg.max_document_bytes,
             rename_grace_s=cfg.rename_grace_ms / 1000,
             exclude=(str(cfg.state_dir),),
+            run=cfg.run,
         )
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}

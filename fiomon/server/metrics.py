@@ -137,6 +137,14 @@ THROUGHPUT = (
     ("direction",),
 )
 
+# Run identity (issue 26): the run labels of the newest closed quantum's cluster rows (the
+# agents' ``run``). Few at a time, and withdrawn when idle, like the percentiles.
+RUN_INFO = (
+    "fiomon_run_info",
+    "Always 1; a run (agents' run label) with I/Os in the last closed quantum.",
+    ("run",),
+)
+
 # Completeness (issue 24), fed from the rows by the Publisher, so the aggregator and the
 # root export them alike. A quantum is incomplete when a host the aggregator expected
 # sent nothing for it, or a cell the root expected is missing from it.
@@ -383,6 +391,7 @@ class QuantumGauges:
     delay_sum_s: float = 0.0
     incomplete: int = 0  # quanta closed with a row saying complete: false
     complete: bool | None = None  # whether the last closed quantum was complete
+    runs: tuple[str, ...] = ()  # run labels of the last closed quantum's cluster rows
 
     def observe(
         self,
@@ -415,6 +424,7 @@ class QuantumGauges:
         self.incomplete += len(partial)
         self.complete = last not in partial
         t = self._tables([r for r in rows if r.end_ms == last])
+        self.runs = _runs(r for r in rows if r.end_ms == last)
         self.cluster, self.hosts, self.iops, self.throughput = t.cluster, t.hosts, t.iops, t.put
         self.ci_lower, self.ci_upper = t.ci_lower, t.ci_upper
         if t.saturated:
@@ -456,6 +466,7 @@ class QuantumGauges:
         cluster = [r for r in mine if r.scope == "cluster"]
         if cluster:
             self.complete = all(r.complete for r in cluster)
+            self.runs = tuple(sorted({*self.runs, *_runs(cluster)}))
 
     def _tables(self, rows: list[ClosedQuantum]) -> _Tables:
         """The gauges' tables of one quantum's rows (seconds; labels as exported)."""
@@ -496,6 +507,11 @@ class _Tables:
     put: Table = field(default_factory=dict)  # throughput, bytes per second
     ci_lower: Table = field(default_factory=dict)
     ci_upper: Table = field(default_factory=dict)
+
+
+def _runs(rows: Iterable[ClosedQuantum]) -> tuple[str, ...]:
+    """The sorted run labels of the cluster rows among ``rows``."""
+    return tuple(sorted({run for r in rows if r.scope == "cluster" for run in r.runs}))
 
 
 def _with_zeros(counts: Mapping[str, int], keys: Iterable[str] | Table) -> Table:
@@ -630,6 +646,8 @@ def build_snapshot(
         gauges_out[SATURATED] = dict(gauges.saturated)
         gauges_out[IOPS] = dict(gauges.iops)
         gauges_out[THROUGHPUT] = dict(gauges.throughput)
+        if gauges.runs:
+            gauges_out[RUN_INFO] = {(run,): 1.0 for run in gauges.runs}
         if gauges.ci_lower or gauges.ci_upper:
             gauges_out[CI_LOWER] = dict(gauges.ci_lower)
             gauges_out[CI_UPPER] = dict(gauges.ci_upper)
