@@ -73,6 +73,8 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
+from fiomon.palette import percentile_colours
+from fiomon.units import format_latency_ns
 
 RECENT_MS = 5000  # each snapshot carries the quanta that closed over about this long
 MAX_RECENT = 16
@@ -204,6 +206,8 @@ class LiveFeed:
             {
                 "percentiles": [pct_key(q) for q in self.percentiles],
                 "sla_ns": sorted({r.threshold_ns for r in self.rules}),
+                "sla": [sla_line(r) for r in self.rules],
+                "colours": percentile_colours(self.percentiles),
                 "quantum_ms": self.quantum_ms,
                 "window_s": self.window_s,
                 "host_window_s": self.host_window_s,
@@ -253,6 +257,19 @@ class LiveFeed:
             self.host_window_s,
             self._revised_tuple,
         )
+
+
+def sla_line(rule: SlaRule) -> dict[str, object]:
+    """How the page draws a rule: on its direction's chart, labelled "SLA p99 write 5 ms"."""
+    label = f"SLA p{pct_key(rule.percentile)} {rule.direction} {format_latency_ns(rule.threshold_ns)}"
+    return {
+        "rule": rule.name,
+        "direction": rule.direction,
+        "percentile": pct_key(rule.percentile),
+        "threshold_ns": rule.threshold_ns,
+        "scope": rule.scope,
+        "label": label + (" (each host)" if rule.scope == "host" else ""),
+    }
 
 
 def _encode_revised(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> tuple[Revised, ...]:

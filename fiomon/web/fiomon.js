@@ -13,8 +13,9 @@
   "use strict";
 
   var DIRS = ["read", "write", "trim", "mixed", "all"];  // mixed: unified_rw_reporting
-  // Percentile line colours; each confidence band takes its line's colour, translucent.
-  var PALETTE = ["#5470c6", "#91cc75", "#fac858", "#ee6666", "#73c0de", "#3ba272", "#fc8452", "#9a60b4"];
+  // Colours come from fiomon/palette.py through the page's config (and, live, the API's
+  // meta): one colour per percentile wherever fiomon draws it. These are fallbacks only.
+  var COLOURS = { sla: "#000000", mean: "#555555", saturated: "#b00020", percentiles: {} };
   var BANDS = "confidence bands";
   var GROUP = "fiomon-time";
 
@@ -50,6 +51,9 @@
           host: s.host, direction: s.direction, samples: s.samples[i],
           percentiles_ns: pct, saturated: saturated,
         };
+        // Down-sampled: each pair of points is one group's min and max, the group's
+        // quanta contiguous or not (plotdata.py): never break a pair.
+        if (doc.downsampled > 1 && i % 2 === 1) r.joined = true;
         if (s.lo && s.hi) {
           var ci = {};
           keys.forEach(function (k) { ci[k] = [s.lo[k][i], s.hi[k][i]]; });
@@ -90,9 +94,56 @@
     };
   }
 
+  /* Whether quanta are missing between two neighbouring rows of one series: the line,
+     the band and the IOPS break there (an idle period is drawn as nothing, never as a
+     straight line between the quanta around it). */
+  function gapBetween(prev, r) {
+    return !r.joined && r.start_ms > prev.end_ms;
+  }
+
+  /* The points of one series: {ms, r} per row at its end; where quanta are missing, a
+     break ({ms, r: null}) and the next row also at its start, so a quantum after a gap
+     is drawn as a flat segment over its own span, not as an invisible lone point. */
+  function points(rows) {
+    var out = [];
+    rows.forEach(function (r, i) {
+      if (i > 0 && gapBetween(rows[i - 1], r)) {
+        out.push({ ms: (rows[i - 1].end_ms + r.start_ms) / 2, r: null });
+        out.push({ ms: r.start_ms, r: r });
+      }
+      out.push({ ms: r.end_ms, r: r });
+    });
+    return out;
+  }
+
+  /* Time columns of a heatmap: one per row, and one empty column (labelled with the
+     time missing) where quanta are missing, so an idle period is not hidden. */
+  function columns(self, rows) {
+    var out = [];
+    rows.forEach(function (r, i) {
+      if (i > 0 && gapBetween(rows[i - 1], r)) {
+        out.push({ label: "no data " + ((r.start_ms - rows[i - 1].end_ms) / 1000).toFixed(0) + " s", r: null });
+      }
+      out.push({ label: self.timeLabel(r.end_ms), r: r });
+    });
+    return out;
+  }
+
+  /* A latency in ns as "5 ms", "250 µs" (3 significant digits, no trailing zeros). */
+  function fmtShort(ns) {
+    var units = [[1e9, " s"], [1e6, " ms"], [1e3, " µs"], [1, " ns"]];
+    for (var i = 0; i < units.length; i++) {
+      if (ns >= units[i][0] || i === units.length - 1) return Number((ns / units[i][0]).toPrecision(3)) + units[i][1];
+    }
+    return String(ns);
+  }
+
   function Renderer(doc, meta) {
     this.doc = doc;
-    this.meta = meta; // {percentiles, sla_ns, relative, title}
+    // {percentiles, sla: [{direction (null: every chart), threshold_ns, label}],
+    //  colours: {sla, mean, saturated, percentiles: {key: colour}}, relative}
+    this.meta = meta;
+    this.colours = meta.colours || COLOURS;
     this.charts = {};
     this.container = doc.getElementById("charts");
     this.direction = null;
@@ -160,10 +211,10 @@
      where all four corners are known. A quantum with an unbounded side leaves a gap:
      the band never pretends to a bound the data does not give. All bands share one
      legend entry, which toggles them together. */
-  function bandSeries(self, k, rows, color) {
-    var data = rows.map(function (r) {
-      var ci = (r.percentiles_ci_ns || {})[k] || [null, null];
-      return [self.x(r.end_ms), posMs(ci[0]), posMs(ci[1])];
+  function bandSeries(self, k, pts, color) {
+    var data = pts.map(function (p) {
+      var ci = (p.r && p.r.percentiles_ci_ns || {})[k] || [null, null];
+      return [self.x(p.ms), posMs(ci[0]), posMs(ci[1])];
     });
     return {
       id: "band-" + k, name: BANDS, type: "custom", data: data, z: 1, silent: true,
@@ -185,27 +236,37 @@
 
   /* Percentile lines with their confidence bands and the mean of one direction, log
      latency axis, SLA lines. */
+  Renderer.prototype.colour = function (k) {
+    return (this.colours.percentiles || {})[k] || "#888888";
+  };
+
+  /* The SLA rules drawn on direction `d`'s chart: its own direction's only. */
+  Renderer.prototype.slaFor = function (d) {
+    return (this.meta.sla || []).filter(function (s) { return !s.direction || s.direction === d; });
+  };
+
   Renderer.prototype.latency = function (d, rows) {
     var self = this;
     var keys = this.meta.percentiles;
-    var series = keys.map(function (k, j) {
+    var pts = points(rows);
+    var ms = function (v) { return v === null || v === undefined ? null : v / 1e6; };
+    var series = keys.map(function (k) {
+      var colour = self.colour(k);
       return {
-        name: "p" + k, type: "line", showSymbol: false, sampling: "none",
-        itemStyle: { color: PALETTE[j % PALETTE.length] },
-        data: rows.map(function (r) {
-          var v = r.percentiles_ns[k];
-          return [self.x(r.end_ms), v === null || v === undefined ? null : v / 1e6];
-        }),
+        name: "p" + k, type: "line", showSymbol: false, sampling: "none", connectNulls: false,
+        color: colour, itemStyle: { color: colour }, lineStyle: { color: colour, width: 2 },
+        data: pts.map(function (p) { return [self.x(p.ms), p.r ? ms(p.r.percentiles_ns[k]) : null]; }),
       };
     });
     var withBands = rows.some(function (r) { return r.percentiles_ci_ns; });
-    var bands = withBands ? keys.map(function (k, j) {
-      return bandSeries(self, k, rows, PALETTE[j % PALETTE.length]);
+    var bands = withBands ? keys.map(function (k) {
+      return bandSeries(self, k, pts, self.colour(k));
     }) : [];
     series.push({
-      name: "mean", type: "line", showSymbol: false, lineStyle: { type: "dashed", width: 1.5 },
-      itemStyle: { color: "#333333" },
-      data: rows.map(function (r) { return [self.x(r.end_ms), r.mean_ns / 1e6]; }),
+      name: "mean", type: "line", showSymbol: false, connectNulls: false,
+      lineStyle: { type: "dashed", width: 1.5, color: this.colours.mean },
+      color: this.colours.mean, itemStyle: { color: this.colours.mean },
+      data: pts.map(function (p) { return [self.x(p.ms), p.r ? ms(p.r.mean_ns) : null]; }),
     });
     var sat = [];
     rows.forEach(function (r) {
@@ -215,7 +276,7 @@
     });
     series.push({
       name: "saturated (lower bound)", type: "scatter", symbol: "triangle", symbolSize: 10,
-      itemStyle: { color: "#b00020" }, data: sat,
+      itemStyle: { color: this.colours.saturated }, data: sat,
     });
     // Quanta that lack a host or cell that was expected (complete: false): a hollow
     // point on the highest percentile, named by what is missing.
@@ -229,14 +290,24 @@
                  name: missingText(r) };
       }),
     });
-    if (this.meta.sla_ns.length) {
-      series[0].markLine = {
-        symbol: "none", silent: true, lineStyle: { color: "#b00020", type: "solid", width: 1.5 },
-        label: { formatter: "SLA {c} ms", position: "insideEndTop" },
-        data: this.meta.sla_ns.map(function (ns) { return { yAxis: ns / 1e6 }; }),
-      };
+    // SLA thresholds of this direction's rules: black, dashed, labelled, on a series of
+    // their own (its legend entry hides them); the axis reaches up to them.
+    var sla = this.slaFor(d);
+    var slaTop = 0;
+    if (sla.length) {
+      series.push({
+        name: "SLA", type: "line", data: [], color: this.colours.sla,
+        markLine: {
+          symbol: "none", silent: true, animation: false,
+          lineStyle: { color: this.colours.sla, type: "dashed", width: 1.5 },
+          label: { position: "insideEndTop", color: this.colours.sla },
+          data: sla.map(function (s) {
+            slaTop = Math.max(slaTop, s.threshold_ns / 1e6);
+            return { yAxis: s.threshold_ns / 1e6, name: s.label, label: { formatter: s.label } };
+          }),
+        },
+      });
     }
-    // Bands last in the list (lines keep their index: series[0] holds the SLA lines).
     series = series.concat(bands);
     var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
     c.group = GROUP;
@@ -249,7 +320,10 @@
       legend: { top: 0 },
       grid: { left: 64, right: 40, top: 36, bottom: 50 },
       xAxis: this.timeAxis(),
-      yAxis: { type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" } },
+      yAxis: {
+        type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" },
+        max: slaTop ? function (v) { return Math.max(v.max, slaTop * 1.5); } : null,
+      },
       dataZoom: this.zoom(),
       toolbox: { feature: { dataZoom: { yAxisIndex: "none" }, restore: {}, saveAsImage: {} } },
       series: series,
@@ -260,17 +334,20 @@
   Renderer.prototype.throughput = function (m) {
     var self = this;
     var series = [];
+    // Missing quanta break the lines (a quantum with no I/O is a row with 0 IOPS).
     m.directions.forEach(function (d) {
-      var rows = m.cluster[d];
+      var pts = points(m.cluster[d]);
+      var val = function (v) { return v === null || v === undefined ? null : v; };
       series.push({
-        name: "IOPS " + d, type: "line", showSymbol: false, yAxisIndex: 0,
-        data: rows.map(function (r) { return [self.x(r.end_ms), r.iops]; }),
+        name: "IOPS " + d, type: "line", showSymbol: false, yAxisIndex: 0, connectNulls: false,
+        data: pts.map(function (p) { return [self.x(p.ms), p.r ? val(p.r.iops) : null]; }),
       });
       series.push({
-        name: "MB/s " + d, type: "line", showSymbol: false, yAxisIndex: 1,
+        name: "MB/s " + d, type: "line", showSymbol: false, yAxisIndex: 1, connectNulls: false,
         lineStyle: { type: "dotted" },
-        data: rows.map(function (r) {
-          return [self.x(r.end_ms), r.bytes_per_second === null ? null : r.bytes_per_second / 1e6];
+        data: pts.map(function (p) {
+          var b = p.r ? val(p.r.bytes_per_second) : null;
+          return [self.x(p.ms), b === null ? null : b / 1e6];
         }),
       });
     });
@@ -326,10 +403,11 @@
     if (!isFinite(k0)) return;
     var ys = [];
     for (var k = k0; k <= k1; k++) ys.push("≥ " + fmtNs(bucketEdgeNs(k)));
-    var xs = [], data = [];
-    rows.forEach(function (r, i) {
-      xs.push(self.timeLabel(r.end_ms));
-      if (!r.heat) return;
+    var cols = columns(self, rows);
+    var xs = cols.map(function (c) { return c.label; }), data = [];
+    cols.forEach(function (c, i) {
+      var r = c.r;
+      if (!r || !r.heat) return;
       r.heat.counts.forEach(function (n, j) {
         if (n > 0) data.push([i, r.heat.k0 + j - k0, Math.log10(n)]);
       });
@@ -344,10 +422,13 @@
   Renderer.prototype.surface = function (d, rows) {
     var self = this;
     var keys = this.meta.percentiles;
-    var xs = rows.map(function (r) { return self.timeLabel(r.end_ms); });
+    var cols = columns(self, rows);
+    var xs = cols.map(function (c) { return c.label; });
     var ys = keys.map(function (k) { return "p" + k; });
     var data = [];
-    rows.forEach(function (r, i) {
+    cols.forEach(function (c, i) {
+      var r = c.r;
+      if (!r) return;
       keys.forEach(function (k, j) {
         var v = r.percentiles_ns[k];
         if (v > 0) data.push([i, j, Math.log10(v / 1e6)]);
@@ -489,12 +570,25 @@
     this.doc.body.setAttribute("data-state", JSON.stringify(state));
   };
 
+  /* The page config's colours (fiomon/palette.py), with the live meta's percentile
+     colours (the aggregator's percentiles are known only to the API). */
+  function coloursOf(cfg, meta) {
+    var c = cfg.colours || COLOURS;
+    var pct = Object.assign({}, c.percentiles || {}, (meta && meta.colours) || {});
+    return { sla: c.sla, mean: c.mean, saturated: c.saturated, percentiles: pct };
+  }
+
   function info(doc, text) { doc.getElementById("info").textContent = text; }
 
   /* Offline: draw the embedded document once. */
-  function drawOffline(doc, data) {
+  function drawOffline(doc, data, cfg) {
+    // `fiomon plot --sla 5ms` names a threshold, not a rule: drawn on every chart.
+    var sla = (data.sla_ns || []).map(function (ns) {
+      return { direction: null, threshold_ns: ns, label: "SLA " + fmtShort(ns) };
+    });
     var r = new Renderer(doc, {
-      percentiles: data.percentiles, sla_ns: data.sla_ns, relative: data.relative,
+      percentiles: data.percentiles, sla: sla, relative: data.relative,
+      colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);
     var when = data.relative ? "times in s since the earliest record"
@@ -570,7 +664,12 @@
         .then(function (resp) { return resp.json(); })
         .then(function (body) {
           var meta = body.meta;
-          if (!r) r = new Renderer(doc, { percentiles: meta.percentiles, sla_ns: meta.sla_ns, relative: false });
+          if (!r) {
+            r = new Renderer(doc, {
+              percentiles: meta.percentiles, sla: meta.sla || [], relative: false,
+              colours: coloursOf(cfg, meta),
+            });
+          }
           var news = 0;
           // A count that went back: the server restarted (and forgot what it counted);
           // the next poll asks for everything again.
@@ -612,7 +711,7 @@
       return;
     }
     var data = JSON.parse(doc.getElementById("fiomon-data").textContent);
-    drawOffline(doc, data);
+    drawOffline(doc, data, cfg);
   }
 
   global.fiomon = { main: main, unpack: unpack, model: model, Renderer: Renderer, bucketEdgeNs: bucketEdgeNs };
