@@ -261,7 +261,8 @@ class LiveFeed:
 
 def sla_line(rule: SlaRule) -> dict[str, object]:
     """How the page draws a rule: on its direction's chart, labelled "SLA p99 write 5 ms"."""
-    label = f"SLA p{pct_key(rule.percentile)} {rule.direction} {format_latency_ns(rule.threshold_ns)}"
+    limit = format_latency_ns(rule.threshold_ns)
+    label = f"SLA p{pct_key(rule.percentile)} {rule.direction} {limit}"
     return {
         "rule": rule.name,
         "direction": rule.direction,
