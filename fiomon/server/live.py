@@ -63,9 +63,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
+import re
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fiomon.bins import BinLayout
@@ -74,7 +78,10 @@ from fiomon.config import SlaRule
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
 from fiomon.palette import percentile_colours
+from fiomon.server.quantafile import raw_lines_backwards
 from fiomon.units import format_latency_ns
+
+log = logging.getLogger("fiomon.aggregator")
 
 RECENT_MS = 5000  # each snapshot carries the quanta that closed over about this long
 MAX_RECENT = 16
@@ -104,6 +111,8 @@ class LiveView:
         host_window_s: the same for host rows.
         revised: ``(end_ms, rows)`` of the newest publications after a first close
             (revisions and keys first published late), each row on its own.
+        history: the quanta file and its rotated ones, newest first (empty: none): the
+            store reads the page's window from them once, when it starts.
     """
 
     recent: tuple[tuple[int, bytes, bytes], ...]
@@ -112,6 +121,7 @@ class LiveView:
     window_s: int = DEFAULT_WINDOW_S
     host_window_s: int = DEFAULT_HOST_WINDOW_S
     revised: tuple[tuple[int, tuple[Revised, ...]], ...] = ()
+    history: tuple[str, ...] = ()
 
 
 def encode_rows(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> tuple[bytes, bytes]:
@@ -197,6 +207,10 @@ class LiveFeed:
         self._revised: deque[tuple[int, tuple[Revised, ...]]] = deque()
         self._revised_calls: deque[int] = deque(maxlen=keep)
         self._revised_tuple: tuple[tuple[int, tuple[Revised, ...]], ...] = ()
+        # The quanta file and its rotated ones (set once the aggregator opened it): a
+        # store that starts (the /metrics child, after an aggregator restart or its own)
+        # fills the page's window from them.
+        self.history: tuple[str, ...] = ()
         self.set_rules(rules)
 
     def set_rules(self, rules: Sequence[SlaRule]) -> None:
@@ -256,6 +270,7 @@ class LiveFeed:
             self.window_s,
             self.host_window_s,
             self._revised_tuple,
+            self.history,
         )
 
 
@@ -288,6 +303,10 @@ def _encode_revised(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> 
     return tuple(out)
 
 
+_ORDER = {"firing": 0, "pending": 1}  # loud states, worst first
+MAX_SLA_LINES = 20  # per-host states listed per rule
+
+
 def status_of(
     *,
     now_ms: int,
@@ -297,8 +316,18 @@ def status_of(
     lost: int,
     rules: Sequence[SlaRule],
     alerts: Sequence[dict[str, object]],
+    silent: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The ``status`` object: counters and every rule's state (``inactive`` if unseen)."""
+    """The ``status`` object: counters, every rule's state, the newest quantum's silent hosts.
+
+    ``silent_hosts``: the hosts the newest quantum closed without (``silent``).
+
+    A cluster rule is one line (``host`` null). A per-host rule lists its loud hosts
+    (firing, then pending; the highest value first; at most :data:`MAX_SLA_LINES`, with
+    ``more`` counting the rest), or, when none is loud, one line with ``host`` null:
+    a quiet rule is about every host, so it names none (``resolved`` if a host's alert
+    resolved, else ``inactive``).
+    """
     by_rule: dict[str, list[dict[str, object]]] = {}
     for a in alerts:
         by_rule.setdefault(str(a["rule"]), []).append(a)
@@ -310,13 +339,25 @@ def status_of(
             "percentile": pct_key(rule.percentile),
             "threshold_ns": rule.threshold_ns,
         }
-        seen = by_rule.get(rule.name) or [{"host": None, "state": "inactive", "value_ns": None}]
-        # Per-host rules: the page lists the hosts that are not quiet, else one line.
-        loud = [a for a in seen if a.get("state") not in ("inactive", "resolved")]
-        for a in (loud or seen[:1])[:20]:
-            sla.append(
-                {**common, "host": a.get("host"), "state": a["state"], "value_ns": a["value_ns"]}
-            )
+        seen = by_rule.get(rule.name, [])
+        loud = sorted(
+            (a for a in seen if a.get("state") in _ORDER),
+            key=lambda a: (_ORDER[str(a["state"])], -_value(a.get("value_ns"))),
+        )
+        if loud:
+            for a in loud[:MAX_SLA_LINES]:
+                line = {**common, "host": a.get("host"), "state": a["state"]}
+                sla.append({**line, "value_ns": a.get("value_ns")})
+            if len(loud) > MAX_SLA_LINES:
+                sla[-1]["more"] = len(loud) - MAX_SLA_LINES
+            continue
+        if rule.scope != "host" and seen:
+            a = seen[0]
+            sla.append({**common, "host": None, "state": a["state"], "value_ns": a["value_ns"]})
+            continue
+        resolved = any(a.get("state") == "resolved" for a in seen)
+        state = "resolved" if resolved else "inactive"
+        sla.append({**common, "host": None, "state": state, "value_ns": None})
     return {
         "time_ms": now_ms,
         "hosts_up": hosts_up,
@@ -324,8 +365,14 @@ def status_of(
         "late_records": late,
         "lost_records": lost,
         "host_rows_cap": MAX_LIVE_HOSTS,
+        "silent_hosts": sorted(silent)[:MAX_SLA_LINES],
+        "silent_count": len(silent),
         "sla": sla,
     }
+
+
+def _value(v: object) -> float:
+    return float(v) if isinstance(v, int | float) else float("-inf")
 
 
 @dataclass(slots=True)
@@ -362,10 +409,58 @@ class LiveStore:
         self._host_from = 0  # index of the oldest quantum that still has host rows
         self._view: LiveView | None = None
         self.revised = 0  # revisions taken, ever (the API's ``revised``)
+        # The window read back from the quanta file, once, on a thread of its own.
+        self._history: list[tuple[int, bytes, bytes]] | None = None
+        self._history_done = threading.Event()
+        self._history_thread: threading.Thread | None = None
+        self.restored = 0  # quanta taken from the quanta file
+
+    def _start_history(self, view: LiveView) -> None:
+        """Read the page's window from the quanta file, once, off this process's loop."""
+        if self._history_thread is not None or not view.history:
+            return
+
+        def load() -> None:
+            try:
+                self._history = read_history(
+                    view.history, view.window_s, view.host_window_s, self.max_bytes
+                )
+            except Exception:  # a bug in reading: the page starts empty, as before
+                log.exception("cannot read the live page's window from the quanta file")
+                self._history = []
+            self._history_done.set()
+
+        self._history_thread = threading.Thread(target=load, name="fiomon.history", daemon=True)
+        self._history_thread.start()
+
+    def wait_history(self, timeout_s: float) -> bool:
+        """Wait until the quanta file was read (True), and take what it held."""
+        ok = self._history_done.wait(timeout_s)
+        self._take_history()
+        return ok
+
+    def _take_history(self) -> None:
+        """Put the quanta read from the file where the store has none (views are newer)."""
+        if self._history is None or not self._history_done.is_set():
+            return
+        got, self._history = self._history, None
+        taken = False
+        for end, cluster, host in got:
+            if end in self._rows:
+                continue
+            if not taken:
+                self.revised += 1  # a page that polls with ``revised`` asks for them
+                taken = True
+            q = _Quantum(cluster, host, revised_no=self.revised)
+            self._insert(end, q)
+            self.restored += 1
+        if taken:
+            self._trim()
 
     def merge(self, view: LiveView) -> None:
         """Take a view's newest quanta and revisions (replacing what was seen before), trim."""
         self._view = view
+        self._start_history(view)
         for end, cluster, host in view.recent:
             q = self._rows.get(end)
             if q is None:
@@ -380,7 +475,13 @@ class LiveStore:
                 self._rebuild(q)
         for end, rows in view.revised:
             self._revise(end, rows, view.window_s)
-        if not self._ends:
+        self._take_history()
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop host rows past the host window, then quanta past the window or the bytes."""
+        view = self._view
+        if not self._ends or view is None:
             return
         newest = self._ends[-1]
         host_cut = newest - view.host_window_s * 1000
@@ -468,6 +569,7 @@ class LiveStore:
         With ``revised`` (the ``revised`` of an earlier answer), also the quanta ending at
         or before ``since_ms`` that were revised since that answer.
         """
+        self._take_history()
         view = self._view
         if view is None:
             meta, status = b"{}", b"{}"
@@ -490,6 +592,96 @@ class LiveStore:
             + str(self.revised).encode()
             + b"}"
         )
+
+
+# The writer's lines open alike (ClosedQuantum.to_json): their end and scope are read
+# without parsing the line (host rows past the host window are most of a big file).
+_HEAD = re.compile(rb'\{"start_ms":-?\d+,"end_ms":(-?\d+),"scope":"(cluster|host)"')
+
+
+def read_history(
+    paths: Sequence[str],
+    window_s: int,
+    host_window_s: int,
+    max_bytes: int = MAX_STORE_BYTES,
+) -> list[tuple[int, bytes, bytes]]:
+    """The page's window of a quanta file: ``(end_ms, cluster rows, host rows)``, oldest first.
+
+    ``paths`` are the file and its rotated ones, newest first
+    (:meth:`fiomon.server.quantafile.QuantaFile.files`). Read backwards from the newest
+    quantum first published, down to ``window_s`` before it (host rows: ``host_window_s``,
+    at most :data:`MAX_LIVE_HOSTS` hosts per quantum by name) or ``max_bytes`` of rows,
+    and stopped at the first publication of a quantum older than that: revisions come
+    after their quantum's first publication, so nothing older is needed. Each key's
+    highest revision wins (equal revisions: the later line), as
+    :mod:`fiomon.offline.quantafiles` resolves them. The rows are the file's lines as they
+    are (cluster rows carry no ``heat``: the file holds no histograms).
+    """
+    newest: int | None = None
+    best: dict[tuple[int, RowKey], tuple[int, bytes]] = {}
+    total = 0
+    for path in paths:
+        for line in raw_lines_backwards(Path(path)):
+            m = _HEAD.match(line)
+            try:
+                obj: dict[str, Any] | None = None
+                if m is None:  # not the writer's layout (a hand edit): parse it whole
+                    obj = json.loads(line)
+                    assert isinstance(obj, dict)  # noqa: S101 -- caught below
+                    end, scope = int(obj["end_ms"]), str(obj["scope"])
+                    first = obj.get("revised_at") is None
+                else:
+                    end, scope = int(m[1]), m[2].decode()
+                    first = b'"revised_at":' not in line
+                if newest is None and first:
+                    newest = end
+                if newest is not None and end <= newest - window_s * 1000:
+                    if first:  # older first publications only: nothing more to read
+                        return _history_rows(best, newest, window_s, host_window_s)
+                    continue
+                if scope == "host" and newest is not None and end <= newest - host_window_s * 1000:
+                    continue
+                if obj is None:
+                    obj = json.loads(line)
+                    assert isinstance(obj, dict)  # noqa: S101 -- caught below
+                key = (end, (scope, str(obj.get("host") or ""), str(obj["direction"])))
+                revision = int(obj.get("revision", 0))
+            except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
+                continue  # not a row: says nothing about the window
+            old = best.get(key)
+            # Backwards: a later line of an equal revision was seen first and stays.
+            if old is None or revision > old[0]:
+                total += len(line) - (0 if old is None else len(old[1]))
+                best[key] = (revision, line)
+                if total > max_bytes:
+                    return _history_rows(best, newest, window_s, host_window_s)
+    return _history_rows(best, newest, window_s, host_window_s)
+
+
+def _history_rows(
+    best: dict[tuple[int, RowKey], tuple[int, bytes]],
+    newest: int | None,
+    window_s: int,
+    host_window_s: int,
+) -> list[tuple[int, bytes, bytes]]:
+    if newest is None:
+        return []
+    cut, host_cut = newest - window_s * 1000, newest - host_window_s * 1000
+    by_end: dict[int, tuple[list[bytes], dict[str, list[bytes]]]] = {}
+    for (end, (scope, host, _)), (_, line) in sorted(best.items()):
+        if end <= cut or (scope == "host" and end <= host_cut):
+            continue
+        cluster, hosts = by_end.setdefault(end, ([], {}))
+        if scope == "cluster":
+            cluster.append(line)
+        else:
+            hosts.setdefault(host, []).append(line)
+    out = []
+    for end in sorted(by_end):
+        cluster, hosts = by_end[end]
+        kept = [line for h in sorted(hosts)[:MAX_LIVE_HOSTS] for line in hosts[h]]
+        out.append((end, b",".join(cluster), b",".join(kept)))
+    return out
 
 
 def _split(blob: bytes) -> list[tuple[RowKey, bytes]]:

@@ -556,6 +556,7 @@
         if (id.indexOf("lat-") === 0 || id === "throughput") out.data = s.data;
         if (s.markLine && s.markLine.data) {
           out.markLines = s.markLine.data.map(function (x) { return x.yAxis; });
+          out.labels = s.markLine.data.map(function (x) { return x.name; });
         }
         return out;
       });
@@ -625,23 +626,56 @@
     return { count: ends.size, newest: last && last.complete === false ? last : null };
   }
 
-  function statusHtml(st, meta, inc) {
+  /* The host with the highest percentile `k` of `direction` in the newest quantum that
+     has host rows: who a cluster rule's breach is about. */
+  function worstHost(store, direction, k) {
+    var newest = -Infinity, best = null;
+    store.forEach(function (r) {
+      if (r.scope === "host" && r.direction === direction && r.end_ms > newest) newest = r.end_ms;
+    });
+    store.forEach(function (r) {
+      if (r.scope !== "host" || r.direction !== direction || r.end_ms !== newest) return;
+      var v = r.percentiles_ns[k];
+      if (v !== null && v !== undefined && (!best || v > best.v)) best = { host: r.host, v: v };
+    });
+    return best;
+  }
+
+  function statusHtml(st, meta, inc, store) {
     var parts = [];
+    var silent = st.silent_hosts || [];
     parts.push("<span>hosts reporting: <b>" + st.hosts_up + "</b></span>");
+    if (silent.length) {
+      var more = (st.silent_count || silent.length) - silent.length;
+      parts.push('<span class="pending" id="silent">silent: <b>' + escapeHtml(silent.join(", ")) +
+        "</b>" + (more > 0 ? " and " + more + " more" : "") + "</span>");
+    }
     parts.push("<span>late records: <b>" + st.late_records + "</b></span>");
     parts.push("<span>lost records: <b>" + st.lost_records + "</b></span>");
     if (inc) {
       parts.push("<span>incomplete quanta: <b>" + inc.count + "</b></span>");
       if (inc.newest) {
-        parts.push('<span class="pending" id="incomplete">incomplete: ' +
-          escapeHtml(missingText(inc.newest)) + "</span>");
+        var what = inc.newest.cells_missing && inc.newest.cells_missing.length ? missingText(inc.newest)
+          : (silent.length ? silent.join(", ") + " sent nothing" : missingText(inc.newest));
+        parts.push('<span class="pending" id="incomplete">incomplete: ' + escapeHtml(what) + "</span>");
       }
     }
+    var scopes = {};
+    (meta.sla || []).forEach(function (s) { scopes[s.rule] = s.scope; });
     (st.sla || []).forEach(function (s) {
       var cls = s.state === "firing" ? "firing" : (s.state === "pending" ? "pending" : "ok");
-      parts.push('<span class="' + cls + '">SLA ' + s.rule + ": p" + s.percentile + " " +
-        s.direction + " &lt; " + fmtNs(s.threshold_ns) + (s.host ? " on " + s.host : "") +
-        ": <b>" + s.state + "</b></span>");
+      var where = "";
+      if (s.host) {
+        where = " on " + escapeHtml(s.host) + (s.value_ns ? " (" + fmtNs(s.value_ns) + ")" : "");
+      } else if (scopes[s.rule] === "host") {
+        where = " (each host)";
+      } else if (s.state === "firing" || s.state === "pending") {
+        var w = worstHost(store, s.direction, s.percentile);
+        if (w) where = "; worst host " + escapeHtml(w.host) + " (" + fmtNs(w.v) + ")";
+      }
+      parts.push('<span class="' + cls + '">SLA ' + escapeHtml(s.rule) + ": p" + s.percentile + " " +
+        s.direction + " &lt; " + fmtNs(s.threshold_ns) + where +
+        ": <b>" + s.state + "</b>" + (s.more ? " and " + s.more + " more hosts" : "") + "</span>");
     });
     parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min (hosts: " +
       Math.round((meta.host_window_s || meta.window_s) / 60) + " min)</span>");
@@ -679,6 +713,8 @@
             var k = row.scope + "|" + (row.host || "") + "|" + row.direction + "|" + row.end_ms;
             var old = store.get(k);
             if (old && (old.revision || 0) > (row.revision || 0)) return;
+            // The same revision read back from the quanta file has no heat: keep the one seen.
+            if (old && old.heat && !row.heat && (old.revision || 0) === (row.revision || 0)) row.heat = old.heat;
             store.set(k, row);
             since = Math.max(since, row.end_ms);
             news++;
@@ -691,7 +727,7 @@
             if (row.end_ms <= cut || (row.scope === "host" && row.end_ms <= hostCut)) store.delete(k);
           });
           statusEl.hidden = false;
-          statusEl.innerHTML = statusHtml(body.status, meta, incompleteOf(store));
+          statusEl.innerHTML = statusHtml(body.status, meta, incompleteOf(store), store);
           info(doc, "live: " + store.size + " rows, last quantum ends " +
             (since ? new Date(since).toISOString().slice(11, 23) + " UTC" : "-") +
             ", quantum " + meta.quantum_ms + " ms");
