@@ -446,8 +446,14 @@
     var key = this.meta.percentiles[this.pctIndex];
     var hosts = Object.keys(byHost).sort();
     var col = new Map();
-    ends.forEach(function (e, i) { col.set(e, i); });
-    var xs = ends.map(function (e) { return self.timeLabel(e); });
+    var xs = [];
+    var q = this.meta.quantum_ms;
+    ends.forEach(function (e, i) {
+      // Quanta missing between two ends: one empty column says so.
+      if (q && i > 0 && e - ends[i - 1] > q) xs.push("no data " + ((e - ends[i - 1] - q) / 1000).toFixed(0) + " s");
+      col.set(e, xs.length);
+      xs.push(self.timeLabel(e));
+    });
     var data = [];
     hosts.forEach(function (h, j) {
       byHost[h].forEach(function (r) {
@@ -589,6 +595,7 @@
     });
     var r = new Renderer(doc, {
       percentiles: data.percentiles, sla: sla, relative: data.relative,
+      quantum_ms: data.downsampled > 1 ? null : data.quantum_ms,  // pairs of ends are groups
       colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);
@@ -701,6 +708,7 @@
           if (!r) {
             r = new Renderer(doc, {
               percentiles: meta.percentiles, sla: meta.sla || [], relative: false,
+              quantum_ms: meta.quantum_ms,
               colours: coloursOf(cfg, meta),
             });
           }

@@ -247,7 +247,10 @@ async def test_the_live_page_shows_quanta_as_they_close(
                 bounded += 1
                 assert got == pytest.approx(want / 1e6, rel=1e-9)
     assert bounded > 0
-    assert second["charts"]["lat-read"][0]["markLines"] == [2.0]
+    # The read rule's SLA line is on the read chart, labelled, and on no other.
+    sla = {s["name"]: s for s in second["charts"]["lat-read"]}["SLA"]
+    assert (sla["markLines"], sla["labels"]) == ([2.0], ["SLA p99 read 2 ms"])
+    assert "SLA" not in {s["name"] for s in second["charts"]["lat-write"]}
     # The quanta closed while h3 was silent are incomplete, drawn as hollow points.
     partial = sorted(x for x, r in rows.items() if r["complete"] is False)
     assert partial, "the quanta of h3's silence are incomplete"
