@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiomqtt
 import pytest
@@ -124,7 +124,7 @@ def test_api_rows_carry_complete_and_the_missing_cells() -> None:
 
 def _q(end: int, host: str | None, direction: str = "read", revision: int = 0) -> ClosedQuantum:
     stats = HistStats(100.0, 1e5, 2e5, 9e5, {"50": 2e5, "99": 8e5 + revision}, ())
-    scope = "cluster" if host is None else "host"
+    scope: Literal["cluster", "host"] = "cluster" if host is None else "host"
     row = ClosedQuantum(end - 1000, end, scope, host, direction, stats, 100.0, 4e5, 1, 0)
     return row if not revision else replace(row, revision=revision, revised_at=end + 5000)
 
@@ -188,14 +188,14 @@ def test_a_new_store_serves_the_quanta_file_before_new_quanta_and_views_win(
 
 def test_status_names_loud_hosts_worst_first_and_no_host_for_a_quiet_per_host_rule() -> None:
     rule = SlaRule("p99-write", "write", 99.0, 5e6, scope="host")
-    quiet = [
+    quiet: list[dict[str, object]] = [
         {"rule": "p99-write", "host": h, "state": "inactive", "value_ns": 1e6}
         for h in ("h1", "h2", "h3")
     ]
     st = status_of(now_ms=1, hosts_up=3, received=0, late=0, lost=0, rules=[rule], alerts=quiet)
     (line,) = st["sla"]
     assert (line["host"], line["state"]) == (None, "inactive")  # not "h1", the first
-    loud = [
+    loud: list[dict[str, object]] = [
         {"rule": "p99-write", "host": "h1", "state": "pending", "value_ns": 9e6},
         {"rule": "p99-write", "host": "h2", "state": "firing", "value_ns": 6e6},
         {"rule": "p99-write", "host": "h3", "state": "firing", "value_ns": 8e6},
