@@ -32,8 +32,9 @@ thread sends only the newest snapshot (at least every 250 ms while they change),
 can be skipped; with the last 5 s of quanta on each, a skip loses nothing unless the
 child stops reading for that long. The tail is what each snapshot costs to pickle: about
 0.5 MB per quantum for 256 hosts (the cap below) x 4 directions, a few kB for a small
-cluster. A restarted child
-starts with an empty ring (the page then shows history from that moment on).
+cluster. A store that starts (the aggregator's start, or a restarted child) fills its
+ring from the quanta file, once, on a thread of its own (:func:`read_history`: the page's
+window, bounded by time and bytes), so an aggregator restart does not empty the page.
 
 ``GET /api/v1/quanta`` answers::
 
