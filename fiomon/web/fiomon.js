@@ -51,9 +51,11 @@
           host: s.host, direction: s.direction, samples: s.samples[i],
           percentiles_ns: pct, saturated: saturated,
         };
-        // Down-sampled: each pair of points is one group's min and max, the group's
-        // quanta contiguous or not (plotdata.py): never break a pair.
-        if (doc.downsampled > 1 && i % 2 === 1) r.joined = true;
+        // Down-sampled: each pair of points is one group's min and max (plotdata.py),
+        // joined when the group's quanta are contiguous (it spans f quanta); a group
+        // that spans missing quanta breaks between its two points.
+        if (doc.downsampled > 1 && i % 2 === 1 &&
+            s.end[i] - s.start[i - 1] <= doc.downsampled * doc.quantum_ms) r.joined = true;
         if (s.lo && s.hi) {
           var ci = {};
           keys.forEach(function (k) { ci[k] = [s.lo[k][i], s.hi[k][i]]; });

@@ -343,8 +343,12 @@ def test_saturated_values_are_marked(tmp_path: Path) -> None:
     assert {p["value"][0] for p in marks["data"]} == {START_MS + 3000}
 
 
-def test_offline_page_draws_missing_quanta_as_a_gap_in_palette_colours(tmp_path: Path) -> None:
-    # A quanta file with 20 quanta missing (an aggregator that got no records then).
+@pytest.mark.parametrize("max_points", [2000, 14])
+def test_offline_page_draws_missing_quanta_as_a_gap_in_palette_colours(
+    tmp_path: Path, max_points: int
+) -> None:
+    # A quanta file with 20 quanta missing (an aggregator that got no records then);
+    # down-sampled too (14 points: groups of 6 quanta, one of them across the gap).
     logs = make_logs(tmp_path, hosts=2, seconds=60)
     out = fiomon("report", "--format", "jsonl", *logs)
     assert out.returncode == 0, out.stderr
@@ -355,12 +359,13 @@ def test_offline_page_draws_missing_quanta_as_a_gap_in_palette_colours(tmp_path:
     quanta = tmp_path / "quanta.jsonl"
     quanta.write_text("\n".join(kept) + "\n")
     target = tmp_path / "gap.html"
-    plotted = fiomon("plot", quanta, "-o", target)
+    plotted = fiomon("plot", "--max-points", str(max_points), quanta, "-o", target)
     assert plotted.returncode == 0, plotted.stderr
     charts = ("lat-read", "lat-write", "throughput")
     with Browser(1400, 2000) as b:
         b.goto(target.as_uri())
         state = b.state()
+        info = str(b.evaluate("document.getElementById('info').textContent"))
         b.screenshot(tmp_path / "gap.png")
         boxes = {c: chart_box(b, c) for c in charts}
         gap = {c: (x_of(b, c, before) + 3, x_of(b, c, after) - 3) for c in charts}
@@ -370,6 +375,8 @@ def test_offline_page_draws_missing_quanta_as_a_gap_in_palette_colours(tmp_path:
     p99 = {s["name"]: s for s in state["charts"]["lat-read"]}["p99"]["data"]
     assert any(before < x < after and y is None for x, y in p99)
     assert not any(before < x < after and y is not None for x, y in p99)
+    if max_points < len(ends):
+        assert "min and max of 6 quanta" in info
     iops = {s["name"]: s for s in state["charts"]["throughput"]}["IOPS read"]["data"]
     assert not any(before < x < after and y is not None for x, y in iops)
     # And the pixels say so: nothing drawn inside the gap, lines and bands next to it.
