@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiomqtt
 
@@ -30,6 +30,7 @@ from tests.pixels import black, chart_box, inked, load, near, x_of
 PREFIX = "fiomonpics"
 HOSTS = ("h1", "h2", "h3")
 BUSY, IDLE = 4, 6  # run 1: 4 s of I/O, 6 s with none, 4 s of I/O
+_T = TypeVar("_T")
 
 
 def _record(host: str, end_ms: int) -> RecordBatch:
@@ -42,7 +43,11 @@ def _record(host: str, end_ms: int) -> RecordBatch:
 
 
 async def _publish(
-    port: int, hosts_at: Callable[[int], tuple[str, ...]], seconds: int, seqs: dict[str, int]
+    port: int,
+    hosts_at: Callable[[int], tuple[str, ...]],
+    seconds: int,
+    seqs: dict[str, int],
+    prefix: str = PREFIX,
 ) -> list[int]:
     """Each second for ``seconds``, the records of ``hosts_at(i)``; the ends sent to.
 
@@ -58,7 +63,7 @@ async def _publish(
             hosts = hosts_at(i)
             for h in hosts:
                 payload = encode(h, "run.json@1", seqs.get(h, 0), _record(h, end))
-                await c.publish(f"{PREFIX}/v1/{h}/records", payload, qos=1)
+                await c.publish(f"{prefix}/v1/{h}/records", payload, qos=1)
                 seqs[h] = seqs.get(h, 0) + 2
             if hosts:
                 ends.append(end)
@@ -93,6 +98,19 @@ def _gap_columns(port: int, folder: Path, want: int, before: int, after: int) ->
         }
 
 
+async def _with_aggregator(cfg: AggregatorConfig, work: Callable[[], Awaitable[_T]]) -> _T:
+    """``work()`` while an aggregator runs with ``cfg``; the aggregator stopped after."""
+    cores: list[AggregatorCore] = []
+    stop = asyncio.Event()
+    agg = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
+    try:
+        await until(lambda: cores, what="the aggregator started")
+        return await work()
+    finally:
+        stop.set()
+        await asyncio.wait_for(agg, 30)
+
+
 def _status_when_silent(port: int) -> str:
     with Browser(1400, 1200) as b:
         b.goto(f"http://127.0.0.1:{port}/")
@@ -122,16 +140,8 @@ async def test_restart_restores_the_window_with_gaps_colours_and_sla_lines(
         sla=(SlaRule("p99-write", "write", 99.0, 5e6, scope="host", for_quanta=2, min_samples=1),),
     )
 
-    async def run(work: Callable[[], Any]) -> Any:
-        cores: list[AggregatorCore] = []
-        stop = asyncio.Event()
-        agg = asyncio.create_task(run_aggregator(cfg, stop=stop, ready=cores.append))
-        try:
-            await until(lambda: cores, what="the aggregator started")
-            return await work()
-        finally:
-            stop.set()
-            await asyncio.wait_for(agg, 30)
+    def run(work: Callable[[], Awaitable[_T]]) -> Awaitable[_T]:
+        return _with_aggregator(cfg, work)
 
     seqs: dict[str, int] = {}
 
@@ -150,20 +160,13 @@ async def test_restart_restores_the_window_with_gaps_colours_and_sla_lines(
     assert after - before == IDLE * 1000
 
     # Run 2: a new aggregator; the page shows run 1 before any new record comes.
-    async def second() -> tuple[dict[str, Any], str, list[int]]:
-        got = await asyncio.to_thread(_gap_columns, port, tmp_path, len(sent), before, after)
+    async def second() -> dict[str, Any]:
+        got: dict[str, Any] = await asyncio.to_thread(
+            _gap_columns, port, tmp_path, len(sent), before, after
+        )
+        return got
 
-        def silent_plan(i: int) -> tuple[str, ...]:
-            return HOSTS if i < 3 else HOSTS[:2]  # h3 goes silent
-
-        pub = asyncio.create_task(_publish(mosquitto.port, silent_plan, 12, seqs))
-        try:
-            status = await asyncio.to_thread(_status_when_silent, port)
-        finally:
-            more = await asyncio.wait_for(pub, 60)
-        return got, status, more
-
-    got, status, _ = await run(second)
+    got = await run(second)
     state, img, boxes = got["state"], got["img"], got["boxes"]
     # The earlier quanta, restored from the quanta file, point for point.
     p99 = {s["name"]: s for s in state["charts"]["lat-read"]}["p99"]["data"]
@@ -190,11 +193,43 @@ async def test_restart_restores_the_window_with_gaps_colours_and_sla_lines(
     sla = next(s for s in state["charts"]["lat-write"] if s["name"] == "SLA")
     assert sla["markLines"] == [5.0]
     assert sla["labels"] == ["SLA p99 write 5 ms (each host)"]
-    # The status bar names the host that went silent, and a quiet per-host rule no host.
+    dest = _shots()
+    if dest is not None:
+        (dest / "live-restored.png").write_bytes((tmp_path / "live-restored.png").read_bytes())
+
+
+async def test_the_status_bar_names_the_silent_host_and_the_worst_one(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    port = free_port()
+    cfg = AggregatorConfig(
+        broker=BrokerConfig(port=mosquitto.port),
+        topic_prefix=PREFIX + "-status",
+        client_id="fiomon-aggregator-status",
+        lateness_ms=1500,
+        align="epoch",
+        listen=f"127.0.0.1:{port}",
+        sla=(
+            # Breached by the cluster (h2's reads are the slow ones): names h2, the worst.
+            SlaRule("p99-read", "read", 99.0, 1e5, for_quanta=1, min_samples=1),
+            # Quiet on every host: names none (it named h1, the first by name).
+            SlaRule("p99-write", "write", 99.0, 5e6, scope="host", for_quanta=2, min_samples=1),
+        ),
+    )
+
+    def plan(i: int) -> tuple[str, ...]:
+        return HOSTS if i < 3 else HOSTS[:2]  # h3 goes silent
+
+    async def work() -> str:
+        pub = asyncio.create_task(_publish(mosquitto.port, plan, 12, {}, cfg.topic_prefix))
+        try:
+            return await asyncio.to_thread(_status_when_silent, port)
+        finally:
+            await asyncio.wait_for(pub, 60)
+
+    status = await _with_aggregator(cfg, work)
     assert "silent: h3" in status
     assert "incomplete: h3 sent nothing" in status
     assert "p99-write: p99 write < 5.00 ms (each host): inactive" in status
     assert " on h1" not in status
-    dest = _shots()
-    if dest is not None:
-        (dest / "live-restored.png").write_bytes((tmp_path / "live-restored.png").read_bytes())
+    assert "worst host h2" in status
