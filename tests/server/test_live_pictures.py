@@ -115,8 +115,8 @@ def _status_when_silent(port: int) -> str:
     with Browser(1400, 1200) as b:
         b.goto(f"http://127.0.0.1:{port}/")
         b.wait_for(
-            "document.getElementById('silent') !== null",
-            "the status bar names a silent host",
+            "document.getElementById('incomplete') !== null",
+            "the status bar says the newest quantum is incomplete",
             within=40,
         )
         return str(b.evaluate("document.getElementById('status').textContent"))
