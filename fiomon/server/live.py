@@ -39,10 +39,14 @@ window, bounded by time and bytes), so an aggregator restart does not empty the 
 ``GET /api/v1/quanta`` answers::
 
     {"meta": {"percentiles": ["50", ...], "sla_ns": [...], "quantum_ms": 1000,
-              "window_s": 900, "host_window_s": 120, "relative": false},
+              "window_s": 900, "host_window_s": 120, "relative": false,
+              "sla": [{"rule", "direction", "percentile", "threshold_ns", "scope",
+                       "label": "SLA p99 write 5 ms"}],
+              "colours": {"99": "#e69f00", ...}},
      "status": {"time_ms", "hosts_up", "records_received", "late_records",
-                "lost_records", "host_rows_cap", "sla": [{"rule", "direction",
-                "percentile", "threshold_ns", "host", "state", "value_ns"}]},
+                "lost_records", "host_rows_cap", "silent_hosts", "silent_count",
+                "sla": [{"rule", "direction", "percentile", "threshold_ns", "host",
+                "state", "value_ns", "more"?}]},
      "quanta": [closed-quantum objects ending after since (or revised after the
                 revised given), oldest first, one per key: its latest revision],
      "revised": N}

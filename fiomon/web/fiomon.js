@@ -5,6 +5,11 @@
  * fiomon/heat.py) on cluster rows. Drawing is ECharts' (vendored, see vendor/README.md);
  * this file only shapes data into chart options.
  *
+ * Never misleading: quanta missing between two rows break every line and band (and add an
+ * empty heatmap column), nothing is interpolated across them; each percentile has its
+ * fiomon/palette.py colour (from the page config and the API's meta); SLA lines are drawn
+ * only on their own direction's chart, black, dashed and labelled.
+ *
  * After each draw the page publishes what the charts hold, read back from the charts
  * themselves (chart.getOption()), as `window.fiomonState` and as JSON in
  * `<body data-state>` so a headless browser's --dump-dom shows it to tests.
