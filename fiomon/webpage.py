@@ -40,7 +40,9 @@ def colours(percentile_keys: Sequence[str] = ()) -> dict[str, Any]:
         "sla": palette.SLA_COLOUR,
         "mean": palette.MEAN_COLOUR,
         "saturated": palette.SATURATED_COLOUR,
-        "percentiles": palette.percentile_colours([float(k) for k in percentile_keys]),
+        "percentiles": palette.percentile_colours(
+            [float(k) for k in percentile_keys if _number(k)]
+        ),
     }
 
 
@@ -64,6 +66,13 @@ def page_html(*, data: dict[str, Any] | None, live: bool, title: str) -> str:
     # One pass: inserted text (the library, the data) is never searched for markers.
     pattern = re.compile("|".join(re.escape(k) for k in parts))
     return pattern.sub(lambda m: parts[m.group(0)], html)
+
+
+def _number(key: str) -> bool:
+    try:
+        return 0.0 < float(key) <= 100.0
+    except ValueError:
+        return False
 
 
 def _escape(text: str) -> str:
