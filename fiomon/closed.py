@@ -95,7 +95,7 @@ class ClosedQuantum:
         return (self.end_ms, self.scope, self.host, self.direction)
 
     def to_json(self) -> dict[str, Any]:
-        """The closed-quantum JSON object of DESIGN.md."""
+        """The closed-quantum JSON object (README.md, ``fiomon report``'s ``jsonl``)."""
         s = self.stats
         out: dict[str, Any] = {
             "start_ms": self.start_ms,
@@ -132,7 +132,7 @@ class ClosedQuantum:
         return out
 
     def to_json_line(self) -> str:
-        """The closed-quantum JSON line of DESIGN.md, newline included.
+        """The closed-quantum JSON line, newline included.
 
         The one serializer of the report == aggregator contract: ``fiomon report --format
         jsonl`` and the aggregator's quanta file both write exactly this. The text is

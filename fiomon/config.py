@@ -1,6 +1,6 @@
 """YAML configuration into frozen dataclasses, with every problem reported at once.
 
-``load_agent_config(path)`` reads the agent's file (DESIGN.md "Minimal configuration").
+``load_agent_config(path)`` reads the agent's file (config/agent.example.yaml).
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
@@ -21,7 +21,7 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.topics import RESERVED_NAMES, Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
+DEFAULT_LISTEN = "127.0.0.1:10027"  # above 9100-9999: Prometheus' port wiki is full there
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MQTT_PORT = 1883  # the broker's port by convention, plain TCP
 MQTTS_PORT = 8883  # and with TLS: the default port once ``broker.tls`` is set
@@ -878,13 +878,26 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     Raises:
         ConfigError: listing every problem, each with its key path.
     """
+    cfg, problems, _ = _agent_config(data)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return cfg
+
+
+def _agent_config(data: object) -> tuple[AgentConfig, list[str], bool]:
+    """The agent's configuration as far as it is valid, its problems, and its state_dir's.
+
+    A bad or missing key takes a stand-in or its default; the flag says whether
+    ``state_dir`` is the file's own (not the stand-in).
+    """
     r = _Reader()
     top = r.section(data, "", {*_AGENT_KEYS, *_AGENT_SECTIONS})
     r.require(top, "", "watch")
     r.require(top, "", "state_dir")
     broker = _broker(r, top.get("broker"))
     # Stand-ins for a missing watch or state_dir (already a problem), so the checks below run.
-    values: dict[str, Any] = {"watch": (), "state_dir": Path(), **r.fields(top, "", _AGENT_KEYS)}
+    values_given = r.fields(top, "", _AGENT_KEYS)
+    values: dict[str, Any] = {"watch": (), "state_dir": Path(), **values_given}
     cells = _cells(r, top, values.get("topic_prefix", _default(AgentConfig, "topic_prefix")))
     cell = values.get("cell")
     if cell is not None and not cells:
@@ -901,9 +914,7 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     cfg = AgentConfig(broker=broker, **values)
     if cfg.max_message_bytes > cfg.spool_bytes:
         r.problems.append("max_message_size: must not exceed spool_size")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
+    return cfg, r.problems, "state_dir" in values_given
 
 
 def _sla_rules(
@@ -1003,6 +1014,14 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     Raises:
         ConfigError: listing every problem, each with its key path.
     """
+    cfg, problems = _aggregator_config(data)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return cfg
+
+
+def _aggregator_config(data: object) -> tuple[AggregatorConfig, list[str]]:
+    """The aggregator's configuration as far as it is valid, and its problems."""
     r = _Reader()
     top = r.section(data, "", {*_AGGREGATOR_KEYS, *_AGGREGATOR_SECTIONS})
     values = r.fields(top, "", _AGGREGATOR_KEYS)
@@ -1029,9 +1048,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         r.problems.extend(p for p in root_problems(cfg) if not p.startswith(skip))
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
+    return cfg, r.problems
 
 
 def root_problems(cfg: AggregatorConfig) -> list[str]:
@@ -1071,12 +1088,42 @@ def root_problems(cfg: AggregatorConfig) -> list[str]:
 def aggregator_files(cfg: AggregatorConfig) -> list[str]:
     """Problems with the files an aggregator's configuration names.
 
-    Its broker's password and TLS files and, on a cell, those of the root's broker.
+    Its broker's password and TLS files, on a cell those of the root's broker, and the
+    certificate and key of HTTPS on ``listen``.
     """
     problems = readable_files(cfg.broker)
     if cfg.partials is not None:
         problems += [f"partials.{p}" for p in readable_files(cfg.partials.broker)]
+    named = [("tls_cert", cfg.tls_cert), ("tls_key", cfg.tls_key)]
+    unreadable = _unreadable(named)
+    problems += unreadable
+    if not unreadable and cfg.tls_cert is not None and cfg.tls_key is not None:
+        problems += _cert_pair_problems("tls_cert/tls_key", cfg.tls_cert, cfg.tls_key)
     return problems
+
+
+def check_agent(data: object) -> tuple[AgentConfig, list[str]]:
+    """Every problem of an agent's configuration in one pass: its keys and its files.
+
+    The files (password, TLS, the state directory) are checked even when keys are bad,
+    so one run of ``fiomon check-config`` lists all there is to fix. The configuration
+    returned is as far as it is valid (a bad key takes its default); use it only when
+    the list is empty.
+    """
+    cfg, problems, has_state_dir = _agent_config(data)
+    problems += readable_files(cfg.broker)
+    if has_state_dir:
+        problems += state_dir_problems(cfg.state_dir, strict=False)
+    return cfg, problems
+
+
+def check_aggregator(data: object) -> tuple[AggregatorConfig, list[str]]:
+    """Every problem of an aggregator's (or root's) configuration: keys and files at once.
+
+    As :func:`check_agent`: the configuration returned is as far as it is valid.
+    """
+    cfg, problems = _aggregator_config(data)
+    return cfg, problems + aggregator_files(cfg)
 
 
 def load_aggregator_config(path: Path) -> AggregatorConfig:
@@ -1086,8 +1133,7 @@ def load_aggregator_config(path: Path) -> AggregatorConfig:
         ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
             unreadable (all listed at once).
     """
-    cfg = aggregator_config_from(read_yaml(path), source=str(path))
-    problems = aggregator_files(cfg)
+    cfg, problems = check_aggregator(read_yaml(path))
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
@@ -1170,8 +1216,7 @@ def load_agent_config(path: Path) -> AgentConfig:
         ConfigError: unreadable, not YAML, any key invalid, a password or TLS file
             unreadable, or a state directory that cannot be one (all listed at once).
     """
-    cfg = agent_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker) + state_dir_problems(cfg.state_dir, strict=False)
+    cfg, problems = check_agent(read_yaml(path))
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
@@ -1201,16 +1246,48 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
     """Problems with the files the broker settings name (password, TLS), each with its key.
 
     Checked at start by the services and by ``fiomon check-config``, so a missing or
-    unreadable file, or one that holds no certificate or key, is a clear error there
-    rather than a traceback (or endless reconnecting) at the first connect.
+    unreadable file, a password that is not UTF-8 text, or a file that holds no
+    certificate or key, is a clear error there rather than a traceback (or endless
+    reconnecting) at the first connect. Each file is checked on its own: one bad file
+    does not hide another's problem.
     """
-    named: list[tuple[str, Path | None]] = [("password_file", broker.password_file)]
-    if broker.tls is not None:
-        named += [
-            ("tls.ca_file", broker.tls.ca_file),
-            ("tls.cert_file", broker.tls.cert_file),
-            ("tls.key_file", broker.tls.key_file),
+    problems = []
+    if broker.password_file is not None:
+        key = f"{section}.password_file"
+        unreadable = _unreadable([(key, broker.password_file)])
+        if not unreadable:
+            try:
+                broker.password_file.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                unreadable = [f"{key}: {broker.password_file} is not UTF-8 text ({exc.reason})"]
+            except OSError as exc:  # gone in between
+                unreadable = [f"{key}: cannot read {broker.password_file} ({exc.strerror})"]
+        problems += unreadable
+    tls = broker.tls
+    if tls is None:
+        return problems
+    if tls.ca_file is not None:
+        key = f"{section}.tls.ca_file"
+        unreadable = _unreadable([(key, tls.ca_file)])
+        problems += unreadable or _ca_problems(key, tls.ca_file)
+    if tls.cert_file is not None and tls.key_file is not None:
+        pair = [
+            (f"{section}.tls.cert_file", tls.cert_file),
+            (f"{section}.tls.key_file", tls.key_file),
         ]
+        unreadable = _unreadable(pair)
+        problems += unreadable or _cert_pair_problems(
+            f"{section}.tls.cert_file/key_file", tls.cert_file, tls.key_file
+        )
+    else:  # one without the other is a key problem; its file is still checked
+        problems += _unreadable(
+            [(f"{section}.tls.cert_file", tls.cert_file), (f"{section}.tls.key_file", tls.key_file)]
+        )
+    return problems
+
+
+def _unreadable(named: Sequence[tuple[str, Path | None]]) -> list[str]:
+    """``key: cannot read PATH (why)`` for each named file that cannot be opened and read."""
     problems = []
     for key, path in named:
         if path is None:
@@ -1219,31 +1296,30 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
             with path.open("rb") as fh:
                 fh.read(1)
         except OSError as exc:
-            problems.append(f"{section}.{key}: cannot read {path} ({exc.strerror or exc})")
-    if broker.tls is not None and not problems:
-        problems += _tls_problems(broker.tls, section)
+            problems.append(f"{key}: cannot read {path} ({exc.strerror or exc})")
     return problems
 
 
-def _tls_problems(tls: TlsConfig, section: str) -> list[str]:
-    """Whether the CA bundle and the client certificate and key load as TLS expects."""
+def _ca_problems(key: str, ca_file: Path) -> list[str]:
+    """Whether the CA bundle loads as TLS expects."""
     import ssl  # noqa: PLC0415 -- only TLS configurations need it
 
-    ctx = ssl.create_default_context()
-    problems = []
-    if tls.ca_file is not None:
-        try:
-            ctx.load_verify_locations(cafile=str(tls.ca_file))
-        except (ssl.SSLError, ValueError) as exc:
-            problems.append(f"{section}.tls.ca_file: {tls.ca_file} holds no CA certificate ({exc})")
-    if tls.cert_file is not None and tls.key_file is not None:
-        try:
-            ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-        except (ssl.SSLError, ValueError) as exc:
-            problems.append(
-                f"{section}.tls.cert_file/key_file: not a certificate and its key ({exc})"
-            )
-    return problems
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=str(ca_file))
+    except (ssl.SSLError, ValueError) as exc:
+        return [f"{key}: {ca_file} holds no CA certificate ({exc})"]
+    return []
+
+
+def _cert_pair_problems(key: str, cert_file: Path, key_file: Path) -> list[str]:
+    """Whether a certificate and its private key load together as TLS expects."""
+    import ssl  # noqa: PLC0415 -- only TLS configurations need it
+
+    try:
+        ssl.create_default_context().load_cert_chain(str(cert_file), str(key_file))
+    except (ssl.SSLError, ValueError) as exc:
+        return [f"{key}: {cert_file} and {key_file} are not a certificate and its key ({exc})"]
+    return []
 
 
 def state_dir_problems(path: Path, key: str = "state_dir", *, strict: bool = True) -> list[str]:
@@ -1303,17 +1379,61 @@ def _kernel_fs(path: Path) -> str | None:
     return kind if kind in _KERNEL_FS else None
 
 
-def watch_warnings(cfg: AgentConfig) -> list[str]:
+_PRIVATE_TMPS = ("/tmp", "/var/tmp")  # what systemd's PrivateTmp=yes replaces  # noqa: S108
+
+
+def private_tmp(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether this process sees a private ``/tmp`` (systemd's ``PrivateTmp=yes``).
+
+    systemd bind-mounts ``/tmp/systemd-private-<boot>-<unit>-<rand>/tmp`` over ``/tmp``
+    in the unit's mount namespace; ``mountinfo``'s root field of ``/tmp`` shows it.
+    """
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] in _PRIVATE_TMPS and "/systemd-private-" in fields[3]:
+            return True
+    return False
+
+
+def _under_tmp(pattern: str) -> bool:
+    return any(pattern == d or pattern.startswith(d + "/") for d in _PRIVATE_TMPS)
+
+
+def watch_warnings(cfg: AgentConfig, *, unit_note: bool = False) -> list[str]:
     """Watch patterns that match nothing as written (not errors: fio may create them later).
 
-    Also a state directory this user cannot write (the service's user may differ).
+    Also a state directory this user cannot write (the service's user may differ), and
+    patterns under ``/tmp`` or ``/var/tmp`` when this process has a private ``/tmp``
+    (systemd's ``PrivateTmp=yes``: fio's files there are invisible to it), or always
+    with ``unit_note`` (``check-config``, run outside the unit, warns of what the
+    shipped unit will not see).
     """
     out = [
         f"{p} (fine if the service runs as a user who can)"
         for p in state_dir_problems(cfg.state_dir, strict=True)
         if not state_dir_problems(cfg.state_dir, strict=False)
     ]
+    private = private_tmp()
     for i, pattern in enumerate(cfg.watch):
+        if _under_tmp(pattern) and (private or unit_note):
+            seen = (
+                "this agent runs with a private /tmp (systemd PrivateTmp=yes) and does not "
+                "see fio's files there"
+                if private
+                else "the shipped fiomon-agent.service has PrivateTmp=yes: the agent it "
+                "runs sees its own empty /tmp, not fio's"
+            )
+            out.append(
+                f"watch[{i}]: {pattern!r} is under /tmp or /var/tmp; {seen}. Have fio write "
+                "elsewhere (e.g. /var/lib/fio/results) or set PrivateTmp=no in a drop-in "
+                "(deploy/README.md)"
+            )
+            if private:
+                continue
         if Path(pattern).is_dir():
             out.append(
                 f"watch[{i}]: {pattern!r} is a folder; patterns name files, e.g. "

@@ -5,7 +5,7 @@ the histogram counts in compressed sparse rows, because fio histograms are spars
 hundred of 1856 bins are non-zero) and because the engine merges a whole batch with one
 ``numpy.bincount`` instead of a Python loop per record.
 
-Record semantics (DESIGN.md): record ``i`` counts the I/Os of one direction of one stream
+Record semantics (fio's): record ``i`` counts the I/Os of one direction of one stream
 that *completed* in ``(start_ms[i], end_ms[i]]``; ``start_ms == end_ms`` is a catch-up
 record that fio wrote after a stall, whose I/Os completed at ``end_ms``.
 """

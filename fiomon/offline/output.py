@@ -3,7 +3,7 @@
 Every writer takes rows as they close (the report streams them) and never holds the whole
 run in memory.
 
-* ``jsonl``: the closed-quantum JSON line of DESIGN.md, one object per row.
+* ``jsonl``: the closed-quantum JSON line (README.md), one object per row.
 * ``csv``: the same fields flattened, latencies in ns; saturated percentiles hold their
   lower bound and are listed in the ``saturated`` column. The confidence bounds come last
   (``p99_low_ns``, ``p99_high_ns``, ...; empty where the data bound no side), so the

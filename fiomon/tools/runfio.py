@@ -7,7 +7,7 @@ The stream declares the hist logs' prefix, so the agent publishes each I/O once 
 stream) and ``fiomon report`` asks which view to count (:mod:`fiomon.fio.overlap`).
 It then waits for the next quantum boundary of the wall clock and replaces itself with
 fio, so every host started this way reports on (nearly) the same phase, which is what
-keeps the quanta exact (DESIGN.md "Quanta").
+keeps the quanta exact (:mod:`fiomon.align`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /*
  * fiomon charts: one renderer for the offline page (`fiomon plot`) and the live page
- * (the aggregator's `/`). Input: closed-quantum objects (DESIGN.md's JSON line, latencies
+ * (the aggregator's `/`). Input: closed-quantum objects (the quanta file's JSON line, latencies
  * in ns) with an optional `heat` ({k0, counts}: I/Os per half-octave latency bucket, see
  * fiomon/heat.py) on cluster rows. Drawing is ECharts' (vendored, see vendor/README.md);
  * this file only shapes data into chart options.
@@ -37,7 +37,7 @@
     return ns.toFixed(0) + " ns";
   }
 
-  /* The packed document of `fiomon plot` (fiomon/plotdata.py) back into row objects. */
+  /* The packed document of `fiomon plot` (fiomon/offline/plotdata.py) back into row objects. */
   function unpack(doc) {
     var rows = [];
     doc.series.forEach(function (s) {
@@ -735,7 +735,7 @@
             news++;
           });
           // Cluster rows for the whole window, host rows for the last few minutes only
-          // (the API serves no more: see fiomon/live.py).
+          // (the API serves no more: see fiomon/server/live.py).
           var cut = since - meta.window_s * 1000;
           var hostCut = since - (meta.host_window_s || meta.window_s) * 1000;
           store.forEach(function (row, k) {

@@ -320,7 +320,7 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
     assert (tmp_path / "plot.png").stat().st_size > 50_000
     dest = _shots()
     if dest is not None:
-        (dest / "plot-offline.png").write_bytes((tmp_path / "plot.png").read_bytes())
+        (dest / "plot-page.png").write_bytes((tmp_path / "plot.png").read_bytes())
 
 
 def test_saturated_values_are_marked(tmp_path: Path) -> None:
