@@ -22,6 +22,7 @@
   // meta): one colour per percentile wherever fiomon draws it. These are fallbacks only.
   var COLOURS = { sla: "#000000", mean: "#555555", saturated: "#b00020", percentiles: {} };
   var BANDS = "confidence bands";
+  var VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
   var GROUP = "fiomon-time";
 
   function bucketEdgeNs(k) {
@@ -65,6 +66,12 @@
           var ci = {};
           keys.forEach(function (k) { ci[k] = [s.lo[k][i], s.hi[k][i]]; });
           r.percentiles_ci_ns = ci;
+        }
+        if (s.surface) {
+          // The percentile surface (plotdata.py): many percentiles from the histograms.
+          var surf = {};
+          Object.keys(s.surface).forEach(function (k) { surf[k] = s.surface[k][i]; });
+          r.surface = surf;
         }
         if (s.scope === "cluster") {
           r.min_ns = s.min_ns[i]; r.mean_ns = s.mean_ns[i]; r.max_ns = s.max_ns[i];
@@ -391,7 +398,8 @@
         min: lo, max: hi === lo ? lo + 1 : hi, calculable: true, orient: "vertical",
         right: 0, top: "center", itemHeight: 160,
         formatter: function (v) { return fmt(v); },
-        inRange: { color: ["#f7fbff", "#6baed6", "#08519c", "#fdae61", "#d7191c"] },
+        // Sequential (viridis, as the PNG/SVG figure): more is brighter, no muddy middle.
+        inRange: { color: VIRIDIS },
       },
       dataZoom: [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 4 }],
       // Drawn in one pass: progressive rendering would leave a screenshot (or a reader)
@@ -428,7 +436,12 @@
   /* Time x percentile: the latency of every configured percentile, log colour. */
   Renderer.prototype.surface = function (d, rows) {
     var self = this;
-    var keys = this.meta.percentiles;
+    // The page's surface percentiles (p50..p99.99, evenly spread in nines) where the rows
+    // carry them, else the rows' own percentiles.
+    var fine = (this.meta.surface_percentiles || []).length &&
+      rows.some(function (r) { return r.surface; });
+    var keys = fine ? this.meta.surface_percentiles : this.meta.percentiles;
+    var valueOf = function (r, k) { return fine ? (r.surface || {})[k] : r.percentiles_ns[k]; };
     var cols = columns(self, rows);
     var xs = cols.map(function (c) { return c.label; });
     var ys = keys.map(function (k) { return "p" + k; });
@@ -437,7 +450,7 @@
       var r = c.r;
       if (!r) return;
       keys.forEach(function (k, j) {
-        var v = r.percentiles_ns[k];
+        var v = valueOf(r, k);
         if (v > 0) data.push([i, j, Math.log10(v / 1e6)]);
       });
     });
@@ -596,13 +609,17 @@
 
   /* Offline: draw the embedded document once. */
   function drawOffline(doc, data, cfg) {
-    // `fiomon plot --sla 5ms` names a threshold, not a rule: drawn on every chart.
-    var sla = (data.sla_ns || []).map(function (ns) {
+    // `fiomon plot --sla [pPCT:][DIR:]LATENCY`: on its direction's chart (none: every
+    // chart), labelled as plotdata.py says.
+    var sla = data.sla ? data.sla.map(function (x) {
+      return { direction: x.direction, threshold_ns: x.ns, label: x.label };
+    }) : (data.sla_ns || []).map(function (ns) {
       return { direction: null, threshold_ns: ns, label: "SLA " + fmtShort(ns) };
     });
     var r = new Renderer(doc, {
       percentiles: data.percentiles, sla: sla, relative: data.relative,
       quantum_ms: data.downsampled > 1 ? null : data.quantum_ms,  // pairs of ends are groups
+      surface_percentiles: data.surface_percentiles || [],
       colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);

@@ -258,7 +258,8 @@ def test_the_page_is_self_contained(tmp_path: Path) -> None:
 def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
     logs = make_logs(tmp_path)
     target = tmp_path / "run.html"
-    out = fiomon("plot", "--per-host", "--sla", "2ms", *logs, "-o", target)
+    sla = ("--sla", "2ms", "--sla", "p99:write:3ms")
+    out = fiomon("plot", "--per-host", *sla, *logs, "-o", target)
     assert out.returncode == 0, out.stderr
     want = report_rows(logs, "--per-host")
     with Browser() as b:
@@ -301,10 +302,20 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
                         assert side is not None
                         assert math.isclose(side, v / 1e6, rel_tol=1e-5)
         assert unbounded["band-50"] == unbounded["band-90"] == 0  # hundreds of I/Os bound these
-    # `--sla 2ms` names no direction: a labelled, black, dashed line on every chart.
+    # `--sla 2ms` names no direction: a labelled line on every chart; `p99:write:3ms` is
+    # on the write chart only.
     for d in ("read", "write", "all"):
-        sla = {s["name"]: s for s in charts[f"lat-{d}"]}["SLA"]
-        assert (sla["markLines"], sla["labels"]) == ([2.0], ["SLA 2 ms"])
+        line = {s["name"]: s for s in charts[f"lat-{d}"]}["SLA"]
+        if d == "write":
+            assert line["markLines"] == [2.0, 3.0]
+            assert line["labels"] == ["SLA 2 ms", "SLA p99 write 3 ms"]
+        else:
+            assert (line["markLines"], line["labels"]) == ([2.0], ["SLA 2 ms"])
+    # The surface: the page's 30 percentiles from the histograms, every quantum.
+    doc = _embedded(target.read_text())
+    assert len(doc["surface_percentiles"]) == 30
+    reads = [r for r in want if r["scope"] == "cluster" and r["direction"] == "read"]
+    assert charts["surface"][0]["points"] == 30 * len(reads)
     # IOPS as the report has it
     iops = {s["name"]: s["data"] for s in charts["throughput"]}["IOPS read"]
     rows = [r for r in want if r["scope"] == "cluster" and r["direction"] == "read"]
