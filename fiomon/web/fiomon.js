@@ -248,6 +248,17 @@
     };
   }
 
+  /* " · run a, b" for the run labels of `rows` (closed quanta's `runs`) and `extra`
+     (the offline document's), at most three named. */
+  function runsText(rows, extra) {
+    var seen = new Set(extra || []);
+    rows.forEach(function (r) { (r.runs || []).forEach(function (x) { seen.add(x); }); });
+    var names = Array.from(seen).sort();
+    if (!names.length) return "";
+    return " · run" + (names.length > 1 ? "s " : " ") + names.slice(0, 3).join(", ") +
+      (names.length > 3 ? " and " + (names.length - 3) + " more" : "");
+  }
+
   /* Percentile lines with their confidence bands and the mean of one direction, log
      latency axis, SLA lines. */
   Renderer.prototype.colour = function (k) {
@@ -324,6 +335,7 @@
     }
     series = series.concat(bands);
     var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
+    this.setTitle("lat-" + d, "latency over time: " + d + " (cluster)" + runsText(rows, this.meta.runs));
     c.group = GROUP;
     c.setOption({
       animation: false,
@@ -619,7 +631,7 @@
     var r = new Renderer(doc, {
       percentiles: data.percentiles, sla: sla, relative: data.relative,
       quantum_ms: data.downsampled > 1 ? null : data.quantum_ms,  // pairs of ends are groups
-      surface_percentiles: data.surface_percentiles || [],
+      surface_percentiles: data.surface_percentiles || [], runs: data.runs || [],
       colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);
