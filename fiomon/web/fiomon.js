@@ -348,7 +348,11 @@
       xAxis: this.timeAxis(),
       yAxis: {
         type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" },
-        max: slaTop ? function (v) { return Math.max(v.max, slaTop * 1.5); } : null,
+        // Up to the next power of ten above the data and the SLA lines (a log axis' own
+        // top, which a plain maximum would print as 17.825792).
+        max: slaTop ? function (v) {
+          return Math.pow(10, Math.ceil(Math.log10(Math.max(v.max, slaTop * 1.5))));
+        } : null,
       },
       dataZoom: this.zoom(),
       toolbox: { feature: { dataZoom: { yAxisIndex: "none" }, restore: {}, saveAsImage: {} } },
