@@ -92,3 +92,10 @@ def inked(img: Pixels) -> int:
 def black(img: Pixels, limit: int = 40) -> int:
     """Pixels of the SLA colour (black): every channel below ``limit``."""
     return int((img.max(axis=-1) < limit).sum())
+
+
+def dashes(img: Pixels, limit: int = 40) -> int:
+    """Black runs along the pixel row with the most black: a dashed line has many."""
+    mask = img.max(axis=-1) < limit
+    row = mask[int(mask.sum(axis=1).argmax())]
+    return int((row[1:] & ~row[:-1]).sum() + row[0])

@@ -25,7 +25,7 @@ from tests.batches import batch
 from tests.browser import Browser
 from tests.conftest import Mosquitto, free_port, until
 from tests.offline.test_plot import _shots
-from tests.pixels import black, chart_box, inked, load, near, x_of
+from tests.pixels import black, chart_box, dashes, inked, load, near, x_of
 
 PREFIX = "fiomonpics"
 HOSTS = ("h1", "h2", "h3")
@@ -187,6 +187,7 @@ async def test_restart_restores_the_window_with_gaps_colours_and_sla_lines(
     # The write rule's SLA line: on the write chart only, black, labelled.
     assert black(read) == 0, "an SLA line on the read chart, whose direction has no rule"
     assert black(boxes["lat-write"].crop(img)) > 50
+    assert dashes(boxes["lat-write"].crop(img)) >= 20, "the SLA line is dashed"
     assert SLA_COLOUR == "#000000"
     names = {c: [s["name"] for s in state["charts"][c]] for c in ("lat-read", "lat-write")}
     assert "SLA" not in names["lat-read"]
