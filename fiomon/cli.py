@@ -656,6 +656,22 @@ def _add_version(sub: SubParsers) -> argparse.ArgumentParser:
     return sub.add_parser("version", help="print the version")
 
 
+def _add_paths(sub: SubParsers) -> argparse.ArgumentParser:
+    from fiomon.paths import PLACES  # noqa: PLC0415
+
+    p = sub.add_parser(
+        "paths",
+        help="print where the shipped deploy files, example configs and docs are",
+        description="Print where the installed deploy files (systemd units, Mosquitto, "
+        "Prometheus, Grafana, Alertmanager, Ansible), example configs, the agents' kit and "
+        "the docs are: <venv>/share/fiomon for a wheel install, the checkout's folders in a "
+        "checkout. With NAME, only that path (for scripts). Exit 1 if not installed.",
+    )
+    p.add_argument("name", nargs="?", choices=list(PLACES), metavar="NAME",
+                   help=f"one of: {', '.join(PLACES)}")  # fmt: skip
+    return p
+
+
 # -- handlers of the offline commands -------------------------------------------------------
 
 
@@ -966,6 +982,23 @@ def _version(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _paths(args: argparse.Namespace) -> int:
+    from fiomon.paths import PLACES, shipped_path  # noqa: PLC0415
+
+    names = [args.name] if args.name else list(PLACES)
+    found = {name: shipped_path(name) for name in names}
+    missing = [name for name, path in found.items() if path is None]
+    if args.name:
+        if missing:
+            _error("paths", f"{args.name}: not installed (no share/fiomon/ found)")
+            return EXIT_FAILED
+        print(found[args.name])
+        return EXIT_OK
+    for name, path in found.items():
+        print(f"{name:<8} {path if path is not None else '(not installed)'}")
+    return EXIT_FAILED if found["share"] is None else EXIT_OK
+
+
 # Environment variables of the services; a flag wins over its variable, which wins over
 # the configuration file (and the file over the built-in default).
 ENV_BROKER = "FIOMON_BROKER"
@@ -1271,6 +1304,7 @@ COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
     "version": Command(_add_version, _version),
     "completion": Command(completion.add_parser, completion.run),
     "man": Command(manpage.add_parser, manpage.run),
+    "paths": Command(_add_paths, _paths),
 }
 
 

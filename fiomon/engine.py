@@ -175,7 +175,8 @@ class QuantumEngine:
             the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
             close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
-        keep_host_hists: attach it to host rows too.
+        keep_host_hists: attach it to host rows too: True for every direction, or the
+            direction labels whose host rows need it (the SLA rules' tail shares).
         confidence_level: compute each percentile's confidence interval at this level
             (``ClosedQuantum.ci_ns``); None: none.
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
@@ -203,7 +204,7 @@ class QuantumEngine:
         max_open_quanta: int = 100_000,
         max_open_rows: int | None = None,
         keep_hists: bool = False,
-        keep_host_hists: bool = False,
+        keep_host_hists: bool | frozenset[str] = False,
         confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
         keep_partials: bool = False,
@@ -308,6 +309,11 @@ class QuantumEngine:
     def quantum_of(self, t_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Id of the quantum ``(start, end]`` holding each time."""
         return np.floor_divide(t_ms - self.phase_ms - 1, self.quantum_ms)
+
+    def _host_hist(self, direction: str) -> bool:
+        """Whether host rows of ``direction`` carry their histogram (``keep_host_hists``)."""
+        keep = self.keep_host_hists
+        return keep if isinstance(keep, bool) else direction in keep
 
     def quantum_bounds(self, q: int) -> tuple[int, int]:
         """Start (exclusive) and end (inclusive) of quantum ``q``, ms."""
@@ -891,7 +897,7 @@ class QuantumEngine:
                             hist=(
                                 hist
                                 if (self.keep_hists and host is None)
-                                or (self.keep_host_hists and host is not None)
+                                or (host is not None and self._host_hist(label))
                                 else None
                             ),
                         ),
@@ -1090,7 +1096,7 @@ class QuantumEngine:
                     hist=(
                         self._full(k.hists[i], first_bin)
                         if (self.keep_hists and host is None)
-                        or (self.keep_host_hists and host is not None)
+                        or (host is not None and self._host_hist(k.label[i]))
                         else None
                     ),
                 )

@@ -22,6 +22,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 MARKDOWN_FILE = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b")
 TOP_FOLDERS = "deploy|config|docs|agents|scripts|tests|benchmarks|fiomon"
 PROJECT_PATH = re.compile(rf"(?<![\w/.<>{{$~@-])((?:\.\./)*(?:{TOP_FOLDERS})/[\w./-]*[\w/])")
+# Files a build writes (scripts/release): not in the checkout, in every artifact.
+GENERATED = {"fiomon/REVISION"}
 # The authors' notes, which do not ship, cited by name without a suffix.
 UNSHIPPED_NOTES = re.compile(r"\b(?:REFERENCE|DESIGN|STYLE)\b(?:\.md)?")
 
@@ -51,6 +53,8 @@ def cited(text: str) -> list[tuple[int, str]]:
             if not target or re.match(r"[a-z][a-z0-9+.-]*:", target):  # a URL
                 continue
             if target.startswith(("/", "fiomon/v1/", "fiomon/v1")):  # a host path, a topic
+                continue
+            if target in GENERATED:
                 continue
             out.append((text.count("\n", 0, m.start()) + 1, target))
     return out

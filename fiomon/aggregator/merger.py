@@ -754,6 +754,9 @@ class AggregatorCore:
             # bounded by bytes, not only by count: a lagging intake holds quanta open.
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
+            # Host rows' histograms: the SLA rules' tail shares (which hosts hold the
+            # I/Os above the cluster percentile) are computed from them at each close.
+            keep_host_hists=sla_directions(self.cfg),
             keep_partials=self.cfg.partials is not None,
             revise_within_ms=self.cfg.revise_within_ms,
             kept_max_bytes=self.cfg.revise_memory_bytes,
@@ -1052,6 +1055,8 @@ class AggregatorCore:
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
                 done.append(self.publisher.alerts.replace_rules(new.sla))
+                if self.engine is not None:  # tail shares need the host rows' histograms
+                    self.engine.keep_host_hists = sla_directions(new)
                 edges = set(self.publisher.buckets.edges_s.tolist())
                 for r in new.sla:
                     if r.threshold_ns / 1e9 not in edges:
@@ -1111,6 +1116,11 @@ def _drop(
     else:
         out[lo:hi] &= new
     return out
+
+
+def sla_directions(cfg: AggregatorConfig) -> frozenset[str]:
+    """The directions whose host rows keep their histograms: the SLA rules' (tail shares)."""
+    return frozenset(r.direction for r in cfg.sla) if cfg.per_host else frozenset()
 
 
 def _hook(h: object) -> str:

@@ -117,6 +117,15 @@ TAIL_ALPHA = (
     "Density exponent alpha of the power-law tail, p(x) ~ x**-alpha (fit_tail).",
     ("direction",),
 )
+# Which hosts hold the cluster's tail (fiomon.server.tailshare): only the top hosts of
+# each SLA'd direction and percentile, so its series are bounded whatever the hosts.
+TAIL_HOSTS = (
+    "fiomon_tail_share",
+    "Share (0..1) of the last closed quantum's cluster I/Os above the cluster percentile "
+    "(its fio bin and up) that the host holds; the top 5 hosts per SLA rule's direction "
+    "and percentile.",
+    ("direction", "percentile", "host"),
+)
 IOPS = (
     "fiomon_cluster_iops",
     "I/Os per second of the last closed quantum, cluster-wide.",
@@ -363,6 +372,7 @@ class QuantumGauges:
     throughput: Table = field(default_factory=dict)
     tail_share: Table = field(default_factory=dict)
     tail_alpha: Table = field(default_factory=dict)
+    tail_hosts: Table = field(default_factory=dict)  # set by the Publisher (TAIL_HOSTS)
     ci_lower: Table = field(default_factory=dict)
     ci_upper: Table = field(default_factory=dict)
     buckets: BucketHistogram | None = None
@@ -623,6 +633,8 @@ def build_snapshot(
         if gauges.ci_lower or gauges.ci_upper:
             gauges_out[CI_LOWER] = dict(gauges.ci_lower)
             gauges_out[CI_UPPER] = dict(gauges.ci_upper)
+        if gauges.tail_hosts:
+            gauges_out[TAIL_HOSTS] = dict(gauges.tail_hosts)
         if gauges.fit_tail:
             gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
             gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)

@@ -1,8 +1,9 @@
 """The webhook path (sites without Prometheus): what a real HTTP receiver gets.
 
 The aggregator posts the alert Prometheus' rule would raise: ``FiomonSLABreach`` with
-``severity: page``, a description and a runbook, then the same labels with ``endsAt`` when
-it resolves, also when it resolves because the input went idle.
+``severity: page``, the value and the threshold in ms, the hosts holding the cluster's
+tail, a description and a runbook, then the same labels with ``endsAt`` when it resolves,
+saying "ended" when it resolves because the input went idle (the benchmark stopped).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
     try:
         clock.advance(8_000)
         ends = [T0 + 1000 * i for i in range(1, 8)]
-        c.on_records("h1", encode("h1", "s@1", 0, batch(ends, bin_=1400)))
+        # h2 is slow (127 ms); h1 is fast (64 us), with as many I/Os.
+        c.on_records("h1", encode("h1", "s@1", 0, batch(ends, bin_=700)))
+        c.on_records("h2", encode("h2", "s@1", 0, batch(ends, bin_=1400)))
         clock.advance(5001)
         c.tick()
         dispatcher.offer(c.publisher.alerts, c.transitions)
@@ -76,11 +79,19 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
         "alertname": "FiomonSLABreach",
         "rule": "p99-read",
         "direction": "read",
+        "percentile": "99",
         "severity": "page",
     }
-    assert alert["annotations"]["runbook_url"].endswith("#fiomonslabreach")
-    assert "p99 read latency stayed above 5 ms" in alert["annotations"]["description"]
+    notes = alert["annotations"]
+    assert notes["runbook_url"].endswith("runbook.md#fiomonslabreach")
+    assert notes["summary"] == "p99 read 127 ms > 5 ms (cluster)"
+    assert (notes["value"], notes["threshold"]) == ("127 ms", "5 ms")
+    assert notes["worst_hosts"] == "h2 100%"
+    assert "p99 read latency stayed above 5 ms" in notes["description"]
     (end,) = resolved
     assert end["labels"] == alert["labels"]
     assert "endsAt" in end
+    assert end["annotations"]["resolution"].startswith("ended: the benchmark stopped")
+    assert end["annotations"]["summary"].startswith("ended (the benchmark stopped): p99 read")
+    assert end["annotations"]["worst_hosts"] == "h2 100%"
     assert deliveries[("webhook", "sent")] == 2
