@@ -352,17 +352,21 @@ def status_of(
         if loud:
             for a in loud[:MAX_SLA_LINES]:
                 line = {**common, "host": a.get("host"), "state": a["state"]}
-                sla.append({**line, "value_ns": a.get("value_ns")})
+                sla.append({**line, "value_ns": a.get("value_ns"), **_extra(a)})
             if len(loud) > MAX_SLA_LINES:
                 sla[-1]["more"] = len(loud) - MAX_SLA_LINES
             continue
         if rule.scope != "host" and seen:
             a = seen[0]
-            sla.append({**common, "host": None, "state": a["state"], "value_ns": a["value_ns"]})
+            line = {**common, "host": None, "state": a["state"], "value_ns": a["value_ns"]}
+            sla.append({**line, **_extra(a)})
             continue
-        resolved = any(a.get("state") == "resolved" for a in seen)
+        resolved = [a for a in seen if a.get("state") == "resolved"]
         state = "resolved" if resolved else "inactive"
-        sla.append({**common, "host": None, "state": state, "value_ns": None})
+        line = {**common, "host": None, "state": state, "value_ns": None}
+        if resolved:
+            line["ended"] = all(bool(a.get("ended")) for a in resolved)
+        sla.append(line)
     return {
         "time_ms": now_ms,
         "hosts_up": hosts_up,
@@ -374,6 +378,16 @@ def status_of(
         "silent_count": len(silent),
         "sla": sla,
     }
+
+
+def _extra(alert: dict[str, object]) -> dict[str, object]:
+    """What the alert adds when it has it: ``worst_hosts`` and ``ended``.
+
+    ``worst_hosts``: a cluster rule's hosts and their share of the tail
+    (``[[host, share], ...]``, from the alerts); ``ended``: a resolved alert whose
+    benchmark stopped, not recovered.
+    """
+    return {k: alert[k] for k in ("worst_hosts", "ended") if k in alert}
 
 
 def _value(v: object) -> float:

@@ -716,13 +716,20 @@
         where = " on " + escapeHtml(s.host) + (s.value_ns ? " (" + fmtNs(s.value_ns) + ")" : "");
       } else if (scopes[s.rule] === "host") {
         where = " (each host)";
+      } else if (s.worst_hosts && s.worst_hosts.length) {
+        // The aggregator's: whose I/Os hold the cluster's tail in the incident.
+        where = "; worst hosts " + s.worst_hosts.slice(0, 3).map(function (hs) {
+          return escapeHtml(hs[0]) + " (" + Math.round(hs[1] * 100) + " % of the tail)";
+        }).join(", ");
       } else if (s.state === "firing" || s.state === "pending") {
         var w = worstHost(store, s.direction, s.percentile);
         if (w) where = "; worst host " + escapeHtml(w.host) + " (" + fmtNs(w.v) + ")";
       }
       parts.push('<span class="' + cls + '">SLA ' + escapeHtml(s.rule) + ": p" + s.percentile + " " +
         s.direction + " &lt; " + fmtNs(s.threshold_ns) + where +
-        ": <b>" + s.state + "</b>" + (s.more ? " and " + s.more + " more hosts" : "") + "</span>");
+        ": <b>" + s.state + "</b>" +
+        (s.state === "resolved" && s.ended !== undefined ? (s.ended ? " (ended: the benchmark stopped)" : " (recovered)") : "") +
+        (s.more ? " and " + s.more + " more hosts" : "") + "</span>");
     });
     parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min (hosts: " +
       Math.round((meta.host_window_s || meta.window_s) / 60) + " min)</span>");

@@ -210,6 +210,22 @@ def test_status_names_loud_hosts_worst_first_and_no_host_for_a_quiet_per_host_ru
         ("h1", "pending"),
     ]
     assert (st["silent_hosts"], st["silent_count"]) == (["h4", "h9"], 2)
+    # A cluster rule's worst hosts and a resolved alert's "ended" come through.
+    cluster = SlaRule("p99-read", "read", 99.0, 5e6)
+    alerts: list[dict[str, object]] = [
+        {"rule": "p99-read", "host": None, "state": "firing", "value_ns": 9e6,
+         "worst_hosts": [["h2", 0.75]]},
+        {"rule": "p99-write", "host": "h1", "state": "resolved", "value_ns": 1e6, "ended": True},
+    ]  # fmt: skip
+    st = status_of(
+        now_ms=1, hosts_up=3, received=0, late=0, lost=0, rules=[cluster, rule], alerts=alerts
+    )
+    assert st["sla"][0]["worst_hosts"] == [["h2", 0.75]]
+    assert (st["sla"][1]["host"], st["sla"][1]["state"], st["sla"][1]["ended"]) == (
+        None,
+        "resolved",
+        True,
+    )
 
 
 # -- a real aggregator, a real broker, a real browser ------------------------------------

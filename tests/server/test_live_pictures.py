@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -233,4 +234,6 @@ async def test_the_status_bar_names_the_silent_host_and_the_worst_one(
     assert "incomplete: h3 sent nothing" in status
     assert "p99-write: p99 write < 5.00 ms (each host): inactive" in status
     assert " on h1" not in status
-    assert "worst host h2" in status
+    # The cluster rule names h2 first: the alerts' share of the tail, or the page's own
+    # reading of the newest host rows.
+    assert re.search(r"p99-read: p99 read < 100 µs; worst hosts? h2\b", status), status
