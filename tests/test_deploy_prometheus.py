@@ -180,9 +180,14 @@ def test_every_expression_parses(promtool: str, tmp_path: Path) -> None:
 def _grafana_to_promql(
     expr: str, rate_interval: str = "1m", direction: str = "read|write", host: str = ".*"
 ) -> str:
-    """A dashboard query with Grafana's variables filled in (regex values, as Grafana's)."""
+    """A dashboard query with Grafana's variables filled in (regex values, as Grafana's).
+
+    ``$__interval`` (a panel's step) gets ``rate_interval`` too: a window at least one
+    scrape long, so every query has data at any instant.
+    """
     return (
         expr.replace("$__rate_interval", rate_interval)
+        .replace("$__interval", rate_interval)
         .replace("$direction", direction)
         .replace("$host", host)
     )

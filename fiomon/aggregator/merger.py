@@ -204,6 +204,9 @@ class AggregatorCore:
         if why:
             self.problem("state-unreadable", why)
         tail = self.state.quanta.tail() if self.state.quanta is not None else None
+        if self.state.quanta is not None:
+            # The live page starts with the file's last window (the /metrics child reads it).
+            self.live.history = tuple(str(p) for p in self.state.quanta.files())
         self._learn_published(grid, tail)
         known = grid.known if grid is not None else None
         if isinstance(known, KnownStreams):
@@ -1011,6 +1014,7 @@ class AggregatorCore:
             lost=sum(self.counts.lost.values()),
             rules=self.cfg.sla,
             alerts=self.publisher.alerts.snapshot(),
+            silent=self._silent_logged,
         )
         snap = dataclasses.replace(snap, live=self.live.view(status))
         if self.outbox is None:
