@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fiomon.bins import BinLayout
+from fiomon.errors import FiomonError
 from fiomon.fio.problems import ProblemLog
 from fiomon.offline.output import (
     CsvWriter,
@@ -205,7 +206,14 @@ def _report_rows(
     for warning in got.warnings:
         err.write(f"fiomon: warning: {warning}\n")
     if quanta.run is not None:  # --run: only the rows that hold records of that run
-        rows = [f for f in rows if quanta.run in f.row.runs]
+        chosen = [f for f in rows if quanta.run in f.row.runs]
+        if rows and not chosen:  # a misspelt run is no empty report (nor a 1970 chart)
+            runs = {r for f in got.rows for r in f.row.runs}
+            held = ", ".join(sorted(runs)) or "none (its rows carry no run labels)"
+            names = ", ".join(str(p) for p in paths)
+            msg = f"{names}: no row holds records of run {quanta.run!r}; its runs: {held}"
+            raise FiomonError(msg)
+        rows = chosen
     if opts.rows is not None and opts.rows.percentiles is None:
         quanta = dataclasses.replace(quanta, percentiles=tuple(map(float, got.percentiles)))
     summary = ReportSummary(

@@ -335,3 +335,23 @@ def test_every_field_of_a_row_reads_back_to_the_same_line() -> None:
         del old[added]
     back = parse_row(old)
     assert (back.revision, back.revised_at, back.complete) == (0, None, True)
+
+
+def test_a_run_the_quanta_file_does_not_hold_is_an_error_naming_its_runs(
+    run: Run, tmp_path: Path
+) -> None:
+    # A misspelt --run printed "# no quanta ... (--directions)" or drew an empty 1970 chart
+    # with exit 0; it names the runs the file holds instead.
+    quanta = tmp_path / "quanta.jsonl"
+    labelled = fiomon("report", "--per-host", "--format", "jsonl", "--run", "nightly-42", *run.logs)
+    assert labelled.returncode == 0, labelled.stderr
+    quanta.write_text(labelled.stdout)
+    ok = fiomon("report", "--run", "nightly-42", "--format", "jsonl", quanta)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout
+    for args in (("report",), ("report", "--format", "jsonl"), ("plot", "-o", tmp_path / "x.png")):
+        r = fiomon(*args, "--run", "nightly-41", quanta)
+        assert r.returncode == 1, (args, r.stdout)
+        assert "no row holds records of run 'nightly-41'; its runs: nightly-42" in r.stderr
+        assert r.stdout == ""
+    assert not (tmp_path / "x.png").exists()
