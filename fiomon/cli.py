@@ -110,7 +110,7 @@ examples:
   fiomon report results/*/job_clat_hist.*.log
   fiomon report --quantum 10s --percentiles 50,99,99.99 --format csv *.log > p.csv
   fiomon report --format fiologparser --percentiles 90,95,99 h_clat_hist.1.log
-  fiomon report --per-host --format csv /var/lib/fiomon/quanta.jsonl*
+  fiomon report --per-host --format csv /var/lib/fiomon-aggregator/quanta.jsonl*
 """
 
 PLOT_EPILOG = """\
@@ -121,7 +121,7 @@ heatmap, as the rows hold no histograms).
 examples:
   fiomon plot --per-host --sla 5ms results/*_clat_hist.*.log -o run.html
   fiomon plot --percentiles 50,99,99.9 --directions read results/*.log -o run.png
-  fiomon plot --per-host /var/lib/fiomon/quanta.jsonl* -o live-run.html
+  fiomon plot --per-host /var/lib/fiomon-aggregator/quanta.jsonl* -o live-run.html
 """
 
 # -- converters: each turns a flag's text into its value or names the flag in the error ----

@@ -90,3 +90,25 @@ def test_the_checker_sees_a_dangling_reference() -> None:
     found = set(cited(text))
     assert found == {(1, "docs/metrics.md"), (1, "REFERENCE.md"), (1, "deploy/nope.conf")}
     assert UNSHIPPED_NOTES.search(text)
+
+
+QUANTA_FILE_KEY = re.compile(r"""['"]?quanta_file['"]?:\s*['"]?(/[\w./-]+)""")
+QUANTA_PATH = re.compile(r"(/var/lib/[\w./-]*quanta\.jsonl)")
+
+
+def test_every_quanta_file_path_cited_is_one_a_shipped_config_writes() -> None:
+    # README and the --help examples cited /var/lib/fiomon/quanta.jsonl, which no shipped
+    # configuration writes (the aggregator's is /var/lib/fiomon-aggregator/quanta.jsonl):
+    # a newcomer's copied `fiomon baseline ...` found no file.
+    written: set[str] = set()
+    texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in shipped_files()}
+    for text in texts.values():
+        written |= set(QUANTA_FILE_KEY.findall(text))
+    assert "/var/lib/fiomon-aggregator/quanta.jsonl" in written
+    stray = []
+    for path, text in texts.items():
+        for m in QUANTA_PATH.finditer(text):
+            if m.group(1) not in written:
+                line = text.count("\n", 0, m.start()) + 1
+                stray.append(f"{path.relative_to(ROOT)}:{line}: {m.group(1)}")
+    assert not stray, "quanta files no shipped config writes:\n" + "\n".join(stray)

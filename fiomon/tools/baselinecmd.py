@@ -32,7 +32,7 @@ how to use it:
 
 examples:
   fiomon baseline results/*/*_clat_hist.*.log
-  fiomon baseline --margin 1.5 --percentiles 99,99.9 --per-host /var/lib/fiomon/quanta.jsonl*
+  fiomon baseline --margin 1.5 --per-host /var/lib/fiomon-aggregator/quanta.jsonl*
 """
 
 
