@@ -24,6 +24,7 @@ import numpy as np
 
 from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
+from fiomon.offline.quantafiles import RELATIVE_BEFORE_MS
 from fiomon.units import format_latency_ns
 
 
@@ -137,7 +138,12 @@ def suggest_rules(
     notes = []
     quantum = f"{quantum_ms / 1000:g} s" if quantum_ms else "the run's"
     lines = ["# SLA rules from a baseline run (fiomon baseline)"]
-    if span_ms is not None:
+    if span_ms is not None and span_ms[1] < RELATIVE_BEFORE_MS:  # fio logs without epoch
+        lo, hi = (t / 1000 for t in span_ms)
+        lines.append(
+            f"# run: {lo:g} to {hi:g} s since job start (relative times), quanta of {quantum}"
+        )
+    elif span_ms is not None:
         start, end = (datetime.fromtimestamp(t / 1000, UTC) for t in span_ms)
         lines.append(f"# run: {start:%Y-%m-%d %H:%M:%S} to {end:%H:%M:%S} UTC, quanta of {quantum}")
     lines += [

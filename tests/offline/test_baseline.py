@@ -131,3 +131,16 @@ def test_a_margin_below_one_is_refused(baseline_run: Path) -> None:
     r = fiomon("baseline", "--margin", "0.8", baseline_run)
     assert r.returncode == 2
     assert "--margin: expected a number of at least 1" in r.stderr
+
+
+def test_a_relative_time_run_is_not_dated_1970(fio_bin: str, tmp_path: Path) -> None:
+    # fio logs without log_unix_epoch count ms from the job's start: the header said
+    # "run: 1969-12-31 23:59:59 to 00:00:04 UTC".
+    job = job_file(tmp_path, iops=200, runtime=4, epoch=0)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "out.json")])
+    (log,) = tmp_path.glob("run_clat_hist.*.log")
+    r = fiomon("baseline", "--for", "2", log)
+    assert r.returncode == 0, r.stderr
+    (span,) = [x for x in r.stdout.splitlines() if x.startswith("# run: ")]
+    assert "1969" not in span and "1970" not in span, span
+    assert "s since job start" in span, span
