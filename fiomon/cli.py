@@ -1204,14 +1204,15 @@ def _root_summary(agg: AggregatorConfig) -> str:
 
 def _check_config(args: argparse.Namespace) -> int:
     from fiomon.config import (  # noqa: PLC0415
+        MAX_CONFIG_BYTES,
         check_agent,
         check_aggregator,
-        read_yaml,
         watch_warnings,
     )
+    from fiomon.yamlfile import read_yaml_noting_duplicates  # noqa: PLC0415
 
-    try:
-        data = read_yaml(args.file)
+    try:  # a key given twice is a problem, listed with the others (its last value checked)
+        data, twice = read_yaml_noting_duplicates(args.file, MAX_CONFIG_BYTES)
     except ConfigError as exc:
         return _config_problems(args.file, exc.problems)
     if isinstance(data, dict) and "watch" in data:
@@ -1231,8 +1232,8 @@ def _check_config(args: argparse.Namespace) -> int:
             text += f"; cell {agg.cell}"
         if agg.root is not None and not problems:
             text += "; " + _root_summary(agg)
-    if problems:  # the keys' and the files' problems, all in one pass
-        return _config_problems(args.file, [f"{args.file}: {p}" for p in problems])
+    if problems or twice:  # the keys' and the files' problems, all in one pass
+        return _config_problems(args.file, twice + [f"{args.file}: {p}" for p in problems])
     print(f"{args.file}: {text}")
     return EXIT_OK
 

@@ -54,6 +54,22 @@ def read_yaml(path: Path, max_bytes: int) -> object:
         ConfigError: unreadable, not text, too large, not YAML (with the line of the
             syntax error), or a key given twice in one mapping.
     """
+    data, duplicates = read_yaml_noting_duplicates(path, max_bytes)
+    if duplicates:
+        raise ConfigError(duplicates)
+    return data
+
+
+def read_yaml_noting_duplicates(path: Path, max_bytes: int) -> tuple[object, list[str]]:
+    """The YAML document in ``path`` and its keys given twice (each keeps its last value).
+
+    One ``path: line N: key 'k' given twice`` problem per such key, for ``fiomon
+    check-config``, which lists a duplicate with every other problem.
+
+    Raises:
+        ConfigError: unreadable, not text, too large, not YAML (with the line of the
+            syntax error), or empty.
+    """
     try:
         with path.open("rb") as fh:
             raw = fh.read(max_bytes + 1)
@@ -85,9 +101,7 @@ def read_yaml(path: Path, max_bytes: int) -> object:
         raise ConfigError([msg]) from exc
     finally:
         loader.dispose()
-    if loader.duplicates:
-        raise ConfigError([f"{path}: {d}" for d in loader.duplicates])
     if data is None:
         msg = f"{path}: empty (no settings at all): is this the right file?"
         raise ConfigError([msg])
-    return data
+    return data, [f"{path}: {d}" for d in loader.duplicates]

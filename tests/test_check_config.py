@@ -221,3 +221,25 @@ def test_the_agent_warns_at_start_when_its_tmp_is_private(tmp_path: Path) -> Non
     assert warned, "".join(seen)
     assert "watch[0]: '/tmp/fio/*.json' is under /tmp or /var/tmp" in warned[0]
     assert "runs with a private /tmp (systemd PrivateTmp=yes)" in warned[0]
+
+
+def test_a_key_given_twice_does_not_hide_the_other_problems(tmp_path: Path) -> None:
+    # A duplicate key stopped check-config before the schema and files were looked at.
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        f"watch: ['{tmp_path}/*.json']\n"
+        f"state_dir: {tmp_path}\n"
+        "flush_interval: soon\n"
+        f"broker: {{password_file: {tmp_path}/no-such-password}}\n"
+        "host: a\n"
+        "host: b\n"
+    )
+    r = check_config(cfg)
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert f"{cfg}: line 6: key 'host' given twice" in lines
+    assert any(x.startswith(f"{cfg}: flush_interval:") for x in lines), r.stderr
+    assert any(x.startswith(f"{cfg}: broker.password_file: cannot read") for x in lines), r.stderr
+    assert lines[-1] == f"{cfg}: 3 problem(s)"
+    with pytest.raises(ConfigError, match="line 6: key 'host' given twice"):
+        load_agent_config(cfg)  # the services still refuse it
