@@ -343,7 +343,7 @@ class PlotData:
     Args:
         percentiles: the report's percentiles.
         layout: the bin layout of the rows' histograms (for the heatmap; None: no heat).
-        relative: times are ms since the earliest record, not epoch ms.
+        relative: times are ms since job start (fio logs without epoch), not epoch ms.
         surface: the percentiles of the surface (computed from the cluster rows'
             histograms; needs ``layout``).
     """

@@ -20,7 +20,7 @@ needs nothing beyond fiomon itself. The figure draws the packed document of
 Every percentile has one colour whatever else is drawn (:mod:`fiomon.palette`); colour
 maps are sequential (viridis) on a log scale with colour bars ticked in ms (at least three
 ticks). Times are wall-clock UTC (the axis labels say so, the title gives the start date
-and the time range), or seconds since the earliest record for relative inputs. Quanta
+and the time range), or seconds since job start for relative inputs. Quanta
 without I/O have no rows, and lines, bands and heatmap cells leave them empty: an idle
 minute is a gap, never a straight line.
 """
@@ -132,7 +132,7 @@ class _Time:
 
     def label(self) -> str:
         """The time axis label."""
-        return "s since the earliest record" if self.relative else "time (UTC)"
+        return "s since job start" if self.relative else "time (UTC)"
 
     def span(self) -> str:
         """The title's time range: the start date, times and duration."""

@@ -639,7 +639,7 @@
       colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);
-    var when = data.relative ? "times in s since the earliest record"
+    var when = data.relative ? "times in s since job start"
       : "times UTC, " + new Date(data.t0).toISOString().slice(0, 10);
     info(doc, rows.length + " rows, quantum " + data.quantum_ms + " ms, " + when +
       (data.downsampled > 1 ? "; down-sampled: each pair of points is the min and max of " +

@@ -399,3 +399,16 @@ def test_the_command_draws_the_documented_figure(tmp_path: Path) -> None:
     folder = os.environ.get("FIOMON_SCREENSHOTS")
     if folder:
         (Path(folder) / "plot-offline.png").write_bytes(body)
+
+
+def test_relative_times_are_labelled_seconds_since_job_start(tmp_path: Path) -> None:
+    # fio logs without log_unix_epoch count from the job's start, and quanta start before
+    # the first record: the axis read "s since the earliest record" and went negative.
+    counts = np.zeros(BinLayout().nbins, np.int64)
+    counts[400] = 300
+    log = tmp_path / "h_clat_hist.1.log"
+    log.write_text("".join(format_line(t, 0, 4096, counts) for t in (505, 1505, 2505, 3505)))
+    fig = build_figure(plot_doc([log]))
+    label = axes(fig, "surface").get_xlabel()
+    assert label == "s since job start", label
+    assert "relative times" in fig.get_suptitle()
