@@ -538,7 +538,7 @@ def _add_demo(sub: SubParsers) -> argparse.ArgumentParser:
         "--real-fio",
         action="store_true",
         help="run real fio jobs (json+ status every second) on temporary files instead of "
-        "the simulator; one host reads 8 MiB blocks for a quarter of the run",
+        "the simulator; one host reads 64 MiB blocks for a quarter of the run",
     )
     p.add_argument(
         "--listen",

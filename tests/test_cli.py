@@ -360,3 +360,17 @@ def test_check_config_names_the_root_section_and_what_the_root_ignores(tmp_path:
     plain = tmp_path / "aggregator.yaml"
     plain.write_text("align: epoch\n")
     assert "root" not in fiomon("check-config", str(plain)).stdout.split(":", 1)[1]
+
+
+def test_the_demo_help_and_readme_name_the_block_size_real_fio_reads() -> None:
+    # --help (and so `fiomon man`) said 8 MiB; the failing phase reads 64 MiB blocks.
+    import inspect  # noqa: PLC0415
+
+    from fiomon.tools.demo import _start_fio  # noqa: PLC0415
+
+    (bs,) = re.findall(r'"--name=failing".*?"--bs=(\d+)M"', inspect.getsource(_start_fio))
+    said = f"one host reads {bs} MiB blocks for a quarter of the run"
+    r = fiomon("demo", "--help")
+    assert said in " ".join(r.stdout.split()), r.stdout
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert said in " ".join(readme.split())
