@@ -441,6 +441,7 @@ def _host_panels(
     )  # fmt: skip
     lat0, iops0 = axes[0, 0], axes[1, 0]
     used: list[Axes] = []
+    top = 0.0  # the busiest host's IOPS: the shared axis must hold every host's line
     for i in range(nrows * ncols):
         r, c = divmod(i, ncols)
         lat, iops = axes[2 * r, c], axes[2 * r + 1, c]
@@ -463,7 +464,7 @@ def _host_panels(
                 lat.axhline(line["ns"] / 1e6, color=SLA_COLOUR, lw=0.8, ls="--")
         x, (y,) = _broken(x0, [_arr(s.get("iops", [None] * len(x0)))], at)
         iops.plot(x, y, lw=0.8, color=_DIR_COLOURS[d])
-        iops.set_ylim(bottom=0)
+        top = max(top, float(np.nanmax(y, initial=0.0)))
         lat.set_title(s["host"] or "", fontsize=8, pad=2)
         lat.set_label(f"host-lat-{s['host']}")
         iops.set_label(f"host-iops-{s['host']}")
@@ -476,6 +477,9 @@ def _host_panels(
             iops.set_ylabel("IOPS", fontsize=7)
         used += [lat, iops]
     _ms_axis(lat0)
+    # Not set_ylim(bottom=0) per panel: that froze the shared axis at the first host's
+    # autoscaled top, clipping busier hosts' lines out of their panels.
+    iops0.set_ylim(0, top * 1.1 if top > 0 else 1.0)
     lat0.set_xlim(share.get_xlim())  # the main panels' time span (own ticks: narrower panels)
     handles, labels = lat0.get_legend_handles_labels()
     sub.legend(handles, labels, loc="outside upper right", fontsize=7, ncol=len(labels))

@@ -412,3 +412,28 @@ def test_relative_times_are_labelled_seconds_since_job_start(tmp_path: Path) -> 
     label = axes(fig, "surface").get_xlabel()
     assert label == "s since job start", label
     assert "relative times" in fig.get_suptitle()
+
+
+def test_every_hosts_iops_line_is_inside_the_shared_iops_axis(tmp_path: Path) -> None:
+    # Each panel's set_ylim(bottom=0) froze the shared axis at the first host's top: a
+    # 10-IOPS host first gave every panel 0..11 IOPS, and a 500-IOPS host's line vanished.
+    rng = np.random.default_rng(7)
+    model = LatencyModel(head_mean_ns=300_000, head_sd_ns=80_000, tail_share=0.05)
+    logs = []
+    for name, rate in (("h1", 10), ("h2", 500)):
+        path = tmp_path / f"{name}_clat_hist.1.log"
+        spec = JobSpec(name, 1, iops=rate, phase_ms=0)
+        with path.open("w") as fh:
+            for end, d, counts, _ in records(
+                spec, start_ms=START_MS, seconds=10, interval_ms=1000, model=model, rng=rng
+            ):
+                fh.write(format_line(end, d, 4096, counts))
+        logs.append(path)
+    fig = build_figure(plot_doc(logs, per_host=True))
+    pixels(fig)
+    for h in ("h1", "h2"):
+        ax = axes(fig, f"host-iops-{h}")
+        y = np.asarray(ax.get_lines()[0].get_ydata(), float)
+        lo, hi = ax.get_ylim()
+        assert lo == 0
+        assert np.nanmax(y) < hi * 0.97, (h, np.nanmax(y), hi)  # inside, off the frame
