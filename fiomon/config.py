@@ -1458,12 +1458,29 @@ def watch_warnings(cfg: AgentConfig, *, unit_note: bool = False) -> list[str]:
                 f"'{pattern.rstrip('/')}/*.json'"
             )
             continue
-        folder = Path(pattern).parent
-        if not any(c in str(folder) for c in "*?[") and not folder.is_dir():
+        folder = _fixed_folder(pattern)  # the leading folders without wildcards
+        if not folder.is_dir():
             out.append(
                 f"watch[{i}]: folder {folder} does not exist (yet): {pattern!r} matches nothing"
             )
+        elif "**" in pattern.split("/") and folder in (Path("/"), Path("/home"), Path("/var")):
+            out.append(
+                f"watch[{i}]: {pattern!r} scans every folder under {folder} (the first 100 000 "
+                "a scan): point ** at the results folder (agents/README.md, section 2)"
+            )
     return out
+
+
+def _fixed_folder(pattern: str) -> Path:
+    """The folder a watch pattern starts from: its leading components without wildcards."""
+    comps = pattern.split("/")[:-1]
+    fixed = []
+    for c in comps:
+        if any(m in c for m in "*?["):
+            break
+        fixed.append(c)
+    joined = "/".join(fixed)
+    return Path(joined or ("/" if pattern.startswith("/") else "."))
 
 
 # -- overrides from flags and the environment ---------------------------------------------

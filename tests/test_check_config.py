@@ -243,3 +243,29 @@ def test_a_key_given_twice_does_not_hide_the_other_problems(tmp_path: Path) -> N
     assert lines[-1] == f"{cfg}: 3 problem(s)"
     with pytest.raises(ConfigError, match="line 6: key 'host' given twice"):
         load_agent_config(cfg)  # the services still refuse it
+
+
+def test_recursive_and_wildcard_patterns_warn_of_a_missing_root_and_of_slash(
+    tmp_path: Path,
+) -> None:
+    # `**` patterns (and any wildcard folder) were never checked: a typo in the results
+    # folder of `/srv/bench/resluts/**/*.json` passed silently, as did `/**/*.json`.
+    (tmp_path / "results").mkdir()
+    cfg = AgentConfig(
+        watch=(
+            f"{tmp_path}/resluts/**/*.json",
+            f"{tmp_path}/missing/*/x.json",
+            f"{tmp_path}/results/**/*.json",
+            "/**/*.json",
+        ),
+        state_dir=tmp_path,
+    )
+    got = [w for w in watch_warnings(cfg) if "PrivateTmp" not in w]
+    assert got == [
+        f"watch[0]: folder {tmp_path}/resluts does not exist (yet): "
+        f"'{tmp_path}/resluts/**/*.json' matches nothing",
+        f"watch[1]: folder {tmp_path}/missing does not exist (yet): "
+        f"'{tmp_path}/missing/*/x.json' matches nothing",
+        "watch[3]: '/**/*.json' scans every folder under / (the first 100 000 a scan): "
+        "point ** at the results folder (agents/README.md, section 2)",
+    ], got
