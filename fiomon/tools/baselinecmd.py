@@ -90,6 +90,14 @@ def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
         help="the rules' min_samples: quanta with fewer I/Os are no evidence (default 100)",
     )
     p.add_argument("--per-host", action="store_true", help="also a scope: host rule per direction")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="NAME",
+        type=cli._run_name,
+        help="of a quanta file (which holds every run the aggregator saw), only the rows "
+        "holding records of run NAME: the baseline run alone",
+    )
     return p
 
 
@@ -128,8 +136,21 @@ def run(args: argparse.Namespace) -> int:
         if all_quanta_files(args.logs):
             select = Selection(args.percentiles, directions, args.per_host, args.quantum)
             got, picked = resolve_rows(args.logs, select)
+            if args.run is not None:
+                runs = sorted({r for f in got.rows for r in f.row.runs})
+                picked = [f for f in picked if args.run in f.row.runs]
+                if not picked:
+                    held = ", ".join(runs) or "none (its rows carry no run labels)"
+                    print(
+                        f"fiomon baseline: no row holds records of run {args.run!r}; its "
+                        f"runs: {held}",
+                        file=sys.stderr,
+                    )
+                    return 1
             rows, quantum = [f.row for f in picked], args.quantum or got.quantum_ms
         else:
+            if args.run is not None:
+                raise UsageError(["--run selects a quanta file's rows; fio output has no runs"])
             paths, source = cli._read_inputs(args, "baseline")
             quantum = args.quantum or parse_duration_ms(cli.QUANTUM, what="--quantum")
             opts = QuantaOptions(

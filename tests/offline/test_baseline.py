@@ -144,3 +144,32 @@ def test_a_relative_time_run_is_not_dated_1970(fio_bin: str, tmp_path: Path) -> 
     (span,) = [x for x in r.stdout.splitlines() if x.startswith("# run: ")]
     assert "1969" not in span and "1970" not in span, span
     assert "s since job start" in span, span
+
+
+def test_run_picks_the_baseline_out_of_a_quanta_file_of_many_runs(
+    baseline_run: Path, tmp_path: Path
+) -> None:
+    # An aggregator's quanta file holds every run it saw; without --run a later slow run
+    # raised every suggested threshold, and there was no way to pick the baseline.
+    r = fiomon("report", "--format", "jsonl", "--run", "base", baseline_run)
+    assert r.returncode == 0, r.stderr
+    slow = []
+    for line in r.stdout.splitlines():
+        row = json.loads(line)
+        row["runs"] = ["slow"]
+        row["start_ms"] += 3_600_000
+        row["end_ms"] += 3_600_000
+        row["percentiles_ns"] = {k: v * 100 for k, v in row["percentiles_ns"].items()}
+        slow.append(json.dumps(row) + "\n")
+    quanta = tmp_path / "quanta.jsonl"
+    quanta.write_text(r.stdout + "".join(slow))
+    alone = fiomon("baseline", baseline_run)
+    picked = fiomon("baseline", "--run", "base", quanta)
+    assert picked.returncode == 0, picked.stderr
+    assert yaml.safe_load(picked.stdout) == yaml.safe_load(alone.stdout)
+    mixed = fiomon("baseline", quanta)
+    assert yaml.safe_load(mixed.stdout) != yaml.safe_load(alone.stdout)
+    missing = fiomon("baseline", "--run", "bsae", quanta)
+    assert missing.returncode == 1
+    assert "no row holds records of run 'bsae'; its runs: base, slow" in missing.stderr
+    assert fiomon("baseline", "--run", "base", baseline_run).returncode == 2  # fio output
