@@ -75,6 +75,10 @@ def run_plot(
     # The run's hosts name the charts (host series add theirs with --per-host).
     hosts = [] if all_quanta_files(paths) else host_labels(list(paths), opts.host_from)
     doc = holder[0].document(title=title, sla=sla, hosts=hosts, max_points=max_points)
+    if not any(s["end"] for s in doc["series"]):  # not an empty chart dated 1970
+        shown = ",".join(opts.directions)
+        msg = f"nothing to draw: no I/O in the directions shown ({shown}; --directions)"
+        raise PlotError(msg)
     if kind == "html":
         body = page_html(data=doc, live=False, title=title).encode()
     else:

@@ -437,3 +437,15 @@ def test_every_hosts_iops_line_is_inside_the_shared_iops_axis(tmp_path: Path) ->
         lo, hi = ax.get_ylim()
         assert lo == 0
         assert np.nanmax(y) < hi * 0.97, (h, np.nanmax(y), hi)  # inside, off the frame
+
+
+def test_a_selection_with_no_io_is_an_error_not_an_empty_1970_chart(
+    run4: list[Path], tmp_path: Path
+) -> None:
+    # `--directions trim` on a run without trims wrote an empty chart titled
+    # "1970-01-01 00:00:00 - 00:00:00 UTC (0 s)" and exited 0.
+    for name in ("t.png", "t.svg", "t.html"):
+        r = fiomon("plot", "--directions", "trim", *run4, "-o", tmp_path / name)
+        assert r.returncode == 1, (name, r.stderr)
+        assert "nothing to draw: no I/O in the directions shown (trim" in r.stderr
+        assert not (tmp_path / name).exists()
