@@ -222,11 +222,18 @@ class WebhookConfig:
             longer than this; it never holds closing).
         resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
             than the timeout.
+        labels: added to every alert's labels, as Prometheus' ``external_labels`` are
+            (e.g. ``{cluster: bench}``), so Alertmanager groups and routes both paths'
+            alerts alike (``instance`` too, if the page should name the aggregator).
+        runbook: where the runbook is (``docs/runbook.md``; alerts link ``<runbook>#<alert>``);
+            default: where the wheel installs it under ``/opt/fiomon`` (deploy/README.md).
     """
 
     url: str
     timeout_ms: int = 5000
     resend_ms: int = 60_000
+    labels: tuple[tuple[str, str], ...] = ()
+    runbook: str = "file:///opt/fiomon/share/fiomon/docs/runbook.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -679,6 +686,35 @@ def _http_url(value: object, where: str) -> str:
     return text
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _label_map(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """Alert labels: a mapping of Prometheus label names to non-empty strings."""
+    if not isinstance(value, dict):
+        msg = f"{where}: expected a mapping of label names to strings, got {value!r}"
+        raise ConfigError([msg])
+    problems = []
+    for k, v in value.items():
+        if not isinstance(k, str) or not _LABEL_NAME.match(k) or k.startswith("__"):
+            problems.append(f"{where}: {k!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        elif k in ("alertname", "rule", "direction", "percentile", "host", "severity"):
+            problems.append(f"{where}.{k}: set by fiomon itself")
+        elif not isinstance(v, str) or not v:
+            problems.append(f"{where}.{k}: expected a non-empty string, got {v!r}")
+    if problems:
+        raise ConfigError(problems)
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+
+
+def _url(value: object, where: str) -> str:
+    text = _str(value, where).strip()
+    if not urllib.parse.urlsplit(text).scheme:
+        msg = f"{where}: expected a URL (https://..., file:///...), got {value!r}"
+        raise ConfigError([msg])
+    return text
+
+
 # -- the sections ------------------------------------------------------------------------
 
 _TLS_KEYS: Table = {
@@ -744,6 +780,8 @@ _WEBHOOK_KEYS: Table = {
     "url": ("url", _http_url),
     "timeout": ("timeout_ms", _duration_between(100, 30_000)),
     "resend": ("resend_ms", _duration_ms(1000)),
+    "labels": ("labels", _label_map),
+    "runbook": ("runbook", _url),
 }
 
 _AGGREGATOR_KEYS: Table = {
