@@ -113,6 +113,10 @@ class AgentConfig:
         cell: the cell this host publishes to, when the file lists ``cells`` (named by
             ``cell:`` or picked by :func:`fiomon.cells.assign_cell`); ``broker`` and
             ``topic_prefix`` are then that cell's. None: no cells listed.
+        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
+            (``--log-level``, ``FIOMON_LOG_LEVEL``, which win over it). SIGHUP reloads it.
+        metrics_listen: ``host:port`` of the agent's own ``/metrics`` (``process_*``,
+            ``fiomon_build_info``, ``/-/healthy``, ``/-/ready``); None: none (the default).
     """
 
     watch: tuple[str, ...]
@@ -131,6 +135,8 @@ class AgentConfig:
     max_document_bytes: int = 32 * 1024**2
     rename_grace_ms: int = 60_000
     cell: str | None = None
+    log_level: str | None = None
+    metrics_listen: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,6 +703,8 @@ _AGENT_KEYS: Table = {
     "max_document_size": ("max_document_bytes", _size(1024**2)),
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
+    "log_level": ("log_level", _choice(*LOG_LEVELS)),
+    "metrics_listen": ("metrics_listen", _listen),
 }
 _AGENT_SECTIONS = ("broker", "cells")
 
@@ -1117,11 +1125,13 @@ class Overrides:
     listen_from: str = "--listen"
 
     def apply_agent(self, cfg: AgentConfig) -> AgentConfig:
-        """``cfg`` with the broker override (an agent has no ``listen`` or ``log_level``).
+        """``cfg`` with the broker and log level overrides (an agent has no ``listen``).
 
         Raises:
             ConfigError: a bad address, naming the flag or variable it came from.
         """
+        if self.log_level is not None:
+            cfg = replace(cfg, log_level=self.log_level)
         if self.broker is None:
             return cfg
         return replace(cfg, broker=with_broker(cfg.broker, self.broker, what=self.broker_from))

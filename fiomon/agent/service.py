@@ -23,11 +23,17 @@ duplicates.
 Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
 ``grace_s``, a retained ``offline`` status is published, and the positions are saved.
 What is still unacknowledged is read again from the files at the next start.
+
+SIGHUP re-reads the configuration file (with the command line's overrides, as at start):
+``watch``, the intervals, ``log_hist_msec``, the line and document caps, ``rename_grace``
+and ``log_level`` take effect at once (:data:`RELOADABLE`); any other key that changed is
+named in the log as waiting for the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -35,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import aiomqtt
 
@@ -42,7 +49,8 @@ from fiomon import __version__
 from fiomon.agent.follow import Follower
 from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
-from fiomon.config import AgentConfig, watch_warnings
+from fiomon.config import AgentConfig, Overrides, load_agent_config, watch_warnings
+from fiomon.errors import ConfigError
 from fiomon.mqtt import MqttSession, Topics
 from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals, wait_event
 
@@ -51,6 +59,18 @@ log = logging.getLogger("fiomon.agent")
 CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
 LARGE_POSITIONS = 256 * 1024  # a positions file this large (thousands of files) ...
 LARGE_CHECKPOINT_S = 2.0  # ... is saved this often at most
+# What SIGHUP changes in a running agent; every other key waits for the next start.
+RELOADABLE = (
+    "watch",
+    "flush_interval_ms",
+    "poll_interval_ms",
+    "heartbeat_interval_ms",
+    "log_hist_msec",
+    "max_line_bytes",
+    "max_document_bytes",
+    "rename_grace_ms",
+    "log_level",
+)
 
 
 @dataclass(slots=True)
@@ -165,11 +185,11 @@ class Agent:
     async def _read_loop(self, stop: asyncio.Event) -> None:
         """Read followed files every flush interval; look for new files every poll interval."""
         loop = asyncio.get_running_loop()
-        flush = self.cfg.flush_interval_ms / 1000
-        poll = self.cfg.poll_interval_ms / 1000
         next_read = next_look = loop.time()
         try:
             while not stop.is_set():
+                flush = self.cfg.flush_interval_ms / 1000  # (SIGHUP may change them)
+                poll = self.cfg.poll_interval_ms / 1000
                 now = loop.time()
                 look = now >= next_look
                 if (look or now >= next_read) and not self._pause_for_spool():
@@ -280,7 +300,7 @@ class Agent:
                 msg = None
                 if loop.time() >= next_beat:
                     await self._send_status(session, "online")
-                    next_beat = loop.time() + heartbeat
+                    next_beat = loop.time() + self.cfg.heartbeat_interval_ms / 1000
                 continue
             if msg is not None:
                 await session.publish(topic, msg.payload)
@@ -298,7 +318,7 @@ class Agent:
                 await wait_event(self._wake, max(0.0, next_beat - loop.time()))
             if loop.time() >= next_beat:
                 await self._send_status(session, "online")
-                next_beat = loop.time() + heartbeat
+                next_beat = loop.time() + self.cfg.heartbeat_interval_ms / 1000
 
     async def _durable_stream(self, stream: str) -> bool:
         """Whether ``stream`` is in the positions on disk (saving them if need be)."""
@@ -361,6 +381,66 @@ class Agent:
             "counters": counters,
         }
 
+    # -- SIGHUP ----------------------------------------------------------------------------
+
+    def reload(self, new: AgentConfig) -> tuple[list[str], list[str]]:
+        """Take what a running agent can change from ``new``; name what cannot.
+
+        Call it from a worker thread (it waits for a poll under way to finish).
+
+        Returns:
+            (changes made, as ``key old -> new``; keys that wait for the next start).
+        """
+        old = self.cfg
+        done = [
+            f"{f} {getattr(old, f)!r} -> {getattr(new, f)!r}"
+            for f in RELOADABLE
+            if getattr(new, f) != getattr(old, f)
+        ]
+        later = [
+            f.name
+            for f in dataclasses.fields(AgentConfig)
+            if f.name not in RELOADABLE and getattr(new, f.name) != getattr(old, f.name)
+        ]
+        taken = dataclasses.replace(old, **{f: getattr(new, f) for f in RELOADABLE})
+        with self._follow_lock:
+            fol = self.follower
+            if taken.watch != old.watch:
+                fol.set_patterns(taken.watch)
+            fol.log_hist_msec = taken.log_hist_msec
+            fol.max_line_bytes = taken.max_line_bytes
+            fol.max_document_bytes = taken.max_document_bytes
+            fol.rename_grace_s = taken.rename_grace_ms / 1000
+            self.cfg = taken
+        apply_log_level(taken.log_level)
+        return done, later
+
+    async def reload_file(self, path: Path, overrides: Overrides | None) -> None:
+        """SIGHUP: re-read ``path`` (and ``overrides`` over it) and :meth:`reload` it."""
+        try:
+            new = await asyncio.to_thread(load_agent_config, path)
+            if overrides is not None:
+                new = overrides.apply_agent(new)
+        except ConfigError as exc:
+            for p in exc.problems:
+                log.error("SIGHUP: %s", p)
+            log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
+            return
+        done, later = await asyncio.to_thread(self.reload, new)
+        if done:
+            log.info("SIGHUP: reloaded %s: %s", path, "; ".join(done))
+        else:
+            log.info("SIGHUP: reloaded %s: nothing that takes effect now changed", path)
+        if later:
+            log.warning(
+                "SIGHUP: %s changed but take effect at the next start (restart the agent)",
+                ", ".join(later),
+            )
+        if done:
+            for warning in watch_warnings(self.cfg):
+                log.warning("%s", warning)
+        self._wake.set()
+
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_event(stop, CHECKPOINT_S)
@@ -415,8 +495,40 @@ class Agent:
         self._saved = version
 
 
-async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
-    """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once."""
+def apply_log_level(level: str | None) -> None:
+    """Set the root logger's level (``log_level``; None leaves it as it is)."""
+    if level:
+        logging.getLogger().setLevel(level.upper())
+
+
+async def run_agent(
+    cfg: AgentConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    config_path: Path | None = None,
+    overrides: Overrides | None = None,
+) -> None:
+    """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once.
+
+    Args:
+        cfg: the configuration (``overrides`` applied).
+        stop: set it to stop (the signals set it too).
+        config_path: the file SIGHUP re-reads (None: SIGHUP logs that it cannot reload).
+        overrides: the command line's settings, put over the file again at each SIGHUP.
+    """
     stop = stop or asyncio.Event()
-    with stop_on_signals(stop, logger=log):
-        await Agent(cfg).run(stop)
+    apply_log_level(cfg.log_level)
+    agent = Agent(cfg)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        if config_path is None:
+            log.warning("SIGHUP: no configuration file to re-read; nothing reloaded")
+            return
+        log.info("SIGHUP: re-reading %s", config_path)
+        task = asyncio.create_task(agent.reload_file(config_path, overrides))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with stop_on_signals(stop, logger=log, reload=on_hup):
+        await agent.run(stop)

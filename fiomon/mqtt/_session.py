@@ -125,6 +125,91 @@ def new_client(
     )
 
 
+def guard_sockets(client: aiomqtt.Client) -> None:
+    """Register paho's socket with the event loop only while the socket is still open.
+
+    aiomqtt 2.5 hands every registration to the loop through ``call_soon_threadsafe``,
+    even from the loop's own thread, and forgets the writer when the socket closes. So a
+    packet queued (say the PUBACK of a message, or a publish) in the same loop turn in
+    which paho then closes the socket (the broker hung up: a takeover of our client id,
+    its shutdown) registered a writer for a descriptor already closed one callback
+    later: epoll refuses it and asyncio logs ``OSError: [Errno 9] Bad file descriptor``
+    with a traceback. Here a registration from the loop's thread takes effect at once
+    (paho's order of register and unregister is kept), one from another thread (paho's
+    connect runs in an executor) is dropped if the socket was closed meanwhile, and a
+    closing socket leaves neither reader nor writer behind. The callbacks the loop runs
+    are aiomqtt's own (``loop_read``/``loop_write``; an error ends the connection).
+    """
+    paho = client._client
+    loop: asyncio.AbstractEventLoop = client._loop
+    inner_close = paho.on_socket_close  # aiomqtt's: removes the reader, ends keep-alive
+
+    def fail(exc: Exception) -> None:
+        if not client._disconnected.done():
+            client._disconnected.set_exception(exc)
+
+    def read() -> None:
+        try:
+            while True:
+                paho.loop_read()
+                pending = getattr(paho._sock, "pending", None)  # TLS: decoded, not read
+                if pending is None or pending() <= 0:
+                    break
+        except Exception as exc:  # aiomqtt's rule: the connection broke
+            fail(exc)
+
+    def write() -> None:
+        try:
+            paho.loop_write()
+        except Exception as exc:
+            fail(exc)
+
+    def on_loop() -> bool:
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    def soon(fn: Callable[[], None]) -> None:
+        if on_loop():
+            fn()
+        else:
+            loop.call_soon_threadsafe(fn)
+
+    def on_open(c: object, userdata: object, sock: Any) -> None:
+        del c, userdata
+
+        def add() -> None:
+            fd: int = sock.fileno()
+            if fd >= 0 and paho._sock is sock:
+                loop.add_reader(fd, read)
+                # aiomqtt's keep-alive task (paho's loop_misc once a second)
+                client._misc_task = loop.create_task(client._misc_loop())
+
+        soon(add)
+
+    def on_register_write(c: object, userdata: object, sock: Any) -> None:
+        del c, userdata
+
+        def add() -> None:
+            fd: int = sock.fileno()
+            if fd >= 0 and paho._sock is sock and paho._registered_write:
+                loop.add_writer(fd, write)
+
+        soon(add)
+
+    def on_close(c: Any, userdata: Any, sock: Any) -> None:
+        fd: int = sock.fileno()
+        if fd >= 0:
+            loop.remove_writer(fd)
+        if inner_close is not None:
+            inner_close(c, userdata, sock)
+
+    paho.on_socket_open = on_open
+    paho.on_socket_register_write = on_register_write
+    paho.on_socket_close = on_close
+
+
 def drop_stale(queue: asyncio.Queue[aiomqtt.Message], logger: logging.Logger) -> int:
     """Forget messages a previous connection left unhandled, before connecting again.
 
@@ -344,6 +429,7 @@ class MqttSession:
             mqtt5=mqtt5,
         )
         (self._queue,) = made
+        guard_sockets(self.client)
         paho = self.client._client
         if manual_ack:
             # aiomqtt 2.5 has no manual-ack API (REFERENCE §4; aiomqtt #345): paho's own

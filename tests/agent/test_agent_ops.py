@@ -1,0 +1,151 @@
+"""The agent as an operator runs it: clean stops, SIGHUP, a taken client id, /metrics.
+
+Real Mosquitto, real ``fiomon agent`` processes (their stderr kept), a subscriber on
+the status topics.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, subscribed
+from tests.conftest import FIXTURES, Mosquitto, until
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    procs: list[AgentProcess] = []
+    yield procs
+    for p in procs:
+        p.kill()
+
+
+def start_agent(
+    broker: Mosquitto,
+    tmp_path: Path,
+    name: str,
+    procs: list[AgentProcess],
+    *,
+    state: str = "state",
+    **extra: str,
+) -> AgentProcess:
+    """``fiomon agent`` following ``tmp_path/results`` (its config and log named ``name``)."""
+    results = tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    cfg = tmp_path / f"{name}.yaml"
+    watch = [f"{results}/*_clat_hist.*.log", f"{results}/*.json"]
+    cfg.write_text(agent_yaml(broker, watch, tmp_path / state, **extra))
+    agent = AgentProcess(cfg, tmp_path / f"{name}.log")
+    procs.append(agent)
+    agent.start()
+    return agent
+
+
+def online_since(sub: Subscriber, m: int) -> bool:
+    """An ``online`` status came after the first ``m``."""
+    return any(s.get("state") == "online" for s in sub.status[m:])
+
+
+def more_records(sub: Subscriber, n: int) -> bool:
+    """More than ``n`` records came."""
+    return len(sub.seen) > n
+
+
+async def test_seven_clean_stops_log_no_traceback(
+    mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess], fio_bin: str
+) -> None:
+    """SIGTERM while fio runs and records flow: exit 0 and no traceback, 7 of 7."""
+    results = tmp_path / "results"
+    results.mkdir()
+    fio = subprocess.Popen(  # noqa: ASYNC220 -- runs beside the test, killed at its end
+        [
+            fio_bin,
+            "--name=ops",
+            f"--filename={tmp_path / 'data'}",
+            "--size=4M",
+            "--rw=randrw",
+            "--bs=4k",
+            "--ioengine=psync",
+            "--rate_iops=300",
+            "--time_based",
+            "--runtime=120",
+            f"--write_hist_log={results}/ops",
+            "--log_hist_msec=100",
+            "--log_unix_epoch=1",
+            "--output-format=json+",
+            "--status-interval=1",
+            f"--output={results}/ops.json",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with subscribed(mosquitto) as sub:
+            for i in range(7):
+                n, m = len(sub.seen), len(sub.status)
+                agent = start_agent(mosquitto, tmp_path, f"a{i}", agents)
+                await sub.wait_for(functools.partial(online_since, sub, m))
+                await sub.wait_for(functools.partial(more_records, sub, n + 5))
+                rc = await agent.stop(signal.SIGTERM)
+                text = agent.log.read_text()
+                assert rc == 0, f"stop {i + 1} of 7: rc {rc}:\n{text}"
+                assert "Traceback" not in text, f"stop {i + 1} of 7 logged:\n{text}"
+                assert "Errno 9" not in text, f"stop {i + 1} of 7 logged:\n{text}"
+    finally:
+        fio.kill()
+        fio.wait()
+
+
+async def test_sighup_reloads_watch_and_names_what_needs_a_restart(
+    mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    """SIGHUP: the agent lives on, follows the new glob, and names the keys it cannot take."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    hist = (FIXTURES / "fio333_randrw_clat_hist.1.log").read_text()
+    (first / "a_clat_hist.1.log").write_text(hist)
+    later = [
+        f"{int(ln.split(',', 1)[0]) + 60_000},{ln.split(',', 1)[1]}" for ln in hist.splitlines()
+    ]
+    (second / "b_clat_hist.1.log").write_text("\n".join(later) + "\n")  # other records
+    cfg = tmp_path / "agent.yaml"
+    state = tmp_path / "state"
+    cfg.write_text(agent_yaml(mosquitto, [f"{first}/*_clat_hist.*.log"], state))
+    agent = AgentProcess(cfg, tmp_path / "agent.log")
+    agents.append(agent)
+    async with subscribed(mosquitto) as sub:
+        agent.start()
+        await sub.wait_for(lambda: sub.streams_of(first / "a_clat_hist.1.log"))
+        await sub.wait_for(lambda: online_since(sub, 0))
+        cfg.write_text(
+            agent_yaml(
+                mosquitto,
+                [f"{first}/*_clat_hist.*.log", f"{second}/*_clat_hist.*.log"],
+                state,
+                log_level="debug",
+                spool_size="8MiB",
+            )
+        )
+        assert agent.proc is not None
+        agent.proc.send_signal(signal.SIGHUP)
+        await sub.wait_for(lambda: sub.streams_of(second / "b_clat_hist.1.log"))
+        await until(lambda: "take effect at the next start" in agent.log.read_text(), what="log")
+        assert agent.alive(), f"SIGHUP ended the agent:\n{agent.log.read_text()}"
+        # a file that does not load: logged, the running configuration stays
+        cfg.write_text("watch: 3\n")
+        agent.proc.send_signal(signal.SIGHUP)
+        await until(lambda: "not reloaded" in agent.log.read_text(), what="refusal")
+        assert agent.alive()
+        assert await agent.stop() == 0
+    text = agent.log.read_text()
+    assert "SIGHUP: reloaded" in text and "watch" in text
+    assert "log_level None -> 'debug'" in text
+    assert "spool_bytes changed but take effect at the next start" in text
+    assert "Traceback" not in text, text
