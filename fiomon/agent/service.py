@@ -36,6 +36,8 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -59,6 +61,8 @@ log = logging.getLogger("fiomon.agent")
 CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
 LARGE_POSITIONS = 256 * 1024  # a positions file this large (thousands of files) ...
 LARGE_CHECKPOINT_S = 2.0  # ... is saved this often at most
+MAX_PEER_STATUS_BYTES = 64 * 1024  # a status is ~1 kB; anything larger is not an agent's
+TAKEOVER_MEMORY_S = 120.0  # a status seen this long after a takeover names the taker
 # What SIGHUP changes in a running agent; every other key waits for the next start.
 RELOADABLE = (
     "watch",
@@ -84,6 +88,8 @@ class AgentCounters:
     state_write_errors: int = 0
     read_pauses: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    session_takeovers: int = 0
+    host_conflicts: int = 0
 
 
 class Agent:
@@ -127,6 +133,10 @@ class Agent:
         self.acked: dict[str, int] = {}
         self.counters = AgentCounters()
         self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
+        self.client_id = cfg.broker.client_id or f"fiomon-agent-{cfg.host}"
+        self.connected = False  # to the broker, now
+        self._rivals: set[str] = set()  # other instances named in the log (once each)
+        self._cut_at = -TAKEOVER_MEMORY_S  # monotonic s: the broker last cut our connection
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
         self._saved: tuple[int, int] | None = None  # (follower changes, acks) last saved
@@ -147,9 +157,11 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Follow, publish and checkpoint until ``stop`` is set, then shut down in order."""
         log.info(
-            "fiomon agent %s for host %s: watching %s, broker %s:%d",
+            "fiomon agent %s for host %s (instance %s, client id %s): watching %s, broker %s:%d",
             __version__,
             self.cfg.host,
+            self.instance,
+            self.client_id,
             ", ".join(self.cfg.watch),
             self.cfg.broker.host,
             self.cfg.broker.port,
@@ -255,32 +267,131 @@ class Agent:
     async def _publish_loop(self, stop: asyncio.Event) -> None:
         """Connect, publish the spool in order, reconnect with backoff, until done."""
         host = self.cfg.host
-        offline = json.dumps({"state": "offline", "agent": host}).encode()
+        offline = json.dumps({"state": "offline", **self._identity(), "will": True}).encode()
         session = MqttSession(
             self.cfg.broker,
-            identifier=self.cfg.broker.client_id or f"fiomon-agent-{host}",
+            identifier=self.client_id,
             logger=log,
             will=aiomqtt.Will(self.topics.status(host), offline, qos=1, retain=True),
         )
 
         async def connected() -> bool:
             self.counters.connects += 1
+            self.connected = True
             log.info(
                 "connected to %s:%d%s",
                 self.cfg.broker.host,
                 self.cfg.broker.port,
                 f" (cell {self.cfg.cell})" if self.cfg.cell else "",
             )
-            await self._send_status(session, "online")
-            await self._drain(session)
-            await self._send_status(session, "offline")
+            subscribed = asyncio.Event()
+            watch = asyncio.create_task(
+                self._watch_status(session, subscribed), name=f"fiomon[{host}].peers"
+            )
+            try:
+                # What the broker retains on our status topic is read before our own
+                # status replaces it: that is where another agent shows.
+                await wait_event(subscribed, 5.0)
+                await self._send_status(session, "online")
+                await self._drain(session)
+                await self._send_status(session, "offline")
+            finally:
+                await cancel_and_wait(watch)
             return True  # everything published: no reconnect
 
         def failed(_: aiomqtt.MqttError) -> None:
             self.counters.publish_failures += 1
+            if session.connected:  # the broker cut a connection it had accepted
+                self._cut_at = time.monotonic()
+                if session.taken_over:  # and said why (MQTT 5 brokers that do)
+                    self.counters.session_takeovers += 1
+
+        def down() -> None:
+            self.connected = False
 
         # After stop the loop goes on (the spool gets grace_s), its waits no longer cut.
-        await session.run(connected, wake=stop, failed=failed)
+        await session.run(connected, wake=stop, failed=failed, down=down)
+
+    # -- another agent with our host name or client id -----------------------------------
+
+    def _identity(self) -> dict[str, object]:
+        """Who this agent is, in its status and its Will (another agent names us by it)."""
+        return {
+            "agent": self.cfg.host,
+            "instance": self.instance,
+            "pid": os.getpid(),
+            "machine": socket.gethostname(),
+            "client_id": self.client_id,
+        }
+
+    async def _watch_status(self, session: MqttSession, subscribed: asyncio.Event) -> None:
+        """Read our own status topic: another instance's status there is another agent.
+
+        Best effort: a broker whose ACL lets agents write but not read their topics
+        refuses the subscription (logged at debug), and the rest of the agent goes on.
+        """
+        topic = self.topics.status(self.cfg.host)
+        try:
+            await session.subscribe(topic)
+            subscribed.set()
+            async for m in session.client.messages:
+                if len(m.payload) <= MAX_PEER_STATUS_BYTES:  # (paho's payload: bytes)
+                    self.on_own_status(m.payload, retained=m.retain)
+        except aiomqtt.MqttError as exc:
+            log.debug("not watching %s: %s", topic, exc)
+        finally:
+            subscribed.set()
+
+    def on_own_status(self, payload: bytes, *, retained: bool) -> None:
+        """A status on our own topic: ours, an earlier instance's, or another agent's.
+
+        Another instance's live ``online`` status means another agent publishes under our
+        host name now. Another instance's status (its Will included) found after the
+        broker cut our connection names the one that cut it: another client connecting
+        with our client id takes our connection (Mosquitto 2.0 only closes the socket,
+        saying nothing), and our reconnection took it back. An earlier instance's last
+        word found at our first connection (a restart) is neither.
+        """
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(doc, dict):
+            return
+        inst = doc.get("instance")
+        if not isinstance(inst, str) or inst == self.instance or inst in self._rivals:
+            return
+        live = not retained and doc.get("state") == "online"
+        cut = time.monotonic() - self._cut_at < TAKEOVER_MEMORY_S
+        if not (live or cut):
+            return
+        self._rivals.add(inst)
+        self.counters.host_conflicts += 1
+        who = (
+            f"instance {inst}, pid {doc.get('pid', '?')} on {doc.get('machine', '?')}, "
+            f"client id {doc.get('client_id', '?')!r}"
+        )
+        b = self.cfg.broker
+        if doc.get("client_id") == self.client_id:
+            self.counters.session_takeovers += 1
+            log.error(
+                "our MQTT client id %r is in use by another connection to %s:%d, another "
+                "agent (%s): the broker drops the older connection whenever the other "
+                "connects, so the two take turns",
+                self.client_id,
+                b.host,
+                b.port,
+                who,
+            )
+        log.error(
+            "another agent with host name %r (%s) is connected to %s:%d: two agents with "
+            "one host name mix their records under one name. Give each its own `host`, or "
+            "stop one of them.",
+            self.cfg.host,
+            who,
+            b.host,
+            b.port,
+        )
 
     async def _drain(self, session: MqttSession) -> None:
         """Publish the spool as it fills; return once it is empty and reading has stopped."""
@@ -340,7 +451,7 @@ class Agent:
         await session.publish(self.topics.status(self.cfg.host), payload, retain=True)
 
     def status(self, state: str) -> dict[str, object]:
-        """The status document: state and every counter."""
+        """The status document: state, who we are, and every counter."""
         f = self.follower.stats
         counters = asdict(self.counters)
         counters.update(
@@ -369,8 +480,7 @@ class Agent:
         )
         return {
             "state": state,
-            "agent": self.cfg.host,
-            "instance": self.instance,
+            **self._identity(),
             "version": __version__,
             "time_ms": self._now_ms(),
             "faults": {

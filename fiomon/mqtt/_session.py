@@ -39,6 +39,7 @@ from fiomon.runtime import wait_event
 SUBSCRIBE_TIMEOUT_S = 120.0
 
 BATCH_MESSAGES = 2000  # the most messages one batch takes from the queue
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client took our client id
 
 
 def read_password(broker: BrokerConfig) -> str | None:
@@ -401,6 +402,12 @@ class MqttSession:
         self.broker = broker
         self.log = logger
         self.label = label
+        self.identifier = identifier
+        # The broker ended our last connection because another client connected with our
+        # client id (MQTT 5 DISCONNECT, reason 0x8E "Session taken over"; over MQTT 3.1.1
+        # the broker only closes the socket and nothing tells us why).
+        self.taken_over = False
+        self.takeovers = 0
         self.manual_ack = manual_ack
         self.backoff = backoff or Backoff()
         self.connected = False  # a connection is up (between CONNACK and its end)
@@ -431,6 +438,31 @@ class MqttSession:
         (self._queue,) = made
         guard_sockets(self.client)
         paho = self.client._client
+        inner_disconnect: Any = paho.on_disconnect  # aiomqtt's
+        inner_handle: Callable[[], Any] | None = getattr(paho, "_handle_disconnect", None)
+        said: list[int] = []  # the reason of the broker's DISCONNECT on this connection
+
+        def handle_disconnect() -> Any:
+            # paho 2.2 reads a DISCONNECT's reason code only when properties follow it
+            # (remaining length > 2); Mosquitto's takeover notice is the code alone.
+            pkt = paho._in_packet
+            if pkt.get("remaining_length", 0) >= 1:
+                said.append(pkt["packet"][0])
+            assert inner_handle is not None  # noqa: S101 -- installed only when present
+            return inner_handle()
+
+        def on_disconnect(c: Any, u: Any, flags: Any, rc: Any, props: Any = None) -> None:
+            if SESSION_TAKEN_OVER in (getattr(rc, "value", None), *said):
+                self.taken_over = True
+                self.takeovers += 1
+            said.clear()
+            if inner_disconnect is not None:
+                inner_disconnect(c, u, flags, rc, props)
+
+        paho.on_disconnect = on_disconnect
+        if inner_handle is not None:
+            target: Any = paho
+            target._handle_disconnect = handle_disconnect
         if manual_ack:
             # aiomqtt 2.5 has no manual-ack API (REFERENCE §4; aiomqtt #345): paho's own
             # switch on its client (a public paho method on aiomqtt's private client).
@@ -472,15 +504,31 @@ class MqttSession:
             if self.manual_ack:
                 self.drop_stale()
             done = False
+            was_taken = self.taken_over
+            self.taken_over = False
             try:
                 async with self.client:
                     self.connected = True
-                    if not self._refused:
+                    if not (self._refused or was_taken):
+                        # (two clients taking one id from each other would otherwise
+                        # take turns at the base delay, forever)
                         self.backoff.reset()
                     done = bool(await body())
             except aiomqtt.MqttError as exc:
-                if not isinstance(exc, PublishRefusedError):
-                    b = self.broker
+                b = self.broker
+                if self.taken_over:
+                    self.log.warning(
+                        "%sbroker %s:%d: our MQTT client id %r is in use by another "
+                        "connection: the broker handed our session to it (MQTT 5 'Session "
+                        "taken over', %d times so far); reconnecting takes it back, so "
+                        "the two take turns: give each client its own client id",
+                        self.label,
+                        b.host,
+                        b.port,
+                        self.identifier,
+                        self.takeovers,
+                    )
+                elif not isinstance(exc, PublishRefusedError):
                     self.log.warning("%sbroker %s:%d: %s", self.label, b.host, b.port, exc)
                 if failed is not None:
                     failed(exc)

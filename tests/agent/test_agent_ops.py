@@ -7,6 +7,7 @@ the status topics.
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ def start_agent(
     procs: list[AgentProcess],
     *,
     state: str = "state",
+    client_id: str | None = None,
     **extra: str,
 ) -> AgentProcess:
     """``fiomon agent`` following ``tmp_path/results`` (its config and log named ``name``)."""
@@ -40,7 +42,10 @@ def start_agent(
     results.mkdir(exist_ok=True)
     cfg = tmp_path / f"{name}.yaml"
     watch = [f"{results}/*_clat_hist.*.log", f"{results}/*.json"]
-    cfg.write_text(agent_yaml(broker, watch, tmp_path / state, **extra))
+    text = agent_yaml(broker, watch, tmp_path / state, **extra)
+    if client_id is not None:
+        text = text.replace("keepalive: 5s}", f"keepalive: 5s, client_id: {client_id}}}")
+    cfg.write_text(text)
     agent = AgentProcess(cfg, tmp_path / f"{name}.log")
     procs.append(agent)
     agent.start()
@@ -149,3 +154,44 @@ async def test_sighup_reloads_watch_and_names_what_needs_a_restart(
     assert "log_level None -> 'debug'" in text
     assert "spool_bytes changed but take effect at the next start" in text
     assert "Traceback" not in text, text
+
+
+def instance_of(agent: AgentProcess) -> str:
+    """The instance id the agent logged at its start."""
+    found = re.findall(r"\(instance (\w+), client id", agent.log.read_text())
+    assert found, agent.log.read_text()
+    return str(found[-1])
+
+
+@pytest.mark.parametrize("own_ids", [False, True], ids=["one-client-id", "own-client-ids"])
+async def test_two_agents_with_one_host_name_each_name_the_other(
+    mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess], own_ids: bool
+) -> None:
+    """One host name: each agent names the other; with one client id, also the taken id.
+
+    With the default client id (``fiomon-agent-<host>``) the broker drops one connection
+    whenever the other connects, so they take turns (paho said only ``[code:4] The client
+    is not currently connected``); with their own client ids both stay connected and
+    publish under one name.
+    """
+    async with subscribed(mosquitto):
+        ids = ("agent-a", "agent-b") if own_ids else (None, None)
+        a = start_agent(mosquitto, tmp_path, "a", agents, state="state-a", client_id=ids[0])
+        b = start_agent(mosquitto, tmp_path, "b", agents, state="state-b", client_id=ids[1])
+
+        def both_named() -> bool:
+            ta, tb = a.log.read_text(), b.log.read_text()
+            return "another agent with host name 'client-07'" in ta and (
+                "another agent with host name 'client-07'" in tb
+            )
+
+        await until(both_named, what="both agents name the conflict", within=90)
+        for me, other in ((a, b), (b, a)):
+            text = me.log.read_text()
+            assert f"(instance {instance_of(other)}, pid {other.pid} on " in text, text
+            taken = "our MQTT client id 'fiomon-agent-client-07' is in use by another connection"
+            assert (taken in text) == (not own_ids), text
+            assert me.alive()
+        for me in (a, b):
+            assert await me.stop() == 0
+            assert "Traceback" not in me.log.read_text()
