@@ -49,6 +49,7 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.agent.follow import Follower
+from fiomon.agent.metrics import serve_metrics
 from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
 from fiomon.config import AgentConfig, Overrides, load_agent_config, watch_warnings
@@ -169,7 +170,11 @@ class Agent:
         for warning in watch_warnings(self.cfg):
             log.warning("%s", warning)
         name = f"fiomon[{self.cfg.host}]"
+        server = None
         try:
+            if self.cfg.metrics_listen is not None:  # opt-in; a taken port fails the start
+                host, _, port = self.cfg.metrics_listen.rpartition(":")
+                server = await serve_metrics(self, host.strip("[]"), int(port), stop.is_set)
             async with asyncio.TaskGroup() as tg:
                 reader = tg.create_task(self._read_loop(stop), name=f"{name}.read")
                 publisher = tg.create_task(self._publish_loop(stop), name=f"{name}.publish")
@@ -189,6 +194,8 @@ class Agent:
                     )
                     await cancel_and_wait(publisher)
         finally:
+            if server is not None:
+                server.close()
             await asyncio.to_thread(self._save_positions)
             self.follower.close()
             self.spool.close()
@@ -234,6 +241,10 @@ class Agent:
             log.info("reading resumed")
         self._paused = full
         return full
+
+    def metrics_counts(self) -> tuple[int, int]:
+        """(records sent since the start, messages spooled now), for ``/metrics``."""
+        return self.counters.records_sent, len(self.spool)
 
     def _status_line(self) -> str:
         f = self.follower.stats

@@ -6,17 +6,24 @@ the status topics.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from fiomon.build import revision
 from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, subscribed
-from tests.conftest import FIXTURES, Mosquitto, until
+from tests.aggregator.test_metrics_live import git_head
+from tests.conftest import DEADLINE_S, FIXTURES, Mosquitto, free_port, until
+from tests.metricskit import parse_samples
 
 
 @pytest.fixture
@@ -195,3 +202,59 @@ async def test_two_agents_with_one_host_name_each_name_the_other(
         for me in (a, b):
             assert await me.stop() == 0
             assert "Traceback" not in me.log.read_text()
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of ``GET http://127.0.0.1:<port><path>`` (errors included)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_agent_metrics_on_request_with_process_build_and_probes(
+    mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    """``metrics_listen``: process_*, build_info with the checkout's commit, /-/ready."""
+    port = free_port()
+    async with subscribed(mosquitto) as sub:
+        agent = start_agent(mosquitto, tmp_path, "a", agents, metrics_listen=f"127.0.0.1:{port}")
+        await sub.wait_for(functools.partial(online_since, sub, 0))
+
+        async def probe(path: str) -> tuple[int, str]:
+            return await asyncio.to_thread(http_get, port, path)
+
+        await until_async(lambda: probe("/-/ready"), (200, "fiomon is ready.\n"))
+        assert await probe("/-/healthy") == (200, "fiomon is healthy.\n")
+        status, text = await probe("/metrics")
+        assert status == 200
+        samples = parse_samples(text)
+        head = git_head()
+        build = [k for k in samples if k[0] == "fiomon_build_info"]
+        assert len(build) == 1 and dict(build[0][1])["revision"] == head == revision()
+        assert samples[("fiomon_agent_broker_connected", ())] == 1
+        assert ("fiomon_agent_records_sent_total", ()) in samples
+        assert samples[("process_resident_memory_bytes", ())] > 20e6
+        assert 0 < samples[("process_cpu_seconds_total", ())] < 60
+        assert samples[("process_start_time_seconds", ())] > time.time() - 120
+        assert samples[("process_open_fds", ())] >= 5  # the broker, the listener, ...
+        mosquitto.stop()  # no broker: alive (healthy), not ready, and says why
+        await until_async(
+            lambda: probe("/-/ready"),
+            (503, "fiomon is not ready: not connected to the MQTT broker\n"),
+        )
+        assert (await probe("/-/healthy"))[0] == 200
+        assert await agent.stop() == 0
+
+
+async def until_async(get: Callable[[], Awaitable[tuple[int, str]]], want: tuple[int, str]) -> None:
+    """Until ``get()`` returns ``want`` (the last answer in the failure)."""
+    got: list[tuple[int, str]] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not got or got[-1] != want:
+        assert loop.time() < deadline, f"wanted {want}, last got {got[-1:]}"
+        if got:
+            await asyncio.sleep(0.2)
+        got.append(await get())
