@@ -1,6 +1,6 @@
 """Quantum alignment: where the grid of quanta starts (its phase).
 
-Phase matters more than anything else for accuracy (DESIGN.md): a record that straddles a
+Phase matters more than anything else for accuracy (README.md): a record that straddles a
 quantum boundary is split in proportion to overlap, which is exact only if its I/Os were
 spread evenly. ``auto`` therefore puts boundaries where the records' own boundaries are.
 

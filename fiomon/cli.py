@@ -1,4 +1,4 @@
-"""The ``fiomon`` command line: one entry point, subcommands (DESIGN.md "Command line").
+"""The ``fiomon`` command line: one entry point, subcommands (README.md has each one).
 
 Each subcommand is an adder (its flags) and a handler (what it runs), both named in
 :data:`COMMANDS`. Flags are checked where argparse reads them, so a handler gets valid
@@ -48,6 +48,7 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
+from fiomon.tools import baselinecmd, completion, manpage
 from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms
 
@@ -380,8 +381,10 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
         "--sla",
         action="append",
         default=[],
-        metavar="LATENCY",
-        help="draw a threshold line at this latency, e.g. 5ms (repeatable)",
+        metavar="THRESHOLD",
+        help="draw a labelled threshold line, [pPCT:][DIR:]LATENCY: e.g. 5ms (every "
+        "latency panel) or p99:read:5ms (the read panel only, labelled 'SLA p99 read 5 "
+        "ms'); repeatable",
     )
     p.add_argument("--title", default=None, help="page title (default: the first input)")
     p.add_argument(
@@ -393,6 +396,13 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
         f"group's min and max (default {MAX_POINTS}, at least {MIN_POINTS})",
     )
     return p
+
+
+def _run_name(text: str) -> str:
+    if not text.strip() or len(text.encode("utf-8")) > 512:
+        msg = f"a run label is 1..512 bytes, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return text
 
 
 def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None:
@@ -412,6 +422,14 @@ def _report_arguments(p: argparse.ArgumentParser, *, plot: bool = False) -> None
         "(multiples of the quantum) or an offset such as 250ms",
     )
     _add_percentiles(p, DEFAULT_PERCENTILES, more="; a quanta file's: those it holds")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="NAME",
+        type=_run_name,
+        help="the run label: fio output's rows carry it (runs in jsonl and csv); of a quanta "
+        "file only the rows that hold records of run NAME are shown",
+    )
     p.add_argument(
         "--per-host",
         action="store_true",
@@ -623,6 +641,13 @@ def _add_fio(sub: SubParsers) -> argparse.ArgumentParser:
         help="where fio writes its status stream and hist logs (default: here)",
     )
     p.add_argument(
+        "--name",
+        default=None,
+        metavar="NAME",
+        help='the run\'s name: its files go to DIR/NAME/, and an agent with run: "{dir}" '
+        "labels its records NAME (rows' runs, fiomon_run_info)",
+    )
+    p.add_argument(
         "--quantum",
         type=_duration("--quantum", minimum="0ms"),
         default=FIO_QUANTUM,
@@ -651,6 +676,22 @@ def _add_check_config(sub: SubParsers) -> argparse.ArgumentParser:
 
 def _add_version(sub: SubParsers) -> argparse.ArgumentParser:
     return sub.add_parser("version", help="print the version")
+
+
+def _add_paths(sub: SubParsers) -> argparse.ArgumentParser:
+    from fiomon.paths import PLACES  # noqa: PLC0415
+
+    p = sub.add_parser(
+        "paths",
+        help="print where the shipped deploy files, example configs and docs are",
+        description="Print where the installed deploy files (systemd units, Mosquitto, "
+        "Prometheus, Grafana, Alertmanager, Ansible), example configs, the agents' kit and "
+        "the docs are: <venv>/share/fiomon for a wheel install, the checkout's folders in a "
+        "checkout. With NAME, only that path (for scripts). Exit 1 if not installed.",
+    )
+    p.add_argument("name", nargs="?", choices=list(PLACES), metavar="NAME",
+                   help=f"one of: {', '.join(PLACES)}")  # fmt: skip
+    return p
 
 
 # -- handlers of the offline commands -------------------------------------------------------
@@ -764,6 +805,7 @@ def _report_options(
         max_span_ms=args.max_span,
         source=source,
         workers=args.jobs,
+        run=args.run,
     )
     return opts, view, logs
 
@@ -837,11 +879,11 @@ def _engine_errors(name: str, run: Callable[[], ReportSummary]) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from fiomon.offline.plot import plot_kind, run_plot  # noqa: PLC0415
-    from fiomon.units import parse_latency_ns  # noqa: PLC0415
+    from fiomon.offline.plotdata import parse_sla  # noqa: PLC0415
 
     try:
         kind = plot_kind(args.output)
-        sla_ns = [float(parse_latency_ns(x, what="--sla")) for x in args.sla]
+        sla = [parse_sla(x) for x in args.sla]
     except (PlotError, ConfigError) as exc:
         raise UsageError([str(exc)]) from None
     opts, _, logs = _report_options(args, "plot")
@@ -857,7 +899,7 @@ def _plot(args: argparse.Namespace) -> int:
                 args.output,
                 kind=kind,
                 title=title,
-                sla_ns=sla_ns,
+                sla=sla,
                 max_points=args.max_points,
             ),
         )
@@ -954,13 +996,32 @@ def _fio(args: argparse.Namespace) -> int:
     from fiomon.tools.runfio import run_fio  # noqa: PLC0415
 
     fio_args = args.fio_args[1:] if args.fio_args[:1] == ["--"] else args.fio_args
-    return run_fio(fio_args, output_dir=args.output_dir, quantum_ms=max(1, args.quantum))
+    return run_fio(
+        fio_args, output_dir=args.output_dir, quantum_ms=max(1, args.quantum), name=args.name
+    )
 
 
 def _version(args: argparse.Namespace) -> int:
     del args
     print(f"fiomon {__version__}")
     return EXIT_OK
+
+
+def _paths(args: argparse.Namespace) -> int:
+    from fiomon.paths import PLACES, shipped_path  # noqa: PLC0415
+
+    names = [args.name] if args.name else list(PLACES)
+    found = {name: shipped_path(name) for name in names}
+    missing = [name for name, path in found.items() if path is None]
+    if args.name:
+        if missing:
+            _error("paths", f"{args.name}: not installed (no share/fiomon/ found)")
+            return EXIT_FAILED
+        print(found[args.name])
+        return EXIT_OK
+    for name, path in found.items():
+        print(f"{name:<8} {path if path is not None else '(not installed)'}")
+    return EXIT_FAILED if found["share"] is None else EXIT_OK
 
 
 # Environment variables of the services; a flag wins over its variable, which wins over
@@ -1143,47 +1204,44 @@ def _root_summary(agg: AggregatorConfig) -> str:
 
 def _check_config(args: argparse.Namespace) -> int:
     from fiomon.config import (  # noqa: PLC0415
-        agent_config_from,
-        aggregator_config_from,
-        aggregator_files,
+        check_agent,
+        check_aggregator,
         read_yaml,
-        readable_files,
-        state_dir_problems,
         watch_warnings,
     )
 
     try:
         data = read_yaml(args.file)
-        if isinstance(data, dict) and "watch" in data:
-            agent = agent_config_from(data, source=str(args.file))
-            problems = readable_files(agent.broker)
-            problems += state_dir_problems(agent.state_dir, strict=False)
-            for warning in watch_warnings(agent):
-                print(f"{args.file}: warning: {warning}", file=sys.stderr)
-            text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
-            if agent.cell is not None:
-                b = agent.broker
-                text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
-        else:
-            agg = aggregator_config_from(data, source=str(args.file))
-            problems = aggregator_files(agg)
-            text = (
-                f"valid aggregator configuration ({len(agg.sla)} SLA rules, "
-                f"/metrics on {agg.listen})"
-            )
-            if agg.cell is not None:
-                text += f"; cell {agg.cell}"
-            if agg.root is not None:
-                text += "; " + _root_summary(agg)
-        if problems:
-            raise ConfigError([f"{args.file}: {p}" for p in problems])
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
-        return EXIT_USAGE
+        return _config_problems(args.file, exc.problems)
+    if isinstance(data, dict) and "watch" in data:
+        agent, problems = check_agent(data)
+        for warning in watch_warnings(agent, unit_note=True):
+            print(f"{args.file}: warning: {warning}", file=sys.stderr)
+        text = f"valid agent configuration (host {agent.host}, {len(agent.watch)} globs)"
+        if agent.cell is not None:
+            b = agent.broker
+            text += f"; cell {agent.cell} (broker {b.host}:{b.port}, {agent.topic_prefix})"
+    else:
+        agg, problems = check_aggregator(data)
+        text = (
+            f"valid aggregator configuration ({len(agg.sla)} SLA rules, /metrics on {agg.listen})"
+        )
+        if agg.cell is not None:
+            text += f"; cell {agg.cell}"
+        if agg.root is not None and not problems:
+            text += "; " + _root_summary(agg)
+    if problems:  # the keys' and the files' problems, all in one pass
+        return _config_problems(args.file, [f"{args.file}: {p}" for p in problems])
     print(f"{args.file}: {text}")
     return EXIT_OK
+
+
+def _config_problems(file: Path, problems: list[str]) -> int:
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{file}: {len(problems)} problem(s)", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _add_agent(sub: SubParsers) -> argparse.ArgumentParser:
@@ -1263,12 +1321,16 @@ COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
     "demo": Command(_add_demo, _demo),
     "summary": Command(_add_summary, _summary),
     "fit": Command(_add_fit, _fit),
+    "baseline": Command(baselinecmd.add_parser, baselinecmd.run),
     "fio": Command(_add_fio, _fio),
     "agent": Command(_add_agent, _agent),
     "aggregator": Command(_add_aggregator, _aggregator),
     "root": Command(_add_root, _root),
     "check-config": Command(_add_check_config, _check_config),
     "version": Command(_add_version, _version),
+    "completion": Command(completion.add_parser, completion.run),
+    "man": Command(manpage.add_parser, manpage.run),
+    "paths": Command(_add_paths, _paths),
 }
 
 

@@ -69,6 +69,9 @@ class ClosedQuantum:
         revised_at: wall clock (epoch ms) of a publication after the quantum's first
             close (a revision, or a key first published by late records); ``None`` on a
             row published when its quantum closed (not written).
+        runs: the run labels of the records merged into the row, sorted (agents' ``run``,
+            ``fiomon report --run``); ``()`` when none carried one (not written). The
+            root's rows from cells' partials carry none.
     """
 
     start_ms: int
@@ -88,6 +91,7 @@ class ClosedQuantum:
     cells_missing: tuple[str, ...] | None = None
     revision: int = 0
     revised_at: int | None = None
+    runs: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[int, str, str | None, str]:
@@ -95,7 +99,7 @@ class ClosedQuantum:
         return (self.end_ms, self.scope, self.host, self.direction)
 
     def to_json(self) -> dict[str, Any]:
-        """The closed-quantum JSON object of DESIGN.md."""
+        """The closed-quantum JSON object (README.md, ``fiomon report``'s ``jsonl``)."""
         s = self.stats
         out: dict[str, Any] = {
             "start_ms": self.start_ms,
@@ -129,10 +133,12 @@ class ClosedQuantum:
             out["percentiles_ci_ns"] = dict(zip(ci, map(list, ci.values()), strict=True))
         if self.target_met is not None:
             out["target_met"] = self.target_met
+        if self.runs:
+            out["runs"] = list(self.runs)
         return out
 
     def to_json_line(self) -> str:
-        """The closed-quantum JSON line of DESIGN.md, newline included.
+        """The closed-quantum JSON line, newline included.
 
         The one serializer of the report == aggregator contract: ``fiomon report --format
         jsonl`` and the aggregator's quanta file both write exactly this. The text is
@@ -168,6 +174,8 @@ class ClosedQuantum:
             line += f',"percentiles_ci_ns":{{{ci}}}'
         if self.target_met is not None:
             line += f',"target_met":{_val(self.target_met)}'
+        if self.runs:
+            line += f',"runs":[{",".join(map(_STR, self.runs))}]'
         return line + "}\n"
 
 

@@ -1,6 +1,6 @@
 """YAML configuration into frozen dataclasses, with every problem reported at once.
 
-``load_agent_config(path)`` reads the agent's file (DESIGN.md "Minimal configuration").
+``load_agent_config(path)`` reads the agent's file (config/agent.example.yaml).
 Each bad key, wrong type, bad unit or unknown key becomes one message naming its path
 (``broker.port: expected an integer, got 'x'``); :class:`~fiomon.errors.ConfigError`
 carries them all. Durations carry units (``1s``, ``250ms``), sizes too (``64MiB``).
@@ -21,7 +21,7 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
 from fiomon.topics import RESERVED_NAMES, Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
-DEFAULT_LISTEN = "127.0.0.1:10027"  # above the fully allocated 9100-9999 range (REFERENCE §10)
+DEFAULT_LISTEN = "127.0.0.1:10027"  # above 9100-9999: Prometheus' port wiki is full there
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MQTT_PORT = 1883  # the broker's port by convention, plain TCP
 MQTTS_PORT = 8883  # and with TLS: the default port once ``broker.tls`` is set
@@ -113,6 +113,10 @@ class AgentConfig:
         cell: the cell this host publishes to, when the file lists ``cells`` (named by
             ``cell:`` or picked by :func:`fiomon.cells.assign_cell`); ``broker`` and
             ``topic_prefix`` are then that cell's. None: no cells listed.
+        run: the run label of every record (rows and metrics name the runs they hold);
+            ``{dir}`` in it is the followed file's folder name (``run: "{dir}"`` with
+            ``watch: [results/**/*.json]`` labels each run folder's records). None: no
+            label (messages exactly as before run labels existed).
         log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
             (``--log-level``, ``FIOMON_LOG_LEVEL``, which win over it). SIGHUP reloads it.
         metrics_listen: ``host:port`` of the agent's own ``/metrics`` (``process_*``,
@@ -135,6 +139,7 @@ class AgentConfig:
     max_document_bytes: int = 32 * 1024**2
     rename_grace_ms: int = 60_000
     cell: str | None = None
+    run: str | None = None
     log_level: str | None = None
     metrics_listen: str | None = None
 
@@ -223,11 +228,18 @@ class WebhookConfig:
             longer than this; it never holds closing).
         resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
             than the timeout.
+        labels: added to every alert's labels, as Prometheus' ``external_labels`` are
+            (e.g. ``{cluster: bench}``), so Alertmanager groups and routes both paths'
+            alerts alike (``instance`` too, if the page should name the aggregator).
+        runbook: where the runbook is (``docs/runbook.md``; alerts link ``<runbook>#<alert>``);
+            default: where the wheel installs it under ``/opt/fiomon`` (deploy/README.md).
     """
 
     url: str
     timeout_ms: int = 5000
     resend_ms: int = 60_000
+    labels: tuple[tuple[str, str], ...] = ()
+    runbook: str = "file:///opt/fiomon/share/fiomon/docs/runbook.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,6 +579,18 @@ def _globs(value: object, where: str) -> tuple[str, ...]:
     return tuple(str(Path(g).expanduser()) for g in items)
 
 
+def _run_label(value: object, where: str) -> str:
+    text = _str(value, where)
+    rest = text.replace("{dir}", "")
+    if not text.strip() or len(text.encode("utf-8")) > 512 or "{" in rest or "}" in rest:
+        msg = (
+            f"{where}: expected a run label of 1..512 bytes (the only placeholder is {{dir}}, "
+            f"the followed file's folder name), got {value!r}"
+        )
+        raise ConfigError([msg])
+    return text
+
+
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -668,6 +692,35 @@ def _http_url(value: object, where: str) -> str:
     return text
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _label_map(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """Alert labels: a mapping of Prometheus label names to non-empty strings."""
+    if not isinstance(value, dict):
+        msg = f"{where}: expected a mapping of label names to strings, got {value!r}"
+        raise ConfigError([msg])
+    problems = []
+    for k, v in value.items():
+        if not isinstance(k, str) or not _LABEL_NAME.match(k) or k.startswith("__"):
+            problems.append(f"{where}: {k!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        elif k in ("alertname", "rule", "direction", "percentile", "host", "severity"):
+            problems.append(f"{where}.{k}: set by fiomon itself")
+        elif not isinstance(v, str) or not v:
+            problems.append(f"{where}.{k}: expected a non-empty string, got {v!r}")
+    if problems:
+        raise ConfigError(problems)
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+
+
+def _url(value: object, where: str) -> str:
+    text = _str(value, where).strip()
+    if not urllib.parse.urlsplit(text).scheme:
+        msg = f"{where}: expected a URL (https://..., file:///...), got {value!r}"
+        raise ConfigError([msg])
+    return text
+
+
 # -- the sections ------------------------------------------------------------------------
 
 _TLS_KEYS: Table = {
@@ -703,6 +756,7 @@ _AGENT_KEYS: Table = {
     "max_document_size": ("max_document_bytes", _size(1024**2)),
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
+    "run": ("run", _run_label),
     "log_level": ("log_level", _choice(*LOG_LEVELS)),
     "metrics_listen": ("metrics_listen", _listen),
 }
@@ -734,6 +788,8 @@ _WEBHOOK_KEYS: Table = {
     "url": ("url", _http_url),
     "timeout": ("timeout_ms", _duration_between(100, 30_000)),
     "resend": ("resend_ms", _duration_ms(1000)),
+    "labels": ("labels", _label_map),
+    "runbook": ("runbook", _url),
 }
 
 _AGGREGATOR_KEYS: Table = {
@@ -886,13 +942,26 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     Raises:
         ConfigError: listing every problem, each with its key path.
     """
+    cfg, problems, _ = _agent_config(data)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return cfg
+
+
+def _agent_config(data: object) -> tuple[AgentConfig, list[str], bool]:
+    """The agent's configuration as far as it is valid, its problems, and its state_dir's.
+
+    A bad or missing key takes a stand-in or its default; the flag says whether
+    ``state_dir`` is the file's own (not the stand-in).
+    """
     r = _Reader()
     top = r.section(data, "", {*_AGENT_KEYS, *_AGENT_SECTIONS})
     r.require(top, "", "watch")
     r.require(top, "", "state_dir")
     broker = _broker(r, top.get("broker"))
     # Stand-ins for a missing watch or state_dir (already a problem), so the checks below run.
-    values: dict[str, Any] = {"watch": (), "state_dir": Path(), **r.fields(top, "", _AGENT_KEYS)}
+    values_given = r.fields(top, "", _AGENT_KEYS)
+    values: dict[str, Any] = {"watch": (), "state_dir": Path(), **values_given}
     cells = _cells(r, top, values.get("topic_prefix", _default(AgentConfig, "topic_prefix")))
     cell = values.get("cell")
     if cell is not None and not cells:
@@ -909,9 +978,7 @@ def agent_config_from(data: object, *, source: str = "config") -> AgentConfig:
     cfg = AgentConfig(broker=broker, **values)
     if cfg.max_message_bytes > cfg.spool_bytes:
         r.problems.append("max_message_size: must not exceed spool_size")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
+    return cfg, r.problems, "state_dir" in values_given
 
 
 def _sla_rules(
@@ -1011,6 +1078,14 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
     Raises:
         ConfigError: listing every problem, each with its key path.
     """
+    cfg, problems = _aggregator_config(data)
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
+    return cfg
+
+
+def _aggregator_config(data: object) -> tuple[AggregatorConfig, list[str]]:
+    """The aggregator's configuration as far as it is valid, and its problems."""
     r = _Reader()
     top = r.section(data, "", {*_AGGREGATOR_KEYS, *_AGGREGATOR_SECTIONS})
     values = r.fields(top, "", _AGGREGATOR_KEYS)
@@ -1037,9 +1112,7 @@ def aggregator_config_from(data: object, *, source: str = "config") -> Aggregato
         r.problems.extend(p for p in root_problems(cfg) if not p.startswith(skip))
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
         r.problems.append("tls_cert and tls_key go together")
-    if r.problems:
-        raise ConfigError([f"{source}: {p}" for p in r.problems])
-    return cfg
+    return cfg, r.problems
 
 
 def root_problems(cfg: AggregatorConfig) -> list[str]:
@@ -1079,12 +1152,42 @@ def root_problems(cfg: AggregatorConfig) -> list[str]:
 def aggregator_files(cfg: AggregatorConfig) -> list[str]:
     """Problems with the files an aggregator's configuration names.
 
-    Its broker's password and TLS files and, on a cell, those of the root's broker.
+    Its broker's password and TLS files, on a cell those of the root's broker, and the
+    certificate and key of HTTPS on ``listen``.
     """
     problems = readable_files(cfg.broker)
     if cfg.partials is not None:
         problems += [f"partials.{p}" for p in readable_files(cfg.partials.broker)]
+    named = [("tls_cert", cfg.tls_cert), ("tls_key", cfg.tls_key)]
+    unreadable = _unreadable(named)
+    problems += unreadable
+    if not unreadable and cfg.tls_cert is not None and cfg.tls_key is not None:
+        problems += _cert_pair_problems("tls_cert/tls_key", cfg.tls_cert, cfg.tls_key)
     return problems
+
+
+def check_agent(data: object) -> tuple[AgentConfig, list[str]]:
+    """Every problem of an agent's configuration in one pass: its keys and its files.
+
+    The files (password, TLS, the state directory) are checked even when keys are bad,
+    so one run of ``fiomon check-config`` lists all there is to fix. The configuration
+    returned is as far as it is valid (a bad key takes its default); use it only when
+    the list is empty.
+    """
+    cfg, problems, has_state_dir = _agent_config(data)
+    problems += readable_files(cfg.broker)
+    if has_state_dir:
+        problems += state_dir_problems(cfg.state_dir, strict=False)
+    return cfg, problems
+
+
+def check_aggregator(data: object) -> tuple[AggregatorConfig, list[str]]:
+    """Every problem of an aggregator's (or root's) configuration: keys and files at once.
+
+    As :func:`check_agent`: the configuration returned is as far as it is valid.
+    """
+    cfg, problems = _aggregator_config(data)
+    return cfg, problems + aggregator_files(cfg)
 
 
 def load_aggregator_config(path: Path) -> AggregatorConfig:
@@ -1094,8 +1197,7 @@ def load_aggregator_config(path: Path) -> AggregatorConfig:
         ConfigError: unreadable, not YAML, any key invalid, or a password or TLS file
             unreadable (all listed at once).
     """
-    cfg = aggregator_config_from(read_yaml(path), source=str(path))
-    problems = aggregator_files(cfg)
+    cfg, problems = check_aggregator(read_yaml(path))
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
@@ -1180,8 +1282,7 @@ def load_agent_config(path: Path) -> AgentConfig:
         ConfigError: unreadable, not YAML, any key invalid, a password or TLS file
             unreadable, or a state directory that cannot be one (all listed at once).
     """
-    cfg = agent_config_from(read_yaml(path), source=str(path))
-    problems = readable_files(cfg.broker) + state_dir_problems(cfg.state_dir, strict=False)
+    cfg, problems = check_agent(read_yaml(path))
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return cfg
@@ -1211,16 +1312,48 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
     """Problems with the files the broker settings name (password, TLS), each with its key.
 
     Checked at start by the services and by ``fiomon check-config``, so a missing or
-    unreadable file, or one that holds no certificate or key, is a clear error there
-    rather than a traceback (or endless reconnecting) at the first connect.
+    unreadable file, a password that is not UTF-8 text, or a file that holds no
+    certificate or key, is a clear error there rather than a traceback (or endless
+    reconnecting) at the first connect. Each file is checked on its own: one bad file
+    does not hide another's problem.
     """
-    named: list[tuple[str, Path | None]] = [("password_file", broker.password_file)]
-    if broker.tls is not None:
-        named += [
-            ("tls.ca_file", broker.tls.ca_file),
-            ("tls.cert_file", broker.tls.cert_file),
-            ("tls.key_file", broker.tls.key_file),
+    problems = []
+    if broker.password_file is not None:
+        key = f"{section}.password_file"
+        unreadable = _unreadable([(key, broker.password_file)])
+        if not unreadable:
+            try:
+                broker.password_file.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                unreadable = [f"{key}: {broker.password_file} is not UTF-8 text ({exc.reason})"]
+            except OSError as exc:  # gone in between
+                unreadable = [f"{key}: cannot read {broker.password_file} ({exc.strerror})"]
+        problems += unreadable
+    tls = broker.tls
+    if tls is None:
+        return problems
+    if tls.ca_file is not None:
+        key = f"{section}.tls.ca_file"
+        unreadable = _unreadable([(key, tls.ca_file)])
+        problems += unreadable or _ca_problems(key, tls.ca_file)
+    if tls.cert_file is not None and tls.key_file is not None:
+        pair = [
+            (f"{section}.tls.cert_file", tls.cert_file),
+            (f"{section}.tls.key_file", tls.key_file),
         ]
+        unreadable = _unreadable(pair)
+        problems += unreadable or _cert_pair_problems(
+            f"{section}.tls.cert_file/key_file", tls.cert_file, tls.key_file
+        )
+    else:  # one without the other is a key problem; its file is still checked
+        problems += _unreadable(
+            [(f"{section}.tls.cert_file", tls.cert_file), (f"{section}.tls.key_file", tls.key_file)]
+        )
+    return problems
+
+
+def _unreadable(named: Sequence[tuple[str, Path | None]]) -> list[str]:
+    """``key: cannot read PATH (why)`` for each named file that cannot be opened and read."""
     problems = []
     for key, path in named:
         if path is None:
@@ -1229,31 +1362,30 @@ def readable_files(broker: BrokerConfig, section: str = "broker") -> list[str]:
             with path.open("rb") as fh:
                 fh.read(1)
         except OSError as exc:
-            problems.append(f"{section}.{key}: cannot read {path} ({exc.strerror or exc})")
-    if broker.tls is not None and not problems:
-        problems += _tls_problems(broker.tls, section)
+            problems.append(f"{key}: cannot read {path} ({exc.strerror or exc})")
     return problems
 
 
-def _tls_problems(tls: TlsConfig, section: str) -> list[str]:
-    """Whether the CA bundle and the client certificate and key load as TLS expects."""
+def _ca_problems(key: str, ca_file: Path) -> list[str]:
+    """Whether the CA bundle loads as TLS expects."""
     import ssl  # noqa: PLC0415 -- only TLS configurations need it
 
-    ctx = ssl.create_default_context()
-    problems = []
-    if tls.ca_file is not None:
-        try:
-            ctx.load_verify_locations(cafile=str(tls.ca_file))
-        except (ssl.SSLError, ValueError) as exc:
-            problems.append(f"{section}.tls.ca_file: {tls.ca_file} holds no CA certificate ({exc})")
-    if tls.cert_file is not None and tls.key_file is not None:
-        try:
-            ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-        except (ssl.SSLError, ValueError) as exc:
-            problems.append(
-                f"{section}.tls.cert_file/key_file: not a certificate and its key ({exc})"
-            )
-    return problems
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=str(ca_file))
+    except (ssl.SSLError, ValueError) as exc:
+        return [f"{key}: {ca_file} holds no CA certificate ({exc})"]
+    return []
+
+
+def _cert_pair_problems(key: str, cert_file: Path, key_file: Path) -> list[str]:
+    """Whether a certificate and its private key load together as TLS expects."""
+    import ssl  # noqa: PLC0415 -- only TLS configurations need it
+
+    try:
+        ssl.create_default_context().load_cert_chain(str(cert_file), str(key_file))
+    except (ssl.SSLError, ValueError) as exc:
+        return [f"{key}: {cert_file} and {key_file} are not a certificate and its key ({exc})"]
+    return []
 
 
 def state_dir_problems(path: Path, key: str = "state_dir", *, strict: bool = True) -> list[str]:
@@ -1313,17 +1445,61 @@ def _kernel_fs(path: Path) -> str | None:
     return kind if kind in _KERNEL_FS else None
 
 
-def watch_warnings(cfg: AgentConfig) -> list[str]:
+_PRIVATE_TMPS = ("/tmp", "/var/tmp")  # what systemd's PrivateTmp=yes replaces  # noqa: S108
+
+
+def private_tmp(mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether this process sees a private ``/tmp`` (systemd's ``PrivateTmp=yes``).
+
+    systemd bind-mounts ``/tmp/systemd-private-<boot>-<unit>-<rand>/tmp`` over ``/tmp``
+    in the unit's mount namespace; ``mountinfo``'s root field of ``/tmp`` shows it.
+    """
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] in _PRIVATE_TMPS and "/systemd-private-" in fields[3]:
+            return True
+    return False
+
+
+def _under_tmp(pattern: str) -> bool:
+    return any(pattern == d or pattern.startswith(d + "/") for d in _PRIVATE_TMPS)
+
+
+def watch_warnings(cfg: AgentConfig, *, unit_note: bool = False) -> list[str]:
     """Watch patterns that match nothing as written (not errors: fio may create them later).
 
-    Also a state directory this user cannot write (the service's user may differ).
+    Also a state directory this user cannot write (the service's user may differ), and
+    patterns under ``/tmp`` or ``/var/tmp`` when this process has a private ``/tmp``
+    (systemd's ``PrivateTmp=yes``: fio's files there are invisible to it), or always
+    with ``unit_note`` (``check-config``, run outside the unit, warns of what the
+    shipped unit will not see).
     """
     out = [
         f"{p} (fine if the service runs as a user who can)"
         for p in state_dir_problems(cfg.state_dir, strict=True)
         if not state_dir_problems(cfg.state_dir, strict=False)
     ]
+    private = private_tmp()
     for i, pattern in enumerate(cfg.watch):
+        if _under_tmp(pattern) and (private or unit_note):
+            seen = (
+                "this agent runs with a private /tmp (systemd PrivateTmp=yes) and does not "
+                "see fio's files there"
+                if private
+                else "the shipped fiomon-agent.service has PrivateTmp=yes: the agent it "
+                "runs sees its own empty /tmp, not fio's"
+            )
+            out.append(
+                f"watch[{i}]: {pattern!r} is under /tmp or /var/tmp; {seen}. Have fio write "
+                "elsewhere (e.g. /var/lib/fio/results) or set PrivateTmp=no in a drop-in "
+                "(deploy/README.md)"
+            )
+            if private:
+                continue
         if Path(pattern).is_dir():
             out.append(
                 f"watch[{i}]: {pattern!r} is a folder; patterns name files, e.g. "

@@ -175,7 +175,8 @@ class QuantumEngine:
             the layout's bins (1856 bins: 14.5 KiB); more force the oldest quanta to
             close. None: no bound beyond ``max_open_quanta``.
         keep_hists: attach the merged histogram to cluster rows (``ClosedQuantum.hist``).
-        keep_host_hists: attach it to host rows too.
+        keep_host_hists: attach it to host rows too: True for every direction, or the
+            direction labels whose host rows need it (the SLA rules' tail shares).
         confidence_level: compute each percentile's confidence interval at this level
             (``ClosedQuantum.ci_ns``); None: none.
         capacity_rows: rows reserved up front. The store is allocated zeroed, so rows
@@ -203,7 +204,7 @@ class QuantumEngine:
         max_open_quanta: int = 100_000,
         max_open_rows: int | None = None,
         keep_hists: bool = False,
-        keep_host_hists: bool = False,
+        keep_host_hists: bool | frozenset[str] = False,
         confidence_level: float | None = DEFAULT_LEVEL,
         capacity_rows: int = 64,
         keep_partials: bool = False,
@@ -255,6 +256,10 @@ class QuantumEngine:
         self._hosts: dict[str, int] = {}
         self._host_names: list[str] = []
         self._stream_ids: dict[StreamInfo, int] = {}
+        self._stream_runs: list[str | None] = []  # per stream id, its run label
+        self._any_run = False  # some stream has a run label: rows name their runs
+        # (quantum, scope, host, direction) -> runs of a closed row: its revisions repeat them
+        self._closed_runs: dict[tuple[int, str, str | None, str], tuple[str, ...]] = {}
         self.late_records: Counter[str] = Counter()
         self.late_samples = 0.0
         self._late_since_close: Counter[str] = Counter()
@@ -309,6 +314,11 @@ class QuantumEngine:
         """Id of the quantum ``(start, end]`` holding each time."""
         return np.floor_divide(t_ms - self.phase_ms - 1, self.quantum_ms)
 
+    def _host_hist(self, direction: str) -> bool:
+        """Whether host rows of ``direction`` carry their histogram (``keep_host_hists``)."""
+        keep = self.keep_host_hists
+        return keep if isinstance(keep, bool) else direction in keep
+
     def quantum_bounds(self, q: int) -> tuple[int, int]:
         """Start (exclusive) and end (inclusive) of quantum ``q``, ms."""
         start = self.phase_ms + q * self.quantum_ms
@@ -331,6 +341,8 @@ class QuantumEngine:
         sid = self._stream_ids.get(stream)
         if sid is None:
             sid = self._stream_ids[stream] = len(self._stream_ids)
+            self._stream_runs.append(stream.run)
+            self._any_run = self._any_run or stream.run is not None
         return sid
 
     def add(
@@ -646,6 +658,9 @@ class QuantumEngine:
             if self._mark_ms is None or t_ms > self._mark_ms:
                 self._mark_ms = t_ms
             self._forget(self._mark_ms - self.revise_within_ms)
+            if self._closed_runs:
+                oldest = self._revisable_q()
+                self._closed_runs = {k: v for k, v in self._closed_runs.items() if k[0] >= oldest}
         return out
 
     def flush(self) -> list[ClosedQuantum]:
@@ -891,12 +906,13 @@ class QuantumEngine:
                             hist=(
                                 hist
                                 if (self.keep_hists and host is None)
-                                or (self.keep_host_hists and host is not None)
+                                or (host is not None and self._host_hist(label))
                                 else None
                             ),
                         ),
                         revision=revision,
                         revised_at=now_ms,
+                        runs=self._closed_runs.get((q, scope, host, label), ()),
                     )
                 )
             if self.keep_partials:
@@ -1055,8 +1071,10 @@ class QuantumEngine:
             g_hi = np.full(ng, -_FAR, dtype=np.int64)
             np.maximum.at(g_hi, g, hi[m])
             g_bytes = np.bincount(g, weights=nbytes[m], minlength=ng)
-            pg = k.row_gid[qs_pos if k.label and k.label[0] == "all" else u_pos]
+            is_all = bool(k.label) and k.label[0] == "all"
+            pg = k.row_gid[qs_pos if is_all else u_pos]
             g_streams = np.bincount(pg[pg >= 0], minlength=ng)
+            g_runs = self._group_runs(pg, u_sid[first] if is_all else u_sid)
             if self.keep_partials:
                 self._keep_partials(k, wanted, g_lo, g_hi, g_bytes, g_streams, first_bin)
             stats, cis = group_stats(
@@ -1090,14 +1108,33 @@ class QuantumEngine:
                     hist=(
                         self._full(k.hists[i], first_bin)
                         if (self.keep_hists and host is None)
-                        or (self.keep_host_hists and host is not None)
+                        or (host is not None and self._host_hist(k.label[i]))
                         else None
                     ),
                 )
+                runs = g_runs.get(i)
+                if runs:
+                    row = replace(row, runs=runs)
+                    if self.revise_within_ms:
+                        self._closed_runs[q, k.scope, host, k.label[i]] = runs
                 rank = 0 if host is None else 1 + h
                 keyed.append(((q, rank, self.directions.index(k.label[i])), row))
         keyed.sort(key=lambda kr: kr[0])
         return [r for _, r in keyed]
+
+    def _group_runs(
+        self, pg: npt.NDArray[np.int64], sids: npt.NDArray[np.int64]
+    ) -> dict[int, tuple[str, ...]]:
+        """Per group id, the sorted run labels of its streams (``pg``, ``sids``: pairs)."""
+        if not self._any_run:
+            return {}
+        per: dict[int, set[str]] = {}
+        runs = self._stream_runs
+        for g, sid in zip(pg.tolist(), sids.tolist(), strict=True):
+            run = runs[sid] if g >= 0 and sid < len(runs) else None
+            if run is not None:
+                per.setdefault(g, set()).add(run)
+        return {g: tuple(sorted(v)) for g, v in per.items()}
 
     def _keep_partials(  # noqa: PLR0917 -- the group columns _emit computed
         self,

@@ -1,6 +1,6 @@
 """Statistics of a merged fio histogram.
 
-Contract (DESIGN.md "Percentiles"), for counts ``h`` over bins with exact edges
+Contract (README.md "What the numbers mean"), for counts ``h`` over bins with exact edges
 ``[lower_i, upper_i)`` (:mod:`fiomon.bins`) and ``N = sum(h)``:
 
 * percentile ``q``: the first bin ``i`` whose cumulative count reaches ``q/100 * N``,

@@ -5,7 +5,7 @@ the histogram counts in compressed sparse rows, because fio histograms are spars
 hundred of 1856 bins are non-zero) and because the engine merges a whole batch with one
 ``numpy.bincount`` instead of a Python loop per record.
 
-Record semantics (DESIGN.md): record ``i`` counts the I/Os of one direction of one stream
+Record semantics (fio's): record ``i`` counts the I/Os of one direction of one stream
 that *completed* in ``(start_ms[i], end_ms[i]]``; ``start_ms == end_ms`` is a catch-up
 record that fio wrote after a stall, whose I/Os completed at ``end_ms``.
 """
@@ -58,10 +58,13 @@ class StreamInfo:
         host: host (agent) label; ``""`` when the report runs without per-host scope.
         stream: identifier unique within the host (file path, plus job and restart number
             for json+ streams).
+        run: the run label its records belong to (the agent's ``run``, a message's run
+            label on the wire), or None: closed rows name the runs of what they merged.
     """
 
     host: str
     stream: str
+    run: str | None = None
 
 
 def _empty_i64() -> npt.NDArray[np.int64]:

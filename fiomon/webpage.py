@@ -15,8 +15,11 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
+
+from fiomon import palette
 
 _WEB = "fiomon.web"
 
@@ -31,9 +34,26 @@ def asset(name: str) -> str:
     return text
 
 
+def colours(percentile_keys: Sequence[str] = ()) -> dict[str, Any]:
+    """The page's colours (:mod:`fiomon.palette`): fixed ones and ``percentile_keys``'."""
+    return {
+        "sla": palette.SLA_COLOUR,
+        "mean": palette.MEAN_COLOUR,
+        "saturated": palette.SATURATED_COLOUR,
+        "percentiles": palette.percentile_colours(
+            [float(k) for k in percentile_keys if _number(k)]
+        ),
+    }
+
+
 def page_html(*, data: dict[str, Any] | None, live: bool, title: str) -> str:
-    """The whole page: offline (``data`` given) or live (``live``, data fetched)."""
-    config = {"live": live, "api": "api/v1/quanta", "poll_ms": 1000}
+    """The whole page: offline (``data`` given) or live (``live``, data fetched).
+
+    The page's config carries the colours of :mod:`fiomon.palette`: of the data's
+    percentiles offline; live, the API's ``meta.colours`` adds the aggregator's.
+    """
+    keys = [] if data is None else [str(k) for k in data.get("percentiles", ())]
+    config = {"live": live, "api": "api/v1/quanta", "poll_ms": 1000, "colours": colours(keys)}
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     html = asset("page.html")
     parts = {
@@ -46,6 +66,13 @@ def page_html(*, data: dict[str, Any] | None, live: bool, title: str) -> str:
     # One pass: inserted text (the library, the data) is never searched for markers.
     pattern = re.compile("|".join(re.escape(k) for k in parts))
     return pattern.sub(lambda m: parts[m.group(0)], html)
+
+
+def _number(key: str) -> bool:
+    try:
+        return 0.0 < float(key) <= 100.0
+    except ValueError:
+        return False
 
 
 def _escape(text: str) -> str:

@@ -5,7 +5,8 @@ message is little-endian and laid out as columns so both ends are vectorised:
 
 1. a fixed header: magic ``FIOM``, version 1, flags, bin layout (GROUP_NR, coarseness,
    unit), record count, total non-zero bins, first sequence number;
-2. the agent id, the stream id and a table of job labels (length-prefixed UTF-8);
+2. the agent id, the stream id, the run label when flag bit 1 is set, and a table of job
+   labels (length-prefixed UTF-8);
 3. one 32-byte row per record: job label index, direction, start and end ms, bytes, and
    its number of non-zero bins;
 4. every record's bin indices (uint16, strictly increasing within a record), then every
@@ -39,6 +40,8 @@ from fiomon.model import Direction, RecordBatch, StreamInfo
 MAGIC = b"FIOM"
 VERSION = 1
 FLAG_WIDE_COUNTS = 0x01
+FLAG_RUN = 0x02  # a run label follows the stream id
+KNOWN_FLAGS = FLAG_WIDE_COUNTS | FLAG_RUN
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # hard decoder limit; agents use 256 KiB by default
 MAX_RECORDS = 1 << 20
 MAX_ID_BYTES = 512
@@ -72,13 +75,16 @@ class Message:
         agent: agent id (the client host's name).
         stream: stream id (one followed file generation) that ``seq`` counts within.
         first_seq: sequence number of the first record; record ``i`` has ``first_seq + i``.
-        batch: the records; ``batch.streams`` are the job labels, with ``agent`` as host.
+        batch: the records; ``batch.streams`` are the job labels, with ``agent`` as host
+            and ``run`` as their run.
+        run: the run label the message carries (flag bit 1), or None.
     """
 
     agent: str
     stream: str
     first_seq: int
     batch: RecordBatch
+    run: str | None = None
 
     @property
     def seqs(self) -> npt.NDArray[np.int64]:
@@ -116,8 +122,13 @@ def put_str(out: list[bytes], text: str, what: str) -> None:
     out.append(raw)
 
 
-def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes:
+def encode(
+    agent: str, stream: str, first_seq: int, batch: RecordBatch, run: str | None = None
+) -> bytes:
     """One message holding every record of ``batch`` (seqs ``first_seq`` onwards).
+
+    With ``run`` (1..512 UTF-8 bytes) the message carries that run label (flag bit 1);
+    without, it is byte for byte what fiomon wrote before run labels existed.
 
     Raises:
         ValueError: the batch cannot be represented (bad ids, too many records or labels,
@@ -147,7 +158,7 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
         _HEAD.pack(
             MAGIC,
             VERSION,
-            FLAG_WIDE_COUNTS if wide else 0,
+            (FLAG_WIDE_COUNTS if wide else 0) | (FLAG_RUN if run is not None else 0),
             lay.group_nr,
             lay.coarseness,
             UNITS.index(lay.unit),
@@ -158,6 +169,8 @@ def encode(agent: str, stream: str, first_seq: int, batch: RecordBatch) -> bytes
     ]
     put_str(parts, agent, "agent id")
     put_str(parts, stream, "stream id")
+    if run is not None:
+        put_str(parts, run, "run label")
     parts.append(struct.pack("<H", len(batch.streams)))
     for s in batch.streams:
         put_str(parts, wire_id(s.stream), "job label")  # job names come from the files
@@ -188,8 +201,8 @@ class Part(NamedTuple):
     payload: bytes
 
 
-def encoded_size(agent: str, stream: str, batch: RecordBatch) -> int:
-    """``len(encode(agent, stream, first_seq, batch))``, in bytes, without encoding.
+def encoded_size(agent: str, stream: str, batch: RecordBatch, run: str | None = None) -> int:
+    """``len(encode(agent, stream, first_seq, batch, run))``, in bytes, without encoding.
 
     Exact for every batch :func:`encode` accepts (whatever ``first_seq``): the header, the
     ids and job labels (as :func:`wire_id` makes them), 32 bytes per record and 6 bytes
@@ -197,14 +210,20 @@ def encoded_size(agent: str, stream: str, batch: RecordBatch) -> int:
     """
     wide = bool(len(batch.counts)) and int(batch.counts.max()) >= 2**32
     return (
-        _fixed_size(agent, stream, batch.streams)
+        _fixed_size(agent, stream, batch.streams, run)
         + len(batch) * _RECORD.itemsize
         + len(batch.counts) * (_BIN_BYTES + (8 if wide else 4))
     )
 
 
 def split(
-    agent: str, stream: str, first_seq: int, batch: RecordBatch, max_bytes: int
+    agent: str,
+    stream: str,
+    first_seq: int,
+    batch: RecordBatch,
+    max_bytes: int,
+    *,
+    run: str | None = None,
 ) -> Iterator[Part]:
     """``batch`` as messages of at most ``max_bytes`` bytes each, records in order.
 
@@ -221,7 +240,7 @@ def split(
     n = len(batch)
     if not n:
         return
-    budget = max_bytes - _fixed_size(agent, stream, batch.streams)
+    budget = max_bytes - _fixed_size(agent, stream, batch.streams, run)
     nnz = np.diff(batch.indptr)
     # Cumulative sizes of records 0..i, with 4-byte counts and with 8-byte ones; a
     # message takes 8-byte counts from its first record with a count of 2**32 or more.
@@ -242,13 +261,21 @@ def split(
             mask = np.zeros(n, dtype=np.bool_)
             mask[start:end] = True
             part = batch.select(mask)
-        yield Part(first_seq + start, end - start, encode(agent, stream, first_seq + start, part))
+        payload = encode(agent, stream, first_seq + start, part, run)
+        yield Part(first_seq + start, end - start, payload)
         start = end
 
 
-def _fixed_size(agent: str, stream: str, labels: Sequence[StreamInfo]) -> int:
-    """Bytes of a message before its record table: header, ids, job-label table."""
-    strings = [agent, stream, *(wire_id(s.stream) for s in labels)]
+def _fixed_size(
+    agent: str, stream: str, labels: Sequence[StreamInfo], run: str | None = None
+) -> int:
+    """Bytes of a message before its record table: header, ids, run, job-label table."""
+    strings = [
+        agent,
+        stream,
+        *([run] if run is not None else []),
+        *(wire_id(s.stream) for s in labels),
+    ]
     return _HEAD.size + _U16.size + sum(_U16.size + len(t.encode("utf-8")) for t in strings)
 
 
@@ -324,6 +351,7 @@ class _Head:
     table_at: int
     bins_at: int
     counts_at: int
+    run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +371,7 @@ class DecodedGroup:
             ``lo, hi = label_offsets[k], label_offsets[k+1]``.
         labels: per message, its job-label table (the decoder's cached tuple: the same
             object whenever an agent sends the same table, so callers may cache by it).
+        runs: per message, its run label or None.
     """
 
     batch: RecordBatch
@@ -353,6 +382,7 @@ class DecodedGroup:
     offsets: npt.NDArray[np.int64]
     label_offsets: npt.NDArray[np.int64]
     labels: tuple[tuple[StreamInfo, ...], ...]
+    runs: tuple[str | None, ...] = ()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -376,7 +406,8 @@ class DecodedGroup:
                 bins=b.bins[e0:e1],
                 counts=b.counts[e0:e1],
             )
-        return Message(self.agents[k], self.streams[k], int(self.first_seq[k]), b)
+        run = self.runs[k] if self.runs else None
+        return Message(self.agents[k], self.streams[k], int(self.first_seq[k]), b, run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,8 +443,8 @@ class Decoder:
     def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES, max_tables: int = 8192) -> None:
         self.max_bytes = max_bytes
         self.max_tables = max_tables
-        self._tables: dict[tuple[str, bytes], tuple[StreamInfo, ...]] = {}
-        self._last: dict[str, tuple[bytes, tuple[StreamInfo, ...]]] = {}
+        self._tables: dict[tuple[str, str | None, bytes], tuple[StreamInfo, ...]] = {}
+        self._last: dict[tuple[str, str | None], tuple[bytes, tuple[StreamInfo, ...]]] = {}
         self._layouts = {
             (g, c, u): BinLayout.from_codes(g, c, name)
             for g in range(19, 59)
@@ -478,7 +509,7 @@ class Decoder:
         if version != VERSION:
             msg = f"unsupported wire format version {version} (this fiomon speaks {VERSION})"
             raise WireFormatError(msg, "version")
-        if flags & ~FLAG_WIDE_COUNTS:
+        if flags & ~KNOWN_FLAGS:
             msg = f"unknown flags 0x{flags:02x}"
             raise WireFormatError(msg)
         if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
@@ -493,11 +524,12 @@ class Decoder:
             raise WireFormatError(msg)
         agent = cur.text("agent id")
         stream = cur.text("stream id")
+        run = cur.text("run label") if flags & FLAG_RUN else None
         (nlabels,) = struct.unpack("<H", cur.take(2, "label count"))
         if not 0 < nlabels <= MAX_LABELS:
             msg = f"label count {nlabels} outside 1..{MAX_LABELS}"
             raise WireFormatError(msg)
-        labels = self._labels(cur, agent, nlabels)
+        labels = self._labels(cur, agent, nlabels, run)
         table_at = cur.skip(n * _RECORD.itemsize, "record table")
         width = 8 if flags & FLAG_WIDE_COUNTS else 4
         rest = len(data) - cur.pos
@@ -521,6 +553,7 @@ class Decoder:
             table_at,
             bins_at,
             bins_at + 2 * nnz,
+            run,
         )
 
     def _quick_head(self, index: int, data: bytes) -> _Head | None:
@@ -538,7 +571,7 @@ class Decoder:
         if (
             magic != MAGIC
             or version != VERSION
-            or flags & ~FLAG_WIDE_COUNTS
+            or flags & ~KNOWN_FLAGS
             or not 0 < n <= MAX_RECORDS
             or first_seq >= 2**63 - n
         ):
@@ -555,13 +588,20 @@ class Decoder:
         nl_at = ls_at + 2 + ls
         if not 0 < ls <= MAX_ID_BYTES or nl_at + 2 > size:
             return None
+        run: str | None = None
         try:
             agent = data[pos + 2 : ls_at].decode("utf-8")
             stream = data[ls_at + 2 : nl_at].decode("utf-8")
+            if flags & FLAG_RUN:
+                (lr,) = _U16.unpack_from(data, nl_at)
+                run_at, nl_at = nl_at + 2, nl_at + 2 + lr
+                if not 0 < lr <= MAX_ID_BYTES or nl_at + 2 > size:
+                    return None
+                run = data[run_at:nl_at].decode("utf-8")
         except UnicodeDecodeError:
             return None
         (nlabels,) = _U16.unpack_from(data, nl_at)
-        last = self._last.get(agent)
+        last = self._last.get((agent, run))
         table_at = nl_at + 2 + (len(last[0]) if last is not None else 0)
         if last is None or len(last[1]) != nlabels or not data.startswith(last[0], nl_at + 2):
             return None
@@ -582,12 +622,15 @@ class Decoder:
             table_at,
             bins_at,
             bins_at + 2 * nnz,
+            run,
         )
 
-    def _labels(self, cur: Cursor, agent: str, nlabels: int) -> tuple[StreamInfo, ...]:
+    def _labels(
+        self, cur: Cursor, agent: str, nlabels: int, run: str | None = None
+    ) -> tuple[StreamInfo, ...]:
         """The job label table; an agent sends the same table every second, so it is kept."""
         start = cur.pos
-        last = self._last.get(agent)
+        last = self._last.get((agent, run))
         if last is not None and len(last[1]) == nlabels and cur.data.startswith(last[0], start):
             # The lengths are inside the bytes: the same count of labels in the same bytes
             # is the same, valid table.
@@ -600,13 +643,13 @@ class Decoder:
                 raise WireFormatError(msg)
             cur.skip(length, f"job label {i}")
         raw = cur.data[start : cur.pos]
-        key = (agent, raw)
+        key = (agent, run, raw)
         hit = self._tables.get(key)
         if hit is not None:
-            self._last[agent] = (raw, hit)
+            self._last[agent, run] = (raw, hit)
             return hit
         sub = Cursor(raw)
-        labels = tuple(StreamInfo(agent, sub.text(f"job label {i}")) for i in range(nlabels))
+        labels = tuple(StreamInfo(agent, sub.text(f"job label {i}"), run) for i in range(nlabels))
         if len(set(labels)) != nlabels:
             msg = "duplicate job labels"
             raise WireFormatError(msg)
@@ -614,7 +657,7 @@ class Decoder:
             self._tables.clear()
             self._last.clear()
         self._tables[key] = labels
-        self._last[agent] = (raw, labels)
+        self._last[agent, run] = (raw, labels)
         return labels
 
 
@@ -748,6 +791,7 @@ def _assemble(
         offsets=row_off,
         label_offsets=label_off,
         labels=tuple(h.labels for h in heads),
+        runs=tuple(h.run for h in heads) if any(h.run is not None for h in heads) else (),
     )
     return group, []
 
@@ -781,6 +825,9 @@ def describe(payload: bytes) -> str | None:
             return None
         agent = cur.text("agent id")
         stream = cur.text("stream id")
-    except (WireFormatError, struct.error):
+        run = cur.text("run label") if payload[5] & FLAG_RUN else None
+    except (WireFormatError, struct.error, IndexError):
         return None
+    if run is not None:
+        stream = f"{stream} (run {run})"
     return f"{agent} stream {stream}, seqs {first_seq}..{first_seq + n - 1} ({n} records)"

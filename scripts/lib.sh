@@ -7,6 +7,7 @@ VENV=${VENV:-.venv}
 
 # apt_install PACKAGE...: install Debian packages (apt-get update first), as root or
 # through sudo. Only called for what is missing, so a prepared machine needs no network.
+# APT_OPTS adds apt-get options (e.g. --no-install-recommends).
 apt_install() {
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -16,7 +17,8 @@ apt_install() {
     fi
     echo "fiomon: installing $* (apt-get)"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+    # shellcheck disable=SC2086 -- APT_OPTS is a list of options
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq ${APT_OPTS:-} "$@" >/dev/null
 }
 
 # need_tools TOOL:PACKAGE...: install the packages of the tools not found, then check

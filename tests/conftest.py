@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port as free_port  # noqa: PLC0414 -- the tests import it from here
+from tests.release import Release, build_release
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -142,3 +143,9 @@ def mosquitto(mosquitto_bin: str, tmp_path: Path) -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """scripts/release's sdist and wheel (tests/release.py), built once per session."""
+    return build_release(tmp_path_factory.mktemp("dist"))

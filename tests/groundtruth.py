@@ -1,9 +1,9 @@
 """Ground truth from fio's per-I/O latency logs, and the comparison every change is held to.
 
 ``write_lat_log=P`` with ``log_avg_msec=0`` writes every completion to ``P_clat.N.log`` as
-``time_ms, clat_ns, ddir, bs, prio`` (REFERENCE.md §1). The exact percentile of a window is
-the smallest latency whose empirical CDF reaches q (numpy's ``inverted_cdf``), the same
-definition fiomon interpolates towards.
+``time_ms, clat_ns, ddir, bs, prio`` (fio's HOWTO, "Log File Formats"). The exact
+percentile of a window is the smallest latency whose empirical CDF reaches q (numpy's
+``inverted_cdf``), the same definition fiomon interpolates towards.
 
 Estimates are judged against the whole set of the sample's q-quantiles, every x with
 F(x-) <= q <= F(x). That set is one value, except when q times the window's I/O count is a

@@ -76,12 +76,12 @@ def test_csv_and_table_show_the_confidence_intervals() -> None:
     assert r.returncode == 0, r.stderr
     head, *lines = [ln.split(",") for ln in r.stdout.splitlines()]
     # Appended after the old columns, which keep their places.
-    assert head[-4:] == ["p50_low_ns", "p50_high_ns", "p99.9_low_ns", "p99.9_high_ns"]
-    assert head[-5] == "late_records"
+    assert head[-4:] == ["p50_low_ms", "p50_high_ms", "p99.9_low_ms", "p99.9_high_ms"]
+    assert head[-6:-4] == ["late_records", "runs"]
     col = {name: i for i, name in enumerate(head)}
     for ln in lines:
-        p50 = float(ln[col["p50_ns"]])
-        assert float(ln[col["p50_low_ns"]]) <= p50 <= float(ln[col["p50_high_ns"]])
+        p50 = float(ln[col["p50_ms"]])
+        assert float(ln[col["p50_low_ms"]]) <= p50 <= float(ln[col["p50_high_ms"]])
     t = fiomon("report", "--ci", "--confidence-level", "90%", "--percentiles", "50", str(HIST))
     assert t.returncode == 0, t.stderr
     first, header, *_ = t.stdout.splitlines()
@@ -98,7 +98,7 @@ def test_csv_and_table_and_per_host() -> None:
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("start_ms,end_ms,scope,host,direction,samples")
+    assert lines[0].startswith("start,end,scope,host,direction,samples")
     hosts = {ln.split(",")[3] for ln in lines[1:]}
     # Files in one folder are named by their file names without fio's suffixes.
     assert hosts == {"", "fio333_randrw", "fio333_randrw_status"}

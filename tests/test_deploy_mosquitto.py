@@ -210,8 +210,9 @@ async def test_drop_in_starts_debians_stock_broker_and_accepts_the_documented_lo
     async with _client(broker("aggregator"), "fiomon-aggregator") as agg:
         await agg.subscribe("fiomon/v1/#", qos=1)
         async with _client(broker("client-01"), "fiomon-agent-client-01") as a:
-            # Refused by the ACL, yet PUBACKed (REFERENCE §4). Sent first: the broker keeps
-            # one publisher's order, so had it been let through, it would arrive first.
+            # Refused by the ACL, yet PUBACKed (Mosquitto 2.0 acks a denied QoS 1 publish).
+            # Sent first: the broker keeps one publisher's order, so had it been let
+            # through, it would arrive first.
             await a.publish("fiomon/v1/client-02/records", b"not mine", qos=1)
             await a.publish("fiomon/v1/client-01/records", b"mine", qos=1)
         async with asyncio.timeout(DEADLINE_S):

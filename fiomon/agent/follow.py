@@ -83,6 +83,7 @@ import numpy as np
 from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
+from fiomon.agent.treeglob import TreeGlob, is_recursive
 from fiomon.fio.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
 from fiomon.fio.decode import container, fio_log_store
 from fiomon.fio.fiojson import JsonStatusParser
@@ -181,6 +182,7 @@ class _Stream:
     held: list[RecordBatch] = field(default_factory=list)  # a hist log's, while undecided
     problems: ProblemLog = field(default_factory=lambda: ProblemLog(keep_per_kind=5))
     counted: Counter[str] = field(default_factory=Counter)
+    run: str | None = None  # its run label, set when it first publishes
 
     def declaration(self) -> Declaration | None:
         if isinstance(self.parser, JsonStatusParser):
@@ -230,6 +232,9 @@ class _Pattern:
     warned: bool = False
     folder_mtime: int | None = None  # of its folder at the last scan (None: always scan)
     paths: list[str] = field(default_factory=list)
+    tree: TreeGlob | None = None  # a recursive (``**``) pattern's cached tree
+    truncated: bool = False  # its tree was larger than a scan visits (reported once)
+    tree_due: float = 0.0  # perf_counter time of its next scan (big trees: at most 10 % busy)
 
 
 class Follower:
@@ -253,6 +258,8 @@ class Follower:
         wall_s: wall-clock epoch seconds (generation numbers, rename grace across restarts).
         exclude: folders whose files are never followed (the agent's own state directory,
             should a pattern reach into it).
+        run: every message's run label (``{dir}``: the followed file's folder name when
+            it first publishes), or None for none.
     """
 
     def __init__(
@@ -271,8 +278,10 @@ class Follower:
         clock: Callable[[], float] = time.monotonic,
         wall_s: Callable[[], float] = time.time,
         exclude: tuple[str, ...] = (),
+        run: str | None = None,
     ) -> None:
         self.patterns = patterns
+        self.run = run
         self._refused: set[str] = set()
         self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
         self.agent = agent
@@ -298,7 +307,9 @@ class Follower:
         self._closed: dict[str, _Closed] = {
             s: _Closed(r, r.acked_seq, replay=True, seen_at=now) for s, r in state.streams.items()
         }
-        self._patterns = [_Pattern(p, now) for p in patterns]
+        self._patterns = [
+            _Pattern(p, now, tree=TreeGlob(p) if is_recursive(p) else None) for p in patterns
+        ]
         self._rescan_at = 0.0
         self._waiting_logged = False
         self.changes = 0  # bumped whenever what :meth:`state` returns may have changed
@@ -327,7 +338,10 @@ class Follower:
         now = self._clock()
         old = {p.pattern: p for p in self._patterns}
         self.patterns = patterns
-        self._patterns = [old.get(p) or _Pattern(p, now) for p in patterns]
+        self._patterns = [
+            old.get(p) or _Pattern(p, now, tree=TreeGlob(p) if is_recursive(p) else None)
+            for p in patterns
+        ]
         self._rescan_at = 0.0  # expand them all at the next poll
 
     # -- polling -------------------------------------------------------------------------
@@ -500,6 +514,10 @@ class Follower:
         full = now >= self._rescan_at
         changed = full or self.stats.files_waiting > 0 or bool(self._open_failed)
         for pat in self._patterns:
+            if pat.tree is not None:
+                # one stat per folder of the tree; listings only of folders that changed
+                changed = self._refresh_tree(pat, pat.tree) or changed
+                continue
             folder = os.path.dirname(pat.pattern) or "."
             if any(c in folder for c in "*?["):
                 changed = True  # no cache for wildcard folders
@@ -518,7 +536,8 @@ class Follower:
         found: dict[str, os.stat_result] = {}
         for pat in self._patterns:
             n = 0
-            for path in glob.glob(pat.pattern):
+            paths = pat.tree.paths if pat.tree is not None else glob.glob(pat.pattern)
+            for path in paths:
                 if self._exclude and os.path.realpath(path).startswith(self._exclude):
                     continue
                 try:
@@ -536,6 +555,26 @@ class Follower:
         self.stats.patterns_idle = sum(p.warned for p in self._patterns)
         return found
 
+    def _refresh_tree(self, pat: _Pattern, tree: TreeGlob) -> bool:
+        """Scan a recursive pattern's tree again; whether what it matches may have changed."""
+        start = time.perf_counter()
+        if start < pat.tree_due:
+            return False
+        changed = tree.refresh()
+        # A tree whose scan takes T is scanned again after 9 T at the earliest: one core
+        # spends at most a tenth of its time on it (20 000 folders: ~100 ms, so every ~1 s).
+        pat.tree_due = start + 10 * (time.perf_counter() - start)
+        if tree.truncated and not pat.truncated:
+            log.warning(
+                "watch pattern %r: the tree under %s has more than %d folders; the rest are "
+                "not scanned (narrow the pattern)",
+                pat.pattern,
+                tree.root,
+                tree.max_folders,
+            )
+        pat.truncated = tree.truncated
+        return changed
+
     def _note_matches(self, pat: _Pattern, n: int, now: float) -> None:
         """Report once when a pattern has matched nothing for ``pattern_idle_s``."""
         if n:
@@ -544,8 +583,8 @@ class Follower:
             pat.matched_at, pat.warned = now, False
         elif not pat.warned and now - pat.matched_at >= self.pattern_idle_s:
             pat.warned = True
-            folder = os.path.dirname(pat.pattern) or "."
-            exists = any(c in folder for c in "*?[") or os.path.isdir(folder)
+            folder = pat.tree.root if pat.tree else os.path.dirname(pat.pattern) or "."
+            exists = (pat.tree is None and any(c in folder for c in "*?[")) or os.path.isdir(folder)
             why = "" if exists else f" (folder {folder} does not exist)"
             log.warning(
                 "watch pattern %r has matched no file for %.0f s%s",
@@ -1348,7 +1387,13 @@ class Follower:
             self.stats.records_skipped_replay += int((~keep).sum())
             batch = batch.select(keep)
             first = s.skip_below
-        yield from self._messages(s.stream, first, batch)
+        yield from self._messages(s.stream, first, batch, self._run_of(s))
+
+    def _run_of(self, s: _Stream) -> str | None:
+        """The stream's run label: the template with ``{dir}`` filled from its path, once."""
+        if self.run is not None and s.run is None:
+            s.run = wire_id(self.run.replace("{dir}", os.path.basename(os.path.dirname(s.path))))
+        return s.run
 
     def _retire(self, stream: str) -> None:
         """``stream``'s lineage ended: its id is never given to other content (this run)."""
@@ -1399,10 +1444,12 @@ class Follower:
         self._heads = None  # it listed the provisional id
         self.changes += 1
 
-    def _messages(self, stream: str, first: int, batch: RecordBatch) -> Iterator[Outgoing]:
+    def _messages(
+        self, stream: str, first: int, batch: RecordBatch, run: str | None = None
+    ) -> Iterator[Outgoing]:
         """``batch`` as messages under the size cap, records in order (the wire sizes them)."""
         cap = self.max_message_bytes - PACKET_OVERHEAD
-        for part in split(self.agent, stream, first, batch, cap):
+        for part in split(self.agent, stream, first, batch, cap, run=run):
             yield Outgoing(stream, part.first_seq, part.records, part.payload)
 
     # -- state -----------------------------------------------------------------------------

@@ -25,9 +25,10 @@ Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
 What is still unacknowledged is read again from the files at the next start.
 
 SIGHUP re-reads the configuration file (with the command line's overrides, as at start):
-``watch``, the intervals, ``log_hist_msec``, the line and document caps, ``rename_grace``
-and ``log_level`` take effect at once (:data:`RELOADABLE`); any other key that changed is
-named in the log as waiting for the next start.
+``watch``, the intervals, ``log_hist_msec``, the line and document caps, ``rename_grace``,
+``log_level`` and ``run`` (for streams that start afterwards) take effect at once
+(:data:`RELOADABLE`); any other key that changed is named in the log as waiting for the
+next start.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ RELOADABLE = (
     "max_document_bytes",
     "rename_grace_ms",
     "log_level",
+    "run",  # for streams that start from now on; a stream keeps its label
 )
 
 
@@ -129,6 +131,7 @@ class Agent:
             max_document_bytes=cfg.max_document_bytes,
             rename_grace_s=cfg.rename_grace_ms / 1000,
             exclude=(str(cfg.state_dir),),
+            run=cfg.run,
         )
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}
@@ -532,6 +535,7 @@ class Agent:
             fol.max_line_bytes = taken.max_line_bytes
             fol.max_document_bytes = taken.max_document_bytes
             fol.rename_grace_s = taken.rename_grace_ms / 1000
+            fol.run = taken.run
             self.cfg = taken
         apply_log_level(taken.log_level)
         return done, later

@@ -205,6 +205,9 @@ class AggregatorCore:
         if why:
             self.problem("state-unreadable", why)
         tail = self.state.quanta.tail() if self.state.quanta is not None else None
+        if self.state.quanta is not None:
+            # The live page starts with the file's last window (the /metrics child reads it).
+            self.live.history = tuple(str(p) for p in self.state.quanta.files())
         self._learn_published(grid, tail)
         known = grid.known if grid is not None else None
         if isinstance(known, KnownStreams):
@@ -752,6 +755,9 @@ class AggregatorCore:
             # bounded by bytes, not only by count: a lagging intake holds quanta open.
             max_open_rows=max(4096, OPEN_BYTES // (8 * layout.nbins)),
             keep_hists=True,
+            # Host rows' histograms: the SLA rules' tail shares (which hosts hold the
+            # I/Os above the cluster percentile) are computed from them at each close.
+            keep_host_hists=sla_directions(self.cfg),
             keep_partials=self.cfg.partials is not None,
             revise_within_ms=self.cfg.revise_within_ms,
             kept_max_bytes=self.cfg.revise_memory_bytes,
@@ -1010,6 +1016,7 @@ class AggregatorCore:
             lost=sum(self.counts.lost.values()),
             rules=self.cfg.sla,
             alerts=self.publisher.alerts.snapshot(),
+            silent=self._silent_logged,
         )
         snap = dataclasses.replace(snap, live=self.live.view(status))
         if self.outbox is None:
@@ -1050,6 +1057,8 @@ class AggregatorCore:
                 new = dataclasses.replace(new, sla=cfg.sla)
             else:
                 done.append(self.publisher.alerts.replace_rules(new.sla))
+                if self.engine is not None:  # tail shares need the host rows' histograms
+                    self.engine.keep_host_hists = sla_directions(new)
                 edges = set(self.publisher.buckets.edges_s.tolist())
                 for r in new.sla:
                     if r.threshold_ns / 1e9 not in edges:
@@ -1109,6 +1118,11 @@ def _drop(
     else:
         out[lo:hi] &= new
     return out
+
+
+def sla_directions(cfg: AggregatorConfig) -> frozenset[str]:
+    """The directions whose host rows keep their histograms: the SLA rules' (tail shares)."""
+    return frozenset(r.direction for r in cfg.sla) if cfg.per_host else frozenset()
 
 
 def _hook(h: object) -> str:

@@ -1,6 +1,6 @@
 """When quanta may close: event-time progress of live streams, bounded by the wall clock.
 
-DESIGN.md: a quantum closes early when every *live* stream has reported past its end,
+docs/quanta-closing.md: a quantum closes early when every *live* stream has reported past its end,
 and at the latest ``lateness`` after its end on the wall clock. A stream is live while
 its agent is not marked offline (its status topic) and it has reported within
 ``idle_ms``; a silent or offline stream therefore never holds quanta open beyond the

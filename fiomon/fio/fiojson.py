@@ -1,6 +1,6 @@
 """fio ``--output-format=json+ --status-interval=N`` streams to :class:`RecordBatch` records.
 
-fio appends one full JSON document per status interval (REFERENCE.md §2); the file as a
+fio appends one full JSON document per status interval; the file as a
 whole is not JSON. Each job's ``clat_ns.bins`` maps bin *midpoints* (ns) to counts that are
 *cumulative* since the job started. So:
 

@@ -1,6 +1,6 @@
 """fio histogram logs (``*_clat_hist.N.log``) to :class:`RecordBatch` records.
 
-Record semantics (REFERENCE.md §1, DESIGN.md):
+Record semantics (fio's HOWTO, "Log File Formats", as fio 3.x writes them):
 
 * a line ``time_ms, ddir, bs, c0..`` is stamped at the *end* of its interval and counts the
   I/Os completed since the previous line of the same direction in the same file;

@@ -1,7 +1,7 @@
 """The MQTT session: one aiomqtt client and all fiomon does with it beyond aiomqtt's API.
 
 aiomqtt 2.5's client is reusable, not re-entrant, and must be created inside the running
-loop; each ``async with`` connects once (REFERENCE.md §4). It has no public manual
+loop; each ``async with`` connects once. It has no public manual
 acknowledgement (aiomqtt #345), ignores an MQTT 5 PUBACK's reason code, keeps its
 incoming queue private and leaves reconnecting to the caller. :class:`MqttSession` adds
 those, and is the one place that reaches past aiomqtt's public API (each reach carries
@@ -464,7 +464,7 @@ class MqttSession:
             target: Any = paho
             target._handle_disconnect = handle_disconnect
         if manual_ack:
-            # aiomqtt 2.5 has no manual-ack API (REFERENCE §4; aiomqtt #345): paho's own
+            # aiomqtt 2.5 has no manual-ack API (aiomqtt #345): paho's own
             # switch on its client (a public paho method on aiomqtt's private client).
             paho.manual_ack_set(True)
         self._hold_at = max(1, max_unread - 1) if max_unread is not None else 0

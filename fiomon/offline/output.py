@@ -3,17 +3,25 @@
 Every writer takes rows as they close (the report streams them) and never holds the whole
 run in memory.
 
-* ``jsonl``: the closed-quantum JSON line of DESIGN.md, one object per row.
-* ``csv``: the same fields flattened, latencies in ns; saturated percentiles hold their
-  lower bound and are listed in the ``saturated`` column. The confidence bounds come last
-  (``p99_low_ns``, ``p99_high_ns``, ...; empty where the data bound no side), so the
-  columns before them keep their places.
+* ``jsonl``: the closed-quantum JSON line (README.md), one object per row.
+* ``csv``: the same fields flattened for spreadsheets and pandas: times as ISO-8601 UTC
+  with milliseconds (``start``, ``end``: ``2026-11-22T11:34:51.833Z``; ``start_s``,
+  ``end_s``, seconds since the job started, for logs without ``log_unix_epoch``), latencies
+  in ms with ns resolution (``min_ms``, ``mean_ms``, ``p99_ms``, ..., ``max_ms``).
+  Saturated percentiles hold their lower bound and are listed in the ``saturated`` column.
+  ``runs`` holds the row's run labels, ``;``-separated (empty: none).
+  The confidence bounds come last (``p99_low_ms``, ``p99_high_ms``, ...; empty where the
+  data bound no side), so the columns before them keep their places. ``jsonl`` keeps the
+  exact integers (epoch ms, ns).
 * ``fiologparser``: the layout of fio's ``fiologparser_hist.py`` so scripts keep working:
   ``end-time, [dir,] samples, min, avg, median, <p>%..., max`` with times in ms, latencies
   in the log's own unit (ns; µs for fio 2 logs), ``--percentiles`` other than 50 as the
   ``<p>%`` columns, and ``samples`` the (overlap-weighted) I/O count of the quantum.
-* ``table``: aligned columns in a latency unit chosen from the first row (µs, ms or s);
-  a saturated percentile is shown as ``>`` its lower bound. With ``ci_level``, each
+* ``table``: aligned columns; each latency carries its own unit, chosen for its size with
+  3 significant digits (``850ns``, ``63.6us``, ``1.07ms``, ``2.41s``, as ``fiomon summary``
+  writes them), so a run whose p99 goes from µs to seconds stays readable;
+  a saturated percentile is shown as ``>`` its lower bound. A ``# run: NAME`` line comes
+  before the first row and whenever the rows' runs change. With ``ci_level``, each
   percentile is followed by its confidence interval ``[low, high]`` at that level (``?``:
   the data bound no side). With ``spans`` (``--target-error``), a ``span`` column gives each
   row's length, ``*`` marking one that did not reach the target.
@@ -28,14 +36,14 @@ from typing import Literal, Protocol, TextIO
 
 from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
-from fiomon.units import format_latency_ns
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
 # fiologparser_hist.py's letters; its "m" is every direction together (our "all"), so
 # fio's unified_rw_reporting "mixed" sections take "u" (for unified), a letter it never uses.
 _FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m", "mixed": "u"}
-_UNITS = (("us", 1e3), ("ms", 1e6), ("s", 1e9))
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_TABLE_UNITS = (("s", 1e9), ("ms", 1e6), ("us", 1e3))
 
 
 class RowWriter(Protocol):
@@ -62,31 +70,76 @@ class JsonlWriter:
         """Nothing to finish."""
 
 
-class CsvWriter:
-    """Flat CSV with a header; latencies in ns; with ``spans``, a last ``target_met`` column."""
+def iso_ms(epoch_ms: int) -> str:
+    """``2026-11-22T11:34:51.833Z``: an epoch time in ms as ISO-8601 UTC."""
+    t = _EPOCH + dt.timedelta(milliseconds=epoch_ms)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
-    def __init__(self, out: TextIO, percentiles: Sequence[float], *, spans: bool = False) -> None:
+
+def ms(ns: float | None) -> str:
+    """A latency in ns as ms with ns resolution, no exponent (``0.063616``); None: empty."""
+    if ns is None:
+        return ""
+    text = f"{ns / 1e6:.6f}".rstrip("0")
+    return text[:-1] if text.endswith(".") else text
+
+
+def scaled(ns: float) -> str:
+    """A table cell: 3 significant digits in the largest unit the value reaches (``6.50us``).
+
+    Units ``ns`` (whole), ``us``, ``ms``, ``s``; a value that rounds up to the next unit
+    takes it (999.7 µs is ``1.00ms``).
+    """
+    for unit, scale in _TABLE_UNITS:
+        value = float(f"{ns / scale:.3g}")
+        if value >= 1:
+            whole = len(str(int(value)))
+            return f"{value:.{max(0, 3 - whole)}f}{unit}"
+    return f"{ns:.0f}ns"
+
+
+class CsvWriter:
+    """Flat CSV with a header; ISO times, latencies in ms; ``target_met`` last with spans.
+
+    Args:
+        out: where the lines go.
+        percentiles: the percentile columns, in order.
+        spans: add the ``target_met`` column (``--target-error``).
+        relative: times are ms since the job started (no ``log_unix_epoch``): the time
+            columns are ``start_s``, ``end_s`` in seconds instead of ISO ``start``, ``end``.
+    """
+
+    def __init__(
+        self,
+        out: TextIO,
+        percentiles: Sequence[float],
+        *,
+        spans: bool = False,
+        relative: bool = False,
+    ) -> None:
         self.keys = [pct_key(q) for q in percentiles]
         self.spans = spans
+        self.relative = relative
         self.w = csv.writer(out, lineterminator="\n")
         self.w.writerow(
             [
-                "start_ms",
-                "end_ms",
+                "start_s" if relative else "start",
+                "end_s" if relative else "end",
                 "scope",
                 "host",
                 "direction",
                 "samples",
                 "iops",
                 "bytes_per_second",
-                "min_ns",
-                "mean_ns",
-                *[f"p{k}_ns" for k in self.keys],
-                "max_ns",
+                "min_ms",
+                "mean_ms",
+                *[f"p{k}_ms" for k in self.keys],
+                "max_ms",
                 "saturated",
                 "streams",
                 "late_records",
-                *[f"p{k}_{side}_ns" for k in self.keys for side in ("low", "high")],
+                "runs",
+                *[f"p{k}_{side}_ms" for k in self.keys for side in ("low", "high")],
                 *(["target_met"] if spans else []),
             ]
         )
@@ -98,25 +151,29 @@ class CsvWriter:
             ci = j.get("percentiles_ci_ns", {})
             self.w.writerow(
                 [
-                    j["start_ms"],
-                    j["end_ms"],
+                    self._time(r.start_ms),
+                    self._time(r.end_ms),
                     j["scope"],
                     j["host"] or "",
                     j["direction"],
                     j["samples"],
                     _blank(j["iops"]),
                     _blank(j["bytes_per_second"]),
-                    j["min_ns"],
-                    j["mean_ns"],
-                    *[j["percentiles_ns"][k] for k in self.keys],
-                    j["max_ns"],
+                    ms(j["min_ns"]),
+                    ms(j["mean_ns"]),
+                    *[ms(j["percentiles_ns"][k]) for k in self.keys],
+                    ms(j["max_ns"]),
                     ";".join(j["saturated"]),
                     j["streams"],
                     j["late_records"],
-                    *[_blank(x) for k in self.keys for x in ci.get(k, (None, None))],
+                    ";".join(r.runs),
+                    *[ms(x) for k in self.keys for x in ci.get(k, (None, None))],
                     *([int(bool(r.target_met))] if self.spans else []),
                 ]
             )
+
+    def _time(self, t_ms: int) -> str:
+        return f"{t_ms / 1000:.3f}" if self.relative else iso_ms(t_ms)
 
     def close(self) -> None:
         """Nothing to finish."""
@@ -195,12 +252,12 @@ class TableWriter:
         self.unbounded_seen = False
         self.spans = spans
         self.unmet_seen = False
-        self.unit: tuple[str, float] | None = None
+        self.started = False
         self.saturated_seen = False
         self._last_date = ""
+        self._last_runs: tuple[str, ...] = ()
 
     def _header(self) -> None:
-        name, _ = self.unit or _UNITS[0]
         cols = [
             "end",
             *(["span"] if self.spans else []),
@@ -220,7 +277,7 @@ class TableWriter:
             else ""
         )
         self.out.write(
-            f"# latencies in {name}; end = end of each "
+            "# latencies with their units (ns, us, ms, s); end = end of each "
             f"{'span, span = its length' if self.spans else 'quantum'}"
             f"{' (s since job start)' if self.relative else ' (UTC)'}{ci}\n"
         )
@@ -246,15 +303,15 @@ class TableWriter:
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
         """Write one line per row, with a header before the first."""
         for r in rows:
-            if self.unit is None:
-                p50 = r.stats.percentiles_ns.get("50", r.stats.mean_ns)
-                self.unit = next((u for u in _UNITS if p50 < u[1] * 1000), _UNITS[-1])
+            if not self.started:
+                self.started = True
                 self._header()
+            if r.runs != self._last_runs:
+                self._last_runs = r.runs
+                self.out.write(f"# run: {', '.join(r.runs) or '(none)'}\n")
             self.out.write(self._line(r) + "\n")
 
     def _line(self, r: ClosedQuantum) -> str:
-        assert self.unit is not None  # noqa: S101 - set by write() before the first line
-        unit = self.unit[0]
         s = r.stats
 
         def lat(v: float, key: str | None = None) -> str:
@@ -262,7 +319,7 @@ class TableWriter:
             if key is not None and key in s.saturated:
                 mark = ">"
                 self.saturated_seen = True
-            return mark + format_latency_ns(v, unit, fixed=True)
+            return mark + scaled(v)
 
         if self.relative:
             when = f"{r.end_ms / 1000:.3f}"
@@ -306,7 +363,7 @@ class TableWriter:
 
     def close(self) -> None:
         """Explain the saturation marker if it was used."""
-        if self.unit is None:
+        if not self.started:
             self.out.write("# no quanta: no I/O in the directions shown (--directions)\n")
         if self.unmet_seen:
             self.out.write(

@@ -15,9 +15,11 @@ from typing import Literal
 
 from fiomon.bins import BinLayout
 from fiomon.errors import PlotError
-from fiomon.offline.plotdata import DEFAULT_MAX_POINTS, PlotData
+from fiomon.offline.plotdata import DEFAULT_MAX_POINTS, PlotData, SlaLine
 from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.quantafiles import all_quanta_files
 from fiomon.offline.report import ReportSummary, run_report
+from fiomon.offline.sources import host_labels
 from fiomon.webpage import page_html
 
 PlotKind = Literal["html", "png", "svg"]
@@ -44,7 +46,7 @@ def run_plot(
     *,
     kind: PlotKind,
     title: str,
-    sla_ns: Sequence[float] = (),
+    sla: Sequence[SlaLine] = (),
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> ReportSummary:
     """Read ``paths`` as ``fiomon report`` would and write the charts to ``output``.
@@ -70,7 +72,9 @@ def run_plot(
     summary = run_report(paths, opts, io.StringIO(), sink=sink)
     if not holder or summary.records == 0:
         return summary
-    doc = holder[0].document(title=title, sla_ns=sla_ns, max_points=max_points)
+    # The run's hosts name the charts (host series add theirs with --per-host).
+    hosts = [] if all_quanta_files(paths) else host_labels(list(paths), opts.host_from)
+    doc = holder[0].document(title=title, sla=sla, hosts=hosts, max_points=max_points)
     if kind == "html":
         body = page_html(data=doc, live=False, title=title).encode()
     else:

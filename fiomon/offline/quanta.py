@@ -16,6 +16,7 @@ the run saw (layout, time kind, phase, records, late records, problems).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,8 @@ class QuantaOptions:
         max_span_ms: longest span (reaching it is flagged in ``target_met``).
         workers: parsing threads; 0: one per core, at most 2, at most one per file.
         keep_hists: keep each cluster row's merged histogram (:attr:`ClosedQuantum.hist`).
+        run: ``--run``: fio output's rows carry this run label (:attr:`ClosedQuantum.runs`);
+            a quanta file's rows are kept only when they name it.
     """
 
     quantum_ms: int = 1000
@@ -78,6 +81,7 @@ class QuantaOptions:
     max_span_ms: int = 60_000
     workers: int = 0
     keep_hists: bool = False
+    run: str | None = None
 
 
 def iter_quanta(
@@ -254,10 +258,14 @@ class QuantaReader:
             raise RuntimeError(msg)
         quantum_ms = self.options.quantum_ms
 
+        run = self.options.run
+
         def spans(rows: list[ClosedQuantum], *, last: bool = False) -> list[ClosedQuantum]:
-            if merger is None:
-                return rows
-            return merger.add(rows) + (merger.flush() if last else [])
+            if merger is not None:
+                rows = merger.add(rows) + (merger.flush() if last else [])
+            if run is not None:
+                rows = [dataclasses.replace(r, runs=(run,)) for r in rows]
+            return rows
 
         # Closing follows what the main thread has merged, never what a worker has read: a
         # worker updates its source while its batch is still in flight, so the marks come
@@ -307,7 +315,8 @@ def _file_rows(paths: Sequence[Path], opts: QuantaOptions) -> Iterator[ClosedQua
     """:func:`iter_quanta` of quanta files."""
     _, rows = resolve_rows(paths, file_selection(opts))
     for f in rows:
-        yield f.row
+        if opts.run is None or opts.run in f.row.runs:
+            yield f.row
 
 
 def _common_layout(sources: Sequence[FileSource]) -> BinLayout:

@@ -206,8 +206,8 @@ def _row(path: Path, n: int, raw: bytes) -> FileRow:
 def parse_row(obj: dict[str, Any]) -> ClosedQuantum:
     """A closed-quantum JSON object (:meth:`ClosedQuantum.to_json`) as the row it describes.
 
-    Fields later versions added (``complete``, ``revision``) take their defaults when
-    absent, so files written before them still read.
+    Fields later versions added (``complete``, ``revision``, ``runs``) take their defaults
+    when absent, so files written before them still read.
 
     Raises:
         ValueError: a field is missing or has the wrong type, naming it.
@@ -251,6 +251,7 @@ def parse_row(obj: dict[str, Any]) -> ClosedQuantum:
         ),
         revision=_get(obj, "revision", int) if "revision" in obj else 0,
         revised_at=None if obj.get("revised_at") is None else _get(obj, "revised_at", int),
+        runs=tuple(_text(r, "runs") for r in _get(obj, "runs", list)) if "runs" in obj else (),
     )
 
 

@@ -107,7 +107,7 @@ def _writer(
     if opts.fmt == "jsonl":
         return JsonlWriter(out)
     if opts.fmt == "csv":
-        return CsvWriter(out, q.percentiles, spans=spans)
+        return CsvWriter(out, q.percentiles, spans=spans, relative=relative)
     if opts.fmt == "fiologparser":
         return FiologparserWriter(
             out, q.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
@@ -204,6 +204,8 @@ def _report_rows(
     got, rows = resolve_rows(paths, opts.rows or file_selection(quanta))
     for warning in got.warnings:
         err.write(f"fiomon: warning: {warning}\n")
+    if quanta.run is not None:  # --run: only the rows that hold records of that run
+        rows = [f for f in rows if quanta.run in f.row.runs]
     if opts.rows is not None and opts.rows.percentiles is None:
         quanta = dataclasses.replace(quanta, percentiles=tuple(map(float, got.percentiles)))
     summary = ReportSummary(

@@ -4,7 +4,7 @@ Per operation (read, write, trim, mixed, all): I/O count, bytes, mean, variance 
 deviation, min and max bounds, percentiles, IOPS and throughput over the run, the first
 and last record, and a text histogram on bins of the user's choosing.
 
-Numbers and their bounds (the histograms are fio's log-linear bins, DESIGN.md):
+Numbers and their bounds (the histograms are fio's log-linear bins, :mod:`fiomon.bins`):
 
 * count and bytes are exact;
 * mean and variance use bin midpoints: the mean is off by less than half the widest bin

@@ -56,6 +56,7 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule, WebhookConfig
 from fiomon.histogram import pct_key
 from fiomon.runtime import wait_event
+from fiomon.server.tailshare import TOP_K, TailShare, shares_text
 
 log = logging.getLogger("fiomon.aggregator")
 
@@ -205,7 +206,12 @@ class Transition:
         new: phase after.
         state: the new state.
         at_ms: end of the quantum that caused it (the wall clock for an idle settle).
-        idle: caused by the input going idle (:meth:`AlertBook.settle`), not a quantum.
+        idle: caused by the input going idle (:meth:`AlertBook.settle`), not a quantum:
+            a firing alert that resolves so *ended* (the benchmark stopped), it did not
+            recover.
+        worst: cluster rules: ``(host, share)`` of the hosts holding the most I/Os above
+            the cluster percentile over the incident's breaching quanta, largest first
+            (:mod:`fiomon.server.tailshare`); empty for host rules or without host rows.
     """
 
     rule: SlaRule
@@ -215,6 +221,7 @@ class Transition:
     state: AlertState
     at_ms: int
     idle: bool = False
+    worst: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """A structured log / MQTT object."""
@@ -229,6 +236,8 @@ class Transition:
             "value_ns": self.state.value_ns,
             "at_ms": self.at_ms,
             "idle": self.idle,
+            **({"ended": self.idle} if self.new is Phase.RESOLVED else {}),
+            **({"worst_hosts": [[h, round(s, 4)] for h, s in self.worst]} if self.worst else {}),
             **_evidence(self.rule, self.state),
         }
 
@@ -379,6 +388,14 @@ class _RuleMemory:
         return s
 
 
+@dataclass(slots=True)
+class _Worst:
+    """One cluster rule's incident: I/Os above its percentile, in all and per top host."""
+
+    above: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+
+
 def _f(x: float | None) -> float:
     return np.nan if x is None else x
 
@@ -413,14 +430,25 @@ class AlertBook:
         self._hosts: Counter[str] = Counter()
         self._memory: dict[str, _RuleMemory] = {r.name: _RuleMemory() for r in rules}
         self._cutoff_ms: int | None = None  # quanta ending before it are forgotten
+        # Cluster rules' incidents (pending or firing, kept after): the hosts' tail counts
+        # over the breaching quanta, for worst_hosts().
+        self._worst: dict[str, _Worst] = {}
+        # Alerts resolved because the input went idle (settle): the benchmark stopped.
+        self._ended: set[tuple[str, str | None]] = set()
+        self._tails: dict[tuple[int, str, str], TailShare] = {}
 
-    def observe(self, rows: list[ClosedQuantum]) -> list[Transition]:
+    def observe(
+        self, rows: list[ClosedQuantum], tails: Sequence[TailShare] = ()
+    ) -> list[Transition]:
         """Evaluate every rule on one close's rows (quanta oldest first).
 
         ``rows`` are first publications (a quantum's revisions go to :meth:`revise`):
-        each rule's verdict on them is remembered for ``remember_ms``.
+        each rule's verdict on them is remembered for ``remember_ms``. ``tails`` are
+        the same quanta's tail shares (:func:`fiomon.server.tailshare.tail_shares`):
+        a cluster rule adds those of its breaching quanta to its incident's worst hosts.
         """
         out: list[Transition] = []
+        self._tails = {(t.end_ms, t.direction, t.percentile): t for t in tails}
         by_end: dict[int, list[ClosedQuantum]] = {}
         for r in rows:
             by_end.setdefault(r.end_ms, []).append(r)
@@ -556,13 +584,52 @@ class AlertBook:
             ci = (r.ci_ns or {}).get(key, (None, None))
             new = evaluate(rule, value, r.stats.samples, old, end_ms, bounds_ns=ci)
             self.states[state_key] = new
+            if new.phase is not Phase.RESOLVED:
+                self._ended.discard(state_key)
             if self.remember_ms > 0:
                 self._remember(rule, r)
+            if r.host is None:
+                self._note_tail(rule, r, old, new)
             if new.phase is not old.phase:
                 if new.phase is Phase.FIRING:
                     self.breaches[rule.name] += 1
-                out.append(Transition(rule, r.host, old.phase, new.phase, new, end_ms))
+                worst = self.worst_hosts(rule.name) if r.host is None else ()
+                out.append(
+                    Transition(rule, r.host, old.phase, new.phase, new, end_ms, False, worst)
+                )
         return out
+
+    def _note_tail(
+        self, rule: SlaRule, row: ClosedQuantum, old: AlertState, new: AlertState
+    ) -> None:
+        """Add a breaching quantum's tail counts to the cluster rule's incident."""
+        active = (Phase.PENDING, Phase.FIRING)
+        if new.phase not in active:
+            return
+        if old.phase not in active:
+            self._worst[rule.name] = _Worst()  # a new incident
+        if verdict_of(rule, row)[0] is not Verdict.BREACH:
+            return
+        tail = self._tails.get((row.end_ms, rule.direction, pct_key(rule.percentile)))
+        if tail is None:
+            return
+        w = self._worst.setdefault(rule.name, _Worst())
+        w.above += tail.above
+        for h, n in tail.top:
+            w.counts[h] = w.counts.get(h, 0.0) + n
+
+    def worst_hosts(self, rule: str, k: int = TOP_K) -> tuple[tuple[str, float], ...]:
+        """``(host, share)`` of the cluster rule's current (or last) incident, largest first.
+
+        The share is of the cluster's I/Os above its percentile, summed over the
+        incident's breaching quanta (each quantum's top hosts only: a host outside a
+        quantum's top counts 0 there).
+        """
+        w = self._worst.get(rule)
+        if w is None or w.above <= 0:
+            return ()
+        top = sorted(w.counts.items(), key=lambda hn: -hn[1])[:k]
+        return tuple((h, n / w.above) for h, n in top)
 
     def settle(self, at_ms: int) -> list[Transition]:
         """The input went idle: firing alerts resolve, pending ones drop (no evidence left).
@@ -582,7 +649,10 @@ class AlertBook:
             else:
                 continue
             self.states[key] = new
-            out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms, idle=True))
+            if new.phase is Phase.RESOLVED:
+                self._ended.add(key)
+            worst = self.worst_hosts(rule.name) if key[1] is None else ()
+            out.append(Transition(rule, key[1], st.phase, new.phase, new, at_ms, True, worst))
         return out
 
     def replace_rules(self, rules: tuple[SlaRule, ...]) -> str:
@@ -605,6 +675,8 @@ class AlertBook:
             n: self.revised_verdicts.get(n, 0) if n in kept else 0 for n in new
         }
         self._hosts = Counter({n: c for n, c in self._hosts.items() if n in kept})
+        self._worst = {n: w for n, w in self._worst.items() if n in kept}
+        self._ended = {k for k in self._ended if k[0] in kept}
         self.rules = rules
         parts = [f"{len(kept)} kept"]
         for what, names in (("changed", changed), ("added", added), ("removed", removed)):
@@ -631,14 +703,23 @@ class AlertBook:
                 "state": st.phase.value,
                 "value_ns": st.value_ns,
                 "since_ms": st.since_ms,
+                **({"ended": (name, host) in self._ended} if st.phase is Phase.RESOLVED else {}),
+                **(
+                    {"worst_hosts": [[h, round(s, 4)] for h, s in self.worst_hosts(name)]}
+                    if host is None and st.phase is not Phase.INACTIVE
+                    else {}
+                ),
                 **(_evidence(rules[name], st) if name in rules else {}),
             }
             for (name, host), st in sorted(self.states.items(), key=lambda kv: str(kv[0]))
         ]
 
 
-# Where deploy/README.md installs the docs; sites point it at their own wiki.
-RUNBOOK = "/opt/fiomon/share/fiomon/docs/metrics.md#fiomonslabreach"
+# The runbook (one anchored section per alert), where the wheel installs the docs
+# (share/fiomon/docs under the venv; deploy/README.md, "Runbook URLs", says how to point
+# it, and the Prometheus rules' runbook_url, at a site's own copy).
+RUNBOOK_BASE = "file:///opt/fiomon/share/fiomon/docs/runbook.md"
+RUNBOOK = RUNBOOK_BASE + "#fiomonslabreach"
 SEVERITY = "page"  # an SLA breach pages, as the shipped Prometheus rule does
 
 
@@ -661,6 +742,7 @@ def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
         "alertname": "FiomonSLABreach",
         "rule": rule.name,
         "direction": rule.direction,
+        "percentile": pct_key(rule.percentile),
         "severity": SEVERITY,
     }
     if host:
@@ -672,17 +754,42 @@ def _ms(ns: float | None) -> str:
     return "none" if ns is None else f"{ns / 1e6:.3f}"
 
 
-def _annotations(rule: SlaRule, state: AlertState, scope: str) -> dict[str, str]:
-    """What a person reading the alert needs: value, runbook, and with confidence the evidence."""
+def human_ns(ns: float) -> str:
+    """A latency for people: ``7.3 ms``, ``850 us``, ``1.2 s`` (3 significant digits)."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def _what(rule: SlaRule) -> str:
+    return f"p{rule.percentile:g} {rule.direction}"
+
+
+def _annotations(
+    rule: SlaRule, state: AlertState, host: str | None, worst: tuple[tuple[str, float], ...]
+) -> dict[str, str]:
+    """What a person reading the alert needs: value vs threshold, where, the runbook."""
+    scope = f"host {host}" if host else "cluster"
+    value = "no value" if state.value_ns is None else human_ns(state.value_ns)
+    threshold = human_ns(rule.threshold_ns)
     out = {
-        "summary": f"p{rule.percentile:g} {rule.direction} latency above "
-        f"{rule.threshold_ns / 1e6:g} ms",
-        "description": f"fiomon SLA rule {rule.name}: the {scope} p"
-        f"{rule.percentile:g} {rule.direction} latency stayed above "
-        f"{rule.threshold_ns / 1e6:g} ms for {rule.for_quanta} quanta",
+        "summary": f"{_what(rule)} {value} > {threshold} ({scope})",
+        "description": f"fiomon SLA rule {rule.name}: the {scope} {_what(rule)} latency "
+        f"stayed above {threshold} for {rule.for_quanta} quanta (latest {value}); it "
+        f"recovers after {rule.clear_for} quanta below {human_ns(rule.clear_ns)}",
         "runbook_url": RUNBOOK,
+        "value": value,
+        "threshold": threshold,
         "value_ms": _ms(state.value_ns or 0.0),
     }
+    if host is None:
+        out["worst_hosts"] = shares_text(worst)
+        if worst:
+            out["description"] += (
+                f"; hosts holding the I/Os above the cluster p{rule.percentile:g}: "
+                f"{shares_text(worst)}"
+            )
     if rule.confidence is not None:
         # Annotation values are strings (Alertmanager v2); "none": the data bound no side.
         out["confidence"] = f"{rule.confidence:g}"
@@ -698,25 +805,62 @@ def _annotations(rule: SlaRule, state: AlertState, scope: str) -> dict[str, str]
     return out
 
 
+def _resolution(t: Transition) -> dict[str, str]:
+    """A resolved alert's annotations: *ended* (the benchmark stopped) or *recovered*."""
+    out = _annotations(t.rule, t.state, t.host, t.worst)
+    if t.idle:
+        out["resolution"] = "ended: the benchmark stopped (no records arrive), not recovered"
+        scope = f"host {t.host}" if t.host else "cluster"
+        out["summary"] = (
+            f"ended (the benchmark stopped): {_what(t.rule)} last {out['value']}, threshold "
+            f"{out['threshold']} ({scope})"
+        )
+    else:
+        out["resolution"] = (
+            f"recovered: {_what(t.rule)} below {human_ns(t.rule.clear_ns)} for "
+            f"{t.rule.clear_for} quanta"
+        )
+        out["summary"] = f"recovered: {_what(t.rule)} {out['value']} < {human_ns(t.rule.clear_ns)}"
+    return out
+
+
 def alertmanager_payload(
     book: AlertBook, transitions: list[Transition], now_ms: int
 ) -> list[dict[str, Any]]:
-    """Alertmanager v2 alerts: every firing alert, plus the ones that just resolved."""
+    """Alertmanager v2 alerts: every firing alert, plus the ones that just resolved.
+
+    A resolved alert carries its annotations again, with ``resolution`` saying whether it
+    ended (the benchmark stopped) or recovered: Alertmanager's resolved notification
+    shows the annotations it received last.
+    """
     now = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat()
     out: list[dict[str, Any]] = []
     for rule, host, state in book.firing():
-        scope = f"host {host}" if host else "cluster"
+        worst = book.worst_hosts(rule.name) if host is None else ()
         out.append(
             {
                 "labels": _labels(rule, host),
-                "annotations": _annotations(rule, state, scope),
+                "annotations": _annotations(rule, state, host, worst),
                 "startsAt": datetime.fromtimestamp((state.fired_ms or 0) / 1000, UTC).isoformat(),
             }
         )
     for t in transitions:
         if t.new is Phase.RESOLVED:
-            out.append({"labels": _labels(t.rule, t.host), "endsAt": now})
+            out.append(
+                {"labels": _labels(t.rule, t.host), "annotations": _resolution(t), "endsAt": now}
+            )
     return out
+
+
+def site_alert(alert: dict[str, Any], hook: WebhookConfig) -> None:
+    """Give ``alert`` the site's labels (``webhook.labels``) and runbook (``webhook.runbook``).
+
+    fiomon's own labels win over a site label of the same name (the config refuses those).
+    """
+    alert["labels"] = {**dict(hook.labels), **alert["labels"]}
+    notes = alert.get("annotations")
+    if isinstance(notes, dict) and "runbook_url" in notes:
+        notes["runbook_url"] = hook.runbook + "#" + notes["runbook_url"].rsplit("#", 1)[-1]
 
 
 def post_alerts(hook: WebhookConfig, alerts: list[dict[str, Any]]) -> None:
@@ -793,6 +937,7 @@ class AlertDispatcher:
         if not transitions and not (due and book.firing()):
             return
         for alert in alertmanager_payload(book, transitions, now):
+            site_alert(alert, hook)
             key = tuple(sorted(alert["labels"].items()))
             self._pending.pop(key, None)  # re-insert: newest last
             self._pending[key] = alert

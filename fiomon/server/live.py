@@ -32,16 +32,21 @@ thread sends only the newest snapshot (at least every 250 ms while they change),
 can be skipped; with the last 5 s of quanta on each, a skip loses nothing unless the
 child stops reading for that long. The tail is what each snapshot costs to pickle: about
 0.5 MB per quantum for 256 hosts (the cap below) x 4 directions, a few kB for a small
-cluster. A restarted child
-starts with an empty ring (the page then shows history from that moment on).
+cluster. A store that starts (the aggregator's start, or a restarted child) fills its
+ring from the quanta file, once, on a thread of its own (:func:`read_history`: the page's
+window, bounded by time and bytes), so an aggregator restart does not empty the page.
 
 ``GET /api/v1/quanta`` answers::
 
     {"meta": {"percentiles": ["50", ...], "sla_ns": [...], "quantum_ms": 1000,
-              "window_s": 900, "host_window_s": 120, "relative": false},
+              "window_s": 900, "host_window_s": 120, "relative": false,
+              "sla": [{"rule", "direction", "percentile", "threshold_ns", "scope",
+                       "label": "SLA p99 write 5 ms"}],
+              "colours": {"99": "#e69f00", ...}},
      "status": {"time_ms", "hosts_up", "records_received", "late_records",
-                "lost_records", "host_rows_cap", "sla": [{"rule", "direction",
-                "percentile", "threshold_ns", "host", "state", "value_ns"}]},
+                "lost_records", "host_rows_cap", "silent_hosts", "silent_count",
+                "sla": [{"rule", "direction", "percentile", "threshold_ns", "host",
+                "state", "value_ns", "more"?}]},
      "quanta": [closed-quantum objects ending after since (or revised after the
                 revised given), oldest first, one per key: its latest revision],
      "revised": N}
@@ -63,9 +68,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
+import re
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fiomon.bins import BinLayout
@@ -73,6 +82,11 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
+from fiomon.palette import percentile_colours
+from fiomon.server.quantafile import raw_lines_backwards
+from fiomon.units import format_latency_ns
+
+log = logging.getLogger("fiomon.aggregator")
 
 RECENT_MS = 5000  # each snapshot carries the quanta that closed over about this long
 MAX_RECENT = 16
@@ -102,6 +116,8 @@ class LiveView:
         host_window_s: the same for host rows.
         revised: ``(end_ms, rows)`` of the newest publications after a first close
             (revisions and keys first published late), each row on its own.
+        history: the quanta file and its rotated ones, newest first (empty: none): the
+            store reads the page's window from them once, when it starts.
     """
 
     recent: tuple[tuple[int, bytes, bytes], ...]
@@ -110,6 +126,7 @@ class LiveView:
     window_s: int = DEFAULT_WINDOW_S
     host_window_s: int = DEFAULT_HOST_WINDOW_S
     revised: tuple[tuple[int, tuple[Revised, ...]], ...] = ()
+    history: tuple[str, ...] = ()
 
 
 def encode_rows(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> tuple[bytes, bytes]:
@@ -195,6 +212,10 @@ class LiveFeed:
         self._revised: deque[tuple[int, tuple[Revised, ...]]] = deque()
         self._revised_calls: deque[int] = deque(maxlen=keep)
         self._revised_tuple: tuple[tuple[int, tuple[Revised, ...]], ...] = ()
+        # The quanta file and its rotated ones (set once the aggregator opened it): a
+        # store that starts (the /metrics child, after an aggregator restart or its own)
+        # fills the page's window from them.
+        self.history: tuple[str, ...] = ()
         self.set_rules(rules)
 
     def set_rules(self, rules: Sequence[SlaRule]) -> None:
@@ -204,6 +225,8 @@ class LiveFeed:
             {
                 "percentiles": [pct_key(q) for q in self.percentiles],
                 "sla_ns": sorted({r.threshold_ns for r in self.rules}),
+                "sla": [sla_line(r) for r in self.rules],
+                "colours": percentile_colours(self.percentiles),
                 "quantum_ms": self.quantum_ms,
                 "window_s": self.window_s,
                 "host_window_s": self.host_window_s,
@@ -252,7 +275,22 @@ class LiveFeed:
             self.window_s,
             self.host_window_s,
             self._revised_tuple,
+            self.history,
         )
+
+
+def sla_line(rule: SlaRule) -> dict[str, object]:
+    """How the page draws a rule: on its direction's chart, labelled "SLA p99 write 5 ms"."""
+    limit = format_latency_ns(rule.threshold_ns)
+    label = f"SLA p{pct_key(rule.percentile)} {rule.direction} {limit}"
+    return {
+        "rule": rule.name,
+        "direction": rule.direction,
+        "percentile": pct_key(rule.percentile),
+        "threshold_ns": rule.threshold_ns,
+        "scope": rule.scope,
+        "label": label + (" (each host)" if rule.scope == "host" else ""),
+    }
 
 
 def _encode_revised(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> tuple[Revised, ...]:
@@ -270,6 +308,10 @@ def _encode_revised(rows: Sequence[ClosedQuantum], layout: BinLayout | None) -> 
     return tuple(out)
 
 
+_ORDER = {"firing": 0, "pending": 1}  # loud states, worst first
+MAX_SLA_LINES = 20  # per-host states listed per rule
+
+
 def status_of(
     *,
     now_ms: int,
@@ -279,8 +321,18 @@ def status_of(
     lost: int,
     rules: Sequence[SlaRule],
     alerts: Sequence[dict[str, object]],
+    silent: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The ``status`` object: counters and every rule's state (``inactive`` if unseen)."""
+    """The ``status`` object: counters, every rule's state, the newest quantum's silent hosts.
+
+    ``silent_hosts``: the hosts the newest quantum closed without (``silent``).
+
+    A cluster rule is one line (``host`` null). A per-host rule lists its loud hosts
+    (firing, then pending; the highest value first; at most :data:`MAX_SLA_LINES`, with
+    ``more`` counting the rest), or, when none is loud, one line with ``host`` null:
+    a quiet rule is about every host, so it names none (``resolved`` if a host's alert
+    resolved, else ``inactive``).
+    """
     by_rule: dict[str, list[dict[str, object]]] = {}
     for a in alerts:
         by_rule.setdefault(str(a["rule"]), []).append(a)
@@ -292,13 +344,29 @@ def status_of(
             "percentile": pct_key(rule.percentile),
             "threshold_ns": rule.threshold_ns,
         }
-        seen = by_rule.get(rule.name) or [{"host": None, "state": "inactive", "value_ns": None}]
-        # Per-host rules: the page lists the hosts that are not quiet, else one line.
-        loud = [a for a in seen if a.get("state") not in ("inactive", "resolved")]
-        for a in (loud or seen[:1])[:20]:
-            sla.append(
-                {**common, "host": a.get("host"), "state": a["state"], "value_ns": a["value_ns"]}
-            )
+        seen = by_rule.get(rule.name, [])
+        loud = sorted(
+            (a for a in seen if a.get("state") in _ORDER),
+            key=lambda a: (_ORDER[str(a["state"])], -_value(a.get("value_ns"))),
+        )
+        if loud:
+            for a in loud[:MAX_SLA_LINES]:
+                line = {**common, "host": a.get("host"), "state": a["state"]}
+                sla.append({**line, "value_ns": a.get("value_ns"), **_extra(a)})
+            if len(loud) > MAX_SLA_LINES:
+                sla[-1]["more"] = len(loud) - MAX_SLA_LINES
+            continue
+        if rule.scope != "host" and seen:
+            a = seen[0]
+            line = {**common, "host": None, "state": a["state"], "value_ns": a["value_ns"]}
+            sla.append({**line, **_extra(a)})
+            continue
+        resolved = [a for a in seen if a.get("state") == "resolved"]
+        state = "resolved" if resolved else "inactive"
+        line = {**common, "host": None, "state": state, "value_ns": None}
+        if resolved:
+            line["ended"] = all(bool(a.get("ended")) for a in resolved)
+        sla.append(line)
     return {
         "time_ms": now_ms,
         "hosts_up": hosts_up,
@@ -306,8 +374,24 @@ def status_of(
         "late_records": late,
         "lost_records": lost,
         "host_rows_cap": MAX_LIVE_HOSTS,
+        "silent_hosts": sorted(silent)[:MAX_SLA_LINES],
+        "silent_count": len(silent),
         "sla": sla,
     }
+
+
+def _extra(alert: dict[str, object]) -> dict[str, object]:
+    """What the alert adds when it has it: ``worst_hosts`` and ``ended``.
+
+    ``worst_hosts``: a cluster rule's hosts and their share of the tail
+    (``[[host, share], ...]``, from the alerts); ``ended``: a resolved alert whose
+    benchmark stopped, not recovered.
+    """
+    return {k: alert[k] for k in ("worst_hosts", "ended") if k in alert}
+
+
+def _value(v: object) -> float:
+    return float(v) if isinstance(v, int | float) else float("-inf")
 
 
 @dataclass(slots=True)
@@ -344,10 +428,58 @@ class LiveStore:
         self._host_from = 0  # index of the oldest quantum that still has host rows
         self._view: LiveView | None = None
         self.revised = 0  # revisions taken, ever (the API's ``revised``)
+        # The window read back from the quanta file, once, on a thread of its own.
+        self._history: list[tuple[int, bytes, bytes]] | None = None
+        self._history_done = threading.Event()
+        self._history_thread: threading.Thread | None = None
+        self.restored = 0  # quanta taken from the quanta file
+
+    def _start_history(self, view: LiveView) -> None:
+        """Read the page's window from the quanta file, once, off this process's loop."""
+        if self._history_thread is not None or not view.history:
+            return
+
+        def load() -> None:
+            try:
+                self._history = read_history(
+                    view.history, view.window_s, view.host_window_s, self.max_bytes
+                )
+            except Exception:  # a bug in reading: the page starts empty, as before
+                log.exception("cannot read the live page's window from the quanta file")
+                self._history = []
+            self._history_done.set()
+
+        self._history_thread = threading.Thread(target=load, name="fiomon.history", daemon=True)
+        self._history_thread.start()
+
+    def wait_history(self, timeout_s: float) -> bool:
+        """Wait until the quanta file was read (True), and take what it held."""
+        ok = self._history_done.wait(timeout_s)
+        self._take_history()
+        return ok
+
+    def _take_history(self) -> None:
+        """Put the quanta read from the file where the store has none (views are newer)."""
+        if self._history is None or not self._history_done.is_set():
+            return
+        got, self._history = self._history, None
+        taken = False
+        for end, cluster, host in got:
+            if end in self._rows:
+                continue
+            if not taken:
+                self.revised += 1  # a page that polls with ``revised`` asks for them
+                taken = True
+            q = _Quantum(cluster, host, revised_no=self.revised)
+            self._insert(end, q)
+            self.restored += 1
+        if taken:
+            self._trim()
 
     def merge(self, view: LiveView) -> None:
         """Take a view's newest quanta and revisions (replacing what was seen before), trim."""
         self._view = view
+        self._start_history(view)
         for end, cluster, host in view.recent:
             q = self._rows.get(end)
             if q is None:
@@ -362,7 +494,13 @@ class LiveStore:
                 self._rebuild(q)
         for end, rows in view.revised:
             self._revise(end, rows, view.window_s)
-        if not self._ends:
+        self._take_history()
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop host rows past the host window, then quanta past the window or the bytes."""
+        view = self._view
+        if not self._ends or view is None:
             return
         newest = self._ends[-1]
         host_cut = newest - view.host_window_s * 1000
@@ -450,6 +588,7 @@ class LiveStore:
         With ``revised`` (the ``revised`` of an earlier answer), also the quanta ending at
         or before ``since_ms`` that were revised since that answer.
         """
+        self._take_history()
         view = self._view
         if view is None:
             meta, status = b"{}", b"{}"
@@ -472,6 +611,96 @@ class LiveStore:
             + str(self.revised).encode()
             + b"}"
         )
+
+
+# The writer's lines open alike (ClosedQuantum.to_json): their end and scope are read
+# without parsing the line (host rows past the host window are most of a big file).
+_HEAD = re.compile(rb'\{"start_ms":-?\d+,"end_ms":(-?\d+),"scope":"(cluster|host)"')
+
+
+def read_history(
+    paths: Sequence[str],
+    window_s: int,
+    host_window_s: int,
+    max_bytes: int = MAX_STORE_BYTES,
+) -> list[tuple[int, bytes, bytes]]:
+    """The page's window of a quanta file: ``(end_ms, cluster rows, host rows)``, oldest first.
+
+    ``paths`` are the file and its rotated ones, newest first
+    (:meth:`fiomon.server.quantafile.QuantaFile.files`). Read backwards from the newest
+    quantum first published, down to ``window_s`` before it (host rows: ``host_window_s``,
+    at most :data:`MAX_LIVE_HOSTS` hosts per quantum by name) or ``max_bytes`` of rows,
+    and stopped at the first publication of a quantum older than that: revisions come
+    after their quantum's first publication, so nothing older is needed. Each key's
+    highest revision wins (equal revisions: the later line), as
+    :mod:`fiomon.offline.quantafiles` resolves them. The rows are the file's lines as they
+    are (cluster rows carry no ``heat``: the file holds no histograms).
+    """
+    newest: int | None = None
+    best: dict[tuple[int, RowKey], tuple[int, bytes]] = {}
+    total = 0
+    for path in paths:
+        for line in raw_lines_backwards(Path(path)):
+            m = _HEAD.match(line)
+            try:
+                obj: dict[str, Any] | None = None
+                if m is None:  # not the writer's layout (a hand edit): parse it whole
+                    obj = json.loads(line)
+                    assert isinstance(obj, dict)  # noqa: S101 -- caught below
+                    end, scope = int(obj["end_ms"]), str(obj["scope"])
+                    first = obj.get("revised_at") is None
+                else:
+                    end, scope = int(m[1]), m[2].decode()
+                    first = b'"revised_at":' not in line
+                if newest is None and first:
+                    newest = end
+                if newest is not None and end <= newest - window_s * 1000:
+                    if first:  # older first publications only: nothing more to read
+                        return _history_rows(best, newest, window_s, host_window_s)
+                    continue
+                if scope == "host" and newest is not None and end <= newest - host_window_s * 1000:
+                    continue
+                if obj is None:
+                    obj = json.loads(line)
+                    assert isinstance(obj, dict)  # noqa: S101 -- caught below
+                key = (end, (scope, str(obj.get("host") or ""), str(obj["direction"])))
+                revision = int(obj.get("revision", 0))
+            except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
+                continue  # not a row: says nothing about the window
+            old = best.get(key)
+            # Backwards: a later line of an equal revision was seen first and stays.
+            if old is None or revision > old[0]:
+                total += len(line) - (0 if old is None else len(old[1]))
+                best[key] = (revision, line)
+                if total > max_bytes:
+                    return _history_rows(best, newest, window_s, host_window_s)
+    return _history_rows(best, newest, window_s, host_window_s)
+
+
+def _history_rows(
+    best: dict[tuple[int, RowKey], tuple[int, bytes]],
+    newest: int | None,
+    window_s: int,
+    host_window_s: int,
+) -> list[tuple[int, bytes, bytes]]:
+    if newest is None:
+        return []
+    cut, host_cut = newest - window_s * 1000, newest - host_window_s * 1000
+    by_end: dict[int, tuple[list[bytes], dict[str, list[bytes]]]] = {}
+    for (end, (scope, host, _)), (_, line) in sorted(best.items()):
+        if end <= cut or (scope == "host" and end <= host_cut):
+            continue
+        cluster, hosts = by_end.setdefault(end, ([], {}))
+        if scope == "cluster":
+            cluster.append(line)
+        else:
+            hosts.setdefault(host, []).append(line)
+    out = []
+    for end in sorted(by_end):
+        cluster, hosts = by_end[end]
+        kept = [line for h in sorted(hosts)[:MAX_LIVE_HOSTS] for line in hosts[h]]
+        out.append((end, b",".join(cluster), b",".join(kept)))
+    return out
 
 
 def _split(blob: bytes) -> list[tuple[RowKey, bytes]]:

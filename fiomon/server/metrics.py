@@ -117,6 +117,15 @@ TAIL_ALPHA = (
     "Density exponent alpha of the power-law tail, p(x) ~ x**-alpha (fit_tail).",
     ("direction",),
 )
+# Which hosts hold the cluster's tail (fiomon.server.tailshare): only the top hosts of
+# each SLA'd direction and percentile, so its series are bounded whatever the hosts.
+TAIL_HOSTS = (
+    "fiomon_tail_share",
+    "Share (0..1) of the last closed quantum's cluster I/Os above the cluster percentile "
+    "(its fio bin and up) that the host holds; the top 5 hosts per SLA rule's direction "
+    "and percentile.",
+    ("direction", "percentile", "host"),
+)
 IOPS = (
     "fiomon_cluster_iops",
     "I/Os per second of the last closed quantum, cluster-wide.",
@@ -126,6 +135,14 @@ THROUGHPUT = (
     "fiomon_cluster_throughput_bytes_per_second",
     "Bytes per second of the last closed quantum, cluster-wide.",
     ("direction",),
+)
+
+# Run identity (issue 26): the run labels of the newest closed quantum's cluster rows (the
+# agents' ``run``). Few at a time, and withdrawn when idle, like the percentiles.
+RUN_INFO = (
+    "fiomon_run_info",
+    "Always 1; a run (agents' run label) with I/Os in the last closed quantum.",
+    ("run",),
 )
 
 # Completeness (issue 24), fed from the rows by the Publisher, so the aggregator and the
@@ -365,6 +382,7 @@ class QuantumGauges:
     throughput: Table = field(default_factory=dict)
     tail_share: Table = field(default_factory=dict)
     tail_alpha: Table = field(default_factory=dict)
+    tail_hosts: Table = field(default_factory=dict)  # set by the Publisher (TAIL_HOSTS)
     ci_lower: Table = field(default_factory=dict)
     ci_upper: Table = field(default_factory=dict)
     buckets: BucketHistogram | None = None
@@ -375,6 +393,7 @@ class QuantumGauges:
     delay_sum_s: float = 0.0
     incomplete: int = 0  # quanta closed with a row saying complete: false
     complete: bool | None = None  # whether the last closed quantum was complete
+    runs: tuple[str, ...] = ()  # run labels of the last closed quantum's cluster rows
 
     def observe(
         self,
@@ -407,6 +426,7 @@ class QuantumGauges:
         self.incomplete += len(partial)
         self.complete = last not in partial
         t = self._tables([r for r in rows if r.end_ms == last])
+        self.runs = _runs(r for r in rows if r.end_ms == last)
         self.cluster, self.hosts, self.iops, self.throughput = t.cluster, t.hosts, t.iops, t.put
         self.ci_lower, self.ci_upper = t.ci_lower, t.ci_upper
         if t.saturated:
@@ -448,6 +468,7 @@ class QuantumGauges:
         cluster = [r for r in mine if r.scope == "cluster"]
         if cluster:
             self.complete = all(r.complete for r in cluster)
+            self.runs = tuple(sorted({*self.runs, *_runs(cluster)}))
 
     def _tables(self, rows: list[ClosedQuantum]) -> _Tables:
         """The gauges' tables of one quantum's rows (seconds; labels as exported)."""
@@ -488,6 +509,11 @@ class _Tables:
     put: Table = field(default_factory=dict)  # throughput, bytes per second
     ci_lower: Table = field(default_factory=dict)
     ci_upper: Table = field(default_factory=dict)
+
+
+def _runs(rows: Iterable[ClosedQuantum]) -> tuple[str, ...]:
+    """The sorted run labels of the cluster rows among ``rows``."""
+    return tuple(sorted({run for r in rows if r.scope == "cluster" for run in r.runs}))
 
 
 def _with_zeros(counts: Mapping[str, int], keys: Iterable[str] | Table) -> Table:
@@ -622,9 +648,13 @@ def build_snapshot(
         gauges_out[SATURATED] = dict(gauges.saturated)
         gauges_out[IOPS] = dict(gauges.iops)
         gauges_out[THROUGHPUT] = dict(gauges.throughput)
+        if gauges.runs:
+            gauges_out[RUN_INFO] = {(run,): 1.0 for run in gauges.runs}
         if gauges.ci_lower or gauges.ci_upper:
             gauges_out[CI_LOWER] = dict(gauges.ci_lower)
             gauges_out[CI_UPPER] = dict(gauges.ci_upper)
+        if gauges.tail_hosts:
+            gauges_out[TAIL_HOSTS] = dict(gauges.tail_hosts)
         if gauges.fit_tail:
             gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
             gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)

@@ -24,9 +24,11 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig
+from fiomon.histogram import pct_key
 from fiomon.server.alerts import AlertBook, Transition
 from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.server.metrics import Counts, Health, QuantumGauges, build_snapshot
+from fiomon.server.tailshare import tail_shares
 
 
 class Publisher:
@@ -92,7 +94,19 @@ class Publisher:
         self.gauges.observe(rows, now_ms, tails)
         if self.remember_ms > 0 and rows:
             self._keep_sums(rows)
-        transitions = self.alerts.observe(rows)
+        # Which hosts hold the tail above each SLA'd cluster percentile (host rows with
+        # their histograms: the aggregator keeps them while it has SLA rules).
+        wanted = {(r.direction, pct_key(r.percentile)) for r in self.alerts.rules}
+        shares = tail_shares(rows, self.buckets.layout, wanted) if wanted and rows else []
+        if rows:
+            newest = max(r.end_ms for r in rows)
+            self.gauges.tail_hosts = {
+                (t.direction, t.percentile, h): share
+                for t in shares
+                if t.end_ms == newest
+                for h, share in t.shares()
+            }
+        transitions = self.alerts.observe(rows, shares)
         for t in transitions:
             self.log.info("sla %s", t.log_text())
         return transitions

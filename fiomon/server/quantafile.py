@@ -224,6 +224,17 @@ def recent_revisions(
 
 def _lines_backwards(path: Path) -> Iterator[dict[str, Any]]:
     """The JSON objects of ``path``'s lines, last first (unreadable lines skipped)."""
+    for line in raw_lines_backwards(path):
+        try:
+            d = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(d, dict):
+            yield d
+
+
+def raw_lines_backwards(path: Path) -> Iterator[bytes]:
+    """``path``'s non-blank lines as bytes (no newline), last first; none if unreadable."""
     try:
         fh = path.open("rb")
     except OSError:
@@ -238,14 +249,8 @@ def _lines_backwards(path: Path) -> Iterator[dict[str, Any]]:
             lines = (fh.read(step) + rest).split(b"\n")
             rest = lines[0] if pos > 0 else b""
             for line in reversed(lines[1:] if pos > 0 else lines):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(d, dict):
-                    yield d
+                if line.strip():
+                    yield line
 
 
 @dataclass(frozen=True, slots=True)

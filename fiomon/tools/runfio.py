@@ -5,9 +5,12 @@ Adds to the user's fio arguments: the json+ status stream every second into
 (``write_hist_log``, ``log_hist_msec=1000``) for the offline report, and epoch timestamps.
 The stream declares the hist logs' prefix, so the agent publishes each I/O once (from the
 stream) and ``fiomon report`` asks which view to count (:mod:`fiomon.fio.overlap`).
+With ``--name NAME`` the files go to ``<output dir>/NAME/`` (the run's own folder: file
+names stay ``<host>.json`` and ``<host>_clat_hist.N.log``, which is how ``fiomon report``
+tells hosts apart), and an agent with ``run: "{dir}"`` labels the run's records NAME.
 It then waits for the next quantum boundary of the wall clock and replaces itself with
 fio, so every host started this way reports on (nearly) the same phase, which is what
-keeps the quanta exact (DESIGN.md "Quanta").
+keeps the quanta exact (:mod:`fiomon.align`).
 """
 
 from __future__ import annotations
@@ -48,8 +51,31 @@ def wait_for_boundary(quantum_ms: int, *, now_ns: int | None = None) -> float:
     return wait_s
 
 
-def run_fio(user_args: Sequence[str], *, output_dir: Path, quantum_ms: int = 1000) -> int:
+def run_folder(output_dir: Path, name: str | None) -> Path:
+    """Where a run's files go: ``output_dir``, or its subfolder ``name`` (``--name``).
+
+    Raises:
+        ValueError: ``name`` is no single folder name (empty, ``.``/``..``, a ``/``, or
+            over 255 bytes).
+    """
+    if name is None:
+        return output_dir
+    if name in {"", ".", ".."} or "/" in name or "\0" in name or len(name.encode()) > 255:
+        msg = f"--name must be one folder name (no '/', 1..255 bytes), got {name!r}"
+        raise ValueError(msg)
+    return output_dir / name
+
+
+def run_fio(
+    user_args: Sequence[str],
+    *,
+    output_dir: Path,
+    quantum_ms: int = 1000,
+    name: str | None = None,
+) -> int:
     """Exec fio with fiomon's options at the next quantum boundary (returns only on error).
+
+    ``name``: the run's name; the files go to ``output_dir/name/`` (:func:`run_folder`).
 
     Raises:
         OSError: fio could not be executed.
@@ -63,10 +89,17 @@ def run_fio(user_args: Sequence[str], *, output_dir: Path, quantum_ms: int = 100
             "fiomon fio: give fio's arguments after --, e.g. fiomon fio -- job.fio", file=sys.stderr
         )
         return 2
+    try:
+        output_dir = run_folder(output_dir, name)
+    except ValueError as exc:
+        print(f"fiomon fio: {exc}", file=sys.stderr)
+        return 2
     output_dir.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname().split(".", 1)[0] or "localhost"
     cmd = fio_command(fio, user_args, output_dir=output_dir, host=host)
     print(f"fiomon fio: {' '.join(cmd)}", file=sys.stderr)
+    if name is not None:
+        print(f"fiomon fio: run {name}: files in {output_dir}", file=sys.stderr)
     wait_for_boundary(quantum_ms)
     # fio replaces us: signals and the exit code are its own.
     os.execv(fio, cmd)  # noqa: S606

@@ -1,9 +1,14 @@
 /*
  * fiomon charts: one renderer for the offline page (`fiomon plot`) and the live page
- * (the aggregator's `/`). Input: closed-quantum objects (DESIGN.md's JSON line, latencies
+ * (the aggregator's `/`). Input: closed-quantum objects (the quanta file's JSON line, latencies
  * in ns) with an optional `heat` ({k0, counts}: I/Os per half-octave latency bucket, see
  * fiomon/heat.py) on cluster rows. Drawing is ECharts' (vendored, see vendor/README.md);
  * this file only shapes data into chart options.
+ *
+ * Never misleading: quanta missing between two rows break every line and band (and add an
+ * empty heatmap column), nothing is interpolated across them; each percentile has its
+ * fiomon/palette.py colour (from the page config and the API's meta); SLA lines are drawn
+ * only on their own direction's chart, black, dashed and labelled.
  *
  * After each draw the page publishes what the charts hold, read back from the charts
  * themselves (chart.getOption()), as `window.fiomonState` and as JSON in
@@ -13,9 +18,11 @@
   "use strict";
 
   var DIRS = ["read", "write", "trim", "mixed", "all"];  // mixed: unified_rw_reporting
-  // Percentile line colours; each confidence band takes its line's colour, translucent.
-  var PALETTE = ["#5470c6", "#91cc75", "#fac858", "#ee6666", "#73c0de", "#3ba272", "#fc8452", "#9a60b4"];
+  // Colours come from fiomon/palette.py through the page's config (and, live, the API's
+  // meta): one colour per percentile wherever fiomon draws it. These are fallbacks only.
+  var COLOURS = { sla: "#000000", mean: "#555555", saturated: "#b00020", percentiles: {} };
   var BANDS = "confidence bands";
+  var VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
   var GROUP = "fiomon-time";
 
   function bucketEdgeNs(k) {
@@ -31,7 +38,7 @@
     return ns.toFixed(0) + " ns";
   }
 
-  /* The packed document of `fiomon plot` (fiomon/plotdata.py) back into row objects. */
+  /* The packed document of `fiomon plot` (fiomon/offline/plotdata.py) back into row objects. */
   function unpack(doc) {
     var rows = [];
     doc.series.forEach(function (s) {
@@ -50,10 +57,21 @@
           host: s.host, direction: s.direction, samples: s.samples[i],
           percentiles_ns: pct, saturated: saturated,
         };
+        // Down-sampled: each pair of points is one group's min and max (plotdata.py),
+        // joined when the group's quanta are contiguous (it spans f quanta); a group
+        // that spans missing quanta breaks between its two points.
+        if (doc.downsampled > 1 && i % 2 === 1 &&
+            s.end[i] - s.start[i - 1] <= doc.downsampled * doc.quantum_ms) r.joined = true;
         if (s.lo && s.hi) {
           var ci = {};
           keys.forEach(function (k) { ci[k] = [s.lo[k][i], s.hi[k][i]]; });
           r.percentiles_ci_ns = ci;
+        }
+        if (s.surface) {
+          // The percentile surface (plotdata.py): many percentiles from the histograms.
+          var surf = {};
+          Object.keys(s.surface).forEach(function (k) { surf[k] = s.surface[k][i]; });
+          r.surface = surf;
         }
         if (s.scope === "cluster") {
           r.min_ns = s.min_ns[i]; r.mean_ns = s.mean_ns[i]; r.max_ns = s.max_ns[i];
@@ -90,9 +108,56 @@
     };
   }
 
+  /* Whether quanta are missing between two neighbouring rows of one series: the line,
+     the band and the IOPS break there (an idle period is drawn as nothing, never as a
+     straight line between the quanta around it). */
+  function gapBetween(prev, r) {
+    return !r.joined && r.start_ms > prev.end_ms;
+  }
+
+  /* The points of one series: {ms, r} per row at its end; where quanta are missing, a
+     break ({ms, r: null}) and the next row also at its start, so a quantum after a gap
+     is drawn as a flat segment over its own span, not as an invisible lone point. */
+  function points(rows) {
+    var out = [];
+    rows.forEach(function (r, i) {
+      if (i > 0 && gapBetween(rows[i - 1], r)) {
+        out.push({ ms: (rows[i - 1].end_ms + r.start_ms) / 2, r: null });
+        out.push({ ms: r.start_ms, r: r });
+      }
+      out.push({ ms: r.end_ms, r: r });
+    });
+    return out;
+  }
+
+  /* Time columns of a heatmap: one per row, and one empty column (labelled with the
+     time missing) where quanta are missing, so an idle period is not hidden. */
+  function columns(self, rows) {
+    var out = [];
+    rows.forEach(function (r, i) {
+      if (i > 0 && gapBetween(rows[i - 1], r)) {
+        out.push({ label: "no data " + ((r.start_ms - rows[i - 1].end_ms) / 1000).toFixed(0) + " s", r: null });
+      }
+      out.push({ label: self.timeLabel(r.end_ms), r: r });
+    });
+    return out;
+  }
+
+  /* A latency in ns as "5 ms", "250 µs" (3 significant digits, no trailing zeros). */
+  function fmtShort(ns) {
+    var units = [[1e9, " s"], [1e6, " ms"], [1e3, " µs"], [1, " ns"]];
+    for (var i = 0; i < units.length; i++) {
+      if (ns >= units[i][0] || i === units.length - 1) return Number((ns / units[i][0]).toPrecision(3)) + units[i][1];
+    }
+    return String(ns);
+  }
+
   function Renderer(doc, meta) {
     this.doc = doc;
-    this.meta = meta; // {percentiles, sla_ns, relative, title}
+    // {percentiles, sla: [{direction (null: every chart), threshold_ns, label}],
+    //  colours: {sla, mean, saturated, percentiles: {key: colour}}, relative}
+    this.meta = meta;
+    this.colours = meta.colours || COLOURS;
     this.charts = {};
     this.container = doc.getElementById("charts");
     this.direction = null;
@@ -160,10 +225,10 @@
      where all four corners are known. A quantum with an unbounded side leaves a gap:
      the band never pretends to a bound the data does not give. All bands share one
      legend entry, which toggles them together. */
-  function bandSeries(self, k, rows, color) {
-    var data = rows.map(function (r) {
-      var ci = (r.percentiles_ci_ns || {})[k] || [null, null];
-      return [self.x(r.end_ms), posMs(ci[0]), posMs(ci[1])];
+  function bandSeries(self, k, pts, color) {
+    var data = pts.map(function (p) {
+      var ci = (p.r && p.r.percentiles_ci_ns || {})[k] || [null, null];
+      return [self.x(p.ms), posMs(ci[0]), posMs(ci[1])];
     });
     return {
       id: "band-" + k, name: BANDS, type: "custom", data: data, z: 1, silent: true,
@@ -183,29 +248,50 @@
     };
   }
 
+  /* " · run a, b" for the run labels of `rows` (closed quanta's `runs`) and `extra`
+     (the offline document's), at most three named. */
+  function runsText(rows, extra) {
+    var seen = new Set(extra || []);
+    rows.forEach(function (r) { (r.runs || []).forEach(function (x) { seen.add(x); }); });
+    var names = Array.from(seen).sort();
+    if (!names.length) return "";
+    return " · run" + (names.length > 1 ? "s " : " ") + names.slice(0, 3).join(", ") +
+      (names.length > 3 ? " and " + (names.length - 3) + " more" : "");
+  }
+
   /* Percentile lines with their confidence bands and the mean of one direction, log
      latency axis, SLA lines. */
+  Renderer.prototype.colour = function (k) {
+    return (this.colours.percentiles || {})[k] || "#888888";
+  };
+
+  /* The SLA rules drawn on direction `d`'s chart: its own direction's only. */
+  Renderer.prototype.slaFor = function (d) {
+    return (this.meta.sla || []).filter(function (s) { return !s.direction || s.direction === d; });
+  };
+
   Renderer.prototype.latency = function (d, rows) {
     var self = this;
     var keys = this.meta.percentiles;
-    var series = keys.map(function (k, j) {
+    var pts = points(rows);
+    var ms = function (v) { return v === null || v === undefined ? null : v / 1e6; };
+    var series = keys.map(function (k) {
+      var colour = self.colour(k);
       return {
-        name: "p" + k, type: "line", showSymbol: false, sampling: "none",
-        itemStyle: { color: PALETTE[j % PALETTE.length] },
-        data: rows.map(function (r) {
-          var v = r.percentiles_ns[k];
-          return [self.x(r.end_ms), v === null || v === undefined ? null : v / 1e6];
-        }),
+        name: "p" + k, type: "line", showSymbol: false, sampling: "none", connectNulls: false,
+        color: colour, itemStyle: { color: colour }, lineStyle: { color: colour, width: 2 },
+        data: pts.map(function (p) { return [self.x(p.ms), p.r ? ms(p.r.percentiles_ns[k]) : null]; }),
       };
     });
     var withBands = rows.some(function (r) { return r.percentiles_ci_ns; });
-    var bands = withBands ? keys.map(function (k, j) {
-      return bandSeries(self, k, rows, PALETTE[j % PALETTE.length]);
+    var bands = withBands ? keys.map(function (k) {
+      return bandSeries(self, k, pts, self.colour(k));
     }) : [];
     series.push({
-      name: "mean", type: "line", showSymbol: false, lineStyle: { type: "dashed", width: 1.5 },
-      itemStyle: { color: "#333333" },
-      data: rows.map(function (r) { return [self.x(r.end_ms), r.mean_ns / 1e6]; }),
+      name: "mean", type: "line", showSymbol: false, connectNulls: false,
+      lineStyle: { type: "dashed", width: 1.5, color: this.colours.mean },
+      color: this.colours.mean, itemStyle: { color: this.colours.mean },
+      data: pts.map(function (p) { return [self.x(p.ms), p.r ? ms(p.r.mean_ns) : null]; }),
     });
     var sat = [];
     rows.forEach(function (r) {
@@ -215,7 +301,7 @@
     });
     series.push({
       name: "saturated (lower bound)", type: "scatter", symbol: "triangle", symbolSize: 10,
-      itemStyle: { color: "#b00020" }, data: sat,
+      itemStyle: { color: this.colours.saturated }, data: sat,
     });
     // Quanta that lack a host or cell that was expected (complete: false): a hollow
     // point on the highest percentile, named by what is missing.
@@ -229,16 +315,27 @@
                  name: missingText(r) };
       }),
     });
-    if (this.meta.sla_ns.length) {
-      series[0].markLine = {
-        symbol: "none", silent: true, lineStyle: { color: "#b00020", type: "solid", width: 1.5 },
-        label: { formatter: "SLA {c} ms", position: "insideEndTop" },
-        data: this.meta.sla_ns.map(function (ns) { return { yAxis: ns / 1e6 }; }),
-      };
+    // SLA thresholds of this direction's rules: black, dashed, labelled, on a series of
+    // their own (its legend entry hides them); the axis reaches up to them.
+    var sla = this.slaFor(d);
+    var slaTop = 0;
+    if (sla.length) {
+      series.push({
+        name: "SLA", type: "line", data: [], color: this.colours.sla,
+        markLine: {
+          symbol: "none", silent: true, animation: false,
+          lineStyle: { color: this.colours.sla, type: "dashed", width: 1.5 },
+          label: { position: "insideEndTop", color: this.colours.sla },
+          data: sla.map(function (s) {
+            slaTop = Math.max(slaTop, s.threshold_ns / 1e6);
+            return { yAxis: s.threshold_ns / 1e6, name: s.label, label: { formatter: s.label } };
+          }),
+        },
+      });
     }
-    // Bands last in the list (lines keep their index: series[0] holds the SLA lines).
     series = series.concat(bands);
     var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
+    this.setTitle("lat-" + d, "latency over time: " + d + " (cluster)" + runsText(rows, this.meta.runs));
     c.group = GROUP;
     c.setOption({
       animation: false,
@@ -249,7 +346,14 @@
       legend: { top: 0 },
       grid: { left: 64, right: 40, top: 36, bottom: 50 },
       xAxis: this.timeAxis(),
-      yAxis: { type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" } },
+      yAxis: {
+        type: "log", name: "latency (ms)", logBase: 10, axisLabel: { formatter: "{value}" },
+        // Up to the next power of ten above the data and the SLA lines (a log axis' own
+        // top, which a plain maximum would print as 17.825792).
+        max: slaTop ? function (v) {
+          return Math.pow(10, Math.ceil(Math.log10(Math.max(v.max, slaTop * 1.5))));
+        } : null,
+      },
       dataZoom: this.zoom(),
       toolbox: { feature: { dataZoom: { yAxisIndex: "none" }, restore: {}, saveAsImage: {} } },
       series: series,
@@ -260,17 +364,20 @@
   Renderer.prototype.throughput = function (m) {
     var self = this;
     var series = [];
+    // Missing quanta break the lines (a quantum with no I/O is a row with 0 IOPS).
     m.directions.forEach(function (d) {
-      var rows = m.cluster[d];
+      var pts = points(m.cluster[d]);
+      var val = function (v) { return v === null || v === undefined ? null : v; };
       series.push({
-        name: "IOPS " + d, type: "line", showSymbol: false, yAxisIndex: 0,
-        data: rows.map(function (r) { return [self.x(r.end_ms), r.iops]; }),
+        name: "IOPS " + d, type: "line", showSymbol: false, yAxisIndex: 0, connectNulls: false,
+        data: pts.map(function (p) { return [self.x(p.ms), p.r ? val(p.r.iops) : null]; }),
       });
       series.push({
-        name: "MB/s " + d, type: "line", showSymbol: false, yAxisIndex: 1,
+        name: "MB/s " + d, type: "line", showSymbol: false, yAxisIndex: 1, connectNulls: false,
         lineStyle: { type: "dotted" },
-        data: rows.map(function (r) {
-          return [self.x(r.end_ms), r.bytes_per_second === null ? null : r.bytes_per_second / 1e6];
+        data: pts.map(function (p) {
+          var b = p.r ? val(p.r.bytes_per_second) : null;
+          return [self.x(p.ms), b === null ? null : b / 1e6];
         }),
       });
     });
@@ -307,7 +414,8 @@
         min: lo, max: hi === lo ? lo + 1 : hi, calculable: true, orient: "vertical",
         right: 0, top: "center", itemHeight: 160,
         formatter: function (v) { return fmt(v); },
-        inRange: { color: ["#f7fbff", "#6baed6", "#08519c", "#fdae61", "#d7191c"] },
+        // Sequential (viridis, as the PNG/SVG figure): more is brighter, no muddy middle.
+        inRange: { color: VIRIDIS },
       },
       dataZoom: [{ type: "inside", xAxisIndex: 0 }, { type: "slider", xAxisIndex: 0, height: 18, bottom: 4 }],
       // Drawn in one pass: progressive rendering would leave a screenshot (or a reader)
@@ -326,10 +434,11 @@
     if (!isFinite(k0)) return;
     var ys = [];
     for (var k = k0; k <= k1; k++) ys.push("≥ " + fmtNs(bucketEdgeNs(k)));
-    var xs = [], data = [];
-    rows.forEach(function (r, i) {
-      xs.push(self.timeLabel(r.end_ms));
-      if (!r.heat) return;
+    var cols = columns(self, rows);
+    var xs = cols.map(function (c) { return c.label; }), data = [];
+    cols.forEach(function (c, i) {
+      var r = c.r;
+      if (!r || !r.heat) return;
       r.heat.counts.forEach(function (n, j) {
         if (n > 0) data.push([i, r.heat.k0 + j - k0, Math.log10(n)]);
       });
@@ -343,13 +452,21 @@
   /* Time x percentile: the latency of every configured percentile, log colour. */
   Renderer.prototype.surface = function (d, rows) {
     var self = this;
-    var keys = this.meta.percentiles;
-    var xs = rows.map(function (r) { return self.timeLabel(r.end_ms); });
+    // The page's surface percentiles (p50..p99.99, evenly spread in nines) where the rows
+    // carry them, else the rows' own percentiles.
+    var fine = (this.meta.surface_percentiles || []).length &&
+      rows.some(function (r) { return r.surface; });
+    var keys = fine ? this.meta.surface_percentiles : this.meta.percentiles;
+    var valueOf = function (r, k) { return fine ? (r.surface || {})[k] : r.percentiles_ns[k]; };
+    var cols = columns(self, rows);
+    var xs = cols.map(function (c) { return c.label; });
     var ys = keys.map(function (k) { return "p" + k; });
     var data = [];
-    rows.forEach(function (r, i) {
+    cols.forEach(function (c, i) {
+      var r = c.r;
+      if (!r) return;
       keys.forEach(function (k, j) {
-        var v = r.percentiles_ns[k];
+        var v = valueOf(r, k);
         if (v > 0) data.push([i, j, Math.log10(v / 1e6)]);
       });
     });
@@ -365,8 +482,14 @@
     var key = this.meta.percentiles[this.pctIndex];
     var hosts = Object.keys(byHost).sort();
     var col = new Map();
-    ends.forEach(function (e, i) { col.set(e, i); });
-    var xs = ends.map(function (e) { return self.timeLabel(e); });
+    var xs = [];
+    var q = this.meta.quantum_ms;
+    ends.forEach(function (e, i) {
+      // Quanta missing between two ends: one empty column says so.
+      if (q && i > 0 && e - ends[i - 1] > q) xs.push("no data " + ((e - ends[i - 1] - q) / 1000).toFixed(0) + " s");
+      col.set(e, xs.length);
+      xs.push(self.timeLabel(e));
+    });
     var data = [];
     hosts.forEach(function (h, j) {
       byHost[h].forEach(function (r) {
@@ -475,6 +598,7 @@
         if (id.indexOf("lat-") === 0 || id === "throughput") out.data = s.data;
         if (s.markLine && s.markLine.data) {
           out.markLines = s.markLine.data.map(function (x) { return x.yAxis; });
+          out.labels = s.markLine.data.map(function (x) { return x.name; });
         }
         return out;
       });
@@ -489,12 +613,30 @@
     this.doc.body.setAttribute("data-state", JSON.stringify(state));
   };
 
+  /* The page config's colours (fiomon/palette.py), with the live meta's percentile
+     colours (the aggregator's percentiles are known only to the API). */
+  function coloursOf(cfg, meta) {
+    var c = cfg.colours || COLOURS;
+    var pct = Object.assign({}, c.percentiles || {}, (meta && meta.colours) || {});
+    return { sla: c.sla, mean: c.mean, saturated: c.saturated, percentiles: pct };
+  }
+
   function info(doc, text) { doc.getElementById("info").textContent = text; }
 
   /* Offline: draw the embedded document once. */
-  function drawOffline(doc, data) {
+  function drawOffline(doc, data, cfg) {
+    // `fiomon plot --sla [pPCT:][DIR:]LATENCY`: on its direction's chart (none: every
+    // chart), labelled as plotdata.py says.
+    var sla = data.sla ? data.sla.map(function (x) {
+      return { direction: x.direction, threshold_ns: x.ns, label: x.label };
+    }) : (data.sla_ns || []).map(function (ns) {
+      return { direction: null, threshold_ns: ns, label: "SLA " + fmtShort(ns) };
+    });
     var r = new Renderer(doc, {
-      percentiles: data.percentiles, sla_ns: data.sla_ns, relative: data.relative,
+      percentiles: data.percentiles, sla: sla, relative: data.relative,
+      quantum_ms: data.downsampled > 1 ? null : data.quantum_ms,  // pairs of ends are groups
+      surface_percentiles: data.surface_percentiles || [], runs: data.runs || [],
+      colours: coloursOf(cfg, null),
     });
     var rows = unpack(data);
     var when = data.relative ? "times in s since the earliest record"
@@ -531,23 +673,63 @@
     return { count: ends.size, newest: last && last.complete === false ? last : null };
   }
 
-  function statusHtml(st, meta, inc) {
+  /* The host with the highest percentile `k` of `direction` in the newest quantum that
+     has host rows: who a cluster rule's breach is about. */
+  function worstHost(store, direction, k) {
+    var newest = -Infinity, best = null;
+    store.forEach(function (r) {
+      if (r.scope === "host" && r.direction === direction && r.end_ms > newest) newest = r.end_ms;
+    });
+    store.forEach(function (r) {
+      if (r.scope !== "host" || r.direction !== direction || r.end_ms !== newest) return;
+      var v = r.percentiles_ns[k];
+      if (v !== null && v !== undefined && (!best || v > best.v)) best = { host: r.host, v: v };
+    });
+    return best;
+  }
+
+  function statusHtml(st, meta, inc, store) {
     var parts = [];
+    var silent = st.silent_hosts || [];
     parts.push("<span>hosts reporting: <b>" + st.hosts_up + "</b></span>");
+    if (silent.length) {
+      var more = (st.silent_count || silent.length) - silent.length;
+      parts.push('<span class="pending" id="silent">silent: <b>' + escapeHtml(silent.join(", ")) +
+        "</b>" + (more > 0 ? " and " + more + " more" : "") + "</span>");
+    }
     parts.push("<span>late records: <b>" + st.late_records + "</b></span>");
     parts.push("<span>lost records: <b>" + st.lost_records + "</b></span>");
     if (inc) {
       parts.push("<span>incomplete quanta: <b>" + inc.count + "</b></span>");
       if (inc.newest) {
-        parts.push('<span class="pending" id="incomplete">incomplete: ' +
-          escapeHtml(missingText(inc.newest)) + "</span>");
+        var what = inc.newest.cells_missing && inc.newest.cells_missing.length ? missingText(inc.newest)
+          : (silent.length ? silent.join(", ") + " sent nothing" : missingText(inc.newest));
+        parts.push('<span class="pending" id="incomplete">incomplete: ' + escapeHtml(what) + "</span>");
       }
     }
+    var scopes = {};
+    (meta.sla || []).forEach(function (s) { scopes[s.rule] = s.scope; });
     (st.sla || []).forEach(function (s) {
       var cls = s.state === "firing" ? "firing" : (s.state === "pending" ? "pending" : "ok");
-      parts.push('<span class="' + cls + '">SLA ' + s.rule + ": p" + s.percentile + " " +
-        s.direction + " &lt; " + fmtNs(s.threshold_ns) + (s.host ? " on " + s.host : "") +
-        ": <b>" + s.state + "</b></span>");
+      var where = "";
+      if (s.host) {
+        where = " on " + escapeHtml(s.host) + (s.value_ns ? " (" + fmtNs(s.value_ns) + ")" : "");
+      } else if (scopes[s.rule] === "host") {
+        where = " (each host)";
+      } else if (s.worst_hosts && s.worst_hosts.length) {
+        // The aggregator's: whose I/Os hold the cluster's tail in the incident.
+        where = "; worst hosts " + s.worst_hosts.slice(0, 3).map(function (hs) {
+          return escapeHtml(hs[0]) + " (" + Math.round(hs[1] * 100) + " % of the tail)";
+        }).join(", ");
+      } else if (s.state === "firing" || s.state === "pending") {
+        var w = worstHost(store, s.direction, s.percentile);
+        if (w) where = "; worst host " + escapeHtml(w.host) + " (" + fmtNs(w.v) + ")";
+      }
+      parts.push('<span class="' + cls + '">SLA ' + escapeHtml(s.rule) + ": p" + s.percentile + " " +
+        s.direction + " &lt; " + fmtNs(s.threshold_ns) + where +
+        ": <b>" + s.state + "</b>" +
+        (s.state === "resolved" && s.ended !== undefined ? (s.ended ? " (ended: the benchmark stopped)" : " (recovered)") : "") +
+        (s.more ? " and " + s.more + " more hosts" : "") + "</span>");
     });
     parts.push("<span>window: " + Math.round(meta.window_s / 60) + " min (hosts: " +
       Math.round((meta.host_window_s || meta.window_s) / 60) + " min)</span>");
@@ -570,7 +752,13 @@
         .then(function (resp) { return resp.json(); })
         .then(function (body) {
           var meta = body.meta;
-          if (!r) r = new Renderer(doc, { percentiles: meta.percentiles, sla_ns: meta.sla_ns, relative: false });
+          if (!r) {
+            r = new Renderer(doc, {
+              percentiles: meta.percentiles, sla: meta.sla || [], relative: false,
+              quantum_ms: meta.quantum_ms,
+              colours: coloursOf(cfg, meta),
+            });
+          }
           var news = 0;
           // A count that went back: the server restarted (and forgot what it counted);
           // the next poll asks for everything again.
@@ -580,19 +768,21 @@
             var k = row.scope + "|" + (row.host || "") + "|" + row.direction + "|" + row.end_ms;
             var old = store.get(k);
             if (old && (old.revision || 0) > (row.revision || 0)) return;
+            // The same revision read back from the quanta file has no heat: keep the one seen.
+            if (old && old.heat && !row.heat && (old.revision || 0) === (row.revision || 0)) row.heat = old.heat;
             store.set(k, row);
             since = Math.max(since, row.end_ms);
             news++;
           });
           // Cluster rows for the whole window, host rows for the last few minutes only
-          // (the API serves no more: see fiomon/live.py).
+          // (the API serves no more: see fiomon/server/live.py).
           var cut = since - meta.window_s * 1000;
           var hostCut = since - (meta.host_window_s || meta.window_s) * 1000;
           store.forEach(function (row, k) {
             if (row.end_ms <= cut || (row.scope === "host" && row.end_ms <= hostCut)) store.delete(k);
           });
           statusEl.hidden = false;
-          statusEl.innerHTML = statusHtml(body.status, meta, incompleteOf(store));
+          statusEl.innerHTML = statusHtml(body.status, meta, incompleteOf(store), store);
           info(doc, "live: " + store.size + " rows, last quantum ends " +
             (since ? new Date(since).toISOString().slice(11, 23) + " UTC" : "-") +
             ", quantum " + meta.quantum_ms + " ms");
@@ -612,7 +802,7 @@
       return;
     }
     var data = JSON.parse(doc.getElementById("fiomon-data").textContent);
-    drawOffline(doc, data);
+    drawOffline(doc, data, cfg);
   }
 
   global.fiomon = { main: main, unpack: unpack, model: model, Renderer: Renderer, bucketEdgeNs: bucketEdgeNs };

@@ -142,6 +142,7 @@ async def test_sighup_reloads_watch_and_names_what_needs_a_restart(
                 [f"{first}/*_clat_hist.*.log", f"{second}/*_clat_hist.*.log"],
                 state,
                 log_level="debug",
+                run="after-hup",
                 spool_size="8MiB",
             )
         )
@@ -159,6 +160,7 @@ async def test_sighup_reloads_watch_and_names_what_needs_a_restart(
     text = agent.log.read_text()
     assert "SIGHUP: reloaded" in text and "watch" in text
     assert "log_level None -> 'debug'" in text
+    assert "run None -> 'after-hup'" in text
     assert "spool_bytes changed but take effect at the next start" in text
     assert "Traceback" not in text, text
 

@@ -71,7 +71,7 @@ def test_first_span_defaults_to_median_spacing() -> None:
 
 def test_stall_catch_up_records_are_added_not_dropped() -> None:
     # After a 3 s stall fio writes one long record, then catch-up records with the SAME
-    # stamp (REFERENCE.md §1): their I/Os must count.
+    # stamp (fio writes them after a stall): their I/Os must count.
     text = (
         line(T0 + 1000, 0, {300: 10})
         + line(T0 + 5000, 0, {300: 1})

@@ -20,8 +20,10 @@ from fiomon.closed import ClosedQuantum
 from fiomon.heat import _bucket_of_bin, bucket_edge_ns, heat_counts
 from fiomon.histogram import HistStats
 from fiomon.offline.plotdata import PlotData
+from fiomon.palette import percentile_colour
 from fiomon.tools.simulate import JobSpec, LatencyModel, format_line, records
 from tests.browser import Browser
+from tests.pixels import chart_box, inked, load, near, x_of
 
 ROOT = Path(__file__).resolve().parents[2]
 START_MS = 1_795_000_000_000
@@ -256,7 +258,8 @@ def test_the_page_is_self_contained(tmp_path: Path) -> None:
 def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
     logs = make_logs(tmp_path)
     target = tmp_path / "run.html"
-    out = fiomon("plot", "--per-host", "--sla", "2ms", *logs, "-o", target)
+    sla = ("--sla", "2ms", "--sla", "p99:write:3ms")
+    out = fiomon("plot", "--per-host", *sla, *logs, "-o", target)
     assert out.returncode == 0, out.stderr
     want = report_rows(logs, "--per-host")
     with Browser() as b:
@@ -269,7 +272,8 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
     assert state["hosts"] == 4
     for key in ("heat", "surface", "hosts", "throughput", "lat-read", "lat-write", "lat-all"):
         assert key in charts, key
-        assert all(s["points"] > 0 for s in charts[key] if s["type"] != "scatter"), key
+        drawn = [s for s in charts[key] if s["type"] != "scatter" and s["name"] != "SLA"]
+        assert all(s["points"] > 0 for s in drawn), key  # SLA: mark lines, no points
     # Every percentile line and the mean, point for point, equal the report's rows.
     for d in ("read", "write", "all"):
         rows = [r for r in want if r["scope"] == "cluster" and r["direction"] == d]
@@ -298,7 +302,20 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
                         assert side is not None
                         assert math.isclose(side, v / 1e6, rel_tol=1e-5)
         assert unbounded["band-50"] == unbounded["band-90"] == 0  # hundreds of I/Os bound these
-    assert charts["lat-read"][0]["markLines"] == [2.0]
+    # `--sla 2ms` names no direction: a labelled line on every chart; `p99:write:3ms` is
+    # on the write chart only.
+    for d in ("read", "write", "all"):
+        line = {s["name"]: s for s in charts[f"lat-{d}"]}["SLA"]
+        if d == "write":
+            assert line["markLines"] == [2.0, 3.0]
+            assert line["labels"] == ["SLA 2 ms", "SLA p99 write 3 ms"]
+        else:
+            assert (line["markLines"], line["labels"]) == ([2.0], ["SLA 2 ms"])
+    # The surface: the page's 30 percentiles from the histograms, every quantum.
+    doc = _embedded(target.read_text())
+    assert len(doc["surface_percentiles"]) == 30
+    reads = [r for r in want if r["scope"] == "cluster" and r["direction"] == "read"]
+    assert charts["surface"][0]["points"] == 30 * len(reads)
     # IOPS as the report has it
     iops = {s["name"]: s["data"] for s in charts["throughput"]}["IOPS read"]
     rows = [r for r in want if r["scope"] == "cluster" and r["direction"] == "read"]
@@ -314,7 +331,7 @@ def test_offline_page_draws_the_reports_numbers(tmp_path: Path) -> None:
     assert (tmp_path / "plot.png").stat().st_size > 50_000
     dest = _shots()
     if dest is not None:
-        (dest / "plot-offline.png").write_bytes((tmp_path / "plot.png").read_bytes())
+        (dest / "plot-page.png").write_bytes((tmp_path / "plot.png").read_bytes())
 
 
 def test_saturated_values_are_marked(tmp_path: Path) -> None:
@@ -335,3 +352,53 @@ def test_saturated_values_are_marked(tmp_path: Path) -> None:
     marks = {s["name"]: s for s in state["charts"]["lat-read"]}["saturated (lower bound)"]
     assert marks["points"] == 2  # p99 and p99.9 of the third quantum
     assert {p["value"][0] for p in marks["data"]} == {START_MS + 3000}
+
+
+@pytest.mark.parametrize("max_points", [2000, 14])
+def test_offline_page_draws_missing_quanta_as_a_gap_in_palette_colours(
+    tmp_path: Path, max_points: int
+) -> None:
+    # A quanta file with 20 quanta missing (an aggregator that got no records then);
+    # down-sampled too (14 points: groups of 6 quanta, one of them across the gap).
+    logs = make_logs(tmp_path, hosts=2, seconds=60)
+    out = fiomon("report", "--format", "jsonl", *logs)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    ends = sorted({json.loads(line)["end_ms"] for line in lines})
+    before, after = ends[19], ends[39]  # quanta ending after `before`, up to `after`, go
+    kept = [line for line in lines if not before < json.loads(line)["end_ms"] <= after]
+    quanta = tmp_path / "quanta.jsonl"
+    quanta.write_text("\n".join(kept) + "\n")
+    target = tmp_path / "gap.html"
+    plotted = fiomon("plot", "--max-points", str(max_points), quanta, "-o", target)
+    assert plotted.returncode == 0, plotted.stderr
+    charts = ("lat-read", "lat-write", "throughput")
+    with Browser(1400, 2000) as b:
+        b.goto(target.as_uri())
+        state = b.state()
+        info = str(b.evaluate("document.getElementById('info').textContent"))
+        b.screenshot(tmp_path / "gap.png")
+        boxes = {c: chart_box(b, c) for c in charts}
+        gap = {c: (x_of(b, c, before) + 3, x_of(b, c, after) - 3) for c in charts}
+        busy = {c: (x_of(b, c, ends[5]), x_of(b, c, ends[15])) for c in charts}
+    img = load(tmp_path / "gap.png")
+    # The lines break: a null point inside the gap, no point in it with a value.
+    p99 = {s["name"]: s for s in state["charts"]["lat-read"]}["p99"]["data"]
+    assert any(before < x < after and y is None for x, y in p99)
+    assert not any(before < x < after and y is not None for x, y in p99)
+    if max_points < len(ends):
+        assert "min and max of 6 quanta" in info
+    iops = {s["name"]: s for s in state["charts"]["throughput"]}["IOPS read"]["data"]
+    assert not any(before < x < after and y is not None for x, y in iops)
+    # And the pixels say so: nothing drawn inside the gap, lines and bands next to it.
+    for c in charts:
+        x0, x1 = gap[c]
+        assert x1 - x0 > 100, (c, x0, x1)
+        assert inked(boxes[c].crop(img, x0, x1)) == 0, f"{c}: ink inside the missing quanta"
+        assert inked(boxes[c].crop(img, *busy[c])) > 100, f"{c}: no ink where quanta are"
+    # Every percentile line in its palette colour, none in ECharts' default palette.
+    read = boxes["lat-read"].crop(img)
+    for p in (50.0, 90.0, 99.0, 99.9):
+        assert near(read, percentile_colour(p), 8) > 100, f"p{p:g}: no {percentile_colour(p)}"
+    for default in ("#5470c6", "#91cc75", "#fac858", "#ee6666"):
+        assert near(read, default, 8) == 0, f"{default}: ECharts' palette, not fiomon's"

@@ -8,8 +8,9 @@ import json
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiomqtt
 import pytest
@@ -20,8 +21,16 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import AggregatorConfig, BrokerConfig, SlaRule
 from fiomon.histogram import HistStats
 from fiomon.model import RecordBatch
-from fiomon.server.live import LiveFeed, LiveStore, LiveView, encode_rows, status_of
+from fiomon.server.live import (
+    LiveFeed,
+    LiveStore,
+    LiveView,
+    encode_rows,
+    read_history,
+    status_of,
+)
 from fiomon.server.metrics_server import since_ms
+from fiomon.server.quantafile import QuantaFile
 from fiomon.wire import encode
 from tests.batches import batch
 from tests.browser import Browser
@@ -111,6 +120,112 @@ def test_api_rows_carry_complete_and_the_missing_cells() -> None:
     assert (h1["complete"], h1["cells_missing"]) == (True, [])
     assert h2["complete"] is True
     assert "cells_missing" not in h2  # an aggregator's rows name no cells
+
+
+def _q(end: int, host: str | None, direction: str = "read", revision: int = 0) -> ClosedQuantum:
+    stats = HistStats(100.0, 1e5, 2e5, 9e5, {"50": 2e5, "99": 8e5 + revision}, ())
+    scope: Literal["cluster", "host"] = "cluster" if host is None else "host"
+    row = ClosedQuantum(end - 1000, end, scope, host, direction, stats, 100.0, 4e5, 1, 0)
+    return row if not revision else replace(row, revision=revision, revised_at=end + 5000)
+
+
+def _keys(history: list[tuple[int, bytes, bytes]]) -> list[tuple[int, str | None, int]]:
+    out = []
+    for end, cluster, host in history:
+        for blob in (cluster, host):
+            if blob:
+                for r in json.loads(b"[" + blob + b"]"):
+                    assert r["end_ms"] == end
+                    out.append((end, r["host"], r["revision"]))
+    return out
+
+
+def test_history_is_the_window_of_the_quanta_file_latest_revisions_and_rotations(
+    tmp_path: Path,
+) -> None:
+    qf = QuantaFile(tmp_path / "q.jsonl", max_bytes=2000, keep=3)
+    for end in range(1000, 21_000, 1000):
+        qf.write([_q(end, None), _q(end, "h1"), _q(end, "h2")])
+        if end == 17_000:
+            qf.write([_q(15_000, None, revision=1)])  # a revision after later quanta
+    qf.write([_q(20_000, None, revision=2), _q(20_000, None, revision=1)])  # out of order
+    qf.close()
+    paths = [str(p) for p in qf.files()]
+    assert (tmp_path / "q.jsonl.1").exists()  # the window spans rotated files
+    got = read_history(paths, window_s=8, host_window_s=3)
+    keys = _keys(got)
+    assert [e for e, _, _ in got] == list(range(13_000, 21_000, 1000))
+    cluster = {e: rev for e, h, rev in keys if h is None}
+    assert cluster == {**dict.fromkeys(range(13_000, 21_000, 1000), 0), 15_000: 1, 20_000: 2}
+    assert {e for e, h, _ in keys if h is not None} == {18_000, 19_000, 20_000}
+    # Bounded by bytes too: the newest quanta are kept.
+    small = read_history(paths, window_s=8, host_window_s=3, max_bytes=1500)
+    assert small
+    assert [e for e, _, _ in small] == [e for e, _, _ in got][-len(small) :]
+    assert read_history([str(tmp_path / "none.jsonl")], 900, 120) == []
+
+
+def test_a_new_store_serves_the_quanta_file_before_new_quanta_and_views_win(
+    tmp_path: Path,
+) -> None:
+    qf = QuantaFile(tmp_path / "q.jsonl")
+    qf.write([_q(e, None) for e in (1000, 2000, 3000)])
+    qf.close()
+    store = LiveStore()
+    feed = LiveFeed([50.0, 99.0], [], 1000)
+    feed.history = tuple(str(p) for p in qf.files())
+    feed.add([_q(3000, None, revision=0), _q(4000, None)], None)  # 3000 again, newer: kept
+    store.merge(feed.view(status_of(now_ms=0, hosts_up=0, received=0, late=0, lost=0,
+                                    rules=[], alerts=[])))  # fmt: skip
+    assert store.wait_history(30)
+    body = json.loads(store.body(0))
+    assert [r["end_ms"] for r in body["quanta"]] == [1000, 2000, 3000, 4000]
+    assert store.restored == 2
+    # A page polling with the last answer's revised count gets the restored quanta too.
+    assert body["revised"] == 1
+    assert [r["end_ms"] for r in json.loads(store.body(4000, 0))["quanta"]] == [1000, 2000]
+
+
+def test_status_names_loud_hosts_worst_first_and_no_host_for_a_quiet_per_host_rule() -> None:
+    rule = SlaRule("p99-write", "write", 99.0, 5e6, scope="host")
+    quiet: list[dict[str, object]] = [
+        {"rule": "p99-write", "host": h, "state": "inactive", "value_ns": 1e6}
+        for h in ("h1", "h2", "h3")
+    ]
+    st = status_of(now_ms=1, hosts_up=3, received=0, late=0, lost=0, rules=[rule], alerts=quiet)
+    (line,) = st["sla"]
+    assert (line["host"], line["state"]) == (None, "inactive")  # not "h1", the first
+    loud: list[dict[str, object]] = [
+        {"rule": "p99-write", "host": "h1", "state": "pending", "value_ns": 9e6},
+        {"rule": "p99-write", "host": "h2", "state": "firing", "value_ns": 6e6},
+        {"rule": "p99-write", "host": "h3", "state": "firing", "value_ns": 8e6},
+    ]
+    st = status_of(
+        now_ms=1, hosts_up=3, received=0, late=0, lost=0, rules=[rule], alerts=loud,
+        silent=("h9", "h4"),
+    )  # fmt: skip
+    assert [(s["host"], s["state"]) for s in st["sla"]] == [
+        ("h3", "firing"),
+        ("h2", "firing"),
+        ("h1", "pending"),
+    ]
+    assert (st["silent_hosts"], st["silent_count"]) == (["h4", "h9"], 2)
+    # A cluster rule's worst hosts and a resolved alert's "ended" come through.
+    cluster = SlaRule("p99-read", "read", 99.0, 5e6)
+    alerts: list[dict[str, object]] = [
+        {"rule": "p99-read", "host": None, "state": "firing", "value_ns": 9e6,
+         "worst_hosts": [["h2", 0.75]]},
+        {"rule": "p99-write", "host": "h1", "state": "resolved", "value_ns": 1e6, "ended": True},
+    ]  # fmt: skip
+    st = status_of(
+        now_ms=1, hosts_up=3, received=0, late=0, lost=0, rules=[cluster, rule], alerts=alerts
+    )
+    assert st["sla"][0]["worst_hosts"] == [["h2", 0.75]]
+    assert (st["sla"][1]["host"], st["sla"][1]["state"], st["sla"][1]["ended"]) == (
+        None,
+        "resolved",
+        True,
+    )
 
 
 # -- a real aggregator, a real broker, a real browser ------------------------------------
@@ -247,7 +362,10 @@ async def test_the_live_page_shows_quanta_as_they_close(
                 bounded += 1
                 assert got == pytest.approx(want / 1e6, rel=1e-9)
     assert bounded > 0
-    assert second["charts"]["lat-read"][0]["markLines"] == [2.0]
+    # The read rule's SLA line is on the read chart, labelled, and on no other.
+    sla = {s["name"]: s for s in second["charts"]["lat-read"]}["SLA"]
+    assert (sla["markLines"], sla["labels"]) == ([2.0], ["SLA p99 read 2 ms"])
+    assert "SLA" not in {s["name"] for s in second["charts"]["lat-write"]}
     # The quanta closed while h3 was silent are incomplete, drawn as hollow points.
     partial = sorted(x for x, r in rows.items() if r["complete"] is False)
     assert partial, "the quanta of h3's silence are incomplete"

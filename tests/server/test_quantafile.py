@@ -73,7 +73,7 @@ def _closed_rows(draw: st.DrawFn) -> ClosedQuantum:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_closed_rows(), min_size=1, max_size=20))
 def test_quanta_file_and_report_write_the_identical_line(rows: list[ClosedQuantum]) -> None:
-    # DESIGN's report == aggregator contract: the quanta file and `fiomon report --format
+    # The report == aggregator contract: the quanta file and `fiomon report --format
     # jsonl` hold the same bytes for the same rows, NaN, infinities, None and huge or tiny
     # floats included; and that line is the compact json.dumps of to_json().
     with tempfile.TemporaryDirectory() as tmp:
