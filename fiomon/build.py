@@ -20,28 +20,32 @@ from pathlib import Path
 from fiomon import __version__
 
 PACKAGE = Path(__file__).resolve().parent
-REVISION_FILE = PACKAGE / "REVISION"
 UNKNOWN = "unknown"
 GIT_TIMEOUT_S = 5.0
 
 
 @functools.cache
 def revision() -> str:
-    """The commit fiomon was built from (see the module docstring); never raises."""
+    """The commit this fiomon was built from (see the module docstring); never raises."""
+    return revision_of(PACKAGE)
+
+
+def revision_of(package: Path) -> str:
+    """The commit of the fiomon package in ``package`` (its ``REVISION``, git, unknown)."""
     try:
-        text = REVISION_FILE.read_text(encoding="utf-8").strip()
+        text = (package / "REVISION").read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         text = ""
     if text:
         return text.splitlines()[0].strip()
-    return _git_head() or UNKNOWN
+    return _git_head(package) or UNKNOWN
 
 
-def _git_head() -> str | None:
-    """HEAD of the git checkout whose ``fiomon/`` this package is; None otherwise."""
+def _git_head(package: Path) -> str | None:
+    """HEAD of the git checkout whose ``fiomon/`` is ``package``; None otherwise."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(PACKAGE), "rev-parse", "--show-toplevel", "HEAD"],
+            ["git", "-C", str(package), "rev-parse", "--show-toplevel", "HEAD"],
             capture_output=True,
             text=True,
             timeout=GIT_TIMEOUT_S,
@@ -53,7 +57,7 @@ def _git_head() -> str | None:
     if out.returncode != 0 or len(lines) != 2:  # the top level, then HEAD
         return None
     top, head = lines
-    if Path(top).resolve() / "fiomon" != PACKAGE:
+    if Path(top).resolve() / "fiomon" != package.resolve():
         return None
     return head
 
