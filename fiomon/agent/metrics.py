@@ -24,12 +24,13 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fiomon import __version__
 from fiomon.build import build_labels
+from fiomon.procstats import ServiceProcessCollector
 
 log = logging.getLogger("fiomon.agent")
 
@@ -97,7 +98,7 @@ async def serve_metrics(
         OSError: the address cannot be bound (the agent does not start).
     """
     registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=registry)
+    ServiceProcessCollector(registry=registry)
     registry.register(AgentCollector(agent))
 
     def answer(path: str) -> tuple[int, str, bytes]:

@@ -24,7 +24,9 @@ HTTP: ``GET /metrics`` (or ``/``) gets the text format,
 gzip-encoded when the request's ``Accept-Encoding`` names gzip. The service's own
 ``process_*`` families (CPU, resident and virtual memory, start time, open and maximum
 descriptors: ``prometheus_client``'s :class:`~prometheus_client.ProcessCollector` read
-from the aggregator's ``/proc/<pid>``, not this child's) are read at every scrape and
+from the aggregator's ``/proc/<pid>``, not this child's;
+:class:`~fiomon.procstats.ServiceProcessCollector` keeps it working under the units'
+``ProcSubset=pid``) are read at every scrape and
 appended to the cached rendering (to its gzip stream too: the compressor's state after
 the cached part is kept, so a scrape compresses only the few hundred bytes it adds).
 ``GET /-/healthy`` is 200 while this process serves and the aggregator lives;
@@ -70,9 +72,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon import __version__
+from fiomon.procstats import ServiceProcessCollector
 from fiomon.runtime import wait_event
 from fiomon.server.exporter import CONTENT_TYPE, Snapshot, render
 from fiomon.server.live import LiveStore
@@ -350,7 +353,7 @@ class _Body:
         # snapshot, plain, gzip (flushed, not finished), the compressor's state after it
         self._ready: tuple[Snapshot, bytes, bytes, Any] | None = None
         self._process = CollectorRegistry(auto_describe=False)
-        ProcessCollector(pid=lambda: parent or "self", registry=self._process)
+        ServiceProcessCollector(pid=lambda: parent or "self", registry=self._process)
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self._scraped = False  # the newest rendering was served
         self.live = LiveStore()

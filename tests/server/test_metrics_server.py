@@ -369,3 +369,21 @@ def own_start_time_s() -> float:
         if ln.startswith("btime ")
     )
     return btime + float(fields[19]) / ticks
+
+
+def test_process_metrics_survive_a_proc_with_only_process_directories(tmp_path: Path) -> None:
+    """systemd's ``ProcSubset=pid`` hides ``/proc/stat`` (the boot time): still exported."""
+    from prometheus_client import CollectorRegistry, ProcessCollector  # noqa: PLC0415
+
+    from fiomon.procstats import ServiceProcessCollector  # noqa: PLC0415
+
+    pid = str(os.getpid())
+    (tmp_path / pid).symlink_to(f"/proc/{pid}")  # a /proc with this process only
+    plain, ours = CollectorRegistry(), CollectorRegistry()
+    ProcessCollector(pid=lambda: pid, proc=str(tmp_path), registry=plain)
+    ServiceProcessCollector(pid=lambda: pid, proc=str(tmp_path), registry=ours)
+    assert plain.get_sample_value("process_start_time_seconds") is None  # what it did
+    started = ours.get_sample_value("process_start_time_seconds")
+    assert started is not None and abs(started - own_start_time_s()) < 2
+    for name in PROCESS_FAMILIES:
+        assert ours.get_sample_value(name) is not None, name
