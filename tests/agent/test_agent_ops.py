@@ -10,6 +10,7 @@ import asyncio
 import functools
 import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -260,3 +261,52 @@ async def until_async(get: Callable[[], Awaitable[tuple[int, str]]], want: tuple
         if got:
             await asyncio.sleep(0.2)
         got.append(await get())
+
+
+def take_client_id(port: int, client_id: str) -> None:
+    """Connect with ``client_id`` (MQTT 3.1.1, clean session) and hang up at once."""
+    ident = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(ident).to_bytes(2, "big") + ident
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as s:
+        s.sendall(bytes([0x10, len(body)]) + body)
+        assert s.recv(4)[:1] == b"\x20"  # CONNACK: the agent's connection is dropped
+
+
+async def test_takeovers_while_publishing_leave_no_traceback(
+    mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess]
+) -> None:
+    """Another client takes the agent's client id 25 times while it publishes a stream.
+
+    Each takeover closes the agent's socket in the middle of its publishing: aiomqtt 2.5
+    then registered a reader or writer for a closed (or since reused) descriptor, and
+    asyncio logged ``OSError: [Errno 9] Bad file descriptor`` or ``FileNotFoundError``
+    tracebacks; a new connection could be left with no reader at all (stalled until its
+    keep-alive expired).
+    """
+    logs = tmp_path / "results"
+    logs.mkdir()
+    hist = (FIXTURES / "fio333_randrw_clat_hist.1.log").read_text().splitlines()
+    t0 = int(hist[0].split(",", 1)[0])
+    written = 0
+
+    def append(n: int) -> None:
+        nonlocal written
+        with (logs / "x_clat_hist.1.log").open("a") as fh:
+            for i in range(written, written + n):
+                rest = hist[i % len(hist)].split(",", 1)[1]
+                fh.write(f"{t0 + 100 * i},{rest}\n")
+        written += n
+
+    async with subscribed(mosquitto) as sub:
+        agent = start_agent(mosquitto, tmp_path, "a", agents, max_message_size="16KiB")
+        await sub.wait_for(functools.partial(online_since, sub, 0))
+        for k in range(25):
+            append(40)  # a burst of messages to publish, PUBACK by PUBACK
+            await asyncio.sleep(0.05 + 0.01 * (k % 5))
+            await asyncio.to_thread(take_client_id, mosquitto.port, "fiomon-agent-client-07")
+            await asyncio.sleep(0.2)
+        await sub.wait_for(lambda: len(sub.seen) == written, within=60)
+        assert await agent.stop() == 0
+    text = agent.log.read_text()
+    for bad in ("Traceback", "Bad file descriptor", "No such file or directory"):
+        assert bad not in text, text[-4000:]
