@@ -117,6 +117,10 @@ class AgentConfig:
             ``{dir}`` in it is the followed file's folder name (``run: "{dir}"`` with
             ``watch: [results/**/*.json]`` labels each run folder's records). None: no
             label (messages exactly as before run labels existed).
+        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
+            (``--log-level``, ``FIOMON_LOG_LEVEL``, which win over it). SIGHUP reloads it.
+        metrics_listen: ``host:port`` of the agent's own ``/metrics`` (``process_*``,
+            ``fiomon_build_info``, ``/-/healthy``, ``/-/ready``); None: none (the default).
     """
 
     watch: tuple[str, ...]
@@ -136,6 +140,8 @@ class AgentConfig:
     rename_grace_ms: int = 60_000
     cell: str | None = None
     run: str | None = None
+    log_level: str | None = None
+    metrics_listen: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,6 +757,8 @@ _AGENT_KEYS: Table = {
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
     "run": ("run", _run_label),
+    "log_level": ("log_level", _choice(*LOG_LEVELS)),
+    "metrics_listen": ("metrics_listen", _listen),
 }
 _AGENT_SECTIONS = ("broker", "cells")
 
@@ -1219,11 +1227,13 @@ class Overrides:
     listen_from: str = "--listen"
 
     def apply_agent(self, cfg: AgentConfig) -> AgentConfig:
-        """``cfg`` with the broker override (an agent has no ``listen`` or ``log_level``).
+        """``cfg`` with the broker and log level overrides (an agent has no ``listen``).
 
         Raises:
             ConfigError: a bad address, naming the flag or variable it came from.
         """
+        if self.log_level is not None:
+            cfg = replace(cfg, log_level=self.log_level)
         if self.broker is None:
             return cfg
         return replace(cfg, broker=with_broker(cfg.broker, self.broker, what=self.broker_from))
