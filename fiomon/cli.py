@@ -1146,7 +1146,7 @@ def _service(args: argparse.Namespace, name: str) -> int:
     if isinstance(cfg, config.AgentConfig):
         from fiomon.agent.service import run_agent  # noqa: PLC0415
 
-        main_coro = run_agent(cfg)
+        main_coro = run_agent(cfg, config_path=args.config, overrides=overrides)
     elif name == "root":
         from fiomon.root.service import run_root  # noqa: PLC0415
 
@@ -1252,7 +1252,8 @@ def _add_agent(sub: SubParsers) -> argparse.ArgumentParser:
         help="follow fio's output on this host and publish it over MQTT",
         description="Follow fio json+ status files and hist logs matching the configured "
         "globs, and publish their interval histograms to the MQTT broker (QoS 1). Read "
-        "positions and the spool live in state_dir; SIGTERM stops cleanly.",
+        "positions and the spool live in state_dir; SIGTERM stops cleanly, SIGHUP reloads "
+        "what it can (and names what needs a restart).",
     )
 
 

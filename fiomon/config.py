@@ -117,6 +117,10 @@ class AgentConfig:
             ``{dir}`` in it is the followed file's folder name (``run: "{dir}"`` with
             ``watch: [results/**/*.json]`` labels each run folder's records). None: no
             label (messages exactly as before run labels existed).
+        log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
+            (``--log-level``, ``FIOMON_LOG_LEVEL``, which win over it). SIGHUP reloads it.
+        metrics_listen: ``host:port`` of the agent's own ``/metrics`` (``process_*``,
+            ``fiomon_build_info``, ``/-/healthy``, ``/-/ready``); None: none (the default).
     """
 
     watch: tuple[str, ...]
@@ -136,6 +140,8 @@ class AgentConfig:
     rename_grace_ms: int = 60_000
     cell: str | None = None
     run: str | None = None
+    log_level: str | None = None
+    metrics_listen: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +228,18 @@ class WebhookConfig:
             longer than this; it never holds closing).
         resend_ms: firing alerts are re-sent this often (Alertmanager expects it); longer
             than the timeout.
+        labels: added to every alert's labels, as Prometheus' ``external_labels`` are
+            (e.g. ``{cluster: bench}``), so Alertmanager groups and routes both paths'
+            alerts alike (``instance`` too, if the page should name the aggregator).
+        runbook: where the runbook is (``docs/runbook.md``; alerts link ``<runbook>#<alert>``);
+            default: where the wheel installs it under ``/opt/fiomon`` (deploy/README.md).
     """
 
     url: str
     timeout_ms: int = 5000
     resend_ms: int = 60_000
+    labels: tuple[tuple[str, str], ...] = ()
+    runbook: str = "file:///opt/fiomon/share/fiomon/docs/runbook.md"
 
 
 @dataclass(frozen=True, slots=True)
@@ -679,6 +692,35 @@ def _http_url(value: object, where: str) -> str:
     return text
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _label_map(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """Alert labels: a mapping of Prometheus label names to non-empty strings."""
+    if not isinstance(value, dict):
+        msg = f"{where}: expected a mapping of label names to strings, got {value!r}"
+        raise ConfigError([msg])
+    problems = []
+    for k, v in value.items():
+        if not isinstance(k, str) or not _LABEL_NAME.match(k) or k.startswith("__"):
+            problems.append(f"{where}: {k!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        elif k in ("alertname", "rule", "direction", "percentile", "host", "severity"):
+            problems.append(f"{where}.{k}: set by fiomon itself")
+        elif not isinstance(v, str) or not v:
+            problems.append(f"{where}.{k}: expected a non-empty string, got {v!r}")
+    if problems:
+        raise ConfigError(problems)
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+
+
+def _url(value: object, where: str) -> str:
+    text = _str(value, where).strip()
+    if not urllib.parse.urlsplit(text).scheme:
+        msg = f"{where}: expected a URL (https://..., file:///...), got {value!r}"
+        raise ConfigError([msg])
+    return text
+
+
 # -- the sections ------------------------------------------------------------------------
 
 _TLS_KEYS: Table = {
@@ -715,6 +757,8 @@ _AGENT_KEYS: Table = {
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
     "run": ("run", _run_label),
+    "log_level": ("log_level", _choice(*LOG_LEVELS)),
+    "metrics_listen": ("metrics_listen", _listen),
 }
 _AGENT_SECTIONS = ("broker", "cells")
 
@@ -744,6 +788,8 @@ _WEBHOOK_KEYS: Table = {
     "url": ("url", _http_url),
     "timeout": ("timeout_ms", _duration_between(100, 30_000)),
     "resend": ("resend_ms", _duration_ms(1000)),
+    "labels": ("labels", _label_map),
+    "runbook": ("runbook", _url),
 }
 
 _AGGREGATOR_KEYS: Table = {
@@ -1181,11 +1227,13 @@ class Overrides:
     listen_from: str = "--listen"
 
     def apply_agent(self, cfg: AgentConfig) -> AgentConfig:
-        """``cfg`` with the broker override (an agent has no ``listen`` or ``log_level``).
+        """``cfg`` with the broker and log level overrides (an agent has no ``listen``).
 
         Raises:
             ConfigError: a bad address, naming the flag or variable it came from.
         """
+        if self.log_level is not None:
+            cfg = replace(cfg, log_level=self.log_level)
         if self.broker is None:
             return cfg
         return replace(cfg, broker=with_broker(cfg.broker, self.broker, what=self.broker_from))

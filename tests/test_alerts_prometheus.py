@@ -20,17 +20,13 @@ stopped)", never "recovered".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import aiomqtt
 import numpy as np
@@ -42,6 +38,8 @@ from fiomon.wire import encode
 from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.metricskit import query, scrape
+from tests.webhookkit import Webhook as _Webhook
+from tests.webhookkit import webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -53,35 +51,6 @@ LOWER, _ = BinLayout().edges_ns()
 FAST_BIN = int(np.searchsorted(LOWER, 64e3))
 SLOW_BIN = int(np.searchsorted(LOWER, 7.3e6))  # 7.34 ms
 SECONDS = 8
-
-
-class _Webhook(BaseHTTPRequestHandler):
-    """Records what Alertmanager posts: (path, notification)."""
-
-    posts: ClassVar[list[tuple[str, dict[str, Any]]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Webhook.posts.append((self.path, json.loads(body)))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet."""
-
-
-@contextlib.contextmanager
-def webhook_receiver() -> Iterator[int]:
-    _Webhook.posts = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def tool(name: str) -> str:

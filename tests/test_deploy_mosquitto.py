@@ -220,6 +220,15 @@ async def test_drop_in_starts_debians_stock_broker_and_accepts_the_documented_lo
                 got.append(m.topic.value)
                 break
     assert got == ["fiomon/v1/client-01/records"]
+    # An agent reads its own status topic back (another agent with its host name shows
+    # there), and no other host's.
+    async with _client(broker("client-01"), "fiomon-agent-client-01") as a:
+        await a.subscribe("fiomon/v1/+/status", qos=1)
+        await a.publish("fiomon/v1/client-01/status", b"{}", qos=1)
+        async with asyncio.timeout(DEADLINE_S):
+            async for m in a.messages:
+                assert m.topic.value == "fiomon/v1/client-01/status"
+                break
     wrong = tmp_path / "wrong.pass"
     wrong.write_text("not the password\n")
     for cfg in (broker(None), broker("client-01", wrong)):

@@ -43,6 +43,8 @@ def test_unit_verifies_and_is_hardened(name: str, tmp_path: Path, systemd_analyz
     text = unit.read_text()
     for needed in ("Type=notify", "Restart=on-failure", "StateDirectory=", "User=fiomon"):
         assert needed in text, needed
+    # both services reload on SIGHUP (`systemctl reload`; logrotate and config tools send it)
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in text
     v = subprocess.run(
         [systemd_analyze, "verify", str(unit)], capture_output=True, text=True, check=False
     )

@@ -43,14 +43,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,6 +60,8 @@ from tests.conftest import DEADLINE_S, free_port, until
 from tests.metricskit import query, scrape
 from tests.test_deploy_mosquitto import Broker, stock_broker_running, under
 from tests.test_e2e import received
+from tests.webhookkit import Webhook as _Webhook
+from tests.webhookkit import webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -175,36 +175,6 @@ def alertmanager_config(folder: Path, hook_port: int) -> Path:
     path = folder / "alertmanager.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-class _Webhook(BaseHTTPRequestHandler):
-    """Records what Alertmanager posts: (path, notification)."""
-
-    posts: ClassVar[list[tuple[str, dict[str, Any]]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Webhook.posts.append((self.path, json.loads(body)))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet."""
-
-
-@contextlib.contextmanager
-def webhook_receiver() -> Iterator[int]:
-    """A webhook receiver on a free loopback port (yields the port)."""
-    _Webhook.posts = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_port)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class Notify:

@@ -8,7 +8,10 @@ does; the loop outlives a broker restart; a publish the broker's ACL denies rais
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import select
+import socket
 from pathlib import Path
 
 import aiomqtt
@@ -205,3 +208,43 @@ async def test_a_publish_the_broker_refuses_raises_and_slows_the_reconnects(
         assert (pubacks._codes, pubacks._awaiting) == ({}, set())  # nothing kept behind
     finally:
         broker.stop()
+
+
+async def test_a_packet_queued_as_the_broker_hangs_up_leaves_no_bad_descriptor(
+    mosquitto: Mosquitto,
+) -> None:
+    """A publish queued in the loop turn in which paho closes the socket: no EBADF traceback.
+
+    Another client takes our client id, so the broker hangs up on us; in one loop turn we
+    queue a publish (paho asks for a writer) and paho reads the hang-up and closes the
+    socket, as its reader callback would. aiomqtt 2.5 alone registered that writer one
+    callback later, on the closed descriptor (asyncio logged ``OSError: [Errno 9] Bad
+    file descriptor``: the agents' stops and takeovers).
+    """
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, ctx: errors.append(ctx))
+    session = MqttSession(BrokerConfig(port=mosquitto.port), identifier="same", logger=log)
+    paho = session.client._client
+
+    async def body() -> None:
+        sock = paho._sock
+        assert sock is not None
+        # Without yielding to the loop (which would see the hang-up first): another
+        # client connects with our id (MQTT 3.1.1 CONNECT, clean session, keep-alive 60 s)
+        # and the broker closes our connection.
+        with socket.create_connection(("127.0.0.1", mosquitto.port), timeout=DEADLINE_S) as rival:
+            rival.sendall(b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04same")
+            assert rival.recv(4) == b"\x20\x02\x00\x00"  # CONNACK, accepted
+            select.select([sock], [], [], DEADLINE_S)  # blocks the loop, on purpose
+            paho.publish("t/x", b"x", qos=0)  # queued: a writer is asked for
+            paho.loop_read()  # the hang-up, as the reader callback reads it: socket closed
+            assert paho._sock is None
+            for _ in range(5):
+                await asyncio.sleep(0)  # the loop runs what the callbacks scheduled
+
+    with contextlib.suppress(aiomqtt.MqttError):
+        async with asyncio.timeout(DEADLINE_S):
+            await session.run(body, until=lambda: session.backoff.attempt > 0)
+    await asyncio.sleep(0.1)
+    assert not errors, [(e.get("message"), e.get("exception")) for e in errors]

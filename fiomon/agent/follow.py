@@ -329,6 +329,21 @@ class Follower:
         self._read_back: set[str] = set()  # published hist logs read back after a restart
         self._json_content: dict[str, tuple[int, tuple[JobContent, ...], bool]] = {}
 
+    def set_patterns(self, patterns: tuple[str, ...]) -> None:
+        """Follow ``patterns`` from the next discovering poll on (the agent's SIGHUP).
+
+        Patterns kept keep their state; files only the dropped patterns matched are then
+        handled as files renamed out of ``watch`` (followed until quiet for the grace).
+        """
+        now = self._clock()
+        old = {p.pattern: p for p in self._patterns}
+        self.patterns = patterns
+        self._patterns = [
+            old.get(p) or _Pattern(p, now, tree=TreeGlob(p) if is_recursive(p) else None)
+            for p in patterns
+        ]
+        self._rescan_at = 0.0  # expand them all at the next poll
+
     # -- polling -------------------------------------------------------------------------
 
     def poll(self, *, discover: bool = True, final: bool = False) -> Iterator[Outgoing]:

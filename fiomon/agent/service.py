@@ -23,26 +23,38 @@ duplicates.
 Stopping (SIGTERM/SIGINT): reading stops, the spool is published for up to
 ``grace_s``, a retained ``offline`` status is published, and the positions are saved.
 What is still unacknowledged is read again from the files at the next start.
+
+SIGHUP re-reads the configuration file (with the command line's overrides, as at start):
+``watch``, the intervals, ``log_hist_msec``, the line and document caps, ``rename_grace``,
+``log_level`` and ``run`` (for streams that start afterwards) take effect at once
+(:data:`RELOADABLE`); any other key that changed is named in the log as waiting for the
+next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import aiomqtt
 
 from fiomon import __version__
 from fiomon.agent.follow import Follower
+from fiomon.agent.metrics import serve_metrics
 from fiomon.agent.positions import load_positions, save_positions
 from fiomon.agent.spool import Outgoing, Spool
-from fiomon.config import AgentConfig, watch_warnings
+from fiomon.config import AgentConfig, Overrides, load_agent_config, watch_warnings
+from fiomon.errors import ConfigError
 from fiomon.mqtt import MqttSession, Topics
 from fiomon.runtime import cancel_and_wait, keep_alive, sd_notify, stop_on_signals, wait_event
 
@@ -51,6 +63,21 @@ log = logging.getLogger("fiomon.agent")
 CHECKPOINT_S = 0.25  # positions are saved this often at most (and only when they changed)
 LARGE_POSITIONS = 256 * 1024  # a positions file this large (thousands of files) ...
 LARGE_CHECKPOINT_S = 2.0  # ... is saved this often at most
+MAX_PEER_STATUS_BYTES = 64 * 1024  # a status is ~1 kB; anything larger is not an agent's
+TAKEOVER_MEMORY_S = 120.0  # a status seen this long after a takeover names the taker
+# What SIGHUP changes in a running agent; every other key waits for the next start.
+RELOADABLE = (
+    "watch",
+    "flush_interval_ms",
+    "poll_interval_ms",
+    "heartbeat_interval_ms",
+    "log_hist_msec",
+    "max_line_bytes",
+    "max_document_bytes",
+    "rename_grace_ms",
+    "log_level",
+    "run",  # for streams that start from now on; a stream keeps its label
+)
 
 
 @dataclass(slots=True)
@@ -64,6 +91,8 @@ class AgentCounters:
     state_write_errors: int = 0
     read_pauses: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    session_takeovers: int = 0
+    host_conflicts: int = 0
 
 
 class Agent:
@@ -108,6 +137,10 @@ class Agent:
         self.acked: dict[str, int] = {}
         self.counters = AgentCounters()
         self.instance = uuid.uuid4().hex[:12]  # tells two agents claiming one id apart
+        self.client_id = cfg.broker.client_id or f"fiomon-agent-{cfg.host}"
+        self.connected = False  # to the broker, now
+        self._rivals: set[str] = set()  # other instances named in the log (once each)
+        self._cut_at = -TAKEOVER_MEMORY_S  # monotonic s: the broker last cut our connection
         self._wake = asyncio.Event()
         self._reading_done = asyncio.Event()
         self._saved: tuple[int, int] | None = None  # (follower changes, acks) last saved
@@ -128,9 +161,11 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Follow, publish and checkpoint until ``stop`` is set, then shut down in order."""
         log.info(
-            "fiomon agent %s for host %s: watching %s, broker %s:%d",
+            "fiomon agent %s for host %s (instance %s, client id %s): watching %s, broker %s:%d",
             __version__,
             self.cfg.host,
+            self.instance,
+            self.client_id,
             ", ".join(self.cfg.watch),
             self.cfg.broker.host,
             self.cfg.broker.port,
@@ -138,7 +173,11 @@ class Agent:
         for warning in watch_warnings(self.cfg):
             log.warning("%s", warning)
         name = f"fiomon[{self.cfg.host}]"
+        server = None
         try:
+            if self.cfg.metrics_listen is not None:  # opt-in; a taken port fails the start
+                host, _, port = self.cfg.metrics_listen.rpartition(":")
+                server = await serve_metrics(self, host.strip("[]"), int(port), stop.is_set)
             async with asyncio.TaskGroup() as tg:
                 reader = tg.create_task(self._read_loop(stop), name=f"{name}.read")
                 publisher = tg.create_task(self._publish_loop(stop), name=f"{name}.publish")
@@ -158,6 +197,8 @@ class Agent:
                     )
                     await cancel_and_wait(publisher)
         finally:
+            if server is not None:
+                server.close()
             await asyncio.to_thread(self._save_positions)
             self.follower.close()
             self.spool.close()
@@ -166,11 +207,11 @@ class Agent:
     async def _read_loop(self, stop: asyncio.Event) -> None:
         """Read followed files every flush interval; look for new files every poll interval."""
         loop = asyncio.get_running_loop()
-        flush = self.cfg.flush_interval_ms / 1000
-        poll = self.cfg.poll_interval_ms / 1000
         next_read = next_look = loop.time()
         try:
             while not stop.is_set():
+                flush = self.cfg.flush_interval_ms / 1000  # (SIGHUP may change them)
+                poll = self.cfg.poll_interval_ms / 1000
                 now = loop.time()
                 look = now >= next_look
                 if (look or now >= next_read) and not self._pause_for_spool():
@@ -204,6 +245,10 @@ class Agent:
         self._paused = full
         return full
 
+    def metrics_counts(self) -> tuple[int, int]:
+        """(records sent since the start, messages spooled now), for ``/metrics``."""
+        return self.counters.records_sent, len(self.spool)
+
     def _status_line(self) -> str:
         f = self.follower.stats
         return (
@@ -236,32 +281,131 @@ class Agent:
     async def _publish_loop(self, stop: asyncio.Event) -> None:
         """Connect, publish the spool in order, reconnect with backoff, until done."""
         host = self.cfg.host
-        offline = json.dumps({"state": "offline", "agent": host}).encode()
+        offline = json.dumps({"state": "offline", **self._identity(), "will": True}).encode()
         session = MqttSession(
             self.cfg.broker,
-            identifier=self.cfg.broker.client_id or f"fiomon-agent-{host}",
+            identifier=self.client_id,
             logger=log,
             will=aiomqtt.Will(self.topics.status(host), offline, qos=1, retain=True),
         )
 
         async def connected() -> bool:
             self.counters.connects += 1
+            self.connected = True
             log.info(
                 "connected to %s:%d%s",
                 self.cfg.broker.host,
                 self.cfg.broker.port,
                 f" (cell {self.cfg.cell})" if self.cfg.cell else "",
             )
-            await self._send_status(session, "online")
-            await self._drain(session)
-            await self._send_status(session, "offline")
+            subscribed = asyncio.Event()
+            watch = asyncio.create_task(
+                self._watch_status(session, subscribed), name=f"fiomon[{host}].peers"
+            )
+            try:
+                # What the broker retains on our status topic is read before our own
+                # status replaces it: that is where another agent shows.
+                await wait_event(subscribed, 5.0)
+                await self._send_status(session, "online")
+                await self._drain(session)
+                await self._send_status(session, "offline")
+            finally:
+                await cancel_and_wait(watch)
             return True  # everything published: no reconnect
 
         def failed(_: aiomqtt.MqttError) -> None:
             self.counters.publish_failures += 1
+            if session.connected:  # the broker cut a connection it had accepted
+                self._cut_at = time.monotonic()
+                if session.taken_over:  # and said why (MQTT 5 brokers that do)
+                    self.counters.session_takeovers += 1
+
+        def down() -> None:
+            self.connected = False
 
         # After stop the loop goes on (the spool gets grace_s), its waits no longer cut.
-        await session.run(connected, wake=stop, failed=failed)
+        await session.run(connected, wake=stop, failed=failed, down=down)
+
+    # -- another agent with our host name or client id -----------------------------------
+
+    def _identity(self) -> dict[str, object]:
+        """Who this agent is, in its status and its Will (another agent names us by it)."""
+        return {
+            "agent": self.cfg.host,
+            "instance": self.instance,
+            "pid": os.getpid(),
+            "machine": socket.gethostname(),
+            "client_id": self.client_id,
+        }
+
+    async def _watch_status(self, session: MqttSession, subscribed: asyncio.Event) -> None:
+        """Read our own status topic: another instance's status there is another agent.
+
+        Best effort: a broker whose ACL lets agents write but not read their topics
+        refuses the subscription (logged at debug), and the rest of the agent goes on.
+        """
+        topic = self.topics.status(self.cfg.host)
+        try:
+            await session.subscribe(topic)
+            subscribed.set()
+            async for m in session.client.messages:
+                if len(m.payload) <= MAX_PEER_STATUS_BYTES:  # (paho's payload: bytes)
+                    self.on_own_status(m.payload, retained=m.retain)
+        except aiomqtt.MqttError as exc:
+            log.debug("not watching %s: %s", topic, exc)
+        finally:
+            subscribed.set()
+
+    def on_own_status(self, payload: bytes, *, retained: bool) -> None:
+        """A status on our own topic: ours, an earlier instance's, or another agent's.
+
+        Another instance's live ``online`` status means another agent publishes under our
+        host name now. Another instance's status (its Will included) found after the
+        broker cut our connection names the one that cut it: another client connecting
+        with our client id takes our connection (Mosquitto 2.0 only closes the socket,
+        saying nothing), and our reconnection took it back. An earlier instance's last
+        word found at our first connection (a restart) is neither.
+        """
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(doc, dict):
+            return
+        inst = doc.get("instance")
+        if not isinstance(inst, str) or inst == self.instance or inst in self._rivals:
+            return
+        live = not retained and doc.get("state") == "online"
+        cut = time.monotonic() - self._cut_at < TAKEOVER_MEMORY_S
+        if not (live or cut):
+            return
+        self._rivals.add(inst)
+        self.counters.host_conflicts += 1
+        who = (
+            f"instance {inst}, pid {doc.get('pid', '?')} on {doc.get('machine', '?')}, "
+            f"client id {doc.get('client_id', '?')!r}"
+        )
+        b = self.cfg.broker
+        if doc.get("client_id") == self.client_id:
+            self.counters.session_takeovers += 1
+            log.error(
+                "our MQTT client id %r is in use by another connection to %s:%d, another "
+                "agent (%s): the broker drops the older connection whenever the other "
+                "connects, so the two take turns",
+                self.client_id,
+                b.host,
+                b.port,
+                who,
+            )
+        log.error(
+            "another agent with host name %r (%s) is connected to %s:%d: two agents with "
+            "one host name mix their records under one name. Give each its own `host`, or "
+            "stop one of them.",
+            self.cfg.host,
+            who,
+            b.host,
+            b.port,
+        )
 
     async def _drain(self, session: MqttSession) -> None:
         """Publish the spool as it fills; return once it is empty and reading has stopped."""
@@ -281,7 +425,7 @@ class Agent:
                 msg = None
                 if loop.time() >= next_beat:
                     await self._send_status(session, "online")
-                    next_beat = loop.time() + heartbeat
+                    next_beat = loop.time() + self.cfg.heartbeat_interval_ms / 1000
                 continue
             if msg is not None:
                 await session.publish(topic, msg.payload)
@@ -299,7 +443,7 @@ class Agent:
                 await wait_event(self._wake, max(0.0, next_beat - loop.time()))
             if loop.time() >= next_beat:
                 await self._send_status(session, "online")
-                next_beat = loop.time() + heartbeat
+                next_beat = loop.time() + self.cfg.heartbeat_interval_ms / 1000
 
     async def _durable_stream(self, stream: str) -> bool:
         """Whether ``stream`` is in the positions on disk (saving them if need be)."""
@@ -321,7 +465,7 @@ class Agent:
         await session.publish(self.topics.status(self.cfg.host), payload, retain=True)
 
     def status(self, state: str) -> dict[str, object]:
-        """The status document: state and every counter."""
+        """The status document: state, who we are, and every counter."""
         f = self.follower.stats
         counters = asdict(self.counters)
         counters.update(
@@ -350,8 +494,7 @@ class Agent:
         )
         return {
             "state": state,
-            "agent": self.cfg.host,
-            "instance": self.instance,
+            **self._identity(),
             "version": __version__,
             "time_ms": self._now_ms(),
             "faults": {
@@ -361,6 +504,67 @@ class Agent:
             },
             "counters": counters,
         }
+
+    # -- SIGHUP ----------------------------------------------------------------------------
+
+    def reload(self, new: AgentConfig) -> tuple[list[str], list[str]]:
+        """Take what a running agent can change from ``new``; name what cannot.
+
+        Call it from a worker thread (it waits for a poll under way to finish).
+
+        Returns:
+            (changes made, as ``key old -> new``; keys that wait for the next start).
+        """
+        old = self.cfg
+        done = [
+            f"{f} {getattr(old, f)!r} -> {getattr(new, f)!r}"
+            for f in RELOADABLE
+            if getattr(new, f) != getattr(old, f)
+        ]
+        later = [
+            f.name
+            for f in dataclasses.fields(AgentConfig)
+            if f.name not in RELOADABLE and getattr(new, f.name) != getattr(old, f.name)
+        ]
+        taken = dataclasses.replace(old, **{f: getattr(new, f) for f in RELOADABLE})
+        with self._follow_lock:
+            fol = self.follower
+            if taken.watch != old.watch:
+                fol.set_patterns(taken.watch)
+            fol.log_hist_msec = taken.log_hist_msec
+            fol.max_line_bytes = taken.max_line_bytes
+            fol.max_document_bytes = taken.max_document_bytes
+            fol.rename_grace_s = taken.rename_grace_ms / 1000
+            fol.run = taken.run
+            self.cfg = taken
+        apply_log_level(taken.log_level)
+        return done, later
+
+    async def reload_file(self, path: Path, overrides: Overrides | None) -> None:
+        """SIGHUP: re-read ``path`` (and ``overrides`` over it) and :meth:`reload` it."""
+        try:
+            new = await asyncio.to_thread(load_agent_config, path)
+            if overrides is not None:
+                new = overrides.apply_agent(new)
+        except ConfigError as exc:
+            for p in exc.problems:
+                log.error("SIGHUP: %s", p)
+            log.error("SIGHUP: %s not reloaded; the running configuration stays", path)
+            return
+        done, later = await asyncio.to_thread(self.reload, new)
+        if done:
+            log.info("SIGHUP: reloaded %s: %s", path, "; ".join(done))
+        else:
+            log.info("SIGHUP: reloaded %s: nothing that takes effect now changed", path)
+        if later:
+            log.warning(
+                "SIGHUP: %s changed but take effect at the next start (restart the agent)",
+                ", ".join(later),
+            )
+        if done:
+            for warning in watch_warnings(self.cfg):
+                log.warning("%s", warning)
+        self._wake.set()
 
     async def _checkpoint_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -416,8 +620,40 @@ class Agent:
         self._saved = version
 
 
-async def run_agent(cfg: AgentConfig, *, stop: asyncio.Event | None = None) -> None:
-    """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once."""
+def apply_log_level(level: str | None) -> None:
+    """Set the root logger's level (``log_level``; None leaves it as it is)."""
+    if level:
+        logging.getLogger().setLevel(level.upper())
+
+
+async def run_agent(
+    cfg: AgentConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    config_path: Path | None = None,
+    overrides: Overrides | None = None,
+) -> None:
+    """Run an agent until SIGTERM/SIGINT (or ``stop``); a second SIGINT exits at once.
+
+    Args:
+        cfg: the configuration (``overrides`` applied).
+        stop: set it to stop (the signals set it too).
+        config_path: the file SIGHUP re-reads (None: SIGHUP logs that it cannot reload).
+        overrides: the command line's settings, put over the file again at each SIGHUP.
+    """
     stop = stop or asyncio.Event()
-    with stop_on_signals(stop, logger=log):
-        await Agent(cfg).run(stop)
+    apply_log_level(cfg.log_level)
+    agent = Agent(cfg)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        if config_path is None:
+            log.warning("SIGHUP: no configuration file to re-read; nothing reloaded")
+            return
+        log.info("SIGHUP: re-reading %s", config_path)
+        task = asyncio.create_task(agent.reload_file(config_path, overrides))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with stop_on_signals(stop, logger=log, reload=on_hup):
+        await agent.run(stop)

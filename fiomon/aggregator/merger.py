@@ -46,6 +46,7 @@ from fiomon.aggregator.outbox import Outbox
 from fiomon.aggregator.watermark import KnownStreams, Watermark
 from fiomon.align import phase_for, phase_from
 from fiomon.bins import BinLayout, merged_layout
+from fiomon.build import revision
 from fiomon.closed import ClosedQuantum, mark_incomplete
 from fiomon.config import AggregatorConfig
 from fiomon.engine import QuantumEngine
@@ -1002,6 +1003,7 @@ class AggregatorCore:
             active=self.active,
             last_seen_s={h: t / 1000 for h, t in self.last_seen.items()},
             version=__version__,
+            revision=revision(),
             python=platform.python_version(),
             cell=self.cfg.cell or "",
         )

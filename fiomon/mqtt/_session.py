@@ -39,6 +39,7 @@ from fiomon.runtime import wait_event
 SUBSCRIBE_TIMEOUT_S = 120.0
 
 BATCH_MESSAGES = 2000  # the most messages one batch takes from the queue
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client took our client id
 
 
 def read_password(broker: BrokerConfig) -> str | None:
@@ -123,6 +124,91 @@ def new_client(
         queue_type=queue_type,
         **extra,
     )
+
+
+def guard_sockets(client: aiomqtt.Client) -> None:
+    """Register paho's socket with the event loop only while the socket is still open.
+
+    aiomqtt 2.5 hands every registration to the loop through ``call_soon_threadsafe``,
+    even from the loop's own thread, and forgets the writer when the socket closes. So a
+    packet queued (say the PUBACK of a message, or a publish) in the same loop turn in
+    which paho then closes the socket (the broker hung up: a takeover of our client id,
+    its shutdown) registered a writer for a descriptor already closed one callback
+    later: epoll refuses it and asyncio logs ``OSError: [Errno 9] Bad file descriptor``
+    with a traceback. Here a registration from the loop's thread takes effect at once
+    (paho's order of register and unregister is kept), one from another thread (paho's
+    connect runs in an executor) is dropped if the socket was closed meanwhile, and a
+    closing socket leaves neither reader nor writer behind. The callbacks the loop runs
+    are aiomqtt's own (``loop_read``/``loop_write``; an error ends the connection).
+    """
+    paho = client._client
+    loop: asyncio.AbstractEventLoop = client._loop
+    inner_close = paho.on_socket_close  # aiomqtt's: removes the reader, ends keep-alive
+
+    def fail(exc: Exception) -> None:
+        if not client._disconnected.done():
+            client._disconnected.set_exception(exc)
+
+    def read() -> None:
+        try:
+            while True:
+                paho.loop_read()
+                pending = getattr(paho._sock, "pending", None)  # TLS: decoded, not read
+                if pending is None or pending() <= 0:
+                    break
+        except Exception as exc:  # aiomqtt's rule: the connection broke
+            fail(exc)
+
+    def write() -> None:
+        try:
+            paho.loop_write()
+        except Exception as exc:
+            fail(exc)
+
+    def on_loop() -> bool:
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    def soon(fn: Callable[[], None]) -> None:
+        if on_loop():
+            fn()
+        else:
+            loop.call_soon_threadsafe(fn)
+
+    def on_open(c: object, userdata: object, sock: Any) -> None:
+        del c, userdata
+
+        def add() -> None:
+            fd: int = sock.fileno()
+            if fd >= 0 and paho._sock is sock:
+                loop.add_reader(fd, read)
+                # aiomqtt's keep-alive task (paho's loop_misc once a second)
+                client._misc_task = loop.create_task(client._misc_loop())
+
+        soon(add)
+
+    def on_register_write(c: object, userdata: object, sock: Any) -> None:
+        del c, userdata
+
+        def add() -> None:
+            fd: int = sock.fileno()
+            if fd >= 0 and paho._sock is sock and paho._registered_write:
+                loop.add_writer(fd, write)
+
+        soon(add)
+
+    def on_close(c: Any, userdata: Any, sock: Any) -> None:
+        fd: int = sock.fileno()
+        if fd >= 0:
+            loop.remove_writer(fd)
+        if inner_close is not None:
+            inner_close(c, userdata, sock)
+
+    paho.on_socket_open = on_open
+    paho.on_socket_register_write = on_register_write
+    paho.on_socket_close = on_close
 
 
 def drop_stale(queue: asyncio.Queue[aiomqtt.Message], logger: logging.Logger) -> int:
@@ -316,6 +402,12 @@ class MqttSession:
         self.broker = broker
         self.log = logger
         self.label = label
+        self.identifier = identifier
+        # The broker ended our last connection because another client connected with our
+        # client id (MQTT 5 DISCONNECT, reason 0x8E "Session taken over"; over MQTT 3.1.1
+        # the broker only closes the socket and nothing tells us why).
+        self.taken_over = False
+        self.takeovers = 0
         self.manual_ack = manual_ack
         self.backoff = backoff or Backoff()
         self.connected = False  # a connection is up (between CONNACK and its end)
@@ -344,7 +436,33 @@ class MqttSession:
             mqtt5=mqtt5,
         )
         (self._queue,) = made
+        guard_sockets(self.client)
         paho = self.client._client
+        inner_disconnect: Any = paho.on_disconnect  # aiomqtt's
+        inner_handle: Callable[[], Any] | None = getattr(paho, "_handle_disconnect", None)
+        said: list[int] = []  # the reason of the broker's DISCONNECT on this connection
+
+        def handle_disconnect() -> Any:
+            # paho 2.2 reads a DISCONNECT's reason code only when properties follow it
+            # (remaining length > 2); Mosquitto's takeover notice is the code alone.
+            pkt = paho._in_packet
+            if pkt.get("remaining_length", 0) >= 1:
+                said.append(pkt["packet"][0])
+            assert inner_handle is not None  # noqa: S101 -- installed only when present
+            return inner_handle()
+
+        def on_disconnect(c: Any, u: Any, flags: Any, rc: Any, props: Any = None) -> None:
+            if SESSION_TAKEN_OVER in (getattr(rc, "value", None), *said):
+                self.taken_over = True
+                self.takeovers += 1
+            said.clear()
+            if inner_disconnect is not None:
+                inner_disconnect(c, u, flags, rc, props)
+
+        paho.on_disconnect = on_disconnect
+        if inner_handle is not None:
+            target: Any = paho
+            target._handle_disconnect = handle_disconnect
         if manual_ack:
             # aiomqtt 2.5 has no manual-ack API (aiomqtt #345): paho's own
             # switch on its client (a public paho method on aiomqtt's private client).
@@ -386,15 +504,31 @@ class MqttSession:
             if self.manual_ack:
                 self.drop_stale()
             done = False
+            was_taken = self.taken_over
+            self.taken_over = False
             try:
                 async with self.client:
                     self.connected = True
-                    if not self._refused:
+                    if not (self._refused or was_taken):
+                        # (two clients taking one id from each other would otherwise
+                        # take turns at the base delay, forever)
                         self.backoff.reset()
                     done = bool(await body())
             except aiomqtt.MqttError as exc:
-                if not isinstance(exc, PublishRefusedError):
-                    b = self.broker
+                b = self.broker
+                if self.taken_over:
+                    self.log.warning(
+                        "%sbroker %s:%d: our MQTT client id %r is in use by another "
+                        "connection: the broker handed our session to it (MQTT 5 'Session "
+                        "taken over', %d times so far); reconnecting takes it back, so "
+                        "the two take turns: give each client its own client id",
+                        self.label,
+                        b.host,
+                        b.port,
+                        self.identifier,
+                        self.takeovers,
+                    )
+                elif not isinstance(exc, PublishRefusedError):
                     self.log.warning("%sbroker %s:%d: %s", self.label, b.host, b.port, exc)
                 if failed is not None:
                     failed(exc)

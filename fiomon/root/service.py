@@ -64,6 +64,7 @@ import aiomqtt
 
 from fiomon import __version__
 from fiomon.align import phase_for
+from fiomon.build import revision
 from fiomon.closed import ClosedQuantum
 from fiomon.config import (
     ROOT_IGNORED,
@@ -565,6 +566,7 @@ class RootService(Hooks):
             broker_connected=self.link.connected,
             active=bool(live),
             version=__version__,
+            revision=revision(),
             python=platform.python_version(),
         )
         snap = self.publisher.snapshot(self.counts, health)

@@ -852,6 +852,17 @@ def alertmanager_payload(
     return out
 
 
+def site_alert(alert: dict[str, Any], hook: WebhookConfig) -> None:
+    """Give ``alert`` the site's labels (``webhook.labels``) and runbook (``webhook.runbook``).
+
+    fiomon's own labels win over a site label of the same name (the config refuses those).
+    """
+    alert["labels"] = {**dict(hook.labels), **alert["labels"]}
+    notes = alert.get("annotations")
+    if isinstance(notes, dict) and "runbook_url" in notes:
+        notes["runbook_url"] = hook.runbook + "#" + notes["runbook_url"].rsplit("#", 1)[-1]
+
+
 def post_alerts(hook: WebhookConfig, alerts: list[dict[str, Any]]) -> None:
     """POST ``alerts`` to Alertmanager (blocking, bounded by ``hook.timeout_ms``).
 
@@ -926,6 +937,7 @@ class AlertDispatcher:
         if not transitions and not (due and book.firing()):
             return
         for alert in alertmanager_payload(book, transitions, now):
+            site_alert(alert, hook)
             key = tuple(sorted(alert["labels"].items()))
             self._pending.pop(key, None)  # re-insert: newest last
             self._pending[key] = alert

@@ -275,6 +275,7 @@ class Server:
                 certfile=cfg.tls_cert,
                 keyfile=cfg.tls_key,
                 on_restart=restarted,
+                not_ready=self.not_ready,
             )
             metrics.start()
         except BaseException:
@@ -320,6 +321,19 @@ class Server:
             merger.release()
             metrics.close()
             log.info("stopped: %s", merger.summary())
+
+    def not_ready(self) -> str | None:
+        """Why ``/-/ready`` says 503 now (None: ready); read from the ``/metrics`` thread."""
+        link = self.merger.link
+        if self.stop.is_set():
+            return "stopping"
+        if link.taken_over:
+            return "another instance took this MQTT session (see the log)"
+        if not link.ready:
+            return "starting: state restored, not yet subscribed on the broker"
+        if not link.connected:
+            return "not connected to the MQTT broker (reconnecting)"
+        return None
 
     async def _shutdown(self, intake: asyncio.Task[None], closer: asyncio.Task[None]) -> None:
         """The stop, in this order, all within ``GRACE_S`` (``stop`` is set).

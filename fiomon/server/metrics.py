@@ -78,8 +78,8 @@ SATURATED = (
 )
 BUILD_INFO = (
     "fiomon_build_info",
-    "Always 1; the labels say which fiomon and Python run.",
-    ("version", "python"),
+    "Always 1; the labels say which fiomon (version, git revision) and Python run.",
+    ("version", "revision", "python"),
 )
 # The configured cell name. Not ``cell``: Prometheus' target label of the multi-cell
 # config is ``cell``, and a clash would rename this one ``exported_cell``; the rules
@@ -341,6 +341,7 @@ class Health:
             the per-quantum series are left out (Prometheus marks them stale).
         last_seen_s: host label -> when its last records or online status came (epoch s).
         version: fiomon's version (``fiomon_build_info``).
+        revision: the git commit fiomon was built from (:func:`fiomon.build.revision`).
         python: the interpreter's version.
         cell: the cell this aggregator serves (``fiomon_cell_info``), "" for none.
     """
@@ -356,6 +357,7 @@ class Health:
     active: bool = False
     last_seen_s: Mapping[str, float] = field(default_factory=dict)
     version: str = ""
+    revision: str = ""
     python: str = ""
     cell: str = ""
 
@@ -626,7 +628,7 @@ def build_snapshot(
             "1 while records arrive (within 2 x lateness); 0 when idle between runs.",
             (),
         ): {(): float(health.active)},
-        BUILD_INFO: {(health.version, health.python): 1.0},
+        BUILD_INFO: {(health.version, health.revision, health.python): 1.0},
         (
             "fiomon_host_last_seen_timestamp_seconds",
             "When the host's last records or online status arrived (Unix time; max_hosts).",

@@ -21,7 +21,18 @@ restarted (after 1 s, backing off to 30 s while it keeps dying), counted in
 backlog meanwhile, as they did while a scrape thread was busy.
 
 HTTP: ``GET /metrics`` (or ``/``) gets the text format,
-gzip-encoded when the request's ``Accept-Encoding`` names gzip. The live page
+gzip-encoded when the request's ``Accept-Encoding`` names gzip. The service's own
+``process_*`` families (CPU, resident and virtual memory, start time, open and maximum
+descriptors: ``prometheus_client``'s :class:`~prometheus_client.ProcessCollector` read
+from the aggregator's ``/proc/<pid>``, not this child's;
+:class:`~fiomon.procstats.ServiceProcessCollector` keeps it working under the units'
+``ProcSubset=pid``) are read at every scrape and
+appended to the cached rendering (to its gzip stream too: the compressor's state after
+the cached part is kept, so a scrape compresses only the few hundred bytes it adds).
+``GET /-/healthy`` is 200 while this process serves and the aggregator lives;
+``GET /-/ready`` is 200 once the aggregator (or root) has restored its state and is
+connected and subscribed on the broker, else 503 with the reason in the body
+(Prometheus' own conventions). The live page
 (:mod:`fiomon.server.live`) is served here too, from bytes made once: ``/`` when the request
 accepts ``text/html`` (a browser; scrapers and curl keep getting the metrics), and
 ``/live``; ``GET /api/v1/quanta?since=MS`` joins the stored JSON of recent quanta
@@ -31,7 +42,8 @@ requests 400. At most ``max_connections`` connections are open at once (more wai
 listen backlog), each idle at most ``timeout_s``; with a certificate, TLS (the handshake
 in the child).
 
-Pipe frames: ``<u32 length, little-endian><pickle of a Snapshot>``.
+Pipe frames: ``<u32 length, little-endian><pickle>`` of a :class:`Snapshot`, or of a
+:class:`Readiness` whenever the service's readiness changes.
 """
 
 from __future__ import annotations
@@ -54,10 +66,16 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fiomon import __version__
+from fiomon.procstats import ServiceProcessCollector
 from fiomon.runtime import wait_event
 from fiomon.server.exporter import CONTENT_TYPE, Snapshot, render
 from fiomon.server.live import LiveStore
@@ -75,6 +93,9 @@ RESTART_MAX_S = 30.0
 STABLE_S = 60.0  # a child that lived this long starts the backoff afresh
 API_PATH = "/api/v1/quanta"
 PAGE_PATHS = ("/index.html", "/live")
+HEALTHY_PATH = "/-/healthy"
+READY_PATH = "/-/ready"
+STARTING = "starting: no snapshot from the service yet"
 
 
 def since_ms(query: str) -> int:
@@ -111,6 +132,13 @@ def _query_int(query: str, key: str, what: str) -> int | None:
 STALE_S = 2.0  # a scrape may get a rendering this long after a newer snapshot came
 
 
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """A pipe frame: why the service is not ready (``/-/ready``'s 503 body); None: ready."""
+
+    not_ready: str | None
+
+
 def _listen(addr: str, port: int, backlog: int) -> socket.socket:
     """A listening TCP socket (IPv6 when ``addr`` has a colon), as ``http.server`` binds."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
@@ -138,6 +166,8 @@ class MetricsProcess:
         backlog: listen backlog (the kernel caps it at ``net.core.somaxconn``).
         timeout_s: a connection idle this long is closed (and a TLS handshake's limit).
         on_restart: called (from this object's thread) each time a dead child is replaced.
+        not_ready: why the service is not ready now (None: ready), for ``/-/ready``;
+            called from this object's thread every 250 ms at most. None: always ready.
 
     Raises:
         OSError: the address cannot be bound.
@@ -156,6 +186,7 @@ class MetricsProcess:
         backlog: int = 1024,
         timeout_s: float = 30.0,
         on_restart: Callable[[], None] | None = None,
+        not_ready: Callable[[], str | None] | None = None,
     ) -> None:
         if certfile is not None:  # fail at start, not in the child
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -168,6 +199,7 @@ class MetricsProcess:
         self._max_connections = max_connections
         self._timeout_s = timeout_s
         self._on_restart = on_restart or (lambda: None)
+        self._not_ready = not_ready or (lambda: None)
         self._proc: subprocess.Popen[bytes] | None = None
         self._pipe = -1
         self._wake = threading.Event()
@@ -246,6 +278,7 @@ class MetricsProcess:
 
     def _run(self) -> None:
         sent: Snapshot | None = None
+        sent_reason: str | None = STARTING  # what the child assumes until told
         backoff = RESTART_MIN_S
         while not self._closing.is_set():
             if not self._alive():
@@ -268,11 +301,14 @@ class MetricsProcess:
                     continue
                 self.restarts += 1
                 self._on_restart()
-                sent = None
+                sent, sent_reason = None, STARTING
             snap = self._current()
             if snap is not sent and self._send(pickle.dumps(snap, protocol=5)):
                 sent = snap
                 self.sent += 1
+            reason = self._not_ready()
+            if reason != sent_reason and self._send(pickle.dumps(Readiness(reason))):
+                sent_reason = reason
             self._wake.wait(0.25)
             self._wake.clear()
 
@@ -310,10 +346,14 @@ class _Body:
     for it, since the previous rendering may be old by then).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parent: int | None = None) -> None:
         self.snapshot: Snapshot | None = None
         self.arrived = asyncio.Event()
-        self._ready: tuple[Snapshot, bytes, bytes] | None = None  # snapshot, plain, gzip
+        self.not_ready: str | None = STARTING  # the service's readiness (/-/ready)
+        # snapshot, plain, gzip (flushed, not finished), the compressor's state after it
+        self._ready: tuple[Snapshot, bytes, bytes, Any] | None = None
+        self._process = CollectorRegistry(auto_describe=False)
+        ServiceProcessCollector(pid=lambda: parent or "self", registry=self._process)
         self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
         self._scraped = False  # the newest rendering was served
         self.live = LiveStore()
@@ -342,7 +382,7 @@ class _Body:
         fut = asyncio.get_running_loop().run_in_executor(self._pool, self._render, snap)
         fut.add_done_callback(self._done)
 
-    def _done(self, fut: asyncio.Future[tuple[Snapshot, bytes, bytes]]) -> None:
+    def _done(self, fut: asyncio.Future[tuple[Snapshot, bytes, bytes, Any]]) -> None:
         self._rendering = False
         try:
             self._ready = fut.result()
@@ -352,10 +392,18 @@ class _Body:
         if self._scraped:
             self._kick()  # a newer snapshot came meanwhile and somebody is scraping
 
-    def _render(self, snap: Snapshot) -> tuple[Snapshot, bytes, bytes]:
+    def _render(self, snap: Snapshot) -> tuple[Snapshot, bytes, bytes, Any]:
         plain = render(snap, self._prefixes)
-        # Level 1: a tenth of the size for a few ms, once per snapshot.
-        return snap, plain, gzip.compress(plain, compresslevel=1, mtime=0)
+        # Level 1: a tenth of the size for a few ms, once per snapshot. The stream is
+        # flushed, not finished: each scrape goes on from a copy of the compressor with
+        # the process metrics and finishes its own copy (one gzip member, CRC and all).
+        z = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+        head = z.compress(plain) + z.flush(zlib.Z_SYNC_FLUSH)
+        return snap, plain, head, z
+
+    def process_text(self) -> bytes:
+        """The service process's ``process_*`` families, read now."""
+        return generate_latest(self._process)
 
     def page(self, *, gzipped: bool) -> bytes:
         """The live page (built once: it holds no data, it fetches the API)."""
@@ -384,7 +432,12 @@ class _Body:
             assert self.snapshot is not None  # noqa: S101 -- callers wait for the first one
             ready = self._ready = self._render(self.snapshot)
             self._superseded = None
-        return ready[2] if gzipped else ready[1]
+        extra = self.process_text()
+        if not gzipped:
+            return ready[1] + extra
+        z = ready[3].copy()
+        tail: bytes = z.compress(extra) + z.flush()
+        return ready[2] + tail
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -510,17 +563,34 @@ class _Http(asyncio.Protocol):
                 self._error(501, f"Unsupported method ({method!r})")
                 return
             path, _, query = target.partition("?")
+            if path in (HEALTHY_PATH, READY_PATH):
+                self._probe(path, keep)
+                continue
             if path in PAGE_PATHS or (path == "/" and "text/html" in headers.get("accept", "")):
                 self._page(headers, keep)  # a browser at /: the live page (no snapshot needed)
                 continue
             if path not in ("/metrics", "/", API_PATH):
-                self._error(404, "only /metrics, the live page (/) and /api/v1/quanta here")
+                self._error(
+                    404, "only /metrics, the live page (/), /api/v1/quanta and /-/ready here"
+                )
                 return
             if self._body.snapshot is None:
                 self._busy = True
                 self._waiting = asyncio.ensure_future(self._first(headers, keep, path, query))
                 return
             self._route(headers, keep, path, query)
+
+    def _probe(self, path: str, keep: bool) -> None:
+        """``/-/healthy``: serving (the parent lives); ``/-/ready``: the service's readiness."""
+        text = "text/plain; charset=utf-8"
+        if path == HEALTHY_PATH:
+            self._respond(200, text, b"fiomon is healthy.\n", keep=keep)
+            return
+        reason = self._body.not_ready
+        if reason is None:
+            self._respond(200, text, b"fiomon is ready.\n", keep=keep)
+        else:
+            self._respond(503, text, f"fiomon is not ready: {reason}\n".encode(), keep=keep)
 
     def _route(self, headers: dict[str, str], keep: bool, path: str, query: str) -> None:
         if path == API_PATH:
@@ -610,7 +680,7 @@ async def _serve(opts: argparse.Namespace) -> None:
     if opts.cert:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(opts.cert, opts.key)
-    body = _Body()
+    body = _Body(opts.parent)
     date = _Date()
     slots = asyncio.Semaphore(opts.max_connections)
     reader = asyncio.StreamReader(limit=1 << 30)
@@ -622,7 +692,11 @@ async def _serve(opts: argparse.Namespace) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError):
             while True:
                 (n,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-                body.set(pickle.loads(await reader.readexactly(n)))  # noqa: S301 -- our parent
+                frame = pickle.loads(await reader.readexactly(n))  # noqa: S301 -- our parent
+                if isinstance(frame, Snapshot):
+                    body.set(frame)
+                else:  # a Readiness (this module runs as __main__ here: not isinstance)
+                    body.not_ready = frame.not_ready
 
     async def connection(conn: socket.socket) -> None:
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+import fiomon
 from fiomon import __version__
 from fiomon.aggregator.merger import AggregatorCore
 from fiomon.aggregator.service import run_aggregator
@@ -48,6 +49,16 @@ def _promtool_findings(promtool: str, text: str) -> str:
     )
     out = (r.stdout + r.stderr).strip()
     return f"exit {r.returncode}: {out}" if r.returncode or out else ""
+
+
+def git_head() -> str:
+    """``git rev-parse HEAD`` of the checkout fiomon is imported from."""
+    return subprocess.run(
+        ["git", "-C", str(Path(fiomon.__file__).parent), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
@@ -111,7 +122,15 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         assert not _promtool_findings(promtool, text), _promtool_findings(promtool, text)
         s = parse_samples(text)
         py = next(dict(k[1])["python"] for k in s if k[0] == "fiomon_build_info")
-        assert s[("fiomon_build_info", (("python", py), ("version", __version__)))] == 1.0
+        labels = (("python", py), ("revision", git_head()), ("version", __version__))
+        assert s[("fiomon_build_info", labels)] == 1.0
+        assert s[("process_resident_memory_bytes", ())] > 20e6  # the aggregator's, not 0
+        assert s[("process_open_fds", ())] > 3
+        for probe, answer in (
+            ("/-/ready", "fiomon is ready."),
+            ("/-/healthy", "fiomon is healthy."),
+        ):
+            assert await asyncio.to_thread(scrape_text, metrics_port, 10, probe) == answer + "\n"
         assert s[("fiomon_broker_connected", ())] == 1.0
         assert s[("fiomon_benchmark_active", ())] == 1.0
         seen = {dict(k[1])["host"] for k in s if k[0] == "fiomon_host_last_seen_timestamp_seconds"}

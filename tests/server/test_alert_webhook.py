@@ -15,8 +15,11 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
+import pytest
+
 from fiomon.aggregator.merger import AggregatorCore
-from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig
+from fiomon.config import AggregatorConfig, SlaRule, WebhookConfig, aggregator_config_from
+from fiomon.errors import ConfigError
 from fiomon.server.alerts import AlertDispatcher
 from fiomon.wire import encode
 from tests.aggregator.corekit import batch
@@ -46,7 +49,12 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
     clock = FakeClock(T0)
     rule = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=1)
     c = AggregatorCore(AggregatorConfig(align="epoch", lateness_ms=5000, sla=(rule,)), now_ms=clock)
-    hook = WebhookConfig(f"http://127.0.0.1:{server.server_port}", timeout_ms=5000)
+    hook = WebhookConfig(
+        f"http://127.0.0.1:{server.server_port}",
+        timeout_ms=5000,
+        labels=(("cluster", "bench"), ("instance", "agg-1")),
+        runbook="https://wiki.example.net/storage/fiomon-runbook",
+    )
     deliveries: Counter[tuple[str, str]] = Counter()
     dispatcher = AlertDispatcher(hook, deliveries, clock)
     stop = asyncio.Event()
@@ -81,9 +89,11 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
         "direction": "read",
         "percentile": "99",
         "severity": "page",
+        "cluster": "bench",  # the site's labels (webhook.labels), as external_labels
+        "instance": "agg-1",
     }
     notes = alert["annotations"]
-    assert notes["runbook_url"].endswith("runbook.md#fiomonslabreach")
+    assert notes["runbook_url"] == "https://wiki.example.net/storage/fiomon-runbook#fiomonslabreach"
     assert notes["summary"] == "p99 read 127 ms > 5 ms (cluster)"
     assert (notes["value"], notes["threshold"]) == ("127 ms", "5 ms")
     assert notes["worst_hosts"] == "h2 100%"
@@ -95,3 +105,33 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
     assert end["annotations"]["summary"].startswith("ended (the benchmark stopped): p99 read")
     assert end["annotations"]["worst_hosts"] == "h2 100%"
     assert deliveries[("webhook", "sent")] == 2
+
+
+def test_webhook_labels_and_runbook_are_read_and_checked() -> None:
+    hook = aggregator_config_from(
+        {
+            "webhook": {
+                "url": "http://127.0.0.1:9093",
+                "labels": {"cluster": "bench", "instance": "agg-1"},
+                "runbook": "https://wiki.example.net/fiomon",
+            }
+        }
+    ).webhook
+    assert hook is not None
+    assert hook.labels == (("cluster", "bench"), ("instance", "agg-1"))
+    assert hook.runbook == "https://wiki.example.net/fiomon"
+    with pytest.raises(ConfigError) as caught:
+        aggregator_config_from(
+            {
+                "webhook": {
+                    "url": "http://127.0.0.1:9093",
+                    "labels": {"9bad": "x", "host": "h1", "cluster": ""},
+                    "runbook": "wiki/fiomon",
+                }
+            }
+        )
+    text = "\n".join(caught.value.problems)
+    assert "'9bad' is not a label name" in text
+    assert "webhook.labels.host: set by fiomon itself" in text
+    assert "webhook.labels.cluster: expected a non-empty string" in text
+    assert "webhook.runbook: expected a URL" in text

@@ -101,3 +101,33 @@ def test_incomplete_quanta_are_counted_and_the_last_ones_completeness_is_a_gauge
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+def test_every_family_served_is_in_docs_metrics_md() -> None:
+    """The contract is docs/metrics.md: each family a scrape can carry is named there."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    from fiomon.procstats import ServiceProcessCollector  # noqa: PLC0415
+
+    snap = build_snapshot(
+        Counts(), QuantumGauges((50.0, 99.0)), Health(active=True, cell="c1"), AlertBook(())
+    )
+    snap = with_outbox(snap, backlog_bytes=1, sent=1, dropped=0, refused=0)
+    snap = with_root(
+        snap, cells_up=1, cells_expected=1, cell_up={"c1": True}, rows={}, invalid={},
+        closed_by_lateness=0,
+    )  # fmt: skip
+    process = CollectorRegistry()
+    ServiceProcessCollector(registry=process)
+    text = render(snap).decode() + generate_latest(process).decode()
+    docs = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    served = {
+        f.name + ("_total" if f.type == "counter" else "")
+        for f in text_string_to_metric_families(text)
+    }
+    assert {"fiomon_build_info", "process_cpu_seconds_total"} <= served
+    missing = sorted(n for n in served if f"`{n}`" not in docs and f"`{n}{{" not in docs)
+    assert not missing, f"docs/metrics.md does not name {missing}"

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import http.client
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -44,6 +45,21 @@ def get(
 
 
 Served = tuple[MetricsProcess, list[Snapshot], list[int]]
+PROCESS_FAMILIES = {
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "process_max_fds",
+}
+
+
+def fiomon_part(body: bytes) -> bytes:
+    """A scrape's body without the ``process_*`` families read at the scrape (the end)."""
+    head, sep, _ = body.partition(b"# HELP process_")
+    assert sep, "every scrape ends with the process metrics"
+    return head
 
 
 def wait_for(what: str, ok: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -73,10 +89,10 @@ def test_answers_scrapes_and_serves_a_storm(served: Served) -> None:
     status, headers, body = get(server.port)
     assert status == 200
     assert headers["content-type"] == CONTENT_TYPE
-    assert body == want
+    assert fiomon_part(body) == want
     status, headers, body = get(server.port, "/", gz=True)
     assert (status, headers["content-encoding"]) == (200, "gzip")
-    assert gzip.decompress(body) == want
+    assert fiomon_part(gzip.decompress(body)) == want
     assert int(headers["content-length"]) == len(body)
     assert get(server.port, "/other")[0] == 404
     assert get(server.port, method="POST")[0] == 501
@@ -87,7 +103,7 @@ def test_answers_scrapes_and_serves_a_storm(served: Served) -> None:
         for gz in (False, True, False):
             status, headers, body = get(server.port, gz=gz, conn=conn)
             assert status == 200
-            assert (gzip.decompress(body) if gz else body) == want
+            assert fiomon_part(gzip.decompress(body) if gz else body) == want
     finally:
         conn.close()
 
@@ -99,7 +115,7 @@ def test_answers_scrapes_and_serves_a_storm(served: Served) -> None:
         try:
             status, _, body = get(server.port, gz=gz)
             assert status == 200
-            body = gzip.decompress(body) if gz else body
+            body = fiomon_part(gzip.decompress(body) if gz else body)
         except BaseException as exc:  # collected and asserted below
             with lock:
                 errors.append(exc)
@@ -118,7 +134,9 @@ def test_answers_scrapes_and_serves_a_storm(served: Served) -> None:
 
     current[0] = Snapshot()  # a close: the next scrapes see the new snapshot
     server.poke()
-    wait_for("the new snapshot is served", lambda: get(server.port)[2] == render(Snapshot()))
+    wait_for(
+        "the new snapshot is served", lambda: fiomon_part(get(server.port)[2]) == render(Snapshot())
+    )
 
 
 def test_a_dead_child_is_replaced_and_counted(served: Served) -> None:
@@ -130,7 +148,7 @@ def test_a_dead_child_is_replaced_and_counted(served: Served) -> None:
     wait_for("a new child", lambda: server.pid != first and restarts == [1])
     # Scrapes made while it was down waited in the listen backlog; now they are answered.
     status, _, body = get(server.port)
-    assert (status, body) == (200, render(current[0]))
+    assert (status, fiomon_part(body)) == (200, render(current[0]))
     assert server.restarts == 1
 
 
@@ -218,7 +236,7 @@ def test_https_when_a_certificate_is_configured(tmp_path: Path) -> None:
             status, _, body = get(server.port, conn=conn)
         finally:
             conn.close()
-        assert (status, body) == (200, render(snap))
+        assert (status, fiomon_part(body)) == (200, render(snap))
         # A client that speaks plain HTTP to it fails its handshake; the server goes on.
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -255,7 +273,7 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
 
     async def until_served(want: bytes) -> None:
         deadline = time.monotonic() + 60
-        while body.get(gzipped=False) != want:
+        while fiomon_part(body.get(gzipped=False)) != want:
             assert time.monotonic() < deadline, "the new rendering never came"
             await asyncio.sleep(0.01)
 
@@ -266,12 +284,12 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
     third = dataclasses.replace(first, quantum_end_s=3.0)
     try:
         body.set(first)
-        old = body.get(gzipped=False)  # nothing rendered yet: rendered now
+        old = fiomon_part(body.get(gzipped=False))  # nothing rendered yet: rendered now
         assert old == render(first)
         body.set(second)  # scraped before: rendered at once, on the worker thread
         t0 = time.perf_counter()
-        assert body.get(gzipped=False) == old  # served at once while it renders
-        assert gzip.decompress(body.get(gzipped=True)) == old
+        assert fiomon_part(body.get(gzipped=False)) == old  # served at once while it renders
+        assert fiomon_part(gzip.decompress(body.get(gzipped=True))) == old
         assert time.perf_counter() - t0 < 5
         body.set(third)  # while the second renders: not rendered when that one is done
         gate.set()
@@ -279,7 +297,7 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
         # The third came a moment ago and nobody rendered it: the second is served at
         # once (one snapshot old) while the third renders.
         t0 = time.perf_counter()
-        assert body.get(gzipped=False) == render(second)
+        assert fiomon_part(body.get(gzipped=False)) == render(second)
         assert time.perf_counter() - t0 < 5
         gate3.set()
         await until_served(render(third))
@@ -287,3 +305,85 @@ async def test_a_scrape_during_a_render_gets_the_previous_rendering_at_once(
         gate.set()
         gate3.set()
         body.close()
+
+
+def test_process_metrics_of_the_service_and_the_probes() -> None:
+    """``process_*`` of the service (not of the child), ``/-/healthy``, ``/-/ready`` + reason."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    reason: list[str | None] = ["starting: not yet subscribed on the broker"]
+    snap = rich_snapshot()
+    server = MetricsProcess("127.0.0.1", 0, lambda: snap, not_ready=lambda: reason[0])
+    server.start()
+    try:
+        assert get(server.port, "/-/healthy")[0] == 200
+        want = (503, b"fiomon is not ready: starting: not yet subscribed on the broker\n")
+        wait_for("the reason", lambda: get(server.port, "/-/ready")[:3:2] == want)
+        reason[0] = None
+        server.poke()
+        wait_for(
+            "ready", lambda: get(server.port, "/-/ready")[:3:2] == (200, b"fiomon is ready.\n")
+        )
+        reason[0] = "not connected to the MQTT broker (reconnecting)"
+        server.poke()
+        wait_for("not ready again", lambda: b"not connected" in get(server.port, "/-/ready")[2])
+        assert get(server.port, "/-/ready")[0] == 503
+
+        for gz in (False, True):
+            status, _, body = get(server.port, gz=gz)
+            text = (gzip.decompress(body) if gz else body).decode()
+            assert status == 200
+            values = {
+                s.name: s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name.startswith("process_")
+            }
+            assert set(values) == PROCESS_FAMILIES
+            # This test's process is the service here: the child reads its /proc entry.
+            me = os.times()
+            assert values["process_cpu_seconds_total"] >= me.user + me.system - 0.05
+            assert values["process_resident_memory_bytes"] > 20e6  # numpy alone is more
+            assert values["process_virtual_memory_bytes"] > values["process_resident_memory_bytes"]
+            started = values["process_start_time_seconds"]
+            assert time.time() - 24 * 3600 < started <= time.time()
+            assert abs(started - own_start_time_s()) < 2
+            assert values["process_open_fds"] >= 3
+            assert values["process_max_fds"] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        server.close()
+    docs = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    for name in PROCESS_FAMILIES:
+        assert f"`{name}`" in docs, name
+    for path in ("/-/healthy", "/-/ready"):
+        assert f"`{path}`" in docs
+
+
+def own_start_time_s() -> float:
+    """This process's start (Unix time), from /proc as ``ps`` reads it."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    btime = next(
+        float(ln.split()[1])
+        for ln in Path("/proc/stat").read_text().splitlines()
+        if ln.startswith("btime ")
+    )
+    return btime + float(fields[19]) / ticks
+
+
+def test_process_metrics_survive_a_proc_with_only_process_directories(tmp_path: Path) -> None:
+    """systemd's ``ProcSubset=pid`` hides ``/proc/stat`` (the boot time): still exported."""
+    from prometheus_client import CollectorRegistry, ProcessCollector  # noqa: PLC0415
+
+    from fiomon.procstats import ServiceProcessCollector  # noqa: PLC0415
+
+    pid = str(os.getpid())
+    (tmp_path / pid).symlink_to(f"/proc/{pid}")  # a /proc with this process only
+    plain, ours = CollectorRegistry(), CollectorRegistry()
+    ProcessCollector(pid=lambda: pid, proc=str(tmp_path), registry=plain)
+    ServiceProcessCollector(pid=lambda: pid, proc=str(tmp_path), registry=ours)
+    assert plain.get_sample_value("process_start_time_seconds") is None  # what it did
+    started = ours.get_sample_value("process_start_time_seconds")
+    assert started is not None and abs(started - own_start_time_s()) < 2
+    for name in PROCESS_FAMILIES:
+        assert ours.get_sample_value(name) is not None, name
