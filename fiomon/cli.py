@@ -399,8 +399,10 @@ def _add_plot(sub: SubParsers) -> argparse.ArgumentParser:
 
 
 def _run_name(text: str) -> str:
-    if not text.strip() or len(text.encode("utf-8")) > 512:
-        msg = f"a run label is 1..512 bytes, got {text!r}"
+    from fiomon.config import has_control  # noqa: PLC0415
+
+    if not text.strip() or len(text.encode("utf-8")) > 512 or has_control(text):
+        msg = f"a run label is 1..512 bytes without control characters, got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return text
 

@@ -588,7 +588,15 @@ def _run_label(value: object, where: str) -> str:
             f"the followed file's folder name), got {value!r}"
         )
         raise ConfigError([msg])
+    if has_control(text):  # a newline would split the table's "# run:" line and CSV rows
+        msg = f"{where}: a run label has no control characters (newline, tab, ...), got {value!r}"
+        raise ConfigError([msg])
     return text
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a C0 control character or DEL (newline, tab, escape, ...)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")

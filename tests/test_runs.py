@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from fiomon.agent.follow import run_label
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
 from fiomon.config import load_agent_config
@@ -151,3 +154,22 @@ def test_the_agent_run_setting(tmp_path: Path) -> None:
     cfg.write_text(f"watch: ['/r/*.json']\nstate_dir: {tmp_path}\nrun: '{{host}}'\n")
     with pytest.raises(ConfigError, match="the only placeholder is \\{dir\\}"):
         load_agent_config(cfg)
+
+
+def test_run_labels_hold_no_control_characters(tmp_path: Path) -> None:
+    # A newline in a run label split the table's "# run:" line (a bare "b" line in the
+    # table) and made multi-line CSV fields: refused where given, escaped from folders.
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"watch: ['/r/**/*.json']\nstate_dir: {tmp_path}\nrun: \"a\\nb\"\n")
+    with pytest.raises(ConfigError, match="no control characters"):
+        load_agent_config(cfg)
+    r = subprocess.run(
+        [sys.executable, "-m", "fiomon", "report", "--run", "a\nb", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 2
+    assert "without control characters" in r.stderr
+    assert run_label("{dir}", "/r/a\nb/x.json") == "a\\x0ab"
+    assert run_label("nightly-{dir}", "/r/42/x.json") == "nightly-42"

@@ -1392,7 +1392,7 @@ class Follower:
     def _run_of(self, s: _Stream) -> str | None:
         """The stream's run label: the template with ``{dir}`` filled from its path, once."""
         if self.run is not None and s.run is None:
-            s.run = wire_id(self.run.replace("{dir}", os.path.basename(os.path.dirname(s.path))))
+            s.run = run_label(self.run, s.path)
         return s.run
 
     def _retire(self, stream: str) -> None:
@@ -1516,6 +1516,17 @@ class Follower:
         for s in self._open.values():
             os.close(s.fd)
         self._open.clear()
+
+
+def run_label(template: str, path: str) -> str:
+    r"""The run label of a file at ``path``: ``template`` with ``{dir}`` its folder's name.
+
+    Control characters a folder name may hold (a newline) are written as ``\xNN``: they
+    would split the table's ``# run:`` line and CSV rows downstream.
+    """
+    folder = os.path.basename(os.path.dirname(path))
+    folder = "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c for c in folder)
+    return wire_id(template.replace("{dir}", folder))
 
 
 def _declaration(r: Resume) -> Declaration:
