@@ -60,8 +60,12 @@ def run_folder(output_dir: Path, name: str | None) -> Path:
     """
     if name is None:
         return output_dir
-    if name in {"", ".", ".."} or "/" in name or "\0" in name or len(name.encode()) > 255:
-        msg = f"--name must be one folder name (no '/', 1..255 bytes), got {name!r}"
+    bad = any(ord(c) < 32 or ord(c) == 127 for c in name)  # a newline: no run label
+    if name in {"", ".", ".."} or "/" in name or bad or len(name.encode()) > 255:
+        msg = (
+            f"--name must be one folder name (no '/', no control characters, 1..255 bytes), "
+            f"got {name!r}"
+        )
         raise ValueError(msg)
     return output_dir / name
 

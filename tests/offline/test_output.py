@@ -124,7 +124,7 @@ def test_fiomon_fio_name_is_one_folder_name(tmp_path: Path) -> None:
 
     assert run_folder(tmp_path, None) == tmp_path
     assert run_folder(tmp_path, "nightly-42") == tmp_path / "nightly-42"
-    for bad in ("", "..", "a/b"):
+    for bad in ("", "..", "a/b", "a\nb", "tab\there"):
         with pytest.raises(ValueError, match="one folder name"):
             run_folder(tmp_path, bad)
     r = fiomon("fio", "--name", "a/b", "--output-dir", tmp_path, "--", "job.fio")
