@@ -171,6 +171,14 @@ def run(args: argparse.Namespace) -> int:
     found = baselines(
         rows, args.percentiles, for_quanta=args.for_quanta, min_samples=args.min_samples
     )
+    if not found:  # an idle run (or none of --directions): say so, not a bare "sla: []"
+        where = f"in the directions {','.join(directions)}"
+        why = (
+            f"no I/O {where} (an idle run)"
+            if not any(r.stats.samples for r in rows)
+            else f"no quantum {where} has --min-samples {args.min_samples} I/Os"
+        )
+        print(f"fiomon baseline: {why}: no rule", file=sys.stderr)
     span = (min(r.start_ms for r in rows), max(r.end_ms for r in rows)) if rows else None
     text, notes = suggest_rules(
         found,

@@ -173,3 +173,25 @@ def test_run_picks_the_baseline_out_of_a_quanta_file_of_many_runs(
     assert missing.returncode == 1
     assert "no row holds records of run 'bsae'; its runs: base, slow" in missing.stderr
     assert fiomon("baseline", "--run", "base", baseline_run).returncode == 2  # fio output
+
+
+def test_an_idle_or_tiny_run_says_why_it_gives_no_rule(tmp_path: Path) -> None:
+    # A run without I/O printed "sla: []" and exited 1 with nothing on stderr.
+    import numpy as np  # noqa: PLC0415
+
+    from fiomon.bins import BinLayout  # noqa: PLC0415
+    from fiomon.tools.simulate import format_line  # noqa: PLC0415
+
+    zero = np.zeros(BinLayout().nbins, np.int64)
+    few = zero.copy()
+    few[300] = 5
+    t0 = 1_795_750_000_000
+    for name, counts, why in (
+        ("idle", zero, "no I/O in the directions read,write,trim,mixed (an idle run): no rule"),
+        ("tiny", few, "no quantum in the directions read,write,trim,mixed has --min-samples 100"),
+    ):
+        log = tmp_path / f"{name}_clat_hist.1.log"
+        log.write_text("".join(format_line(t0 + i * 1000, 0, 4096, counts) for i in range(1, 8)))
+        r = fiomon("baseline", log)
+        assert r.returncode == 1, r.stderr
+        assert why in r.stderr, r.stderr
