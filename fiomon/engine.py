@@ -882,6 +882,11 @@ class QuantumEngine:
                     self._add_delta(label, deltas, d)
                 if st is None:
                     continue
+                runs = self._closed_runs.get((q, scope, host, label), ())
+                late_runs = self._late_runs(deltas, scope, h, d)
+                if not late_runs <= set(runs):  # late records of another run (or a first)
+                    runs = tuple(sorted({*runs, *late_runs}))
+                    self._closed_runs[q, scope, host, label] = runs
                 key = (host, label)
                 prev = kept.published.get(key)
                 if prev is None:  # its first close published it if it held counts then
@@ -912,12 +917,29 @@ class QuantumEngine:
                         ),
                         revision=revision,
                         revised_at=now_ms,
-                        runs=self._closed_runs.get((q, scope, host, label), ()),
+                        runs=runs,
                     )
                 )
             if self.keep_partials:
                 self._keep_delta_partials(q, base, kept.revisions, groups, deltas)
             self._put_kept(q, kept)
+        return out
+
+    def _late_runs(
+        self, deltas: dict[tuple[int, int], Delta], scope: str, h: int, d: int
+    ) -> set[str]:
+        """The run labels of the late records in group (``scope``, ``h``, ``d``)."""
+        if not self._any_run:
+            return set()
+        runs = self._stream_runs
+        out: set[str] = set()
+        for (dh, dd), x in deltas.items():
+            if d not in (-1, dd) or (scope != "cluster" and dh != h):
+                continue
+            for sid in x.sids.tolist():
+                run = runs[sid] if 0 <= sid < len(runs) else None
+                if run is not None:
+                    out.add(run)
         return out
 
     def _add_delta(self, label: str, deltas: dict[tuple[int, int], Delta], d: int) -> None:

@@ -173,3 +173,27 @@ def test_run_labels_hold_no_control_characters(tmp_path: Path) -> None:
     assert "without control characters" in r.stderr
     assert run_label("{dir}", "/r/a\nb/x.json") == "a\\x0ab"
     assert run_label("nightly-{dir}", "/r/42/x.json") == "nightly-42"
+
+
+def test_a_revision_names_the_runs_of_its_late_records() -> None:
+    # Revisions repeated the runs of the first close: late records of run-b merged into a
+    # run-a quantum left it "runs: [run-a]", and host b's rows, first published by those
+    # late records, had no runs at all (report --run run-b missed them).
+    e = QuantumEngine(layout=BinLayout(), quantum_ms=1000, per_host=True, revise_within_ms=60_000)
+
+    def labelled(host: str, run: str | None, recs: list[Rec]) -> RecordBatch:
+        b = batch(recs, host=host)
+        return replace(b, streams=tuple(StreamInfo(s.host, s.stream, run) for s in b.streams))
+
+    e.add(labelled("a", "run-a", [(0, 1000, 0, {900: 5})]))
+    first = {(r.scope, r.host, r.direction): r for r in e.close_through(1000)}
+    assert first["cluster", None, "read"].runs == ("run-a",)
+    e.add(labelled("b", "run-b", [(0, 1000, 0, {900: 5})]))
+    e.add(labelled("c", None, [(0, 1000, 0, {900: 5})]))
+    rows = {(r.scope, r.host, r.direction): r for r in e.close_through(1000) + e.flush()}
+    cluster = rows["cluster", None, "read"]
+    assert (cluster.revision, cluster.stats.samples) == (1, 15)
+    assert cluster.runs == ("run-a", "run-b")
+    assert rows["cluster", None, "all"].runs == ("run-a", "run-b")
+    assert rows["host", "b", "read"].runs == ("run-b",)
+    assert rows["host", "c", "read"].runs == ()
