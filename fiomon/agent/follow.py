@@ -234,6 +234,7 @@ class _Pattern:
     paths: list[str] = field(default_factory=list)
     tree: TreeGlob | None = None  # a recursive (``**``) pattern's cached tree
     truncated: bool = False  # its tree was larger than a scan visits (reported once)
+    escaped: set[str] = field(default_factory=set)  # links out of its root (reported once each)
     tree_due: float = 0.0  # perf_counter time of its next scan (big trees: at most 10 % busy)
 
 
@@ -573,6 +574,16 @@ class Follower:
                 tree.max_folders,
             )
         pat.truncated = tree.truncated
+        for link in sorted(tree.escaped - pat.escaped):
+            log.warning(
+                "watch pattern %r: %s links out of %s (to %s); ** does not follow it (its "
+                "files may be another host's: watch that folder with a pattern of its own)",
+                pat.pattern,
+                link,
+                tree.root,
+                os.path.realpath(link),
+            )
+        pat.escaped = set(tree.escaped)
         return changed
 
     def _note_matches(self, pat: _Pattern, n: int, now: float) -> None:

@@ -11,8 +11,11 @@ Semantics are those of ``glob.glob(pattern, recursive=True)`` and :mod:`pathlib`
   component (``/r/**.log``) is a plain ``*``;
 * other components are :mod:`fnmatch` patterns of one name; names starting with ``.`` match
   only components that start with ``.``, so ``**`` does not enter hidden folders;
-* symbolic links to folders are followed; a folder reached twice in one scan (a link loop,
-  or two links to one folder) is walked once.
+* symbolic links to folders are followed while they stay inside the pattern's fixed root
+  (``results/latest -> run5``); ``**`` does not follow a link out of it (``results/other ->
+  /srv/h2/results`` would publish another host's files as this host's: counted twice); a
+  folder reached twice in one scan (a link loop, or a link to a folder also reached
+  directly) is walked once, under its real name first (links are walked after folders).
 
 Cost per scan: one ``stat`` per folder the pattern can reach below its fixed root (the
 leading components without wildcards) and one ``scandir`` per folder whose modification
@@ -57,6 +60,7 @@ class _Listing:
     listed_ns: int
     folders: tuple[str, ...]
     others: tuple[str, ...]  # every entry that is not a folder (files, sockets, dead links)
+    links: frozenset[str] = frozenset()  # the folders that are symbolic links
     seen: bool = True  # visited in the current scan
 
 
@@ -96,6 +100,8 @@ class TreeGlob:
         # this scan's folders: listing, device, inode (None: not a folder)
         self._scan: dict[str, tuple[_Listing, int, int] | None] = {}
         self.listed = 0  # of which listed again (scandir)
+        self.escaped: set[str] = set()  # links out of the root ** did not follow (last scan)
+        self._real_root = ""
 
     def refresh(self) -> bool:
         """Scan the tree again; whether any listing or the set of matches changed."""
@@ -106,6 +112,8 @@ class TreeGlob:
         found: set[str] = set()
         visited: set[tuple[int, int, int]] = set()
         self._scan = {}
+        self.escaped = set()
+        self._real_root = os.path.realpath(self.root)
         self._walk(self.root, 0, found, visited)
         self._scan = {}
         for key in [k for k, v in self._cache.items() if not v.seen]:
@@ -129,8 +137,13 @@ class TreeGlob:
                     found.add(self._join(folder, name))
             else:
                 self._walk(folder, i + 1, found, visited)
-            for name in _visible(listing.folders, comp):
+            # real folders first: a folder also reached through a link keeps its real name
+            below = sorted(_visible(listing.folders, comp), key=lambda n: n in listing.links)
+            for name in below:
                 sub = self._join(folder, name)
+                if name in listing.links and not self._inside(sub):
+                    self.escaped.add(sub)
+                    continue
                 if last:
                     found.add(sub)
                 self._walk(sub, i, found, visited)
@@ -146,6 +159,12 @@ class TreeGlob:
                 found.add(path)
             else:
                 self._walk(path, i + 1, found, visited)
+
+    def _inside(self, path: str) -> bool:
+        """Whether ``path`` resolves inside the pattern's fixed root."""
+        real = os.path.realpath(path)
+        root = self._real_root
+        return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
     def _join(self, folder: str, name: str) -> str:
         if self._relative and folder == ".":
@@ -189,6 +208,7 @@ class TreeGlob:
             return cached, st.st_dev, st.st_ino
         folders: list[str] = []
         others: list[str] = []
+        links: set[str] = set()
         try:
             with os.scandir(folder) as it:
                 for entry in it:
@@ -197,11 +217,15 @@ class TreeGlob:
                     except OSError:
                         is_dir = False
                     (folders if is_dir else others).append(entry.name)
+                    if is_dir and entry.is_symlink():
+                        links.add(entry.name)
         except OSError:
             self._cache.pop(folder, None)
             return None
         self.listed += 1
-        listing = _Listing(st.st_mtime_ns, now, tuple(sorted(folders)), tuple(sorted(others)))
+        listing = _Listing(
+            st.st_mtime_ns, now, tuple(sorted(folders)), tuple(sorted(others)), frozenset(links)
+        )
         self._cache[folder] = listing
         return listing, st.st_dev, st.st_ino
 

@@ -116,3 +116,22 @@ def test_link_loops_end_and_big_trees_are_cut(tmp_path: Path) -> None:
     small.refresh()
     assert small.truncated
     assert small.folders == 3
+
+
+def test_links_inside_the_root_keep_real_names_and_links_out_are_not_followed(
+    tmp_path: Path,
+) -> None:
+    results, other = tmp_path / "results", tmp_path / "h2" / "results"
+    (results / "run5").mkdir(parents=True)
+    (results / "run5" / "a_clat_hist.1.log").write_text("x")
+    other.mkdir(parents=True)
+    (other / "b_clat_hist.1.log").write_text("x")
+    os.symlink("run5", results / "latest")  # a harness's "latest run" link: inside the root
+    os.symlink(other, results / "h2")  # another host's results: out of the root
+    t = TreeGlob(str(results / "**" / "*.log"))
+    t.refresh()
+    # run5's file once, under its real name (not latest/), and nothing of h2's
+    assert t.paths == [str(results / "run5" / "a_clat_hist.1.log")]
+    assert t.escaped == {str(results / "h2")}
+    # glob itself follows both links: three names for two files
+    assert len(glob.glob(str(results / "**" / "*.log"), recursive=True)) == 3
