@@ -27,7 +27,10 @@ def test_agent_example_loads_with_its_documented_values() -> None:
     assert cfg.broker.port == 1883
     assert cfg.broker.keepalive_s == 30
     assert cfg.topic_prefix == "fiomon"
-    assert cfg.watch == ("/var/lib/fio/results/*.json", "/var/lib/fio/results/*_clat_hist*.log")
+    assert cfg.watch == (
+        "/var/lib/fio/results/**/*.json",
+        "/var/lib/fio/results/**/*_clat_hist*.log",
+    )
     assert cfg.state_dir == Path("/var/lib/fiomon-agent")
     assert cfg.flush_interval_ms == 1000
     assert cfg.poll_interval_ms == 500
