@@ -114,7 +114,8 @@ class AgentConfig:
             ``cell:`` or picked by :func:`fiomon.cells.assign_cell`); ``broker`` and
             ``topic_prefix`` are then that cell's. None: no cells listed.
         run: the run label of every record (rows and metrics name the runs they hold);
-            ``{dir}`` in it is the followed file's folder name (``run: "{dir}"`` with
+            ``{dir}`` in it is the followed file's folder name, ``{dir:N}`` the folder N
+            levels above that (harness trees: ``{dir:2}``) (``run: "{dir}"`` with
             ``watch: [results/**/*.json]`` labels each run folder's records). None: no
             label (messages exactly as before run labels existed).
         log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
@@ -579,13 +580,18 @@ def _globs(value: object, where: str) -> tuple[str, ...]:
     return tuple(str(Path(g).expanduser()) for g in items)
 
 
+RUN_DIR = re.compile(r"\{dir(?::(1[0-6]|[0-9]))?\}")
+"""A run label's placeholders: ``{dir}`` (= ``{dir:0}``) and ``{dir:N}``, N in 0..16."""
+
+
 def _run_label(value: object, where: str) -> str:
     text = _str(value, where)
-    rest = text.replace("{dir}", "")
+    rest = RUN_DIR.sub("", text)
     if not text.strip() or len(text.encode("utf-8")) > 512 or "{" in rest or "}" in rest:
         msg = (
-            f"{where}: expected a run label of 1..512 bytes (the only placeholder is {{dir}}, "
-            f"the followed file's folder name), got {value!r}"
+            f"{where}: expected a run label of 1..512 bytes (the only placeholders are "
+            f"{{dir}}, the followed file's folder name, and {{dir:N}}, the folder N levels "
+            f"above it), got {value!r}"
         )
         raise ConfigError([msg])
     if has_control(text):  # a newline would split the table's "# run:" line and CSV rows

@@ -152,8 +152,23 @@ def test_the_agent_run_setting(tmp_path: Path) -> None:
     cfg.write_text(f"watch: ['/r/*.json']\nstate_dir: {tmp_path}\n")
     assert load_agent_config(cfg).run is None
     cfg.write_text(f"watch: ['/r/*.json']\nstate_dir: {tmp_path}\nrun: '{{host}}'\n")
-    with pytest.raises(ConfigError, match="the only placeholder is \\{dir\\}"):
+    with pytest.raises(ConfigError, match="the only placeholders are \\{dir\\}"):
         load_agent_config(cfg)
+    cfg.write_text(f"watch: ['/r/**/*.json']\nstate_dir: {tmp_path}\nrun: '{{dir:2}}-{{dir}}'\n")
+    assert load_agent_config(cfg).run == "{dir:2}-{dir}"
+    cfg.write_text(f"watch: ['/r/*.json']\nstate_dir: {tmp_path}\nrun: '{{dir:x}}'\n")
+    with pytest.raises(ConfigError, match="placeholders"):
+        load_agent_config(cfg)
+
+
+def test_dir_n_names_a_folder_above_the_files_folder() -> None:
+    # A harness tree (pbench-fio: fio_rw/1-read-4KiB/sample1/...): the run is a folder
+    # above the one holding the files.
+    path = "/var/lib/fio/results/fio_rw/1-read-4KiB/sample1/h1_clat_hist.1.log"
+    assert run_label("{dir:2}", path) == "fio_rw"
+    assert run_label("{dir:2}/{dir:1}", path) == "fio_rw/1-read-4KiB"
+    assert run_label("{dir:0}", path) == run_label("{dir}", path) == "sample1"
+    assert run_label("{dir:9}", path) == "?"  # above the path's first folder
 
 
 def test_run_labels_hold_no_control_characters(tmp_path: Path) -> None:

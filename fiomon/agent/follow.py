@@ -69,6 +69,7 @@ import glob
 import hashlib
 import logging
 import os
+import re
 import resource
 import stat
 import time
@@ -84,6 +85,7 @@ from fiomon.agent.fileprint import BLOCK, HEAD, Fingerprint
 from fiomon.agent.positions import LEGACY_PREFIX, FollowState, Resume
 from fiomon.agent.spool import Outgoing
 from fiomon.agent.treeglob import TreeGlob, is_recursive
+from fiomon.config import RUN_DIR
 from fiomon.fio.clientlog import client_log_host, filed_by_pbench, looks_like_running_sums
 from fiomon.fio.decode import container, fio_log_store
 from fiomon.fio.fiojson import JsonStatusParser
@@ -1532,12 +1534,19 @@ class Follower:
 def run_label(template: str, path: str) -> str:
     r"""The run label of a file at ``path``: ``template`` with ``{dir}`` its folder's name.
 
-    Control characters a folder name may hold (a newline) are written as ``\xNN``: they
-    would split the table's ``# run:`` line and CSV rows downstream.
+    ``{dir:N}`` is the name of the folder N levels above the file's folder (``?`` above the
+    path's first folder). Control characters a folder name may hold (a newline) are
+    written as ``\xNN``: they would split the table's ``# run:`` line and CSV rows
+    downstream.
     """
-    folder = os.path.basename(os.path.dirname(path))
-    folder = "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c for c in folder)
-    return wire_id(template.replace("{dir}", folder))
+    folders = os.path.dirname(os.path.abspath(path)).split(os.sep)
+
+    def name(m: re.Match[str]) -> str:
+        up = int(m.group(1) or 0)
+        folder = folders[-1 - up] if up < len(folders) - 1 else "?"
+        return "".join(f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c for c in folder)
+
+    return wire_id(RUN_DIR.sub(name, template))
 
 
 def _declaration(r: Resume) -> Declaration:
