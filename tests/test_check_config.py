@@ -138,6 +138,16 @@ PRIVATE_TMP = (
 )
 
 
+def _private_target() -> str:
+    """Which of systemd's two private folders to mount over: /var/tmp, unless this test's
+    Python or checkout lives there (a CI checkout under /tmp would vanish under a /tmp
+    mount). systemd's PrivateTmp=yes replaces both; the agent looks at both."""
+    used = (sys.prefix, sys.executable, str(Path(__file__).resolve()))
+    if any(p.startswith("/var/tmp/") for p in used):  # noqa: S108
+        return "/tmp"  # noqa: S108 -- the namespace's own private folder
+    return "/var/tmp"  # noqa: S108 -- the namespace's own private folder
+
+
 def test_the_agent_names_a_private_tmp_as_systemd_makes_it(tmp_path: Path) -> None:
     """A real mount namespace with /tmp bind-mounted from a systemd-private-* folder."""
     if os.geteuid() != 0:
@@ -145,7 +155,7 @@ def test_the_agent_names_a_private_tmp_as_systemd_makes_it(tmp_path: Path) -> No
     private = tmp_path / "systemd-private-0123abcd-fiomon-agent.service-XyZ12" / "tmp"
     private.mkdir(parents=True)
     script = (
-        f"mount --bind {private} /tmp && "
+        f"mount --bind {private} {_private_target()} && "
         f'exec {sys.executable} -c "$0" {tmp_path}/state'  # $0: the Python program
     )
     r = subprocess.run(
@@ -175,12 +185,13 @@ def test_the_agent_warns_at_start_when_its_tmp_is_private(tmp_path: Path) -> Non
         pytest.skip("a mount namespace needs root (CI runs as root)")
     private = tmp_path / "systemd-private-0123abcd-fiomon-agent.service-XyZ12" / "tmp"
     private.mkdir(parents=True)
-    # Seen from inside the namespace, `private` is /tmp.
+    # Seen from inside the namespace, `private` is `target`.
+    target = _private_target()
     (private / "agent.yaml").write_text(
-        "watch: ['/tmp/fio/*.json']\nstate_dir: /tmp/state\n"
+        f"watch: ['/tmp/fio/*.json']\nstate_dir: {target}/state\n"
         f"broker: {{host: 127.0.0.1, port: {free_port()}}}\n"
     )
-    script = f'mount --bind {private} /tmp && exec "$@"'
+    script = f'mount --bind {private} {target} && exec "$@"'
     proc = subprocess.Popen(
         [
             "unshare",
@@ -196,7 +207,7 @@ def test_the_agent_warns_at_start_when_its_tmp_is_private(tmp_path: Path) -> Non
             "fiomon",
             "agent",
             "--config",
-            "/tmp/agent.yaml",  # noqa: S108 -- the namespace's own private /tmp
+            f"{target}/agent.yaml",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
