@@ -39,7 +39,7 @@ from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.metricskit import query, scrape
 from tests.webhookkit import Webhook as _Webhook
-from tests.webhookkit import webhook_receiver
+from tests.webhookkit import alertmanager_config, webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -76,19 +76,6 @@ def prometheus_config(folder: Path, metrics_port: int, am_port: int) -> Path:
     job["static_configs"][0]["targets"] = [f"127.0.0.1:{metrics_port}"]
     path = folder / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def alertmanager_config(folder: Path, hook_port: int) -> Path:
-    """The shipped example: webhooks to this test's receiver, short timers."""
-    folder.mkdir()
-    doc = yaml.safe_load((DEPLOY / "alertmanager/alertmanager.example.yml").read_text())
-    doc["route"].update(group_wait="3s", group_interval="1s")
-    for receiver in doc["receivers"]:
-        for hook in receiver["webhook_configs"]:
-            hook["url"] = f"http://127.0.0.1:{hook_port}/{receiver['name']}"
-    path = folder / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
@@ -154,7 +141,7 @@ async def test_one_slow_host_pages_once_with_value_threshold_host_and_ends(
             await start(
                 "am",
                 alertmanager,
-                f"--config.file={alertmanager_config(tmp_path / 'am', hook_port)}",
+                f"--config.file={alertmanager_config(tmp_path / 'am', hook_port, group_wait='3s')}",
                 f"--storage.path={tmp_path / 'am/data'}",
                 f"--web.listen-address=127.0.0.1:{am_port}",
                 "--cluster.listen-address=",

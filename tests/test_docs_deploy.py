@@ -61,7 +61,7 @@ from tests.metricskit import query, scrape
 from tests.test_deploy_mosquitto import Broker, stock_broker_running, under
 from tests.test_e2e import received
 from tests.webhookkit import Webhook as _Webhook
-from tests.webhookkit import webhook_receiver
+from tests.webhookkit import alertmanager_config, webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -162,19 +162,6 @@ def prometheus_config(folder: Path, metrics_port: int, am_port: int) -> Path:
         text = text.replace(shipped, here)
     (folder / "prometheus.yml").write_text(text)
     return folder / "prometheus.yml"
-
-
-def alertmanager_config(folder: Path, hook_port: int) -> Path:
-    """The shipped Alertmanager example: webhooks to this test's receiver, 1 s timers."""
-    folder.mkdir()
-    doc = yaml.safe_load((DEPLOY / "alertmanager/alertmanager.example.yml").read_text())
-    doc["route"].update(group_wait="1s", group_interval="1s")
-    for receiver in doc["receivers"]:
-        for hook in receiver["webhook_configs"]:
-            hook["url"] = f"http://127.0.0.1:{hook_port}/{receiver['name']}"
-    path = folder / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 class Notify:

@@ -7,7 +7,14 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
+
+import yaml
+
+ALERTMANAGER_EXAMPLE = (
+    Path(__file__).resolve().parents[1] / "deploy/alertmanager/alertmanager.example.yml"
+)
 
 
 class Webhook(BaseHTTPRequestHandler):
@@ -38,3 +45,16 @@ def webhook_receiver() -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def alertmanager_config(folder: Path, hook_port: int, *, group_wait: str = "1s") -> Path:
+    """The shipped Alertmanager example: webhooks to ``hook_port``, short timers."""
+    folder.mkdir()
+    doc = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
+    doc["route"].update(group_wait=group_wait, group_interval="1s")
+    for receiver in doc["receivers"]:
+        for hook in receiver["webhook_configs"]:
+            hook["url"] = f"http://127.0.0.1:{hook_port}/{receiver['name']}"
+    path = folder / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
