@@ -19,6 +19,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, fio_bin: str, mosquitto_bin
     res = run_matrix(tmp_path_factory.mktemp("conformance"), fio_bin, mosquitto_bin)
     times = ", ".join(f"{k} done at {v:.1f} s" for k, v in res.timings.items())
     text = f"conformance matrix in {res.root} ({times})\n{table(res)}"
+    for case, notes in res.notes.items():
+        text += "".join(f"\n[{case}] {n}" for n in notes)
     (res.root / "table.txt").write_text(text + "\n")
     _TABLE.append(text)
     return res

@@ -94,6 +94,7 @@ class Results:
     aggregator_log: str = ""
     aggregator_rc: int | None = None  # its exit code after SIGTERM (--final)
     timings: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)  # case -> what its run had to do
 
     def __repr__(self) -> str:  # pytest prints fixtures of a failing test: keep it short
         return f"Results({self.root})"
@@ -251,6 +252,8 @@ def run_matrix(root: Path, fio: str, mosquitto_bin: str) -> Results:
             outs: dict[tuple[str, str], cf.Future[Outcome]] = {}
             for fut in cf.as_completed(running):
                 c = running[fut]
+                if ctxs[c.name].notes:
+                    res.notes[c.name] = ctxs[c.name].notes
                 try:
                     fut.result()
                     # truth and expectations, from fio's output now on disk
