@@ -36,7 +36,8 @@ from fiomon.errors import (
 )
 from fiomon.fio.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
-from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, LATENCY_KINDS
+from fiomon.offline.kinds import LATENCY_HELP, LATENCY_NAMES, hist_logs, resolve_latency
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row, is_quanta_file
@@ -260,6 +261,9 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         "client-01/ and client-02/ with one prefix never pair, nor do two runs whose "
         "counts differ, and plain json (no bins) pairs with nothing (see agents/README.md "
         "'One truth per I/O')",
+    )
+    g.add_argument(
+        "--latency", choices=LATENCY_KINDS, default=None, metavar="KIND", help=LATENCY_HELP
     )
     g.add_argument(
         "--directions",
@@ -724,11 +728,21 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
             raise UsageError([f"--job-file: {exc}"]) from None
         if interval is not None and interval <= 0:
             raise UsageError(["--log-hist-msec must be positive"])
+    latency = resolve_latency(args.logs, args.latency)
+    choice = args.source
+    if latency.kind != "clat":
+        if choice in ("hist", "both"):
+            msg = f"--source {choice} with --latency {latency.kind}: hist logs hold clat only"
+            raise UsageError([msg])
+        choice = "json"  # a json+ stream holds the other kinds of its jobs, their hist logs not
     try:
-        paths, notes, skips = choose_sources(args.logs, args.source)
+        paths, notes, skips = choose_sources(latency.paths, choice)
     except OverlapError as exc:
         raise UsageError([str(exc)]) from None
-    for note in notes:
+    if choice != args.source:
+        notes = [n.replace("--source json:", f"--latency {latency.kind}:") for n in notes]
+    hist_logs(paths, latency.kind)
+    for note in [*latency.notes, *notes]:
         _error(name, note)
     source = SourceOptions(
         interval_ms=interval,
@@ -736,6 +750,7 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
         unit="us" if args.usbin else None,
         strict=args.strict,
         skip_jobs=skips,
+        latency=latency.kind,
     )
     return paths, source
 
@@ -845,6 +860,7 @@ def _rows_selection(args: argparse.Namespace, fmt: Format) -> Selection | None:
         other["--confidence-level"] = f"another level {need} (the rows carry their own)"
     fio_only = {
         "--source": args.source is not None,
+        "--latency": args.latency is not None,
         "--log-hist-msec": args.log_hist_msec is not None,
         "--job-file": args.job_file is not None,
         "--group-nr": args.group_nr is not None,
@@ -892,6 +908,8 @@ def _plot(args: argparse.Namespace) -> int:
     title = args.title or (
         logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
     )
+    if opts.latency != "clat":  # the charts' percentiles are of that latency
+        title = f"{title} · {opts.latency} ({LATENCY_NAMES[opts.latency]})"
     try:
         return _engine_errors(
             "plot",

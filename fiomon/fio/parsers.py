@@ -180,7 +180,7 @@ def open_parser(
             )
             parser.splitter.max_document_bytes = opts.max_document_bytes
             return parser
-        if opts.latency != "clat" and not _PER_IO_LOG_NAME.search(Path(source).name):
+        if opts.latency != "clat" and not PER_IO_LOG_NAME.search(Path(source).name):
             return RefusedParser(source, problems, hist_log_kind_refusal(opts.latency))
         hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
         if opts.client_logs and client_log_host(Path(source)) is not None:
@@ -194,7 +194,7 @@ def open_parser(
 
 
 # fio's per-I/O latency, bw and iops logs: their own parsers say what they are.
-_PER_IO_LOG_NAME = re.compile(r"_(?:lat|clat|slat|bw|iops)(?:\.\d+)?\.log\b")
+PER_IO_LOG_NAME = re.compile(r"_(?:lat|clat|slat|bw|iops)(?:\.\d+)?\.log\b")
 
 
 def hist_log_kind_refusal(latency: LatencyKind) -> str:

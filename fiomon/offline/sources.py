@@ -45,7 +45,7 @@ from fiomon.fio.parsers import (
     sniff,
 )
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.model import DIRECTION_LABELS, LatencyKind, RecordBatch
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
 
@@ -61,6 +61,7 @@ class SourceOptions:
         strict: make the first bad line fatal.
         chunk_bytes: read size.
         skip_jobs: per json+ file, positions of jobs not to read (``--source hist``).
+        latency: which latency to read (``--latency``; :mod:`fiomon.offline.kinds`).
     """
 
     interval_ms: int | None = None
@@ -69,6 +70,7 @@ class SourceOptions:
     strict: bool = False
     chunk_bytes: int = CHUNK_BYTES
     skip_jobs: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    latency: LatencyKind = "clat"
 
 
 class FileSource:
@@ -104,6 +106,7 @@ class FileSource:
                     hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
                     json_group_nr=options.group_nr,
                     skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+                    latency=options.latency,
                 ),
             ),
             self.problems,
