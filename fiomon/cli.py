@@ -741,8 +741,8 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
         raise UsageError([str(exc)]) from None
     if choice != args.source:
         notes = [n.replace("--source json:", f"--latency {latency.kind}:") for n in notes]
-    hist_logs(paths, latency.kind)
-    for note in [*latency.notes, *notes]:
+    paths, more = hist_logs(paths, latency.kind)
+    for note in [*latency.notes, *notes, *more]:
         _error(name, note)
     source = SourceOptions(
         interval_ms=interval,

@@ -35,7 +35,7 @@ from pathlib import Path
 from fiomon.errors import UsageError
 from fiomon.fio.parsers import PER_IO_LOG_NAME, SNIFF_BYTES, sniff
 from fiomon.model import LATENCY_KINDS, LatencyKind
-from fiomon.offline.sources import _decoded, _last_document
+from fiomon.offline.sources import _decoded, _last_document, _log_content
 
 LATENCY_NAMES: dict[LatencyKind, str] = {
     "clat": "completion latency",
@@ -182,19 +182,25 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
     return Latency(kind, list(paths), notes)
 
 
-def hist_logs(paths: Sequence[Path], kind: LatencyKind) -> None:
+def hist_logs(paths: Sequence[Path], kind: LatencyKind) -> tuple[list[Path], list[str]]:
     """Refuse the hist logs among ``paths`` for a ``kind`` other than ``clat``.
 
     Called on the inputs left after the pairing (:func:`fiomon.offline.sources.
     choose_sources` with ``json``): a hist log whose json+ stream is given was left out
-    already, since the stream holds the other kinds too.
+    already, since the stream holds the other kinds too. A hist log that holds no I/O at
+    all (fio writes zeros with ``clat_percentiles=0``) is left out with a note.
+
+    Returns:
+        The paths to read, and notes for the user.
 
     Raises:
-        UsageError: naming every such hist log, and what holds ``kind`` instead.
+        UsageError: naming every hist log that holds I/Os, and what holds ``kind`` instead.
     """
     if kind == "clat":
-        return
+        return list(paths), []
     hist = [p for p in paths if is_hist_log(p)]
+    empty = [p for p in hist if _holds_nothing(p)]
+    hist = [p for p in hist if p not in empty]
     if hist:
         option = "lat_percentiles=1" if kind == "lat" else "slat_percentiles=1"
         msg = (
@@ -204,6 +210,18 @@ def hist_logs(paths: Sequence[Path], kind: LatencyKind) -> None:
             "(write_lat_log=NAME, log_avg_msec=0), or read clat (--latency clat)"
         )
         raise UsageError([msg])
+    notes = (
+        [f"--latency {kind}: not reading {len(empty)} hist log(s) of no I/O: {_listing(empty)}"]
+        if empty
+        else []
+    )
+    return [p for p in paths if p not in empty], notes
+
+
+def _holds_nothing(path: Path) -> bool:
+    """Whether a hist log's records count no I/O (None content: unreadable, not nothing)."""
+    content = _log_content(path, "")
+    return content is not None and not content.hist.any()
 
 
 def _listing(paths: Sequence[Path]) -> str:
