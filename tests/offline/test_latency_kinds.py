@@ -147,6 +147,13 @@ def test_headers_name_the_latency(lat_run: Path) -> None:
     assert "lat percentiles" in summary.stdout, summary.stdout
     plain = fiomon("report", "--format", "csv", lat_run)
     assert plain.stdout.splitlines()[0].count("lat_") == 0  # clat: the columns as before
+    fit = fiomon("fit", "--latency", "lat", lat_run)
+    assert fit.returncode == 0, fit.stderr
+    assert fit.stdout.startswith("read (lat): ")
+    page = lat_run.parent / "lat.html"
+    plot = fiomon("plot", "--latency", "lat", lat_run, "-o", page)
+    assert plot.returncode == 0, plot.stderr
+    assert "vm.json · lat (total latency)" in page.read_text()
 
 
 def test_lat_without_lat_percentiles_is_a_specific_error(plain_run: Path) -> None:
