@@ -346,8 +346,8 @@ class JsonStatusParser:
                 self.source,
                 0,
                 "no-bins",
-                f"{self.ios_without_bins} I/Os in job sections without latency bins not "
-                "counted (fio --output-format=json+ writes them)",
+                f"{self.ios_without_bins} I/Os in job sections without {self._key} bins "
+                f"not counted ({_WRITES_BINS[self.latency]})",
             )
         return out
 
@@ -681,6 +681,11 @@ _CLIENT_SKIPS = {
     "(write_hist_log with log_hist_msec) instead",
 }
 _LATENCY_KEYS: dict[LatencyKind, str] = {"clat": "clat_ns", "lat": "lat_ns", "slat": "slat_ns"}
+_WRITES_BINS: dict[LatencyKind, str] = {
+    "clat": "fio --output-format=json+ writes them",
+    "lat": "fio writes them with lat_percentiles=1, per job",
+    "slat": "fio writes them with slat_percentiles=1 on an asynchronous engine, per job",
+}
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream
 _MAX_JOBS = 2048  # job states per stream (each holds a cumulative histogram per direction)
