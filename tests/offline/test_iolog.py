@@ -21,6 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fiomon.fio import iolog
+from fiomon.fio.iolog import IoLogReader
+from fiomon.fio.problems import ProblemLog
+from fiomon.offline.exact import ExactReader
+from fiomon.offline.quanta import QuantaOptions
 from tests.conftest import DEADLINE_S
 from tests.fiorun import fiomon, total_ios
 
@@ -275,3 +280,58 @@ def test_a_bad_line_is_named_and_skipped(epoch_run: Path, tmp_path: Path) -> Non
     rows, err = report("--directions", "all", bad)
     assert f"{bad}:7" in err
     assert sum(r["samples"] for r in rows) == len(text) - 1
+
+
+def test_plot_and_fit_take_per_io_logs(epoch_run: Path, tmp_path: Path) -> None:
+    """plot (HTML and PNG) and fit read the logs; each row's hist bins every one of its I/Os."""
+    logs = clat_logs(epoch_run)
+    for name in ("run.html", "run.png"):
+        r = fiomon("plot", *logs, "-o", tmp_path / name)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / name).stat().st_size > 10_000
+    opts = QuantaOptions(quantum_ms=250, keep_hists=True)
+    with ExactReader(logs, opts) as reader:
+        rows = [row for rows in reader.chunks() for row in rows]
+    assert rows
+    for row in rows:
+        assert row.hist is not None
+        assert row.hist.sum() == row.stats.samples
+    lines = [x for p in logs for x in read_lines(p)]
+    r = fiomon("fit", *logs)
+    assert r.returncode == 0, r.stderr
+    reads = sum(1 for x in lines if x.ddir == 0)
+    assert f"read: {reads:,} I/Os" in r.stdout
+
+
+def test_the_reader_streams_in_pieces_and_names_bad_lines(
+    epoch_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads of 1 kB: the same columns as one read, and bad lines named by their number."""
+    src = clat_logs(epoch_run)[0]  # rw job: offset and hex priority columns
+    text = src.read_text().splitlines(keepends=True)
+    text[49] = "1, 2, 3\n"
+    text[120] = "-5" + text[120][text[120].index(",") :]
+    bad = tmp_path / src.name
+    bad.write_text("".join(text))
+    whole = IoLogReader(bad, problems=ProblemLog())
+    assert whole.columns == 6
+    assert whole.has_offset
+    assert whole.has_prio
+    one = list(whole.chunks())
+    monkeypatch.setattr(iolog, "READ_BYTES", 1000)
+    problems = ProblemLog()
+    small = IoLogReader(bad, problems=problems)
+    pieces = list(small.chunks())
+    assert len(pieces) > len(one)
+    for name in ("time_ms", "value_ns", "ddir", "bs", "offset", "prio"):
+        a = np.concatenate([getattr(c, name) for c in one])
+        b = np.concatenate([getattr(c, name) for c in pieces])
+        assert np.array_equal(a, b), name
+    raw = [x for i, x in enumerate(read_lines(src)) if i not in (49, 120)]
+    assert np.array_equal(np.concatenate([c.value_ns for c in pieces]), [x.value_ns for x in raw])
+    named = [str(p) for p in problems.kept]
+    assert named == [
+        f"{bad}:50: has 3 fields, expected 6",
+        f"{bad}:121: negative value '-5' in field 1",
+    ]
+    assert small.lines == len(text)
