@@ -58,10 +58,26 @@ _PRIO_MAX_DISTINCT = 16
 _NL, _COMMA = 10, 44
 # "_clat.1.log", "_lat.log", "_slat.3.log.host1", "_clat.1.log.gz"; never "_clat_hist.1.log".
 _KIND_RE = re.compile(r"_(clat|lat|slat)(?:\.\d+)?\.log(?:\.|$)")
+_RATE_RE = re.compile(r"_(bw|iops)(?:\.\d+)?\.log(?:\.|$)")
+_RATE_OPTION = {"bw": "write_bw_log", "iops": "write_iops_log"}
 _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
     _HEX[bytes([_c]).upper()[0]] = _i
+
+
+def rate_log(path: Path) -> str | None:
+    """Why a file is not a latency log when its name says fio's bw or iops log, else None."""
+    found = _RATE_RE.findall(path.name)
+    if not found or iolog_kind(path) is not None:
+        return None
+    what = found[-1]
+    measure = "bandwidth" if what == "bw" else "IOPS"
+    return (
+        f"fio's {what.upper()} log ({_RATE_OPTION[what]}): {measure}, not latency; "
+        "fiomon reads write_lat_log's P_clat.N.log / P_lat.N.log / P_slat.N.log, hist logs "
+        "(write_hist_log) and json+ output"
+    )
 
 
 def iolog_kind(path: Path) -> LatencyKind | None:
@@ -323,6 +339,9 @@ class IoLogReader:
         self.has_prio = head.has_prio
         self.refusal = head.refusal
         self._hex_last = head.hex_last
+        rate = rate_log(path)
+        if rate is not None:
+            self.refusal = rate
 
     @property
     def source(self) -> str:

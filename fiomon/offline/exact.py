@@ -46,7 +46,7 @@ from fiomon.closed import ClosedQuantum, Interval
 from fiomon.confidence import rank_bounds
 from fiomon.errors import FiomonError, InputError
 from fiomon.fio.fiolog import EPOCH_MS_MIN
-from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit
+from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit, rate_log
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import HistStats, pct_key
 from fiomon.model import DIRECTION_LABELS
@@ -414,7 +414,10 @@ def open_reader(paths: Sequence[Path], options: QuantaOptions) -> QuantaReader |
     """
     from fiomon.offline.iosources import is_iolog  # noqa: PLC0415 -- iosources reads sources
 
-    flags = [is_iolog(p) for p in paths if p.is_file()]
+    # fio's bw/iops logs go with per-I/O logs: ExactReader refuses them by name.
+    flags = [is_iolog(p) or rate_log(p) is not None for p in paths if p.is_file()]
+    if flags and all(rate_log(p) is not None for p in paths):
+        return QuantaReader(paths, options)  # bw/iops logs only: refused as before
     if flags and all(flags):
         return ExactReader(paths, options, log_unit=options.source.log_unit)
     if any(flags):

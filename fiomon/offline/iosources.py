@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fiomon.errors import OverlapError
-from fiomon.fio.iolog import IoLogReader, iolog_kind
+from fiomon.fio.iolog import IoLogReader, iolog_kind, rate_log
 from fiomon.fio.overlap import hist_log_thread, same_host
 from fiomon.fio.parsers import SNIFF_BYTES, sniff
 from fiomon.model import LatencyKind
@@ -95,7 +95,9 @@ def choose_iologs(
             )
             raise OverlapError(msg)
         return list(paths), [], False
-    others = [p for p in unique if p not in iologs]
+    # fio's bw/iops logs stay in the inputs, to be refused by name whichever reader reads.
+    rates = [p for p in unique if rate_log(p) is not None]
+    others = [p for p in unique if p not in iologs and p not in rates]
     chosen = [p for p in iologs if iolog_kind(p) == latency]
     notes: list[str] = []
     left = [p for p in iologs if p not in chosen]
@@ -114,14 +116,14 @@ def choose_iologs(
             raise OverlapError(msg)
         if chosen:
             notes.append(f"note: --source {choice}: not reading {len(chosen)} per-I/O log(s)")
-        return others, notes, False
+        return others + rates, notes, False
     if choice == "iolog":
         if others:
             notes.append(
                 f"note: --source iolog: not reading {len(others)} hist log(s) / json+ "
                 f"stream(s): {_names(others)}"
             )
-        return chosen, notes, True
+        return chosen + rates, notes, True
     covered, uncovered = _covered(chosen, others)
     if uncovered:
         msg = (
@@ -137,7 +139,7 @@ def choose_iologs(
             "(same host folder and job), which are exact (--source hist|json reads the "
             "histograms instead)"
         )
-    return chosen, notes, True
+    return chosen + rates, notes, True
 
 
 def _covered(iologs: list[Path], others: list[Path]) -> tuple[list[Path], list[Path]]:
