@@ -310,7 +310,8 @@ class ExactReader:
         hosts = np.asarray([f.host for f in self.sources], dtype=np.int64)[files]
         scopes: list[tuple[str | None, npt.NDArray[np.bool_] | None]] = [(None, None)]
         if opts.per_host:
-            scopes += [(self.host_names[h], hosts == h) for h in np.unique(hosts).tolist()]
+            present = np.flatnonzero(np.bincount(hosts, minlength=len(self.host_names)))
+            scopes += [(self.host_names[h], hosts == h) for h in present.tolist()]
         groups: list[tuple[str | None, str, I64]] = []  # host, direction, line indices
         for host, in_host in scopes:
             for label in opts.directions:
@@ -332,7 +333,7 @@ class ExactReader:
         late_total = sum(self._late.values())
         rows = []
         for (host, label, idx), v, ci in zip(groups, sorted_values, cis, strict=True):
-            f = np.unique(files[idx])
+            f = np.flatnonzero(np.bincount(files[idx], minlength=len(self.sources)))
             lo = max(start, min(int(self.sources[i].first_ms or 0) for i in f.tolist()) - 1)
             hi = end
             if all(self.sources[i].done for i in f.tolist()):
