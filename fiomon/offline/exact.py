@@ -340,9 +340,8 @@ class ExactReader:
                 hi = min(end, max(int(self.sources[i].max_ms or 0) for i in f.tolist()))
             covered_s = (hi - lo) / 1000.0
             stats = self._stats(v)
-            keep_hist = (opts.keep_hists and host is None) or (
-                host is not None and opts.target_error is not None
-            )
+            # spans (--target-error) merge the histograms of every row
+            keep_hist = opts.target_error is not None or (opts.keep_hists and host is None)
             rows.append(
                 ClosedQuantum(
                     start_ms=start,

@@ -335,3 +335,18 @@ def test_the_reader_streams_in_pieces_and_names_bad_lines(
         f"{bad}:121: negative value '-5' in field 1",
     ]
     assert small.lines == len(text)
+
+
+def test_source_iolog_log_unit_and_spans(epoch_run: Path) -> None:
+    """--source iolog reads only the per-I/O logs; --log-unit us scales; spans merge rows."""
+    files = sorted(p for p in epoch_run.iterdir() if p.suffix in (".json", ".log"))
+    rows, err = report("--directions", "all", "--source", "iolog", *files)
+    assert sum(r["samples"] for r in rows) == total_ios(epoch_run / "out.json")
+    assert "--source iolog: not reading 1" in err  # the json+ stream
+    logs = clat_logs(epoch_run)
+    ns, _ = report("--directions", "all", *logs)
+    us, _ = report("--directions", "all", "--log-unit", "us", *logs)
+    assert [r["max_ns"] for r in us] == [1000 * r["max_ns"] for r in ns]
+    spans, _ = report("--directions", "all", "--quantum", "250ms", "--target-error", "50%", *logs)
+    assert sum(r["samples"] for r in spans) == sum(r["samples"] for r in ns)
+    assert all("target_met" in r for r in spans)
