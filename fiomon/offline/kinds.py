@@ -20,9 +20,12 @@ With ``--latency K`` (:func:`resolve_latency` with ``chosen``): per-I/O logs of 
 other kinds are left out (said on stderr), hist logs are refused unless ``K`` is ``clat``
 (where a json+ stream of the same jobs is given, it is read instead: :func:`hist_logs`),
 and a json+ stream without ``K``'s bins is refused by its parser naming the fio option.
-Without it, the kind is that of the per-I/O logs given (``clat`` if none); inputs that
-cannot all give one kind (per-I/O logs of two kinds, ``lat`` logs beside hist logs or
-beside a json+ stream without ``lat_ns`` bins) are refused, naming the files and the flag.
+Without it, the kind is one every input can give: ``clat`` where it can (a job's
+``P_clat``, ``P_lat`` and ``P_slat`` logs together are three views of the same I/Os: the
+others are left out with a note), else the one kind they share (``P_lat`` logs alone:
+``lat``). Inputs that share none (``P_lat`` logs of one job beside ``P_clat`` logs of
+another, ``lat`` logs beside hist logs or beside a json+ stream without ``lat_ns`` bins)
+are refused, naming each file, what it holds, and the flag.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fiomon.errors import UsageError
+from fiomon.fio.iolog import iolog_kind
 from fiomon.fio.parsers import PER_IO_LOG_NAME, SNIFF_BYTES, sniff
 from fiomon.model import LATENCY_KINDS, LatencyKind
 from fiomon.offline.sources import _decoded, _last_document, _log_content
@@ -47,26 +51,13 @@ LATENCY_HELP = (
     "only it), lat (total = submission + completion: json+ lat_ns bins, written with fio's "
     "lat_percentiles=1, or NAME_lat.N.log per-I/O logs) or slat (submission: json+ slat_ns "
     "bins with slat_percentiles=1 on an asynchronous ioengine such as libaio or io_uring, or "
-    "NAME_slat.N.log). Default: the kind of the per-I/O logs given, else clat. Per-I/O logs "
-    "of other kinds are left out; inputs that cannot give one kind (two kinds of per-I/O "
-    "logs, lat logs beside hist logs) are refused"
+    "NAME_slat.N.log). Default: clat where every input holds it, else the one kind they all "
+    "hold (lat logs alone: lat). Per-I/O logs of the other kinds (write_lat_log writes all "
+    "three) are left out with a note; inputs that share no kind (one job's lat log beside "
+    "another's clat log, lat logs beside hist logs) are refused"
 )
-_IOLOG_KIND = re.compile(r"_(clat|lat|slat)(?:\.\d+)?\.log(?:\.|$)")
 _MAX_LISTED = 6  # files named per kind in a message
-
-
-def iolog_kind(path: Path) -> LatencyKind | None:
-    """The kind of a per-I/O latency log by its name (None: not named as one).
-
-    fio names them ``NAME_clat.N.log``, ``NAME_lat.N.log`` and ``NAME_slat.N.log``
-    (``NAME_clat.log`` with ``per_job_logs=0``; ``.log.HOST`` from ``fio --client``;
-    ``.gz``, ``.fz`` when compressed). Hist logs (``NAME_clat_hist.N.log``) are not.
-    """
-    m = _IOLOG_KIND.search(path.name)
-    if m is None:
-        return None
-    kind = m.group(1)
-    return next(k for k in LATENCY_KINDS if k == kind)
+_IOLOG_NAME = re.compile(r"^(.*)_(?:clat|lat|slat)\.")  # the kind in NAME_KIND.N.log
 
 
 def _head(path: Path) -> bytes:
@@ -130,25 +121,23 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
     if chosen is not None:
         other = [p for p, k in logs.items() if k != chosen]
         kept = [p for p in paths if p not in set(other)]
-        notes = []
-        if other:
-            notes.append(
-                f"--latency {chosen}: not reading {len(other)} per-I/O log(s) of another "
-                f"latency: {_listing(other)}"
-            )
         if not kept:
             msg = (
                 f"--latency {chosen}: no input holds {LATENCY_NAMES[chosen]} ({chosen}); the "
                 f"per-I/O logs given are {', '.join(sorted(set(logs.values())))}"
             )
             raise UsageError([msg])
-        return Latency(chosen, kept, notes)
+        return Latency(chosen, kept, _left_out(chosen, other))
     if not logs:
         return Latency("clat", list(paths))
-    kinds = sorted(set(logs.values()), key=LATENCY_KINDS.index)
-    holds: dict[Path, str] = {p: f"{k} (per-I/O log)" for p, k in logs.items()}
-    kind = kinds[0]
-    fits = len(kinds) == 1
+    # What each input can give: a job's per-I/O logs (one per kind, fio writes all three),
+    # a json+ stream's bins, a hist log's clat.
+    jobs: dict[tuple[str, str], set[LatencyKind]] = {}
+    holds: dict[Path, str] = {}
+    for p, k in logs.items():
+        jobs.setdefault((str(p.parent), _IOLOG_NAME.sub(r"\1_#.", p.name, count=1)), set()).add(k)
+        holds[p] = f"{k} (per-I/O log)"
+    can: list[frozenset[LatencyKind]] = [frozenset(ks) for ks in jobs.values()]
     for p in paths:
         if p in logs:
             continue
@@ -157,15 +146,16 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
             continue
         if sniff(head) == "json":
             have = json_kinds(p)
-            if have and kind not in have:
-                fits = False
-            if have:
+            if have:  # none: refused by its parser, with the reason
+                can.append(have)
                 bins = ", ".join(f"{k}_ns" for k in LATENCY_KINDS if k in have)
                 holds[p] = f"{'/'.join(k for k in LATENCY_KINDS if k in have)} (json+ {bins} bins)"
         elif not PER_IO_LOG_NAME.search(p.name):
+            can.append(frozenset({"clat"}))
             holds[p] = "clat (hist log: clat only)"
-            fits = fits and kind == "clat"
-    if not fits:
+    common = frozenset.intersection(*can)
+    kind = next((k for k in LATENCY_KINDS if k in common), None)
+    if kind is None:
         lines = [f"  {p}: {what}" for p, what in list(holds.items())[: _MAX_LISTED * 3]]
         more = len(holds) - len(lines)
         msg = (
@@ -176,10 +166,20 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
             "then left out; hist logs are read for clat only)"
         )
         raise UsageError([msg])
-    notes = (
-        [] if kind == "clat" else [f"note: --latency {kind}: the kind of the per-I/O logs given"]
-    )
-    return Latency(kind, list(paths), notes)
+    notes = [] if kind == "clat" else [f"note: --latency {kind}: the one kind every input holds"]
+    other = [p for p, k in logs.items() if k != kind]
+    kept = [p for p in paths if p not in set(other)]
+    return Latency(kind, kept, notes + _left_out(kind, other))
+
+
+def _left_out(kind: LatencyKind, other: Sequence[Path]) -> list[str]:
+    """The note for per-I/O logs of other kinds than ``kind`` (none: no note)."""
+    if not other:
+        return []
+    return [
+        f"note: --latency {kind}: not reading {len(other)} per-I/O log(s) of other latency "
+        f"kinds (fio's write_lat_log writes all three of the same I/Os): {_listing(other)}"
+    ]
 
 
 def hist_logs(paths: Sequence[Path], kind: LatencyKind) -> tuple[list[Path], list[str]]:

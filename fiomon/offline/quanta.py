@@ -128,7 +128,9 @@ def iter_quanta(
     if all_quanta_files(paths):
         yield from _file_rows(paths, opts)
         return
-    reader = QuantaReader(paths, opts)
+    from fiomon.offline.exact import open_reader  # noqa: PLC0415 -- exact imports this module
+
+    reader = open_reader(paths, opts)
     try:
         with reader:
             for rows in reader.chunks():

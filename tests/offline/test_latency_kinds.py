@@ -12,6 +12,7 @@ clat lie bins apart and reading the wrong bins cannot pass.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ def _run(folder: Path, fio_bin: str, extra: str) -> Path:
 
 @pytest.fixture(scope="module")
 def lat_run(tmp_path_factory: pytest.TempPathFactory, fio_bin: str) -> Path:
-    """libaio json+ with lat_ and slat_percentiles=1 (all three kinds' bins), hist logs."""
-    extra = f"{LIBAIO}\nlat_percentiles=1\nslat_percentiles=1"
+    """libaio json+ with lat_ and slat_percentiles=1 (all three kinds' bins), hist logs and
+    per-I/O logs of the three kinds."""
+    extra = f"{LIBAIO}\nlat_percentiles=1\nslat_percentiles=1\nwrite_lat_log=P\nlog_avg_msec=0"
     return _run(tmp_path_factory.mktemp("lat"), fio_bin, extra)
 
 
@@ -95,8 +97,11 @@ def _summary(*args: str | Path) -> dict[str, tuple[float, dict[str, float]]]:
     return {s["operation"]: (s["ios"], s["percentiles_ns"]) for s in json.loads(r.stdout)}
 
 
-def _report(stream: Path, *args: str) -> dict[str, tuple[float, dict[str, float]]]:
-    """Whole-run rows: one hour-long quantum that starts ten minutes before the last dump."""
+def _report(
+    stream: Path, *args: str, files: Sequence[Path] = ()
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """Whole-run rows of ``files`` (default: ``stream``): one hour-long quantum that starts
+    ten minutes before the stream's last dump."""
     phase = (int(last_document(stream)["timestamp_ms"]) - 600_000) % 3_600_000
     r = fiomon(
         "report",
@@ -109,7 +114,7 @@ def _report(stream: Path, *args: str) -> dict[str, tuple[float, dict[str, float]
         "--percentiles",
         ",".join(PCTS),
         *args,
-        stream,
+        *(files or (stream,)),
     )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
@@ -204,12 +209,30 @@ def test_lat_takes_the_json_stream_over_its_hist_logs(lat_run: Path) -> None:
     assert "hist logs hold clat only" in r.stderr, r.stderr
 
 
-def test_mixing_kinds_is_refused_naming_files_and_flag(plain_run: Path) -> None:
+def test_per_io_logs_by_kind(lat_run: Path) -> None:
+    """write_lat_log's three logs of one job: --latency picks one; alone, a kind is its own."""
+    folder = lat_run.parent
+    logs = [folder / f"P_{k}.1.log" for k in ("clat", "lat", "slat")]
+    for kind, section in (("lat", "lat_ns"), ("slat", "slat_ns"), ("clat", "clat_ns")):
+        truth = _fio_truth(lat_run, section)
+        _check(_report(lat_run, "--latency", kind, files=logs), truth)
+        # with the json+ stream and hist log of the same job: the per-I/O log, exact, counts
+        _check(_report(lat_run, "--latency", kind, files=[*logs, *lat_run_files(lat_run)]), truth)
+    r = fiomon("report", *logs)  # the three views of the same I/Os: clat, a note
+    assert r.returncode == 0, r.stderr
+    assert "not reading 2 per-I/O log(s) of other latency kinds" in r.stderr, r.stderr
+    r = fiomon("report", logs[1])  # lat logs alone are lat
+    assert r.returncode == 0, r.stderr
+    assert "note: --latency lat: the one kind every input holds" in r.stderr
+    assert "lat p99" in r.stdout
+
+
+def test_mixing_kinds_is_refused_naming_files_and_flag(plain_run: Path, lat_run: Path) -> None:
     folder = plain_run.parent
     clat, lat = folder / "P_clat.1.log", folder / "P_lat.1.log"
     assert clat.is_file() and lat.is_file()
     cases = [
-        [clat, lat],  # two kinds of per-I/O logs
+        [clat, lat_run.parent / "P_lat.1.log"],  # a job's clat log, another job's lat log
         [plain_run, lat],  # a json+ without lat_ns bins beside lat logs
         [lat, folder / "run_clat_hist.1.log"],  # lat logs beside a (clat) hist log
     ]
