@@ -263,9 +263,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         "counts differ, and plain json (no bins) pairs with nothing (see agents/README.md "
         "'One truth per I/O')",
     )
-    g.add_argument(
-        "--latency", choices=LATENCY_KINDS, default=None, metavar="KIND", help=LATENCY_HELP
-    )
+    g.add_argument("--latency", choices=LATENCY_KINDS, default=None, help=LATENCY_HELP)
     g.add_argument(
         "--directions",
         type=_directions,
