@@ -126,6 +126,11 @@ def _report(
     return got
 
 
+def lat_run_files(stream: Path) -> list[Path]:
+    """A stream and its hist logs."""
+    return [stream, *sorted(stream.parent.glob("run_clat_hist.*.log"))]
+
+
 def test_report_and_summary_lat_equal_fios_lat_percentiles(lat_run: Path) -> None:
     _apart(lat_run, "lat_ns")
     truth = _fio_truth(lat_run, "lat_ns")
@@ -185,13 +190,9 @@ def test_hist_logs_with_lat_are_refused_by_name(plain_run: Path) -> None:
     assert r.returncode != 0
     assert "hist logs hold completion latency (clat) only" in r.stderr, r.stderr
     assert all(str(p) in r.stderr for p in logs), r.stderr
-    r = fiomon("report", "--latency", "lat", "--source", "hist", lat_run_files(plain_run)[0])
+    r = fiomon("report", "--latency", "lat", "--source", "hist", *lat_run_files(plain_run))
     assert r.returncode != 0
-
-
-def lat_run_files(stream: Path) -> list[Path]:
-    """A stream and its hist logs."""
-    return [stream, *sorted(stream.parent.glob("run_clat_hist.*.log"))]
+    assert "--source hist with --latency lat: hist logs hold clat only" in r.stderr, r.stderr
 
 
 def test_lat_takes_the_json_stream_over_its_hist_logs(lat_run: Path) -> None:
