@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +49,10 @@ DIRECTION_LABELS: tuple[str, ...] = tuple(d.label for d in Direction)
 DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
 # The percentiles computed unless asked for others: report, plot, the aggregator, the library.
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+# fio's latencies of an I/O: completion (``clat``, what hist logs hold), submission
+# (``slat``) and total (``lat`` = slat + clat). A run of fiomon is of one kind.
+LatencyKind = Literal["clat", "lat", "slat"]
+LATENCY_KINDS: tuple[LatencyKind, ...] = ("clat", "lat", "slat")
 
 
 @dataclass(frozen=True, slots=True)

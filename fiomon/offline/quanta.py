@@ -32,7 +32,7 @@ from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, LatencyKind, RecordBatch
 from fiomon.offline.quantafiles import Selection, all_quanta_files, resolve_rows
 from fiomon.offline.sources import (
     REFUSED,
@@ -66,6 +66,8 @@ class QuantaOptions:
         keep_hists: keep each cluster row's merged histogram (:attr:`ClosedQuantum.hist`).
         run: ``--run``: fio output's rows carry this run label (:attr:`ClosedQuantum.runs`);
             a quanta file's rows are kept only when they name it.
+        latency: the latency read (``--latency``); the rows do not carry it, the writers'
+            headers say it. Given here or as ``source.latency``: the two agree.
     """
 
     quantum_ms: int = 1000
@@ -82,6 +84,25 @@ class QuantaOptions:
     workers: int = 0
     keep_hists: bool = False
     run: str | None = None
+    latency: LatencyKind = "clat"
+
+    def __post_init__(self) -> None:
+        """Make ``latency`` and ``source.latency`` one (either may be given).
+
+        Raises:
+            ValueError: both are given and differ.
+        """
+        if self.latency == self.source.latency:
+            return
+        if self.source.latency == "clat":
+            object.__setattr__(
+                self, "source", dataclasses.replace(self.source, latency=self.latency)
+            )
+        elif self.latency == "clat":
+            object.__setattr__(self, "latency", self.source.latency)
+        else:
+            msg = f"latency {self.latency!r} differs from source.latency {self.source.latency!r}"
+            raise ValueError(msg)
 
 
 def iter_quanta(
@@ -107,7 +128,9 @@ def iter_quanta(
     if all_quanta_files(paths):
         yield from _file_rows(paths, opts)
         return
-    reader = QuantaReader(paths, opts)
+    from fiomon.offline.exact import open_reader  # noqa: PLC0415 -- exact imports this module
+
+    reader = open_reader(paths, opts)
     try:
         with reader:
             for rows in reader.chunks():

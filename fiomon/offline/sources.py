@@ -45,7 +45,7 @@ from fiomon.fio.parsers import (
     sniff,
 )
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.model import DIRECTION_LABELS, LatencyKind, RecordBatch
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
 
@@ -61,6 +61,8 @@ class SourceOptions:
         strict: make the first bad line fatal.
         chunk_bytes: read size.
         skip_jobs: per json+ file, positions of jobs not to read (``--source hist``).
+        log_unit: unit of per-I/O latency log values (``us``: fio 2.x logs).
+        latency: which latency to read (``--latency``; :mod:`fiomon.offline.kinds`).
     """
 
     interval_ms: int | None = None
@@ -69,6 +71,8 @@ class SourceOptions:
     strict: bool = False
     chunk_bytes: int = CHUNK_BYTES
     skip_jobs: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    log_unit: Literal["ns", "us"] = "ns"
+    latency: LatencyKind = "clat"
 
 
 class FileSource:
@@ -104,6 +108,7 @@ class FileSource:
                     hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
                     json_group_nr=options.group_nr,
                     skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+                    latency=options.latency,
                 ),
             ),
             self.problems,
@@ -205,10 +210,11 @@ HOST_FROM_HELP = (
     "prefers wherever every file has one), or regex:PATTERN (searched in the path as "
     "given; the group named host, else group 1, else the match)"
 )
-# fio's hist-log suffix (per job, per_job_logs=0, compressed by fio) and the json+
-# stream's, with what people add after the run: compression, backup and rotation suffixes.
+# fio's hist-log suffix (per job, per_job_logs=0, compressed by fio), its per-I/O
+# latency logs' (write_lat_log) and the json+ stream's, with what people add after the
+# run: compression, backup and rotation suffixes.
 _FIO_SUFFIX = re.compile(
-    r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)"
+    r"(_(?:clat|lat|slat)(?:_hist)?(?:\.\d+)?\.log(?:\.fz)?|\.json)"
     r"(?:\.(?:gz|bz2|xz|bak|old|orig|\d+))*$"
 )
 
@@ -319,13 +325,16 @@ def host_labels(paths: list[Path], how: str = "auto") -> list[str]:
     return out
 
 
-SourceChoice = Literal["json", "hist", "both"]
+SourceChoice = Literal["json", "hist", "both", "iolog"]
 SOURCE_HELP = {
     "json": "the json+ status streams (what the agent publishes live; they hold each "
     "job's last partial interval)",
     "hist": "the hist logs (a record every log_hist_msec; fio never writes a job's last "
     "partial interval to them)",
     "both": "count both anyway (every I/O of those jobs twice)",
+    "iolog": "only the per-I/O latency logs (write_lat_log with log_avg_msec=0: exact "
+    "values; the default when they are given with the hist logs or json+ streams of the "
+    "same jobs, which are then left out)",
 }
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
 _BEYOND_DUMP_MS = 2_000  # a claimed log's records this far past its stream's last dump
