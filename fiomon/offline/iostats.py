@@ -35,7 +35,7 @@ memory that does not grow with the number of lines:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -463,9 +463,6 @@ def per_io_stats(acc: DirAcc, qs: Sequence[float], hist_bins: int) -> PerIoStats
     )
 
 
-def histogram_counts(values: Iterable[I64], edges: F64) -> tuple[I64, int, int]:
-    """Exact counts of ``values`` per ``[edges[i], edges[i+1])``, and below and above them."""
-    counts = np.zeros(len(edges) + 1, dtype=np.int64)
-    for v in values:
-        counts += np.bincount(np.searchsorted(edges, v, side="right"), minlength=len(edges) + 1)
-    return counts[1:-1], int(counts[0]), int(counts[-1])
+def bin_counts(values: I64, edges: F64) -> I64:
+    """Exact counts of ``values``: below ``edges[0]``, per ``[edges[i], edges[i+1])``, above."""
+    return np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1)
