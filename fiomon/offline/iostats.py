@@ -184,7 +184,9 @@ class GapStats:
         max_ms: largest gap.
         percentiles_ms: nearest-rank percentiles, keyed as ``fiomon report`` keys them.
         same_stamp: gaps of 0 ms (two I/Os with one stamp).
-        histogram: ``(from_ms, to_ms, count)`` rows on log bins around the gaps of 1 ms up.
+        histogram: ``(from_ms, to_ms, count)`` rows, ``[from, to)``, on log bins rounded
+            to whole ms, from the decade below the smallest gap of 1 ms up to the decade
+            above the largest.
         restarts: times a stamp went back in a file (a new sequence, not a gap).
     """
 
@@ -231,7 +233,8 @@ def gap_stats(gaps: GapCounts, qs: Sequence[float], restarts: int, nbins: int) -
     if int(values[-1]) >= 1:
         lo = 10.0 ** math.floor(math.log10(max(int(values[values > 0][0]), 1)))
         hi = 10.0 ** math.ceil(math.log10(max(int(values[-1]) + 1, lo * 10)))
-        edges = np.geomspace(lo, hi, nbins + 1)
+        # whole-ms edges: a log bin holding no whole ms would always be empty
+        edges = np.unique(np.ceil(np.geomspace(lo, hi, nbins + 1)))
         at = np.searchsorted(values, edges, side="left")
         below = np.concatenate([[0], cum])[at]
         hist = [

@@ -418,17 +418,21 @@ def _io_chunks(
     """``(time_ms, value_ns, ddir, bs)`` of one per-I/O log, chunk by chunk, --from/--to applied.
 
     Raises:
-        FiomonError: the log is averaged (``log_avg_msec > 0``): no per-I/O values in it.
+        FiomonError: the file is not a readable per-I/O log (the reader's refusal), or it is
+            averaged (``log_avg_msec > 0``): no per-I/O values in it.
     """
     reader = IoLogReader(path, log_unit=getattr(source, "log_unit", "ns"), problems=problems)
+    if reader.refusal is not None:
+        msg = f"{path}: {reader.refusal}"
+        raise FiomonError(msg)
+    if reader.averaged:
+        msg = (
+            f"{path}: an averaged log (fio's log_avg_msec > 0): one mean per window, so no "
+            "per-I/O statistics (percentiles, inter-arrival, bytes per request) can come "
+            "from it; fio writes one line per I/O with log_avg_msec=0"
+        )
+        raise FiomonError(msg)
     for chunk in reader.chunks():
-        if reader.averaged:
-            msg = (
-                f"{path}: an averaged log (fio's log_avg_msec > 0): one mean per window, so "
-                "no per-I/O statistics (percentiles, inter-arrival) can come from it; "
-                "fio writes one line per I/O with log_avg_msec=0"
-            )
-            raise FiomonError(msg)
         t = chunk.time_ms
         keep = np.ones(t.size, dtype=np.bool_)
         if filters.from_ms is not None:
