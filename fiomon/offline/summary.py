@@ -469,8 +469,8 @@ def summarize_iologs(
     chosen = _iolog_inputs(paths, filters, source, problems)
     acc = IoStatsAccumulator()
     for path in chosen:
-        for t, v, d, b in _io_chunks(path, source, problems, filters):
-            acc.add(str(path), t, v, d, b)
+        for t, v, dirs, b in _io_chunks(path, source, problems, filters):
+            acc.add(str(path), t, v, dirs, b)
     wanted = [d for d in (0, 1, 2, ALL) if d in acc.dirs and DDIR_LABELS[d] in filters.directions]
     finders = {d: RankFinder(acc.dirs[d].fine, percentiles) for d in wanted}
     edges: dict[int, F64] = {}
@@ -495,7 +495,7 @@ def summarize_iologs(
         for d in pending:
             finders[d].finish_pass()
     out = [
-        _iolog_op_stats(d, acc.dirs[d], finders[d], edges[d], hist[d], percentiles)
+        _iolog_op_stats(d, acc.dirs[d], finders[d], edges=edges[d], hist=hist[d], qs=percentiles)
         for d in wanted
     ]
     if not out:
@@ -505,7 +505,7 @@ def summarize_iologs(
 
 
 def _iolog_op_stats(
-    d: int, a: DirAcc, finder: RankFinder, edges: F64, hist: I64, qs: Sequence[float]
+    d: int, a: DirAcc, finder: RankFinder, *, edges: F64, hist: I64, qs: Sequence[float]
 ) -> OpStats:
     lat = a.latency
     assert lat.min is not None and lat.max is not None and lat.variance is not None  # noqa: S101
