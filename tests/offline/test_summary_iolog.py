@@ -203,3 +203,13 @@ def test_text_output_names_every_iostats_statistic(tmp_path: Path, fio_bin: str)
     assert r.returncode == 0, r.stderr
     for phrase in ("total time", "per request", "inter-arrival", "of total time"):
         assert phrase in r.stdout, phrase
+
+
+def test_an_averaged_log_is_refused_by_name(tmp_path: Path, fio_bin: str) -> None:
+    # log_avg_msec > 0: one mean per window and direction, no I/O of its own.
+    run_fio(fio_bin, tmp_path, extra="log_avg_msec=200")
+    log = tmp_path / "P_clat.1.log"
+    r = fiomon("summary", log)
+    assert r.returncode == 1
+    assert f"{log}: an averaged log" in r.stderr
+    assert "log_avg_msec=0" in r.stderr
