@@ -299,6 +299,9 @@ class IoLogReader:
         columns: fields per line (4 to 6; another count: :attr:`refusal` says why).
         refusal: why the file is not a per-I/O latency log, or None.
         lines: lines read so far (good and bad).
+        bytes_read: bytes of the file read so far (as stored: compressed or not).
+        has_offset: the lines carry the I/O's offset (``log_offset=1``).
+        has_prio: the lines carry the I/O's priority.
     """
 
     def __init__(
@@ -312,6 +315,7 @@ class IoLogReader:
         self.problems = problems if problems is not None else ProblemLog()
         self.kind = iolog_kind(path)
         self.lines = 0
+        self.bytes_read = 0
         head = self._read_head()
         self.columns = head.columns
         self.averaged = head.averaged
@@ -334,10 +338,12 @@ class IoLogReader:
             decoder = InputDecoder(data)
             if not decoder.needed:
                 while data:
+                    self.bytes_read += len(data)
                     yield data
                     data = fh.read(READ_BYTES)
                 return
             while data:
+                self.bytes_read += len(data)
                 yield from decoder.feed(data)
                 data = fh.read(READ_BYTES)
             yield from decoder.finish()
@@ -376,6 +382,7 @@ class IoLogReader:
         problem; an empty one yields nothing (a warning).
         """
         self.lines = 0
+        self.bytes_read = 0
         if self.refusal is not None:
             self.problems.report(self.source, 0, "refused", self.refusal)
             return
