@@ -421,7 +421,7 @@ def _io_chunks(
         FiomonError: the file is not a readable per-I/O log (the reader's refusal), or it is
             averaged (``log_avg_msec > 0``): no per-I/O values in it.
     """
-    reader = IoLogReader(path, log_unit=getattr(source, "log_unit", "ns"), problems=problems)
+    reader = IoLogReader(path, log_unit=source.log_unit, problems=problems)
     if reader.refusal is not None:
         msg = f"{path}: {reader.refusal}"
         raise FiomonError(msg)
