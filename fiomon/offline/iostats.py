@@ -50,7 +50,7 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 FINE_BINS = MAX_GROUP_NR * PLAT_VAL  # fio's fine bins up to 2**63 ns: no value is clamped
-COLLECT_CAP = 1 << 20  # values kept per percentile in a pass (8 MiB)
+COLLECT_CAP = 1 << 18  # values kept per percentile in a pass (2 MiB)
 SPLIT = 1 << 16  # parts an interval too wide and too full is split into
 GAP_DENSE_MS = 1 << 16  # gaps below this (65.5 s) are counted in an array, above in a dict
 ALL = -1  # the direction key of every I/O together

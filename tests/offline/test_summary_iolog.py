@@ -160,6 +160,10 @@ def test_host_and_job_filters_select_their_files(tmp_path: Path, fio_bin: str) -
     assert got["all"]["per_io"]["interarrival"]["count"] == got["all"]["ios"] - len(job2)
     got, _ = summary(*logs, "--job", "P_clat.2.", "--host", "c2")
     assert got["all"]["ios"] == lines(tmp_path / "c2" / "P_clat.2.log").shape[0]
+    # --from/--to keep the I/Os stamped in (from, to]: relative stamps, seconds since start
+    got, _ = summary(*logs, "--from", "0.5", "--to", "1.5")
+    stamps = np.concatenate([lines(p)[:, 0] for p in logs])
+    assert got["all"]["ios"] == np.count_nonzero((stamps > 500) & (stamps <= 1500))
 
 
 def test_a_bad_line_is_named_and_skipped(tmp_path: Path, fio_bin: str) -> None:
