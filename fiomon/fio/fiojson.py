@@ -37,7 +37,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.fio.overlap import MIN_SLACK_MS, Declaration, prefix_name
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo
+from fiomon.model import DIRECTION_LABELS, Direction, LatencyKind, RecordBatch, StreamInfo
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
 _MAX_TEXT_LINE = 64 << 10  # an unfinished line of text held back for its end
@@ -213,6 +213,9 @@ class JsonStatusParser:
         host: host label of the records.
         layout: fio 3 layout of the json+ bins (GROUP_NR 29 unless fio was rebuilt).
         problems: where bad documents are reported.
+        latency: which of fio's bins to read: ``clat_ns`` (the default; ``lat_ns`` when a
+            section has no ``clat_ns`` bins), ``lat_ns`` or ``slat_ns`` (fio writes those
+            with ``lat_percentiles=1`` / ``slat_percentiles=1`` only).
     """
 
     def __init__(
@@ -223,8 +226,10 @@ class JsonStatusParser:
         layout: BinLayout | None = None,
         problems: ProblemLog | None = None,
         skip_jobs: frozenset[int] = frozenset(),
+        latency: LatencyKind = "clat",
     ) -> None:
         self.source = source
+        self.latency = latency
         self.host = host
         self.layout = layout or BinLayout()
         self.problems = problems if problems is not None else ProblemLog()
@@ -364,6 +369,14 @@ class JsonStatusParser:
             self.problems.report(self.source, line, "refused", self._no_bins_reason())
 
     def _no_bins_reason(self) -> str:
+        if self.latency != "clat":
+            key = f"{self.latency}_ns"
+            return (
+                f"fio JSON without {key} bins: it holds {self.ios_without_bins} I/Os but no "
+                f"{key}.bins, so no {self.latency} percentiles can be computed from it; run "
+                f"fio with --output-format=json+ and {self.latency}_percentiles=1 (or publish "
+                "clat, the default latency)"
+            )
         return (
             f"fio JSON without latency histograms: it holds {self.ios_without_bins} I/Os but "
             "no bins (clat_ns.bins), so no percentiles can be computed from it; run fio with "
@@ -579,15 +592,16 @@ class JsonStatusParser:
         """Cumulative dense histogram and io_bytes of one direction, or None if absent."""
         if not isinstance(section, dict):
             return None
-        lat = section.get("clat_ns")
-        if not isinstance(lat, dict) or "bins" not in lat:
+        key = f"{self.latency}_ns"
+        lat = section.get(key)
+        if self.latency == "clat" and (not isinstance(lat, dict) or "bins" not in lat):
             lat = section.get("lat_ns")
         bins = lat.get("bins") if isinstance(lat, dict) else None
         if bins is None:
             return None
         if not isinstance(bins, dict):
             self.problems.report(
-                self.source, line, "json-shape", f"{label}.clat_ns.bins is no object"
+                self.source, line, "json-shape", f"{label}.{key}.bins is no object"
             )
             return None
         try:
@@ -599,17 +613,17 @@ class JsonStatusParser:
                 self.source,
                 line,
                 "json-shape",
-                f"{label}.clat_ns.bins has non-integer or negative keys or counts",
+                f"{label}.{key}.bins has non-integer or negative keys or counts",
             )
             return None
         if (vals < 0).any():
             self.problems.report(
-                self.source, line, "negative", f"{label}.clat_ns.bins has negative values"
+                self.source, line, "negative", f"{label}.{key}.bins has negative values"
             )
             return None
         if len(vals) and int(vals.max()) > _MAX_COUNT:
             self.problems.report(
-                self.source, line, "overflow", f"{label}.clat_ns.bins has counts above 2**53"
+                self.source, line, "overflow", f"{label}.{key}.bins has counts above 2**53"
             )
             return None
         dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)

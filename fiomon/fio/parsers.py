@@ -40,7 +40,7 @@ from fiomon.fio.decode import InputDecoder, fio_log_store
 from fiomon.fio.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser
 from fiomon.fio.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import RecordBatch
+from fiomon.model import LatencyKind, RecordBatch
 
 Kind = Literal["json", "hist"]
 
@@ -143,6 +143,8 @@ class ParserOptions:
         max_document_bytes: largest json+ document accepted.
         client_logs: undo the cumulative counts of ``fio --client`` hist logs (named
             by :func:`fiomon.fio.clientlog.client_log_host`).
+        latency: the latency kind read: json+ ``<kind>_ns`` bins; hist logs hold clat
+            only and are refused (:func:`hist_latency_refusal`) for another kind.
     """
 
     host: str = ""
@@ -151,6 +153,16 @@ class ParserOptions:
     skip_jobs: frozenset[int] = frozenset()
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     client_logs: bool = True
+    latency: LatencyKind = "clat"
+
+
+def hist_latency_refusal(latency: LatencyKind) -> str:
+    """Why a hist log cannot give ``latency`` (not clat): fio's hist logs hold clat only."""
+    return (
+        f"a hist log holds completion latency (clat) only, not {latency}: not read with "
+        f"latency {latency} (give fiomon fio's json+ output with {latency}_percentiles=1, "
+        "or its per-I/O logs of that kind, instead)"
+    )
 
 
 def open_parser(
@@ -173,9 +185,12 @@ def open_parser(
                 problems=problems,
                 layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
                 skip_jobs=opts.skip_jobs,
+                latency=opts.latency,
             )
             parser.splitter.max_document_bytes = opts.max_document_bytes
             return parser
+        if opts.latency != "clat":
+            return RefusedParser(source, problems, hist_latency_refusal(opts.latency))
         hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
         if opts.client_logs and client_log_host(Path(source)) is not None:
             return ClientHistLogParser(hist, ClientLogUndo(source, problems))

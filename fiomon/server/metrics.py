@@ -41,7 +41,15 @@ OTHER_HOST = "_other"  # label of per-host counters beyond the host cap
 CLOSE_DELAY_EDGES_S = np.array([0.25, 0.5, 1, 1.5, 2, 3, 4, 5, 5.5, 6, 7, 8, 10, 15, 30, 60])
 
 # Every label value that can occur; each series exists from the start, at 0.
-RESULTS = ("received", "duplicate", "refused", "invalid-future", "invalid-span", "replayed")
+RESULTS = (
+    "received",
+    "duplicate",
+    "refused",
+    "invalid-future",
+    "invalid-span",
+    "replayed",
+    "wrong_latency",  # of another latency kind than the aggregator's (issue 27)
+)
 INVALID_REASONS = (
     *REASONS,
     "agent-mismatch",
@@ -531,7 +539,7 @@ def build_snapshot(
     counters: dict[Key, Table] = {
         (
             "fiomon_records",
-            "Records by result (received, duplicate, refused, invalid-*, replayed).",
+            "Records by result (received, duplicate, refused, invalid-*, replayed, wrong_latency).",
             ("result",),
         ): _with_zeros(counts.records, RESULTS),
         ("fiomon_invalid_messages", "Payloads refused, by reason.", ("reason",)): _with_zeros(
