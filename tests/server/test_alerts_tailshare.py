@@ -44,7 +44,8 @@ def test_the_slow_host_holds_the_tail_and_the_metric_names_it() -> None:
     _feed(c, clock, hosts)
     samples = parse_samples(render(c.snapshot).decode())
     shares = {k: v for k, v in samples.items() if k[0] == "fiomon_tail_share"}
-    key = ("fiomon_tail_share", (("direction", "read"), ("host", "slow"), ("percentile", "99")))
+    labels = (("direction", "read"), ("host", "slow"), ("latency", "clat"), ("percentile", "99"))
+    key = ("fiomon_tail_share", labels)
     assert shares == {key: 1.0}
     # The alert fired with the slow host named, with its share of the breaching quanta.
     (t,) = [t for t in c.transitions if t.new is Phase.FIRING]
