@@ -125,12 +125,12 @@ class FiomonCollector:
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
         s = self.current()
-        kind = s.latency
+        lat = s.latency
         g = GaugeMetricFamily(
             CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile", "latency"]
         )
         for (d, q), v in sorted(s.cluster.items()):
-            g.add_metric([d, q, kind], v)
+            g.add_metric([d, q, lat], v)
         yield g
         h = GaugeMetricFamily(
             HOST_LATENCY,
@@ -138,7 +138,7 @@ class FiomonCollector:
             labels=["host", "direction", "percentile", "latency"],
         )
         for (host, d, q), v in sorted(s.hosts.items()):
-            h.add_metric([host, d, q, kind], v)
+            h.add_metric([host, d, q, lat], v)
         yield h
         if s.quantum_end_s is not None:
             yield GaugeMetricFamily(QUANTUM_END, HELP[QUANTUM_END], value=s.quantum_end_s)
@@ -148,15 +148,15 @@ class FiomonCollector:
         for d, (counts, total, sum_s) in sorted(s.buckets.items()):
             buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
             buckets.append(("+Inf", total))
-            hist.add_metric([d, kind], buckets, sum_value=sum_s)
+            hist.add_metric([d, lat], buckets, sum_value=sum_s)
         yield hist
         breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host", "latency"])
         for (rule, host), v in sorted(s.sla_breach.items()):
-            breach.add_metric([rule, host, kind], v)
+            breach.add_metric([rule, host, lat], v)
         yield breach
         breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule", "latency"])
         for rule, v in sorted(s.sla_breaches.items()):
-            breaches.add_metric([rule, kind], v)
+            breaches.add_metric([rule, lat], v)
         yield breaches
         families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
             (CounterMetricFamily, s.counters),
