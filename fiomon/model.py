@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -47,14 +47,14 @@ DIRECTION_LABELS: tuple[str, ...] = tuple(d.label for d in Direction)
 # The directions of quantum rows, in the order they are written: fio's three, ``all``
 # (every I/O, mixed included), then ``mixed``. The partials format numbers them so.
 DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
-# Which latency fio measured (issue 27): completion (``clat``, what hist logs hold), total
-# (``lat`` = submission + completion) or submission (``slat``). A batch, a message and an
-# aggregator hold one kind each, so records do not carry it: a message says it on the
-# wire (fiomon.wire), an aggregator refuses another kind than its own.
-LatencyKind = Literal["clat", "lat", "slat"]
-LATENCY_KINDS: tuple[LatencyKind, ...] = get_args(LatencyKind)
 # The percentiles computed unless asked for others: report, plot, the aggregator, the library.
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+# fio's latencies of an I/O: completion (``clat``, what hist logs hold), submission
+# (``slat``) and total (``lat`` = slat + clat). A run of fiomon is of one kind. Records do
+# not carry it: a wire message says its kind (fiomon.wire flag bits 2-3), and an
+# aggregator refuses another kind than its own.
+LatencyKind = Literal["clat", "lat", "slat"]
+LATENCY_KINDS: tuple[LatencyKind, ...] = ("clat", "lat", "slat")
 
 
 @dataclass(frozen=True, slots=True)

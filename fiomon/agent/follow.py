@@ -106,7 +106,7 @@ from fiomon.fio.parsers import (
     Kind,
     ParserOptions,
     RecordParser,
-    hist_latency_refusal,
+    hist_log_kind_refusal,
     open_parser,
     sniff,
 )
@@ -1098,7 +1098,7 @@ class Follower:
         if s.kind == "hist" and self.latency != "clat":
             s.decided = True
             self.stats.files_refused += 1
-            log.warning("%s: not published: %s", s.path, hist_latency_refusal(self.latency))
+            log.warning("%s: not published: %s", s.path, hist_log_kind_refusal(self.latency))
             return
         if s.kind == "hist" and self._pbench_client_log(s):
             s.decided = True

@@ -143,8 +143,8 @@ class ParserOptions:
         max_document_bytes: largest json+ document accepted.
         client_logs: undo the cumulative counts of ``fio --client`` hist logs (named
             by :func:`fiomon.fio.clientlog.client_log_host`).
-        latency: the latency kind read: json+ ``<kind>_ns`` bins; hist logs hold clat
-            only and are refused (:func:`hist_latency_refusal`) for another kind.
+        latency: the latency read: json+ ``clat_ns``, ``lat_ns`` or ``slat_ns`` bins;
+            hist logs hold ``clat`` only and are refused for another kind.
     """
 
     host: str = ""
@@ -154,15 +154,6 @@ class ParserOptions:
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     client_logs: bool = True
     latency: LatencyKind = "clat"
-
-
-def hist_latency_refusal(latency: LatencyKind) -> str:
-    """Why a hist log cannot give ``latency`` (not clat): fio's hist logs hold clat only."""
-    return (
-        f"a hist log holds completion latency (clat) only, not {latency}: not read with "
-        f"latency {latency} (give fiomon fio's json+ output with {latency}_percentiles=1, "
-        "or its per-I/O logs of that kind, instead)"
-    )
 
 
 def open_parser(
@@ -189,8 +180,8 @@ def open_parser(
             )
             parser.splitter.max_document_bytes = opts.max_document_bytes
             return parser
-        if opts.latency != "clat":
-            return RefusedParser(source, problems, hist_latency_refusal(opts.latency))
+        if opts.latency != "clat" and not _PER_IO_LOG_NAME.search(Path(source).name):
+            return RefusedParser(source, problems, hist_log_kind_refusal(opts.latency))
         hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
         if opts.client_logs and client_log_host(Path(source)) is not None:
             return ClientHistLogParser(hist, ClientLogUndo(source, problems))
@@ -200,6 +191,21 @@ def open_parser(
     if decoder is None:
         return make(text)
     return DecodedParser(make, decoder, source, problems, text)
+
+
+# fio's per-I/O latency, bw and iops logs: their own parsers say what they are.
+_PER_IO_LOG_NAME = re.compile(r"_(?:lat|clat|slat|bw|iops)(?:\.\d+)?\.log\b")
+
+
+def hist_log_kind_refusal(latency: LatencyKind) -> str:
+    """Why a hist log cannot be read for ``latency`` (not ``clat``), and what can."""
+    option = "lat_percentiles=1" if latency == "lat" else "slat_percentiles=1"
+    return (
+        f"a hist log holds completion latency (clat) only, not {latency}: --latency "
+        f"{latency} cannot read it; give the json+ status stream of fio run with "
+        f"{option}, or the {latency} per-I/O logs (write_lat_log=NAME with "
+        f"log_avg_msec=0: NAME_{latency}.N.log), or use --latency clat"
+    )
 
 
 FIO_STORE_REFUSAL = (
