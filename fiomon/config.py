@@ -1545,6 +1545,12 @@ def watch_warnings(cfg: AgentConfig, *, unit_note: bool = False) -> list[str]:
                 f"watch[{i}]: {pattern!r} scans every folder under {folder} (the first 100 000 "
                 "a scan): point ** at the results folder (agents/README.md, section 2)"
             )
+        if cfg.latency != "clat" and "_hist" in Path(pattern).name:
+            out.append(
+                f"watch[{i}]: {pattern!r} names hist logs, which hold clat only: with latency "
+                f"{cfg.latency} the agent refuses them (logged, files_refused); watch fio's "
+                f"json+ output written with {cfg.latency}_percentiles=1 instead"
+            )
     return out
 
 
