@@ -196,7 +196,11 @@ class AggregatorCore:
         self.state.open()
         if cfg.state_dir is not None and cfg.partials is not None:
             self.outbox = Outbox(
-                cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
+                cfg.state_dir,
+                cfg.partials.cell,
+                cfg.partials.max_message_bytes,
+                self.problem,
+                latency=cfg.latency,
             )
         grid, why = (
             GridState.load(self.state.state_path, KnownStreams.from_json)

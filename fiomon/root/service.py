@@ -164,6 +164,7 @@ class RootService(Hooks):
             state_lost=evidence,
             revise_within_ms=cfg.revise_within_ms,
             revise_memory_bytes=cfg.revise_memory_bytes,
+            latency=cfg.latency,
         )
         if path is not None and lost:
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
