@@ -102,7 +102,7 @@ class AggregatorService(Hooks):
         return (
             f"fiomon aggregator {__version__} (instance {self.presence.instance}): /metrics on "
             f"{cfg.listen}, broker {cfg.broker.host}:{cfg.broker.port}, quantum "
-            f"{cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+            f"{cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms, latency {cfg.latency}"
         )
 
     def stopping(self, *, final: bool) -> str:

@@ -351,7 +351,7 @@ class RootService(Hooks):
         return (
             f"fiomon root {__version__}: /metrics on {cfg.listen}, broker "
             f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells)}, "
-            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms, latency {cfg.latency}"
         )
 
     def stopping(self, *, final: bool) -> str:
