@@ -59,7 +59,9 @@ class AggregatorService(Hooks):
         self.link = core.link
         cfg = core.cfg
         self.topics = Topics(cfg.topic_prefix)
-        self.dispatcher = AlertDispatcher(cfg.webhook, core.counts.alert_deliveries, core.now_ms)
+        self.dispatcher = AlertDispatcher(
+            cfg.webhook, core.counts.alert_deliveries, core.now_ms, latency=cfg.latency
+        )
         # Retained publications in order (alert state, presence); drained at the stop.
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue(maxsize=100)
         self.presence = Presence(

@@ -103,15 +103,16 @@ def test_a_resolution_during_the_run_says_recovered_one_at_idle_says_ended() -> 
     book = AlertBook((rule,))
     state = AlertState(Phase.RESOLVED, value_ns=2.5e6, fired_ms=T0)
     for idle, summary, resolution in (
-        (False, "recovered: p99 read 2.5 ms < 4.5 ms", "recovered: p99 read below 4.5 ms for 3"),
+        (False, "recovered: p99 lat read 2.5 ms < 4.5 ms", "recovered: p99 lat read below 4.5 ms"),
         (
             True,
-            "ended (the benchmark stopped): p99 read last 2.5 ms, threshold 5 ms (cluster)",
+            "ended (the benchmark stopped): p99 lat read last 2.5 ms, threshold 5 ms (cluster)",
             "ended: the benchmark",
         ),
     ):
         t = Transition(rule, None, Phase.FIRING, Phase.RESOLVED, state, T0 + 9000, idle)
-        (alert,) = alertmanager_payload(book, [t], T0 + 9000)
+        (alert,) = alertmanager_payload(book, [t], T0 + 9000, "lat")
+        assert alert["labels"]["latency"] == "lat"  # the kind the rule holds for (issue 27)
         assert alert["annotations"]["summary"].startswith(summary), alert
         assert alert["annotations"]["resolution"].startswith(resolution), alert
         assert "endsAt" in alert
