@@ -83,11 +83,12 @@ def test_alertmanager_example_pages_once_per_incident(tmp_path: Path) -> None:
     doc = yaml.safe_load(example.read_text())
     # Every SLA alert of a cluster is one group (one notification) ...
     assert doc["route"]["group_by"] == ["cluster", "alertname"]
-    # ... and a firing cluster-scope SLA alert mutes its cluster's host-scope ones.
+    # ... and a firing cluster-scope SLA alert mutes its cluster's host-scope ones of the
+    # same latency kind.
     host_rule = {
         "source_matchers": ['alertname="FiomonSLABreach"', 'host=""'],
         "target_matchers": ['alertname="FiomonSLABreach"', 'host=~".+"'],
-        "equal": ["cluster"],
+        "equal": ["cluster", "latency"],
     }
     assert host_rule in doc["inhibit_rules"]
     # The page names the cluster: every shipped Prometheus config sets it.
