@@ -29,7 +29,7 @@ from typing import Any
 from fiomon.align import Align, parse_align
 from fiomon.cells import assign_cell
 from fiomon.errors import ConfigError
-from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, LATENCY_KINDS, LatencyKind
 from fiomon.topics import RESERVED_NAMES, Topics
 from fiomon.units import parse_duration_ms, parse_latency_ns, parse_size
 
@@ -118,6 +118,13 @@ class AgentConfig:
             levels above that (harness trees: ``{dir:2}``) (``run: "{dir}"`` with
             ``watch: [results/**/*.json]`` labels each run folder's records). None: no
             label (messages exactly as before run labels existed).
+        latency: which latency fio measured that the agent publishes: ``clat``
+            (completion, the default), ``lat`` (total: submission + completion) or
+            ``slat`` (submission), from the json+ ``clat_ns`` / ``lat_ns`` / ``slat_ns``
+            bins (``lat`` and ``slat`` need fio's ``lat_percentiles=1`` /
+            ``slat_percentiles=1``). Hist logs hold clat only: with another kind they are
+            refused (logged, counted in ``files_refused``). Every message says its kind
+            (wire flag bits 2-3); the aggregator merges only its own ``latency``.
         log_level: ``debug``, ``info``, ``warning`` or ``error``; None: the command line's
             (``--log-level``, ``FIOMON_LOG_LEVEL``, which win over it). SIGHUP reloads it.
         metrics_listen: ``host:port`` of the agent's own ``/metrics`` (``process_*``,
@@ -141,6 +148,7 @@ class AgentConfig:
     rename_grace_ms: int = 60_000
     cell: str | None = None
     run: str | None = None
+    latency: LatencyKind = "clat"
     log_level: str | None = None
     metrics_listen: str | None = None
 
@@ -369,6 +377,10 @@ class AggregatorConfig:
         partials: this aggregator is a cell and sends its closed quanta to a root (needs
             ``state_dir``: the outbox lives there), or None.
         root: settings of ``fiomon root`` (ignored by ``fiomon aggregator``), or None.
+        latency: the latency kind it merges (``clat``, ``lat`` or ``slat``; the label
+            ``latency`` of every percentile and SLA series): records of another kind are
+            refused, counted (``fiomon_records_total{result="wrong_latency"}``) and logged
+            once per agent.
     """
 
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -405,6 +417,7 @@ class AggregatorConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     partials: PartialsConfig | None = None
     root: RootConfig | None = None
+    latency: LatencyKind = "clat"
 
     def __post_init__(self) -> None:
         if not self.alert_topic:  # the one place its default is written: it follows the prefix
@@ -771,6 +784,7 @@ _AGENT_KEYS: Table = {
     "rename_grace": ("rename_grace_ms", _duration_ms(0)),
     "cell": ("cell", _rule_name),
     "run": ("run", _run_label),
+    "latency": ("latency", _choice(*LATENCY_KINDS)),
     "log_level": ("log_level", _choice(*LOG_LEVELS)),
     "metrics_listen": ("metrics_listen", _listen),
 }
@@ -835,6 +849,7 @@ _AGGREGATOR_KEYS: Table = {
     "host_timeout": ("host_timeout_ms", _duration_ms(1000)),
     "log_level": ("log_level", _choice(*LOG_LEVELS)),
     "cell": ("cell", _rule_name),
+    "latency": ("latency", _choice(*LATENCY_KINDS)),
 }
 _AGGREGATOR_SECTIONS = ("broker", "sla", "webhook", "export", "partials", "root")
 
@@ -1529,6 +1544,12 @@ def watch_warnings(cfg: AgentConfig, *, unit_note: bool = False) -> list[str]:
             out.append(
                 f"watch[{i}]: {pattern!r} scans every folder under {folder} (the first 100 000 "
                 "a scan): point ** at the results folder (agents/README.md, section 2)"
+            )
+        if cfg.latency != "clat" and "_hist" in Path(pattern).name:
+            out.append(
+                f"watch[{i}]: {pattern!r} names hist logs, which hold clat only: with latency "
+                f"{cfg.latency} the agent refuses them (logged, files_refused); watch fio's "
+                f"json+ output written with {cfg.latency}_percentiles=1 instead"
             )
     return out
 

@@ -50,7 +50,9 @@ DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mix
 # The percentiles computed unless asked for others: report, plot, the aggregator, the library.
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 # fio's latencies of an I/O: completion (``clat``, what hist logs hold), submission
-# (``slat``) and total (``lat`` = slat + clat). A run of fiomon is of one kind.
+# (``slat``) and total (``lat`` = slat + clat). A run of fiomon is of one kind. Records do
+# not carry it: a wire message says its kind (fiomon.wire flag bits 2-3), and an
+# aggregator refuses another kind than its own.
 LatencyKind = Literal["clat", "lat", "slat"]
 LATENCY_KINDS: tuple[LatencyKind, ...] = ("clat", "lat", "slat")
 

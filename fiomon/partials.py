@@ -30,7 +30,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import Scope
 from fiomon.errors import WireFormatError, WireReason
-from fiomon.model import DIRECTIONS
+from fiomon.model import DIRECTIONS, LATENCY_KINDS, LatencyKind
 from fiomon.wire import MAX_TIME_MS, UNITS, Cursor, put_str
 
 MAGIC = b"FIOP"
@@ -47,8 +47,9 @@ FLAG_INCOMPLETE = 1  # a row's flags: the cell's own row of this group said comp
 REVISION_SHIFT = 1
 MAX_REVISION = (1 << 15) - 1
 
-# magic, version, group_nr, coarseness, unit, seq, closed_through_ms, strings, rows
-_HEAD = struct.Struct("<4sBBBBxxxxQqII")
+# magic, version, group_nr, coarseness, unit, latency kind, seq, closed_through_ms, strings,
+# rows. The kind (issue 27) is the byte after the unit: 0 clat, 1 lat, 2 slat (LATENCY_KINDS).
+_HEAD = struct.Struct("<4sBBBBBxxxQqII")
 _ROW = np.dtype(
     [
         ("start_ms", "<i8"),
@@ -145,6 +146,7 @@ class PartialsMessage:
         layout: the bin layout of every row's histogram.
         closed_through_ms: every quantum ending at or before this is closed by the cell.
         rows: the groups of the quanta closed since the previous message.
+        latency: the latency kind of every row's histogram (the cell's ``latency``).
     """
 
     cell: str
@@ -152,6 +154,7 @@ class PartialsMessage:
     layout: BinLayout
     closed_through_ms: int
     rows: tuple[PartialRow, ...]
+    latency: LatencyKind = "clat"
 
 
 def encode(msg: PartialsMessage) -> bytes:
@@ -178,6 +181,7 @@ def encode(msg: PartialsMessage) -> bytes:
             lay.group_nr,
             lay.coarseness,
             UNITS.index(lay.unit),
+            LATENCY_KINDS.index(msg.latency),
             msg.seq,
             msg.closed_through_ms,
             len(hosts) + 1,
@@ -237,7 +241,7 @@ def peek(payload: bytes) -> tuple[str, int, int] | None:
     """
     if len(payload) < _HEAD.size + 3:
         return None
-    magic, version, _, _, _, seq, through, nstr, _ = _HEAD.unpack_from(payload)
+    magic, version, _, _, _, _, seq, through, nstr, _ = _HEAD.unpack_from(payload)
     if magic != MAGIC or version != VERSION or nstr < 1:
         return None
     cur = Cursor(payload)
@@ -260,7 +264,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
         _refuse(f"oversized: {len(payload)} bytes > {max_bytes}", "oversized")
     if len(payload) < _HEAD.size:
         _refuse(f"truncated: {len(payload)} bytes, no header", "truncated")
-    magic, version, group_nr, coarseness, unit, seq, through, nstr, nrows = _HEAD.unpack_from(
+    magic, version, group_nr, coarseness, unit, kind, seq, through, nstr, nrows = _HEAD.unpack_from(
         payload
     )
     if magic != MAGIC:
@@ -271,6 +275,8 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
         layout = BinLayout.from_codes(group_nr, coarseness, UNITS[unit])
     except (ValueError, IndexError) as exc:
         _refuse(f"bad bin layout: {exc}", "layout")
+    if kind >= len(LATENCY_KINDS):
+        _refuse(f"latency kind {kind} (0 clat, 1 lat, 2 slat)")
     if not 1 <= nstr <= MAX_STRINGS or nrows > MAX_ROWS:
         _refuse(f"{nstr} strings / {nrows} rows out of bounds")
     if abs(through) > MAX_TIME_MS:
@@ -313,7 +319,7 @@ def decode(payload: bytes, *, max_bytes: int = MAX_PARTIALS_BYTES) -> PartialsMe
             revision=flags >> REVISION_SHIFT,
         )
         rows.append(PartialRow(part, late, complete=not flags & FLAG_INCOMPLETE))
-    return PartialsMessage(strings[0], seq, layout, through, tuple(rows))
+    return PartialsMessage(strings[0], seq, layout, through, tuple(rows), LATENCY_KINDS[kind])
 
 
 def _check_rows(
@@ -387,6 +393,7 @@ def split(
     closed_through_ms: int,
     rows: Sequence[PartialRow],
     max_bytes: int,
+    latency: LatencyKind = "clat",
 ) -> list[PartialsMessage]:
     """``rows`` as messages of at most about ``max_bytes`` each, numbered from ``first_seq``.
 
@@ -405,11 +412,20 @@ def split(
             held = min(x.part.start_ms for x in chunk)
             out.append(
                 PartialsMessage(
-                    cell, first_seq + len(out), layout, min(held, closed_through_ms), tuple(chunk)
+                    cell,
+                    first_seq + len(out),
+                    layout,
+                    min(held, closed_through_ms),
+                    tuple(chunk),
+                    latency,
                 )
             )
             chunk, size = [], _HEAD.size + 2 + len(cell.encode())
         chunk.append(r)
         size += need
-    out.append(PartialsMessage(cell, first_seq + len(out), layout, closed_through_ms, tuple(chunk)))
+    out.append(
+        PartialsMessage(
+            cell, first_seq + len(out), layout, closed_through_ms, tuple(chunk), latency
+        )
+    )
     return out

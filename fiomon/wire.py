@@ -3,8 +3,9 @@
 The full specification, with a byte table, is ``docs/wire-format.md``. In short, a
 message is little-endian and laid out as columns so both ends are vectorised:
 
-1. a fixed header: magic ``FIOM``, version 1, flags, bin layout (GROUP_NR, coarseness,
-   unit), record count, total non-zero bins, first sequence number;
+1. a fixed header: magic ``FIOM``, version 1, flags (bits 2-3: the latency kind, 0 clat,
+   0x04 lat, 0x08 slat; both set is refused), bin layout (GROUP_NR, coarseness, unit),
+   record count, total non-zero bins, first sequence number;
 2. the agent id, the stream id, the run label when flag bit 1 is set, and a table of job
    labels (length-prefixed UTF-8);
 3. one 32-byte row per record: job label index, direction, start and end ms, bytes, and
@@ -35,13 +36,19 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError, WireReason
-from fiomon.model import Direction, RecordBatch, StreamInfo
+from fiomon.model import Direction, LatencyKind, RecordBatch, StreamInfo
 
 MAGIC = b"FIOM"
 VERSION = 1
 FLAG_WIDE_COUNTS = 0x01
 FLAG_RUN = 0x02  # a run label follows the stream id
-KNOWN_FLAGS = FLAG_WIDE_COUNTS | FLAG_RUN
+# Bits 2-3: which latency the records' bins hold; none set is clat (every agent before).
+FLAG_LAT = 0x04
+FLAG_SLAT = 0x08
+FLAG_KIND = FLAG_LAT | FLAG_SLAT
+KIND_FLAGS: dict[LatencyKind, int] = {"clat": 0, "lat": FLAG_LAT, "slat": FLAG_SLAT}
+_FLAG_KINDS: dict[int, LatencyKind] = {v: k for k, v in KIND_FLAGS.items()}
+KNOWN_FLAGS = FLAG_WIDE_COUNTS | FLAG_RUN | FLAG_KIND
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # hard decoder limit; agents use 256 KiB by default
 MAX_RECORDS = 1 << 20
 MAX_ID_BYTES = 512
@@ -78,6 +85,7 @@ class Message:
         batch: the records; ``batch.streams`` are the job labels, with ``agent`` as host
             and ``run`` as their run.
         run: the run label the message carries (flag bit 1), or None.
+        latency: the latency kind its bins hold (flag bits 2-3).
     """
 
     agent: str
@@ -85,6 +93,7 @@ class Message:
     first_seq: int
     batch: RecordBatch
     run: str | None = None
+    latency: LatencyKind = "clat"
 
     @property
     def seqs(self) -> npt.NDArray[np.int64]:
@@ -123,12 +132,20 @@ def put_str(out: list[bytes], text: str, what: str) -> None:
 
 
 def encode(
-    agent: str, stream: str, first_seq: int, batch: RecordBatch, run: str | None = None
+    agent: str,
+    stream: str,
+    first_seq: int,
+    batch: RecordBatch,
+    run: str | None = None,
+    *,
+    latency: LatencyKind = "clat",
 ) -> bytes:
     """One message holding every record of ``batch`` (seqs ``first_seq`` onwards).
 
     With ``run`` (1..512 UTF-8 bytes) the message carries that run label (flag bit 1);
-    without, it is byte for byte what fiomon wrote before run labels existed.
+    without, it is byte for byte what fiomon wrote before run labels existed. ``latency``
+    says which latency the bins hold (flag bits 2-3; ``clat`` sets neither, the bytes of
+    every fiomon before latency kinds).
 
     Raises:
         ValueError: the batch cannot be represented (bad ids, too many records or labels,
@@ -137,6 +154,9 @@ def encode(
     n = len(batch)
     if not 0 < n <= MAX_RECORDS:
         msg = f"a message holds 1..{MAX_RECORDS} records, got {n}"
+        raise ValueError(msg)
+    if latency not in KIND_FLAGS:
+        msg = f"latency must be one of {', '.join(KIND_FLAGS)}, got {latency!r}"
         raise ValueError(msg)
     if not 0 <= first_seq < 2**63 - n:
         msg = f"first_seq out of range: {first_seq}"
@@ -158,7 +178,9 @@ def encode(
         _HEAD.pack(
             MAGIC,
             VERSION,
-            (FLAG_WIDE_COUNTS if wide else 0) | (FLAG_RUN if run is not None else 0),
+            (FLAG_WIDE_COUNTS if wide else 0)
+            | (FLAG_RUN if run is not None else 0)
+            | KIND_FLAGS[latency],
             lay.group_nr,
             lay.coarseness,
             UNITS.index(lay.unit),
@@ -224,6 +246,7 @@ def split(
     max_bytes: int,
     *,
     run: str | None = None,
+    latency: LatencyKind = "clat",
 ) -> Iterator[Part]:
     """``batch`` as messages of at most ``max_bytes`` bytes each, records in order.
 
@@ -261,7 +284,7 @@ def split(
             mask = np.zeros(n, dtype=np.bool_)
             mask[start:end] = True
             part = batch.select(mask)
-        payload = encode(agent, stream, first_seq + start, part, run)
+        payload = encode(agent, stream, first_seq + start, part, run, latency=latency)
         yield Part(first_seq + start, end - start, payload)
         start = end
 
@@ -352,6 +375,7 @@ class _Head:
     bins_at: int
     counts_at: int
     run: str | None = None
+    latency: LatencyKind = "clat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +395,8 @@ class DecodedGroup:
             ``lo, hi = label_offsets[k], label_offsets[k+1]``.
         labels: per message, its job-label table (the decoder's cached tuple: the same
             object whenever an agent sends the same table, so callers may cache by it).
-        runs: per message, its run label or None.
+        runs: per message, its run label or None (empty: no message has one).
+        latencies: per message, its latency kind (empty: every message is ``clat``).
     """
 
     batch: RecordBatch
@@ -383,6 +408,7 @@ class DecodedGroup:
     label_offsets: npt.NDArray[np.int64]
     labels: tuple[tuple[StreamInfo, ...], ...]
     runs: tuple[str | None, ...] = ()
+    latencies: tuple[LatencyKind, ...] = ()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -407,7 +433,13 @@ class DecodedGroup:
                 counts=b.counts[e0:e1],
             )
         run = self.runs[k] if self.runs else None
-        return Message(self.agents[k], self.streams[k], int(self.first_seq[k]), b, run)
+        return Message(
+            self.agents[k], self.streams[k], int(self.first_seq[k]), b, run, self.latency(k)
+        )
+
+    def latency(self, k: int) -> LatencyKind:
+        """Message ``k``'s latency kind."""
+        return self.latencies[k] if self.latencies else "clat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,6 +544,9 @@ class Decoder:
         if flags & ~KNOWN_FLAGS:
             msg = f"unknown flags 0x{flags:02x}"
             raise WireFormatError(msg)
+        if flags & FLAG_KIND == FLAG_KIND:
+            msg = f"flags 0x{flags:02x} set both latency kind bits (lat 0x04 and slat 0x08)"
+            raise WireFormatError(msg)
         if not 19 <= group_nr <= 58 or not 0 <= coarse <= 6 or unit >= len(UNITS):
             msg = f"invalid bin layout (group_nr {group_nr}, coarseness {coarse}, unit {unit})"
             raise WireFormatError(msg, "layout")
@@ -554,6 +589,7 @@ class Decoder:
             bins_at,
             bins_at + 2 * nnz,
             run,
+            _FLAG_KINDS[flags & FLAG_KIND],
         )
 
     def _quick_head(self, index: int, data: bytes) -> _Head | None:
@@ -572,6 +608,7 @@ class Decoder:
             magic != MAGIC
             or version != VERSION
             or flags & ~KNOWN_FLAGS
+            or flags & FLAG_KIND == FLAG_KIND
             or not 0 < n <= MAX_RECORDS
             or first_seq >= 2**63 - n
         ):
@@ -623,6 +660,7 @@ class Decoder:
             bins_at,
             bins_at + 2 * nnz,
             run,
+            _FLAG_KINDS[flags & FLAG_KIND],
         )
 
     def _labels(
@@ -792,6 +830,9 @@ def _assemble(
         label_offsets=label_off,
         labels=tuple(h.labels for h in heads),
         runs=tuple(h.run for h in heads) if any(h.run is not None for h in heads) else (),
+        latencies=tuple(h.latency for h in heads)
+        if any(h.latency != "clat" for h in heads)
+        else (),
     )
     return group, []
 

@@ -126,35 +126,38 @@ class FiomonCollector:
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
         s = self.current()
+        lat = s.latency
         g = GaugeMetricFamily(
-            CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile"]
+            CLUSTER_LATENCY, HELP[CLUSTER_LATENCY], labels=["direction", "percentile", "latency"]
         )
         for (d, q), v in sorted(s.cluster.items()):
-            g.add_metric([d, q], v)
+            g.add_metric([d, q, lat], v)
         yield g
         h = GaugeMetricFamily(
-            HOST_LATENCY, HELP[HOST_LATENCY], labels=["host", "direction", "percentile"]
+            HOST_LATENCY,
+            HELP[HOST_LATENCY],
+            labels=["host", "direction", "percentile", "latency"],
         )
         for (host, d, q), v in sorted(s.hosts.items()):
-            h.add_metric([host, d, q], v)
+            h.add_metric([host, d, q, lat], v)
         yield h
         if s.quantum_end_s is not None:
             yield GaugeMetricFamily(QUANTUM_END, HELP[QUANTUM_END], value=s.quantum_end_s)
         hist = HistogramMetricFamily(
-            LATENCY_HISTOGRAM, HELP[LATENCY_HISTOGRAM], labels=["direction"]
+            LATENCY_HISTOGRAM, HELP[LATENCY_HISTOGRAM], labels=["direction", "latency"]
         )
         for d, (counts, total, sum_s) in sorted(s.buckets.items()):
             buckets = [(_le(e), c) for e, c in zip(s.edges_s, counts, strict=True)]
             buckets.append(("+Inf", total))
-            hist.add_metric([d], buckets, sum_value=sum_s)
+            hist.add_metric([d, lat], buckets, sum_value=sum_s)
         yield hist
-        breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host"])
+        breach = GaugeMetricFamily(SLA_BREACH, HELP[SLA_BREACH], labels=["rule", "host", "latency"])
         for (rule, host), v in sorted(s.sla_breach.items()):
-            breach.add_metric([rule, host], v)
+            breach.add_metric([rule, host, lat], v)
         yield breach
-        breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule"])
+        breaches = CounterMetricFamily(SLA_BREACHES, HELP[SLA_BREACHES], labels=["rule", "latency"])
         for rule, v in sorted(s.sla_breaches.items()):
-            breaches.add_metric([rule], v)
+            breaches.add_metric([rule, lat], v)
         yield breaches
         families: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], Any], ...] = (
             (CounterMetricFamily, s.counters),

@@ -198,11 +198,12 @@ async def test_one_slow_host_pages_once_with_value_threshold_host_and_ends(
     assert labels["alertname"] == "FiomonSLABreach"
     assert labels["rule"] == "p99-read"
     assert "host" not in labels
+    assert labels["latency"] == "clat", "the rule holds for the aggregator's latency kind"
     assert labels["cluster"] == CLUSTER
     assert labels["instance"] == f"127.0.0.1:{metrics_port}"
     notes = alert["annotations"]
     m = re.fullmatch(
-        rf"p99 read (\d+(?:\.\d+)?)ms > 5ms on the cluster \({CLUSTER}, 127\.0\.0\.1:\d+\)",
+        rf"p99 clat read (\d+(?:\.\d+)?)ms > 5ms on the cluster \({CLUSTER}, 127\.0\.0\.1:\d+\)",
         notes["summary"],
     )
     assert m, notes["summary"]

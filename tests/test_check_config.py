@@ -280,3 +280,25 @@ def test_recursive_and_wildcard_patterns_warn_of_a_missing_root_and_of_slash(
         "watch[3]: '/**/*.json' scans every folder under / (the first 100 000 a scan): "
         "point ** at the results folder (agents/README.md, section 2)",
     ], got
+
+
+def test_check_config_takes_the_latency_kind_and_warns_of_hist_logs_it_would_refuse(
+    tmp_path: Path,
+) -> None:
+    # Issue 27: `latency: lat` publishes fio's total latency; hist logs hold clat only.
+    cfg = tmp_path / "agent.yaml"
+    base = f"state_dir: {tmp_path}/state\n"
+    watch = f"watch: ['{tmp_path}/*.json', '{tmp_path}/*_clat_hist.*.log']\n"
+    cfg.write_text(watch + base + "latency: lat\n")
+    r = check_config(cfg)
+    assert r.returncode == 0, r.stderr
+    assert load_agent_config(cfg).latency == "lat"
+    said = [ln for ln in (r.stdout + r.stderr).splitlines() if "hold clat only" in ln]
+    assert len(said) == 1 and "watch[1]" in said[0] and "lat_percentiles=1" in said[0], said
+    cfg.write_text(watch + base)  # the default, clat: hist logs are fine
+    assert load_agent_config(cfg).latency == "clat"
+    assert "hold clat only" not in check_config(cfg).stdout
+    cfg.write_text(watch + base + "latency: total\n")
+    r = check_config(cfg)
+    assert r.returncode != 0
+    assert "latency: expected one of clat, lat, slat, got 'total'" in r.stdout + r.stderr

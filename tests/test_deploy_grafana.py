@@ -88,9 +88,10 @@ def test_a_slow_quantum_between_steps_shows(tmp_path: Path) -> None:
         panel["targets"][0]["expr"]
         .replace("$__interval", "5s")
         .replace('direction=~"$direction"', 'direction=~"read"')
+        .replace('latency=~"$latency"', 'latency=~"clat"')
     )
-    series = 'fiomon_cluster_latency_percentile_seconds{direction="read",percentile="99"}'
-    labels = 'direction="read",percentile="99"'
+    labels = 'direction="read",latency="clat",percentile="99"'
+    series = f"fiomon_cluster_latency_percentile_seconds{{{labels}}}"
     tests = {
         "rule_files": [],
         "evaluation_interval": "1s",

@@ -56,9 +56,10 @@ def test_every_alert_has_a_severity_and_a_runbook() -> None:
     # One alert per concern: the SLA comes from the aggregator's state machine only.
     sla = [r["alert"] for r in alerts if "latency" in r["expr"] or "sla" in r["expr"]]
     assert sla == ["FiomonSLABreach"]
-    # The SLA page keeps the aggregator and the cluster apart (Alertmanager groups on them).
+    # The SLA page keeps the aggregator and the cluster apart (Alertmanager groups on them),
+    # and says which latency kind the rule holds for.
     (breach,) = [r for r in alerts if r["alert"] == "FiomonSLABreach"]
-    assert "max by (cluster, instance, rule, host)" in breach["expr"]
+    assert "max by (cluster, instance, rule, host, latency)" in breach["expr"]
 
 
 def assert_runbook(rule: dict[str, Any]) -> None:
@@ -82,11 +83,12 @@ def test_alertmanager_example_pages_once_per_incident(tmp_path: Path) -> None:
     doc = yaml.safe_load(example.read_text())
     # Every SLA alert of a cluster is one group (one notification) ...
     assert doc["route"]["group_by"] == ["cluster", "alertname"]
-    # ... and a firing cluster-scope SLA alert mutes its cluster's host-scope ones.
+    # ... and a firing cluster-scope SLA alert mutes its cluster's host-scope ones of the
+    # same latency kind.
     host_rule = {
         "source_matchers": ['alertname="FiomonSLABreach"', 'host=""'],
         "target_matchers": ['alertname="FiomonSLABreach"', 'host=~".+"'],
-        "equal": ["cluster"],
+        "equal": ["cluster", "latency"],
     }
     assert host_rule in doc["inhibit_rules"]
     # The page names the cluster: every shipped Prometheus config sets it.
@@ -146,6 +148,13 @@ def test_dashboard_structure() -> None:
     assert "all" not in direction["query"].split(",")
     assert variables["host"]["type"] == "query"
     assert "fiomon_host_last_seen_timestamp_seconds" in variables["host"]["definition"]
+    # One latency kind at a time (each aggregator's `latency`): kinds never add up.
+    kind = variables["latency"]
+    assert kind["type"] == "query" and not kind["includeAll"] and not kind["multi"]
+    assert "fiomon_cluster_io_latency_seconds_count, latency" in kind["definition"]
+    for t in (t for p in dash["panels"] for t in p["targets"]):
+        if re.search(r"fiomon_(cluster|host)_(latency_percentile|io_latency)|sla_", t["expr"]):
+            assert 'latency=~"$latency"' in t["expr"], t["expr"]
     targets = [t for p in dash["panels"] for t in p["targets"]]
     assert not any("quantile}}" in t.get("legendFormat", "") for t in targets), "legend p0.99"
     assert any("$host" in t["expr"] for t in targets)
@@ -178,7 +187,11 @@ def test_every_expression_parses(promtool: str, tmp_path: Path) -> None:
 
 
 def _grafana_to_promql(
-    expr: str, rate_interval: str = "1m", direction: str = "read|write", host: str = ".*"
+    expr: str,
+    rate_interval: str = "1m",
+    direction: str = "read|write",
+    host: str = ".*",
+    latency: str = "clat",
 ) -> str:
     """A dashboard query with Grafana's variables filled in (regex values, as Grafana's).
 
@@ -190,6 +203,7 @@ def _grafana_to_promql(
         .replace("$__interval", rate_interval)
         .replace("$direction", direction)
         .replace("$host", host)
+        .replace("$latency", latency)
     )
 
 

@@ -121,5 +121,9 @@ def test_aggregator_exports_the_tail_fit_only_when_asked() -> None:
         if not fit_tail:
             assert "fiomon_cluster_tail_share" not in gauges
             continue
-        assert gauges["fiomon_cluster_tail_share"][("read",)] == pytest.approx(0.05, abs=0.02)
-        assert gauges["fiomon_cluster_tail_exponent"][("read",)] == pytest.approx(3.0, rel=0.1)
+        assert gauges["fiomon_cluster_tail_share"][("read", "clat")] == pytest.approx(
+            0.05, abs=0.02
+        )
+        assert gauges["fiomon_cluster_tail_exponent"][("read", "clat")] == pytest.approx(
+            3.0, rel=0.1
+        )

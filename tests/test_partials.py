@@ -65,15 +65,17 @@ def messages(draw: st.DrawFn) -> PartialsMessage:
         layout=layout,
         closed_through_ms=draw(st.integers(-MAX_TIME_MS, MAX_TIME_MS)),
         rows=tuple(draw(st.lists(rows(layout), max_size=6))),
+        latency=draw(st.sampled_from(("clat", "lat", "slat"))),
     )
 
 
 def same(a: PartialsMessage, b: PartialsMessage) -> None:
-    assert (a.cell, a.seq, a.layout, a.closed_through_ms) == (
+    assert (a.cell, a.seq, a.layout, a.closed_through_ms, a.latency) == (
         b.cell,
         b.seq,
         b.layout,
         b.closed_through_ms,
+        b.latency,
     )
     assert len(a.rows) == len(b.rows)
     for x, y in zip(a.rows, b.rows, strict=True):
@@ -124,6 +126,20 @@ def test_random_bytes_are_refused(payload: bytes) -> None:
     except WireFormatError as exc:
         assert exc.reason in REASONS
     peek(b"FIOP\x01" + payload)  # None or a pair; never an exception
+
+
+def test_the_latency_kind_is_byte_8_and_an_unknown_one_is_refused() -> None:
+    # Issue 27: 0 clat (the bytes of cells before kinds: the byte was reserved, 0), 1 lat,
+    # 2 slat; anything else is refused, never read as a kind.
+    for code, kind in enumerate(("clat", "lat", "slat")):
+        raw = encode(PartialsMessage("cell-a", 7, BinLayout(), 1000, (), kind))  # type: ignore[arg-type]
+        assert raw[8] == code and raw[9:12] == b"\0\0\0"
+        assert decode(raw).latency == kind
+    bad = bytearray(raw)
+    bad[8] = 3
+    with pytest.raises(WireFormatError, match="latency kind 3") as caught:
+        decode(bytes(bad))
+    assert caught.value.reason == "invalid"
 
 
 def test_refusals_name_their_reason() -> None:

@@ -70,8 +70,8 @@ def test_messages_with_and_without_runs_decode_together_and_again_on_the_fast_pa
 def test_unknown_flags_and_bad_run_labels_are_refused() -> None:
     p = bytearray(encode("client-07", "a@1", 0, _batch(), "run-a"))
     bad = bytearray(p)
-    bad[5] |= 0x04
-    with pytest.raises(WireFormatError, match="unknown flags 0x07"):
+    bad[5] |= 0x10  # bits 2-3 are the latency kind (issue 27)
+    with pytest.raises(WireFormatError, match="unknown flags 0x13"):
         decode(bytes(bad))
     at = 26 + 2 + len("client-07") + 2 + len("a@1")
     zero = p[:at] + b"\x00\x00" + p[at + 2 :]

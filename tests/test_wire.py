@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from fiomon.bins import BinLayout
 from fiomon.errors import WireFormatError
-from fiomon.model import RecordBatch, StreamInfo
+from fiomon.model import LATENCY_KINDS, LatencyKind, RecordBatch, StreamInfo
 from fiomon.wire import (
+    KIND_FLAGS,
     MAX_TIME_MS,
     REASONS,
     VERSION,
@@ -88,7 +89,44 @@ def test_decode_of_encode_is_the_identity(batch: RecordBatch, seq: int, stream: 
     assert_same(batch, msg.batch)
 
 
-def _valid() -> bytes:
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.sampled_from(LATENCY_KINDS), st.one_of(st.none(), st.text(min_size=1)))
+def test_each_latency_kind_round_trips_in_flag_bits_2_and_3(
+    batch: RecordBatch, kind: LatencyKind, run: str | None
+) -> None:
+    data = encode("client-07", "s@1", 5, batch, run, latency=kind)
+    assert data[5] & 0x0C == {"clat": 0, "lat": 0x04, "slat": 0x08}[kind] == KIND_FLAGS[kind]
+    decoder = Decoder()
+    for _ in range(2):  # the second decode takes the cached-label-table path
+        msg = decoder.decode(data)
+        assert (msg.latency, msg.run) == (kind, run)
+        assert_same(batch, msg.batch)
+    if kind == "clat":  # what every agent before latency kinds sent, byte for byte
+        assert data == encode("client-07", "s@1", 5, batch, run)
+
+
+def test_messages_of_each_kind_decoded_together_keep_their_kind() -> None:
+    payloads = [_valid(kind) for kind in ("lat", "clat", "slat", "lat")]
+    out = Decoder().decode_many(payloads)
+    assert not out.errors
+    (group,) = out.groups
+    assert [group.message(k).latency for k in range(len(group))] == ["lat", "clat", "slat", "lat"]
+    clat_only = Decoder().decode_many([_valid(), _valid()]).groups[0]
+    assert clat_only.latencies == () and clat_only.latency(1) == "clat"
+
+
+def test_both_latency_kind_bits_are_refused() -> None:
+    data = _patch(_valid(), 5, "<B", 0x0C)
+    for decoder in (Decoder(), Decoder()):
+        decoder.decode(_valid())  # a known label table: the quick path must refuse it too
+        with pytest.raises(WireFormatError, match="both latency kind bits") as info:
+            decoder.decode(data)
+        assert info.value.reason == "invalid"
+    with pytest.raises(ValueError, match="latency must be one of"):
+        encode("a", "s", 0, decode(_valid()).batch, latency="total")  # type: ignore[arg-type]
+
+
+def _valid(latency: LatencyKind = "clat") -> bytes:
     b = RecordBatch(
         layout=BinLayout(),
         streams=(StreamInfo("h", "job.json:0:randrw"),),
@@ -101,7 +139,7 @@ def _valid() -> bytes:
         bins=np.array([700, 701, 900], np.int32),
         counts=np.array([4, 3, 2], np.int64),
     )
-    return encode("client-07", "job.json@1", 10, b)
+    return encode("client-07", "job.json@1", 10, b, latency=latency)
 
 
 def _patch(data: bytes, offset: int, fmt: str, value: int) -> bytes:
@@ -124,6 +162,8 @@ TABLE = len(_valid()) - 3 * 6 - 2 * 32
         (lambda d: b"XXXX" + d[4:], "not a fiomon message", "not-fiomon"),
         (lambda d: _patch(d, 4, "<B", VERSION + 1), "unsupported wire format version 2", "version"),
         (lambda d: _patch(d, 5, "<B", 0x80), "unknown flags", "invalid"),
+        (lambda d: _patch(d, 5, "<B", 0x10), "unknown flags", "invalid"),
+        (lambda d: _patch(d, 5, "<B", 0x0C), "both latency kind bits", "invalid"),
         (lambda d: _patch(d, 6, "<B", 7), "invalid bin layout", "layout"),
         (lambda d: _patch(d, 10, "<I", 0), "record count 0", "invalid"),
         (lambda d: _patch(d, 14, "<I", 4), "inconsistent", "inconsistent"),

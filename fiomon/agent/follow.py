@@ -106,11 +106,12 @@ from fiomon.fio.parsers import (
     Kind,
     ParserOptions,
     RecordParser,
+    hist_log_kind_refusal,
     open_parser,
     sniff,
 )
 from fiomon.fio.problems import Problem, ProblemLog
-from fiomon.model import RecordBatch
+from fiomon.model import LatencyKind, RecordBatch
 from fiomon.wire import MAX_TIME_MS, split, wire_id
 
 log = logging.getLogger("fiomon.agent")
@@ -212,7 +213,8 @@ class FollowStats:
     bytes_read: int = 0
     records_read: int = 0
     records_skipped_replay: int = 0
-    files_refused: int = 0  # hist logs of fio --client (see clientlog), never published
+    files_refused: int = 0  # fio --client hist logs (see clientlog), compressed files, and
+    # hist logs when the agent's latency is not clat: never published
     files_covered: int = 0
     jobs_skipped: int = 0  # json+ jobs not published: their hist logs went out first
     files_copies: int = 0
@@ -263,6 +265,9 @@ class Follower:
             should a pattern reach into it).
         run: every message's run label (``{dir}``: the followed file's folder name when
             it first publishes), or None for none.
+        latency: the latency kind published (json+ ``<kind>_ns`` bins; every message says
+            it); hist logs hold clat only and are refused, logged once and counted
+            (``files_refused``), with another kind.
     """
 
     def __init__(
@@ -282,9 +287,11 @@ class Follower:
         wall_s: Callable[[], float] = time.time,
         exclude: tuple[str, ...] = (),
         run: str | None = None,
+        latency: LatencyKind = "clat",
     ) -> None:
         self.patterns = patterns
         self.run = run
+        self.latency: LatencyKind = latency
         self._refused: set[str] = set()
         self._exclude = tuple(os.path.realpath(e).rstrip("/") + "/" for e in exclude)
         self.agent = agent
@@ -850,7 +857,12 @@ class Follower:
                     self._own_stream(s, shared)
             except OSError as exc:
                 log.warning("%s: cannot compare with its original (%s)", s.path, exc)
-        if not s.decided and s.kind == "hist" and self._declarations_pending(s, now):
+        if (
+            not s.decided
+            and s.kind == "hist"
+            and self.latency == "clat"  # (with another kind, hist logs are refused)
+            and self._declarations_pending(s, now)
+        ):
             return  # wait for the json+ streams to say which jobs they cover
         try:
             at_end = yield from self._read(s)
@@ -1083,6 +1095,11 @@ class Follower:
             self._refuse_packed(s, packed if packed != "plain" else None)
             return
         s.kind = "json" if sniff(first) == "json" else "hist"
+        if s.kind == "hist" and self.latency != "clat":
+            s.decided = True
+            self.stats.files_refused += 1
+            log.warning("%s: not published: %s", s.path, hist_log_kind_refusal(self.latency))
+            return
         if s.kind == "hist" and self._pbench_client_log(s):
             s.decided = True
             self._refuse_client_log(s.path, pbench=True)
@@ -1111,6 +1128,7 @@ class Follower:
             ),
             max_document_bytes=self.max_document_bytes,
             client_logs=False,  # refused by name before they are opened
+            latency=self.latency,
         )
 
     def _declarations_pending(self, s: _Stream, now: float) -> bool:
@@ -1462,7 +1480,7 @@ class Follower:
     ) -> Iterator[Outgoing]:
         """``batch`` as messages under the size cap, records in order (the wire sizes them)."""
         cap = self.max_message_bytes - PACKET_OVERHEAD
-        for part in split(self.agent, stream, first, batch, cap, run=run):
+        for part in split(self.agent, stream, first, batch, cap, run=run, latency=self.latency):
             yield Outgoing(stream, part.first_seq, part.records, part.payload)
 
     # -- state -----------------------------------------------------------------------------

@@ -132,6 +132,7 @@ class Agent:
             rename_grace_s=cfg.rename_grace_ms / 1000,
             exclude=(str(cfg.state_dir),),
             run=cfg.run,
+            latency=cfg.latency,
         )
         self.spool = Spool(cfg.state_dir / "spool", cfg.spool_bytes)
         self.acked: dict[str, int] = {}
@@ -161,7 +162,8 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Follow, publish and checkpoint until ``stop`` is set, then shut down in order."""
         log.info(
-            "fiomon agent %s for host %s (instance %s, client id %s): watching %s, broker %s:%d",
+            "fiomon agent %s for host %s (instance %s, client id %s): watching %s, broker %s:%d, "
+            "latency %s",
             __version__,
             self.cfg.host,
             self.instance,
@@ -169,6 +171,7 @@ class Agent:
             ", ".join(self.cfg.watch),
             self.cfg.broker.host,
             self.cfg.broker.port,
+            self.cfg.latency,
         )
         for warning in watch_warnings(self.cfg):
             log.warning("%s", warning)
@@ -496,6 +499,7 @@ class Agent:
             "state": state,
             **self._identity(),
             "version": __version__,
+            "latency": self.cfg.latency,
             "time_ms": self._now_ms(),
             "faults": {
                 "state_dir": self.state_error,

@@ -120,6 +120,7 @@ class AggregatorCore:
         self.replayed = 0
         self.published_ms: int | None = None  # every quantum ending by then is published
         self._alive: dict[str, int] = {}  # host -> wall ms of its last records or status
+        self._wrong_latency: set[str] = set()  # agents told of sending another latency kind
         self._queue: list[tuple[str | None, bytes, int, bool]] = []  # host, payload, seg, replay
         self._queued_bytes = 0
         self._pending: list[RecordBatch] = []  # accepted before the engine exists
@@ -195,7 +196,11 @@ class AggregatorCore:
         self.state.open()
         if cfg.state_dir is not None and cfg.partials is not None:
             self.outbox = Outbox(
-                cfg.state_dir, cfg.partials.cell, cfg.partials.max_message_bytes, self.problem
+                cfg.state_dir,
+                cfg.partials.cell,
+                cfg.partials.max_message_bytes,
+                self.problem,
+                latency=cfg.latency,
             )
         grid, why = (
             GridState.load(self.state.state_path, KnownStreams.from_json)
@@ -407,6 +412,11 @@ class AggregatorCore:
                 self._invalid("agent-mismatch", f"agent {agent!r} published as {host!r}")
                 keep = _drop(keep, len(batch), lo, hi)
                 continue
+            kind = g.latency(k)
+            if kind != self.cfg.latency:
+                self._wrong_kind(agent, kind, hi - lo, replay=replay)
+                keep = _drop(keep, len(batch), lo, hi)
+                continue
             verdict = self.tracker.judge_new(agent, g.streams[k], first[k], hi - lo)
             label = self._host_label(agent)
             if not replay:
@@ -468,6 +478,26 @@ class AggregatorCore:
             self._pending.append(kept)
             if self._pending_since is None:
                 self._pending_since = now
+
+    def _wrong_kind(self, agent: str, kind: str, n: int, *, replay: bool) -> None:
+        """Records of another latency kind than ours: refused, counted, logged once per agent.
+
+        A journal replay refuses them again without counting them twice.
+        """
+        if not replay:
+            self.counts.records["wrong_latency"] += n
+        if agent not in self._wrong_latency and len(self._wrong_latency) < 10_000:
+            self._wrong_latency.add(agent)
+            log.warning(
+                "refused records of %s: they hold %s latency, this aggregator merges %s "
+                "(set latency: %s on the agent, or run an aggregator with latency: %s); "
+                'counted in fiomon_records_total{result="wrong_latency"}, logged once per agent',
+                agent,
+                kind,
+                self.cfg.latency,
+                self.cfg.latency,
+                kind,
+            )
 
     def _sane(
         self,

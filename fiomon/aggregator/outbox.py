@@ -45,6 +45,7 @@ import aiomqtt
 
 from fiomon.bins import BinLayout
 from fiomon.config import PartialsConfig
+from fiomon.model import LatencyKind
 from fiomon.mqtt import Backoff, MqttSession, PublishRefusedError, Topics
 from fiomon.partials import PartialRow, encode, split
 from fiomon.runtime import GRACE_S, cancel_and_wait, wait_event
@@ -87,6 +88,8 @@ class Outbox:
         max_message_bytes: a close bigger than this is split into several messages.
         problems: called with ``(kind, text)`` for disk problems (counted by the core).
         clock: monotonic seconds (the resend timer; injected by tests).
+        latency: the latency kind of the rows (the aggregator's ``latency``), in every
+            message.
     """
 
     def __init__(
@@ -96,8 +99,11 @@ class Outbox:
         max_message_bytes: int,
         problems: Callable[[str, str], None],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        latency: LatencyKind = "clat",
     ) -> None:
         self.cell = cell
+        self.latency: LatencyKind = latency
         self.max_message_bytes = max_message_bytes
         self.problems = problems
         self.clock = clock
@@ -180,6 +186,7 @@ class Outbox:
             closed_through_ms=closed_through_ms,
             rows=rows,
             max_bytes=self.max_message_bytes,
+            latency=self.latency,
         )
         blob = b"".join(_LEN.pack(len(p)) + p for p in map(encode, msgs))
         try:

@@ -59,7 +59,9 @@ class AggregatorService(Hooks):
         self.link = core.link
         cfg = core.cfg
         self.topics = Topics(cfg.topic_prefix)
-        self.dispatcher = AlertDispatcher(cfg.webhook, core.counts.alert_deliveries, core.now_ms)
+        self.dispatcher = AlertDispatcher(
+            cfg.webhook, core.counts.alert_deliveries, core.now_ms, latency=cfg.latency
+        )
         # Retained publications in order (alert state, presence); drained at the stop.
         self.outbox: asyncio.Queue[tuple[str, bytes, bool]] = asyncio.Queue(maxsize=100)
         self.presence = Presence(
@@ -102,7 +104,7 @@ class AggregatorService(Hooks):
         return (
             f"fiomon aggregator {__version__} (instance {self.presence.instance}): /metrics on "
             f"{cfg.listen}, broker {cfg.broker.host}:{cfg.broker.port}, quantum "
-            f"{cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+            f"{cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms, latency {cfg.latency}"
         )
 
     def stopping(self, *, final: bool) -> str:

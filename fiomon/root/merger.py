@@ -57,7 +57,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout, coarsen_hist, merged_layout
 from fiomon.closed import ClosedQuantum, Scope, closed_row, group_stats
 from fiomon.errors import LayoutError, WireFormatError
-from fiomon.model import DIRECTIONS
+from fiomon.model import DIRECTIONS, LatencyKind
 from fiomon.partials import MAX_PARTIALS_BYTES, PartialRow, PartialsMessage, decode
 
 log = logging.getLogger("fiomon.root")
@@ -368,6 +368,8 @@ class RootMerger:
             groups of closed quanta are kept (sparse) for this long. Quanta closed before
             this merger was made (``closed_ms`` at a restart) are never revised: their
             groups were not kept, and a revision from part of them would be wrong.
+        latency: the latency kind merged (the root's ``latency``): a cell's partials of
+            another kind (its own ``latency``) are refused, counted as ``latency``.
     """
 
     def __init__(
@@ -387,7 +389,9 @@ class RootMerger:
         state_lost: bool = False,
         revise_within_ms: int = 0,
         revise_memory_bytes: int = 1 << 30,
+        latency: LatencyKind = "clat",
     ) -> None:
+        self.latency: LatencyKind = latency
         self.quantum_ms = quantum_ms
         self.revise_within_ms = max(0, revise_within_ms)
         self.revise_memory_bytes = revise_memory_bytes
@@ -447,6 +451,13 @@ class RootMerger:
             self._invalid(exc.reason, str(exc))
             return None
         name = msg.cell if cell is None else cell
+        if msg.latency != self.latency:
+            self._invalid(
+                "latency",
+                f"cell {name}: its partials hold {msg.latency} latency, this root merges "
+                f"{self.latency} (give the cell and the root the same latency setting)",
+            )
+            return None
         digest = zlib.crc32(payload)
         if not self.take(msg, now_ms, cell=name, replay=replay, mark=mark, digest=digest):
             return None

@@ -164,6 +164,7 @@ class RootService(Hooks):
             state_lost=evidence,
             revise_within_ms=cfg.revise_within_ms,
             revise_memory_bytes=cfg.revise_memory_bytes,
+            latency=cfg.latency,
         )
         if path is not None and lost:
             self._lost_state(path, closed, tail is not None, new_dir=new_dir)
@@ -350,7 +351,7 @@ class RootService(Hooks):
         return (
             f"fiomon root {__version__}: /metrics on {cfg.listen}, broker "
             f"{cfg.broker.host}:{cfg.broker.port}, cells {','.join(self.rc.cells)}, "
-            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms"
+            f"quantum {cfg.quantum_ms} ms, lateness {cfg.lateness_ms} ms, latency {cfg.latency}"
         )
 
     def stopping(self, *, final: bool) -> str:

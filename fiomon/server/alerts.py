@@ -735,7 +735,7 @@ def _evidence(rule: SlaRule, state: AlertState) -> dict[str, object]:
     }
 
 
-def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
+def _labels(rule: SlaRule, host: str | None, latency: str) -> dict[str, str]:
     # The name and labels of the Prometheus rule on fiomon_sla_breach, so the two paths
     # (use one: deploy/README.md) name one incident alike.
     labels = {
@@ -743,6 +743,7 @@ def _labels(rule: SlaRule, host: str | None) -> dict[str, str]:
         "rule": rule.name,
         "direction": rule.direction,
         "percentile": pct_key(rule.percentile),
+        "latency": latency,
         "severity": SEVERITY,
     }
     if host:
@@ -762,20 +763,24 @@ def human_ns(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
-def _what(rule: SlaRule) -> str:
-    return f"p{rule.percentile:g} {rule.direction}"
+def _what(rule: SlaRule, latency: str) -> str:
+    return f"p{rule.percentile:g} {latency} {rule.direction}"
 
 
 def _annotations(
-    rule: SlaRule, state: AlertState, host: str | None, worst: tuple[tuple[str, float], ...]
+    rule: SlaRule,
+    state: AlertState,
+    host: str | None,
+    worst: tuple[tuple[str, float], ...],
+    latency: str,
 ) -> dict[str, str]:
     """What a person reading the alert needs: value vs threshold, where, the runbook."""
     scope = f"host {host}" if host else "cluster"
     value = "no value" if state.value_ns is None else human_ns(state.value_ns)
     threshold = human_ns(rule.threshold_ns)
     out = {
-        "summary": f"{_what(rule)} {value} > {threshold} ({scope})",
-        "description": f"fiomon SLA rule {rule.name}: the {scope} {_what(rule)} latency "
+        "summary": f"{_what(rule, latency)} {value} > {threshold} ({scope})",
+        "description": f"fiomon SLA rule {rule.name}: the {scope} {_what(rule, latency)} latency "
         f"stayed above {threshold} for {rule.for_quanta} quanta (latest {value}); it "
         f"recovers after {rule.clear_for} quanta below {human_ns(rule.clear_ns)}",
         "runbook_url": RUNBOOK,
@@ -805,33 +810,34 @@ def _annotations(
     return out
 
 
-def _resolution(t: Transition) -> dict[str, str]:
+def _resolution(t: Transition, latency: str) -> dict[str, str]:
     """A resolved alert's annotations: *ended* (the benchmark stopped) or *recovered*."""
-    out = _annotations(t.rule, t.state, t.host, t.worst)
+    out = _annotations(t.rule, t.state, t.host, t.worst, latency)
+    what = _what(t.rule, latency)
     if t.idle:
         out["resolution"] = "ended: the benchmark stopped (no records arrive), not recovered"
         scope = f"host {t.host}" if t.host else "cluster"
         out["summary"] = (
-            f"ended (the benchmark stopped): {_what(t.rule)} last {out['value']}, threshold "
+            f"ended (the benchmark stopped): {what} last {out['value']}, threshold "
             f"{out['threshold']} ({scope})"
         )
     else:
         out["resolution"] = (
-            f"recovered: {_what(t.rule)} below {human_ns(t.rule.clear_ns)} for "
-            f"{t.rule.clear_for} quanta"
+            f"recovered: {what} below {human_ns(t.rule.clear_ns)} for {t.rule.clear_for} quanta"
         )
-        out["summary"] = f"recovered: {_what(t.rule)} {out['value']} < {human_ns(t.rule.clear_ns)}"
+        out["summary"] = f"recovered: {what} {out['value']} < {human_ns(t.rule.clear_ns)}"
     return out
 
 
 def alertmanager_payload(
-    book: AlertBook, transitions: list[Transition], now_ms: int
+    book: AlertBook, transitions: list[Transition], now_ms: int, latency: str = "clat"
 ) -> list[dict[str, Any]]:
     """Alertmanager v2 alerts: every firing alert, plus the ones that just resolved.
 
     A resolved alert carries its annotations again, with ``resolution`` saying whether it
     ended (the benchmark stopped) or recovered: Alertmanager's resolved notification
-    shows the annotations it received last.
+    shows the annotations it received last. ``latency`` is the kind the rules hold for
+    (the aggregator's ``latency``): a label, and in the texts (``p99 lat read``).
     """
     now = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat()
     out: list[dict[str, Any]] = []
@@ -839,15 +845,19 @@ def alertmanager_payload(
         worst = book.worst_hosts(rule.name) if host is None else ()
         out.append(
             {
-                "labels": _labels(rule, host),
-                "annotations": _annotations(rule, state, host, worst),
+                "labels": _labels(rule, host, latency),
+                "annotations": _annotations(rule, state, host, worst, latency),
                 "startsAt": datetime.fromtimestamp((state.fired_ms or 0) / 1000, UTC).isoformat(),
             }
         )
     for t in transitions:
         if t.new is Phase.RESOLVED:
             out.append(
-                {"labels": _labels(t.rule, t.host), "annotations": _resolution(t), "endsAt": now}
+                {
+                    "labels": _labels(t.rule, t.host, latency),
+                    "annotations": _resolution(t, latency),
+                    "endsAt": now,
+                }
             )
     return out
 
@@ -897,6 +907,8 @@ class AlertDispatcher:
         now_ms: the wall clock.
         post: the blocking POST (tests inject their own).
         max_pending: alerts kept waiting at most; the oldest are dropped beyond.
+        latency: the latency kind the SLA rules hold for (the aggregator's ``latency``):
+            each alert's ``latency`` label and its texts (``p99 lat read``).
     """
 
     def __init__(
@@ -907,8 +919,10 @@ class AlertDispatcher:
         *,
         post: Callable[[WebhookConfig, list[dict[str, Any]]], None] = post_alerts,
         max_pending: int = 10_000,
+        latency: str = "clat",
     ) -> None:
         self.webhook = webhook
+        self.latency = latency
         self.deliveries = deliveries
         self.now_ms = now_ms
         self.post = post
@@ -936,7 +950,7 @@ class AlertDispatcher:
         due = self._last_sent_ms is None or now - self._last_sent_ms >= hook.resend_ms
         if not transitions and not (due and book.firing()):
             return
-        for alert in alertmanager_payload(book, transitions, now):
+        for alert in alertmanager_payload(book, transitions, now, self.latency):
             site_alert(alert, hook)
             key = tuple(sorted(alert["labels"].items()))
             self._pending.pop(key, None)  # re-insert: newest last

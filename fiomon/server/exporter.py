@@ -14,11 +14,14 @@ A sample of what it exports::
 
     # HELP fiomon_cluster_latency_percentile_seconds Cluster-wide latency percentile of ...
     # TYPE fiomon_cluster_latency_percentile_seconds gauge
-    fiomon_cluster_latency_percentile_seconds{direction="read",percentile="99"} 0.00081
+    fiomon_cluster_latency_percentile_seconds{direction="read",latency="clat",percentile="99"} 8e-4
     # TYPE fiomon_cluster_io_latency_seconds histogram
-    fiomon_cluster_io_latency_seconds_bucket{direction="read",le="0.005"} 123456.0
+    fiomon_cluster_io_latency_seconds_bucket{direction="read",latency="clat",le="0.005"} 123456.0
     # TYPE fiomon_sla_breach gauge
-    fiomon_sla_breach{host="",rule="p99-read"} 0.0
+    fiomon_sla_breach{host="",latency="clat",rule="p99-read"} 0.0
+
+Every latency and SLA family carries ``latency``, the kind the aggregator merges
+(``clat``, ``lat`` or ``slat``: its ``latency`` setting), on every series.
 
 Names follow Prometheus' conventions (``promtool check metrics`` finds nothing): the
 per-quantum percentiles are gauges with a ``percentile`` label (``"99"``, ``"99.9"``, the
@@ -164,6 +167,9 @@ class Snapshot:
         gauges: the same for gauges.
         histograms: ``(metric, help) -> (edges, cumulative counts, count, sum)``.
         live: the live page's recent quanta and status (not part of ``/metrics``).
+        latency: the ``latency`` label of the latency and SLA families above (``cluster``
+            to ``sla_breaches``; the tables in ``counters`` and ``gauges`` carry it in
+            their keys already).
     """
 
     quantum_end_s: float | None = None
@@ -183,6 +189,7 @@ class Snapshot:
         field(default_factory=dict)
     )
     live: LiveView | None = None
+    latency: str = "clat"
 
 
 def _le(edge_s: float) -> str:
@@ -279,10 +286,19 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
         prefixes: a cache of series prefixes to reuse between renders (optional).
     """
     w = _Writer({} if prefixes is None else prefixes, max_prefixes=1_000_000)
+    kind = s.latency
     w.head(CLUSTER_LATENCY, "gauge", HELP[CLUSTER_LATENCY])
-    w.samples(CLUSTER_LATENCY, ("direction", "percentile"), sorted(s.cluster.items()))
+    w.samples(
+        CLUSTER_LATENCY,
+        ("direction", "percentile", "latency"),
+        [((*k, kind), v) for k, v in sorted(s.cluster.items())],
+    )
     w.head(HOST_LATENCY, "gauge", HELP[HOST_LATENCY])
-    w.samples(HOST_LATENCY, ("host", "direction", "percentile"), sorted(s.hosts.items()))
+    w.samples(
+        HOST_LATENCY,
+        ("host", "direction", "percentile", "latency"),
+        [((*k, kind), v) for k, v in sorted(s.hosts.items())],
+    )
     if s.quantum_end_s is not None:
         w.head(QUANTUM_END, "gauge", HELP[QUANTUM_END])
         w.samples(QUANTUM_END, (), [((), s.quantum_end_s)])
@@ -290,15 +306,25 @@ def render(s: Snapshot, prefixes: dict[str, dict[tuple[str, ...], str]] | None =
     w.head(name, "histogram", HELP[name])
     for d, (counts, total, sum_s) in sorted(s.buckets.items()):
         w.histogram(
-            name, ("direction",), (d,), edges=s.edges_s, counts=counts, total=total, sum_value=sum_s
+            name,
+            ("direction", "latency"),
+            (d, kind),
+            edges=s.edges_s,
+            counts=counts,
+            total=total,
+            sum_value=sum_s,
         )
     w.head(SLA_BREACH, "gauge", HELP[SLA_BREACH])
-    w.samples(SLA_BREACH, ("rule", "host"), sorted(s.sla_breach.items()))
+    w.samples(
+        SLA_BREACH,
+        ("rule", "host", "latency"),
+        [((*k, kind), v) for k, v in sorted(s.sla_breach.items())],
+    )
     w.head(f"{SLA_BREACHES}_total", "counter", HELP[SLA_BREACHES])
     w.samples(
         f"{SLA_BREACHES}_total",
-        ("rule",),
-        [((k,), v) for k, v in sorted(s.sla_breaches.items())],
+        ("rule", "latency"),
+        [((k, kind), v) for k, v in sorted(s.sla_breaches.items())],
     )
     for kind, table in (("counter", s.counters), ("gauge", s.gauges)):
         for (base, text, labels), values in sorted(table.items()):

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
+from fiomon.model import LatencyKind
 from fiomon.server.alerts import AlertBook
 from fiomon.server.exporter import BucketHistogram, Snapshot
 from fiomon.wire import REASONS
@@ -40,8 +41,19 @@ from fiomon.wire import REASONS
 OTHER_HOST = "_other"  # label of per-host counters beyond the host cap
 CLOSE_DELAY_EDGES_S = np.array([0.25, 0.5, 1, 1.5, 2, 3, 4, 5, 5.5, 6, 7, 8, 10, 15, 30, 60])
 
+# The families that describe latencies (percentiles, their bounds and saturation, the
+# tail, SLA rules) carry ``latency``: the kind the aggregator merges (its ``latency``
+# setting, issue 27); so do the exporter's own (Snapshot.latency).
 # Every label value that can occur; each series exists from the start, at 0.
-RESULTS = ("received", "duplicate", "refused", "invalid-future", "invalid-span", "replayed")
+RESULTS = (
+    "received",
+    "duplicate",
+    "refused",
+    "invalid-future",
+    "invalid-span",
+    "replayed",
+    "wrong_latency",  # of another latency kind than the aggregator's (issue 27)
+)
 INVALID_REASONS = (
     *REASONS,
     "agent-mismatch",
@@ -74,7 +86,7 @@ Table = dict[tuple[str, ...], float]
 SATURATED = (
     "fiomon_cluster_latency_percentile_saturated",
     "1 if the percentile fell in fio's last bin (the value is a lower bound).",
-    ("direction", "percentile"),
+    ("direction", "percentile", "latency"),
 )
 BUILD_INFO = (
     "fiomon_build_info",
@@ -92,7 +104,7 @@ CELL_INFO = (
 SLA_THRESHOLD = (
     "fiomon_sla_threshold_seconds",
     "The SLA rule's threshold (the aggregator's configuration, for dashboards).",
-    ("rule", "direction", "percentile"),
+    ("rule", "direction", "percentile", "latency"),
 )
 # Confidence intervals of the cluster percentiles (issue 15). New families, so the latency
 # gauges keep their names; ``percentile`` ("99", "99.9") rather than ``quantile``, which
@@ -100,22 +112,22 @@ SLA_THRESHOLD = (
 CI_LOWER = (
     "fiomon_cluster_latency_percentile_lower_seconds",
     "Lower confidence bound (confidence_level) of the last closed quantum's percentile.",
-    ("direction", "percentile"),
+    ("direction", "percentile", "latency"),
 )
 CI_UPPER = (
     "fiomon_cluster_latency_percentile_upper_seconds",
     "Upper confidence bound (confidence_level) of the last closed quantum's percentile.",
-    ("direction", "percentile"),
+    ("direction", "percentile", "latency"),
 )
 TAIL_SHARE = (
     "fiomon_cluster_tail_share",
     "Share of the last closed quantum's I/Os in the power-law tail (fit_tail).",
-    ("direction",),
+    ("direction", "latency"),
 )
 TAIL_ALPHA = (
     "fiomon_cluster_tail_exponent",
     "Density exponent alpha of the power-law tail, p(x) ~ x**-alpha (fit_tail).",
-    ("direction",),
+    ("direction", "latency"),
 )
 # Which hosts hold the cluster's tail (fiomon.server.tailshare): only the top hosts of
 # each SLA'd direction and percentile, so its series are bounded whatever the hosts.
@@ -124,7 +136,7 @@ TAIL_HOSTS = (
     "Share (0..1) of the last closed quantum's cluster I/Os above the cluster percentile "
     "(its fio bin and up) that the host holds; the top 5 hosts per SLA rule's direction "
     "and percentile.",
-    ("direction", "percentile", "host"),
+    ("direction", "percentile", "host", "latency"),
 )
 IOPS = (
     "fiomon_cluster_iops",
@@ -182,7 +194,7 @@ SLA_REVISED_VERDICTS = (
     "fiomon_sla_revised_verdicts",
     "Revision rows on which an SLA rule's verdict differs from the first publication's "
     "(logged; alerts evaluate first publications only).",
-    ("rule",),
+    ("rule", "latency"),
 )
 
 # A cell's partials outbox (issue 16; only with a ``partials`` section).
@@ -523,15 +535,27 @@ def _with_zeros(counts: Mapping[str, int], keys: Iterable[str] | Table) -> Table
     return out
 
 
+def _kind(table: Mapping[tuple[str, ...], float], latency: str) -> Table:
+    """``table`` with the ``latency`` label's value after each key's others."""
+    return {(*k, latency): v for k, v in table.items()}
+
+
 def build_snapshot(
-    counts: Counts, gauges: QuantumGauges, health: Health, alerts: AlertBook
+    counts: Counts,
+    gauges: QuantumGauges,
+    health: Health,
+    alerts: AlertBook,
+    latency: LatencyKind = "clat",
 ) -> Snapshot:
-    """Everything ``/metrics`` shows now, as an immutable snapshot (copies, not views)."""
+    """Everything ``/metrics`` shows now, as an immutable snapshot (copies, not views).
+
+    ``latency`` is the kind the latency and SLA families are labelled with.
+    """
     hosts = counts.host_zeros()
     counters: dict[Key, Table] = {
         (
             "fiomon_records",
-            "Records by result (received, duplicate, refused, invalid-*, replayed).",
+            "Records by result (received, duplicate, refused, invalid-*, replayed, wrong_latency).",
             ("result",),
         ): _with_zeros(counts.records, RESULTS),
         ("fiomon_invalid_messages", "Payloads refused, by reason.", ("reason",)): _with_zeros(
@@ -554,7 +578,9 @@ def build_snapshot(
         LATE_MERGED: _with_zeros(counts.late_merged, hosts),
         ("fiomon_quanta_closed", "Quanta closed.", ()): {(): float(counts.quanta_closed)},
         QUANTA_REVISED: {(): float(counts.quanta_revised)},
-        SLA_REVISED_VERDICTS: {(k,): float(v) for k, v in sorted(alerts.revised_verdicts.items())},
+        SLA_REVISED_VERDICTS: {
+            (k, latency): float(v) for k, v in sorted(alerts.revised_verdicts.items())
+        },
         QUANTA_INCOMPLETE: {(): float(gauges.incomplete)},
         ("fiomon_agent_id_conflicts", "Two agents seen with one id.", ("host",)): {
             (k,): float(v) for k, v in counts.id_conflicts.items()
@@ -635,7 +661,8 @@ def build_snapshot(
             ("host",),
         ): {(h,): t for h, t in health.last_seen_s.items()},
         SLA_THRESHOLD: {
-            (r.name, r.direction, pct_key(r.percentile)): r.threshold_ns / 1e9 for r in alerts.rules
+            (r.name, r.direction, pct_key(r.percentile), latency): r.threshold_ns / 1e9
+            for r in alerts.rules
         },
     }
     if health.cell:
@@ -645,19 +672,19 @@ def build_snapshot(
         gauges_out[QUANTUM_COMPLETE] = {(): float(gauges.complete)}
     if health.active:
         # Idle withdraws these: a benchmark that ended has no "current" percentile.
-        gauges_out[SATURATED] = dict(gauges.saturated)
+        gauges_out[SATURATED] = _kind(gauges.saturated, latency)
         gauges_out[IOPS] = dict(gauges.iops)
         gauges_out[THROUGHPUT] = dict(gauges.throughput)
         if gauges.runs:
             gauges_out[RUN_INFO] = {(run,): 1.0 for run in gauges.runs}
         if gauges.ci_lower or gauges.ci_upper:
-            gauges_out[CI_LOWER] = dict(gauges.ci_lower)
-            gauges_out[CI_UPPER] = dict(gauges.ci_upper)
+            gauges_out[CI_LOWER] = _kind(gauges.ci_lower, latency)
+            gauges_out[CI_UPPER] = _kind(gauges.ci_upper, latency)
         if gauges.tail_hosts:
-            gauges_out[TAIL_HOSTS] = dict(gauges.tail_hosts)
+            gauges_out[TAIL_HOSTS] = _kind(gauges.tail_hosts, latency)
         if gauges.fit_tail:
-            gauges_out[TAIL_SHARE] = dict(gauges.tail_share)
-            gauges_out[TAIL_ALPHA] = dict(gauges.tail_alpha)
+            gauges_out[TAIL_SHARE] = _kind(gauges.tail_share, latency)
+            gauges_out[TAIL_ALPHA] = _kind(gauges.tail_alpha, latency)
     if health.open_quanta is not None:
         gauges_out[("fiomon_open_quanta", "Quanta open now.", ())] = {(): float(health.open_quanta)}
     if health.kept_quanta is not None:
@@ -690,6 +717,7 @@ def build_snapshot(
     }
     b = gauges.buckets
     return Snapshot(
+        latency=latency,
         histograms=histograms,
         quantum_end_s=gauges.quantum_end_s,
         cluster=dict(gauges.cluster) if health.active else {},

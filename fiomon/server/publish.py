@@ -42,6 +42,7 @@ class Publisher:
 
     def __init__(self, cfg: AggregatorConfig, log: logging.Logger, *, fit_tail: bool) -> None:
         self.log = log
+        self.latency = cfg.latency  # the label of the latency and SLA families
         self.buckets_per_octave = cfg.export.buckets_per_octave
         # Remembered a little past the horizon: the engine measures it from its newest
         # close, the book from the newest quantum it observed (at most a quantum apart).
@@ -204,4 +205,4 @@ class Publisher:
 
     def snapshot(self, counts: Counts, health: Health) -> Snapshot:
         """What ``/metrics`` serves now (counters, health, gauges, buckets, alerts)."""
-        return build_snapshot(counts, self.gauges, health, self.alerts)
+        return build_snapshot(counts, self.gauges, health, self.alerts, self.latency)

@@ -259,7 +259,7 @@ async def test_aggregator_kill_9_and_restart_re_forms_open_quanta(
 
 
 FAST = ["--rw=randread", "--bs=4k", "--rate_iops=300"]
-BREACH = ("fiomon_sla_breach", (("host", ""), ("rule", "p99-read")))
+BREACH = ("fiomon_sla_breach", (("host", ""), ("latency", "clat"), ("rule", "p99-read")))
 
 
 def _fio_args(fio: str, tmp: Path, host: str, slow_phase: bool) -> list[str]:
@@ -350,7 +350,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
                 m.get(
                     (
                         "fiomon_cluster_latency_percentile_seconds",
-                        (("direction", "read"), ("percentile", "99")),
+                        (("direction", "read"), ("latency", "clat"), ("percentile", "99")),
                     ),
                     -1,
                 )
@@ -394,7 +394,7 @@ async def test_real_fio_on_three_agents_fires_and_resolves_the_sla(
     ]
     print("sla transitions:", [(t["from"], t["to"], t["idle"]) for t in moves])
     assert [t["to"] for t in moves if t["to"] in ("firing", "resolved")] == ["firing", "resolved"]
-    assert final[("fiomon_sla_breaches_total", (("rule", "p99-read"),))] == 1.0
+    assert final[("fiomon_sla_breaches_total", (("latency", "clat"), ("rule", "p99-read")))] == 1.0
     assert {r["host"] for r in rows if r["scope"] == "host"} == set(hosts)
 
 

@@ -294,11 +294,14 @@ async def test_sighup_reloads_rules_and_log_level_and_says_what_it_did(
             # /metrics is served by a child process from the latest snapshot: the new
             # rules show within a snapshot interval (about a second), not at once.
             await until(
-                lambda: ("fiomon_sla_breaches_total", (("rule", "b"),)) in scrape(port),
+                lambda: (
+                    ("fiomon_sla_breaches_total", (("latency", "clat"), ("rule", "b")))
+                    in scrape(port)
+                ),
                 what="rule b on /metrics after the reload",
             )
             m = await asyncio.to_thread(scrape, port)
-            assert ("fiomon_sla_breaches_total", (("rule", "a"),)) not in m
+            assert ("fiomon_sla_breaches_total", (("latency", "clat"), ("rule", "a"))) not in m
             cfg.write_text(base + "webhook: {url: 'alertmanager:9093', timeout: 10m}\n")
             proc.send_signal(signal.SIGHUP)
             while "the running configuration stays" not in log.read_text():

@@ -34,7 +34,7 @@ def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: c.snapshot))
     for d in ("read", "write", "trim", "all"):
-        labels = {"direction": d}
+        labels = {"direction": d, "latency": "clat"}
         assert registry.get_sample_value("fiomon_cluster_io_latency_seconds_count", labels) == 0
         labels["le"] = "+Inf"
         assert registry.get_sample_value("fiomon_cluster_io_latency_seconds_bucket", labels) == 0
@@ -47,7 +47,7 @@ def test_bucket_histogram_is_exported_at_zero_from_the_start_with_the_cell() -> 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: c.snapshot))
     count = registry.get_sample_value(
-        "fiomon_cluster_io_latency_seconds_count", {"direction": "read"}
+        "fiomon_cluster_io_latency_seconds_count", {"direction": "read", "latency": "clat"}
     )
     assert count == pytest.approx(3 * 200)
     assert registry.get_sample_value("fiomon_cell_info", {"name": "cell-a"}) == 1.0
@@ -68,15 +68,21 @@ def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiomonCollector(lambda: c.snapshot))
     text = generate_latest(registry).decode()
-    assert 'fiomon_cluster_latency_percentile_seconds{direction="read",percentile="99"}' in text
-    assert 'fiomon_cluster_io_latency_seconds_bucket{direction="read",le="0.005"}' in text
-    assert registry.get_sample_value("fiomon_sla_breach", {"rule": "p99-read", "host": ""}) == 1.0
+    # Every latency and SLA series says which latency it is (the aggregator's `latency`).
+    read_p99 = 'direction="read",latency="clat",percentile="99"'
+    assert f"fiomon_cluster_latency_percentile_seconds{{{read_p99}}}" in text
+    assert (
+        'fiomon_cluster_io_latency_seconds_bucket{direction="read",latency="clat",le="0.005"}'
+        in text
+    )
+    breach = {"rule": "p99-read", "host": "", "latency": "clat"}
+    assert registry.get_sample_value("fiomon_sla_breach", breach) == 1.0
     assert registry.get_sample_value("fiomon_quantum_end_timestamp_seconds") == (T0 + 7000) / 1000
     count = registry.get_sample_value(
-        "fiomon_cluster_io_latency_seconds_count", {"direction": "read"}
+        "fiomon_cluster_io_latency_seconds_count", {"direction": "read", "latency": "clat"}
     )
     assert count == pytest.approx(2 * 7 * 200)
-    threshold = {"rule": "p99-read", "direction": "read", "percentile": "99"}
+    threshold = {"rule": "p99-read", "direction": "read", "percentile": "99", "latency": "clat"}
     assert registry.get_sample_value("fiomon_sla_threshold_seconds", threshold) == 0.005
     assert registry.get_sample_value("fiomon_benchmark_active") == 1.0
     assert registry.get_sample_value("fiomon_broker_connected") == 0.0
@@ -94,14 +100,14 @@ def test_metrics_text_passes_promtool(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
     # The confidence bounds bracket the percentile; a side the data cannot bound is absent.
-    bound = {"direction": "read", "percentile": "99"}
+    bound = {"direction": "read", "percentile": "99", "latency": "clat"}
     value = registry.get_sample_value("fiomon_cluster_latency_percentile_seconds", bound)
     low = registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", bound)
     high = registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", bound)
     assert value is not None and low is not None and high is not None
     assert low <= value <= high
     # 400 I/Os a quantum cannot bound p99.9 from above: that series is absent, not NaN.
-    top = {"direction": "read", "percentile": "99.9"}
+    top = {"direction": "read", "percentile": "99.9", "latency": "clat"}
     assert registry.get_sample_value("fiomon_cluster_latency_percentile_upper_seconds", top) is None
     assert registry.get_sample_value("fiomon_cluster_latency_percentile_lower_seconds", top)
 

@@ -135,9 +135,10 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         assert s[("fiomon_benchmark_active", ())] == 1.0
         seen = {dict(k[1])["host"] for k in s if k[0] == "fiomon_host_last_seen_timestamp_seconds"}
         assert seen == {"h1", "h2", "h3"}
-        threshold = (("direction", "read"), ("percentile", "50"), ("rule", "p50-read"))
+        clat = (("latency", "clat"),)
+        threshold = (("direction", "read"), *clat, ("percentile", "50"), ("rule", "p50-read"))
         assert s[("fiomon_sla_threshold_seconds", threshold)] == 1e-6
-        p99 = (("direction", "read"), ("percentile", "99"))
+        p99 = (("direction", "read"), *clat, ("percentile", "99"))
         assert s[("fiomon_cluster_latency_percentile_seconds", p99)] > 0
         await until(
             lambda: query(prom_port, 'ALERTS{alertname="FiomonSLABreach",alertstate="firing"}'),
@@ -160,9 +161,11 @@ async def test_live_metrics_follow_conventions_and_idle_withdraws_them(
         names = _names(text)
         s = parse_samples(text)
         assert s[("fiomon_benchmark_active", ())] == 0.0
-        assert s[("fiomon_sla_breach", (("host", ""), ("rule", "p50-read")))] == 0.0
-        assert s[("fiomon_sla_breaches_total", (("rule", "p50-read"),))] == 1.0
-        assert s[("fiomon_cluster_io_latency_seconds_count", (("direction", "read"),))] > 0
+        clat = (("latency", "clat"),)
+        assert s[("fiomon_sla_breach", (("host", ""), *clat, ("rule", "p50-read")))] == 0.0
+        assert s[("fiomon_sla_breaches_total", (*clat, ("rule", "p50-read")))] == 1.0
+        read = (("direction", "read"), *clat)
+        assert s[("fiomon_cluster_io_latency_seconds_count", read)] > 0
         assert "fiomon_quantum_end_timestamp_seconds" in names
         assert not _promtool_findings(promtool, text), _promtool_findings(promtool, text)
         # Prometheus: the withdrawn series are stale at once, the alert resolved, and no

@@ -10,6 +10,7 @@ import pytest
 import fiomon.aggregator.outbox as outbox_mod
 from fiomon.aggregator.outbox import Outbox
 from fiomon.bins import BinLayout
+from fiomon.model import LatencyKind
 from fiomon.partials import decode
 from tests.clock import T0
 
@@ -243,3 +244,17 @@ def test_acknowledgements_are_parsed_strictly(
     payload: bytes, want: tuple[int, tuple[int, int] | None] | None
 ) -> None:
     assert outbox_mod.parse_ack(payload) == want
+
+
+def test_a_cells_messages_carry_its_latency_kind(tmp_path: Path) -> None:
+    # Issue 27: the root merges only its own kind, so every partials message says the
+    # cell's (the aggregator's `latency`); a cell without it says clat, as before.
+    kinds: tuple[LatencyKind, ...] = ("lat", "clat")
+    for kind in kinds:
+        (tmp_path / kind).mkdir()
+        box = Outbox(tmp_path / kind, "c1", 1 << 20, lambda k, t: None, latency=kind)
+        box.add(LAY, T0, [])
+        nxt = box.peek()
+        assert nxt is not None
+        assert decode(nxt[1]).latency == kind
+        box.close()

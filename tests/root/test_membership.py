@@ -154,6 +154,36 @@ def test_an_unlisted_cell_is_refused_logged_once_and_not_waited_for(
     assert len(root._unlisted) <= 100  # the bound of the logged names
 
 
+def test_a_cell_of_another_latency_kind_is_refused_and_shows_as_missing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 27: a root with latency lat merges lat cells only; a clat cell's rows (and
+    # marks) are refused, counted, and its quanta name it missing.
+    root = RootMerger(
+        quantum_ms=Q,
+        lateness_ms=5000,
+        percentiles=(50,),
+        confidence_level=None,
+        per_host=True,
+        cells=["a", "b"],
+        cell_timeout_ms=30_000,
+        now_ms=T0,
+        latency="lat",
+    )
+    rows = (PartialRow(part(T0 + Q, None)), PartialRow(part(T0 + Q, "ha")))
+    lat = encode(PartialsMessage("a", next(NUMBERS["a"]), LAY, T0 + Q, rows, "lat"))
+    with caplog.at_level(logging.WARNING, logger="fiomon.root"):
+        assert root.receive(lat, T0 + Q, cell="a") == T0 + Q
+        assert root.receive(message("b", T0 + Q, T0 + Q, host="hb"), T0 + Q, cell="b") is None
+    assert root.counts.invalid["latency"] == 1
+    assert "cell b: its partials hold clat latency, this root merges lat" in text(caplog)
+    out = root.close(T0 + Q + 5000)  # on the lateness: b's mark was refused too
+    assert {(r.scope, r.host) for r in out} == {("cluster", None), ("host", "ha")}
+    assert all(r.cells_missing == ("b",) for r in out)
+    (cluster,) = [r for r in out if r.scope == "cluster"]
+    assert cluster.stats.samples == 10  # a's alone
+
+
 def test_a_payload_naming_another_cell_than_its_topic_is_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

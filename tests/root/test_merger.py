@@ -525,7 +525,8 @@ def test_root_and_cell_metrics_render_and_pass_promtool(tmp_path: Path) -> None:
     assert registry.get_sample_value("fiomon_root_quanta_missing_cell_total", {"cell": "c1"}) == 0
     assert registry.get_sample_value("fiomon_root_cell_mark_lag_seconds", {"cell": "c1"}) == 4
     assert registry.get_sample_value(
-        "fiomon_cluster_latency_percentile_seconds", {"direction": "read", "percentile": "99"}
+        "fiomon_cluster_latency_percentile_seconds",
+        {"direction": "read", "percentile": "99", "latency": "clat"},
     )
     _promtool_clean(text)
     # A cell's outbox on its own /metrics.

@@ -88,21 +88,22 @@ async def test_webhook_alerts_carry_severity_and_resolve_when_idle() -> None:
         "rule": "p99-read",
         "direction": "read",
         "percentile": "99",
+        "latency": "clat",  # the aggregator's latency kind, as on fiomon_sla_breach
         "severity": "page",
         "cluster": "bench",  # the site's labels (webhook.labels), as external_labels
         "instance": "agg-1",
     }
     notes = alert["annotations"]
     assert notes["runbook_url"] == "https://wiki.example.net/storage/fiomon-runbook#fiomonslabreach"
-    assert notes["summary"] == "p99 read 127 ms > 5 ms (cluster)"
+    assert notes["summary"] == "p99 clat read 127 ms > 5 ms (cluster)"
     assert (notes["value"], notes["threshold"]) == ("127 ms", "5 ms")
     assert notes["worst_hosts"] == "h2 100%"
-    assert "p99 read latency stayed above 5 ms" in notes["description"]
+    assert "p99 clat read latency stayed above 5 ms" in notes["description"]
     (end,) = resolved
     assert end["labels"] == alert["labels"]
     assert "endsAt" in end
     assert end["annotations"]["resolution"].startswith("ended: the benchmark stopped")
-    assert end["annotations"]["summary"].startswith("ended (the benchmark stopped): p99 read")
+    assert end["annotations"]["summary"].startswith("ended (the benchmark stopped): p99 clat read")
     assert end["annotations"]["worst_hosts"] == "h2 100%"
     assert deliveries[("webhook", "sent")] == 2
 

@@ -44,7 +44,8 @@ def test_the_slow_host_holds_the_tail_and_the_metric_names_it() -> None:
     _feed(c, clock, hosts)
     samples = parse_samples(render(c.snapshot).decode())
     shares = {k: v for k, v in samples.items() if k[0] == "fiomon_tail_share"}
-    key = ("fiomon_tail_share", (("direction", "read"), ("host", "slow"), ("percentile", "99")))
+    labels = (("direction", "read"), ("host", "slow"), ("latency", "clat"), ("percentile", "99"))
+    key = ("fiomon_tail_share", labels)
     assert shares == {key: 1.0}
     # The alert fired with the slow host named, with its share of the breaching quanta.
     (t,) = [t for t in c.transitions if t.new is Phase.FIRING]
@@ -102,15 +103,16 @@ def test_a_resolution_during_the_run_says_recovered_one_at_idle_says_ended() -> 
     book = AlertBook((rule,))
     state = AlertState(Phase.RESOLVED, value_ns=2.5e6, fired_ms=T0)
     for idle, summary, resolution in (
-        (False, "recovered: p99 read 2.5 ms < 4.5 ms", "recovered: p99 read below 4.5 ms for 3"),
+        (False, "recovered: p99 lat read 2.5 ms < 4.5 ms", "recovered: p99 lat read below 4.5 ms"),
         (
             True,
-            "ended (the benchmark stopped): p99 read last 2.5 ms, threshold 5 ms (cluster)",
+            "ended (the benchmark stopped): p99 lat read last 2.5 ms, threshold 5 ms (cluster)",
             "ended: the benchmark",
         ),
     ):
         t = Transition(rule, None, Phase.FIRING, Phase.RESOLVED, state, T0 + 9000, idle)
-        (alert,) = alertmanager_payload(book, [t], T0 + 9000)
+        (alert,) = alertmanager_payload(book, [t], T0 + 9000, "lat")
+        assert alert["labels"]["latency"] == "lat"  # the kind the rule holds for (issue 27)
         assert alert["annotations"]["summary"].startswith(summary), alert
         assert alert["annotations"]["resolution"].startswith(resolution), alert
         assert "endsAt" in alert

@@ -35,7 +35,8 @@ from tests.metricskit import Samples, parse_samples
 F64 = npt.NDArray[np.float64]
 RULE = SlaRule("p99-read", "read", 99.0, 5e6, for_quanta=1, min_samples=100)
 HIST = "fiomon_cluster_io_latency_seconds"
-READ = (("direction", "read"),)
+READ = (("direction", "read"), ("latency", "clat"))
+CLAT = (("latency", "clat"),)
 
 
 def config(*rules: SlaRule, revise_within_ms: int = 600_000) -> AggregatorConfig:
@@ -100,7 +101,7 @@ def test_gauges_show_the_latest_quantums_revision_and_buckets_count_every_io() -
     _, before = scrape(pub)
     p99 = (
         "fiomon_cluster_latency_percentile_seconds",
-        (("direction", "read"), ("percentile", "99")),
+        (("direction", "read"), *CLAT, ("percentile", "99")),
     )
     end = ("fiomon_quantum_end_timestamp_seconds", ())
     assert before[end] == first[-1].end_ms / 1000
@@ -122,7 +123,7 @@ def test_gauges_show_the_latest_quantums_revision_and_buckets_count_every_io() -
     assert latest.stats.percentiles_ns["99"] > 2 * first[-1].stats.percentiles_ns["99"]
     assert m[p99] == pytest.approx(latest.stats.percentiles_ns["99"] / 1e9)
     assert m[end] == before[end]
-    rate = ("fiomon_cluster_iops", READ)
+    rate = ("fiomon_cluster_iops", (("direction", "read"),))
     assert m[rate] == pytest.approx(latest.iops)
     # _count is every I/O, first publications and revisions; _sum the latest rows' sums,
     # exactly (each revision adds its row's sum less the one published before).
@@ -185,8 +186,8 @@ def test_a_revision_that_changes_a_verdict_is_logged_and_counted_never_fired(
     assert pub.alerts.states[("p99-read", None)].phase is Phase.INACTIVE
     assert pub.alerts.breaches == {"p99-read": 0}
     text, m = scrape(pub)
-    assert m[("fiomon_sla_revised_verdicts_total", (("rule", "p99-read"),))] == 1
-    assert m[("fiomon_sla_breach", (("host", ""), ("rule", "p99-read")))] == 0
+    assert m[("fiomon_sla_revised_verdicts_total", (*CLAT, ("rule", "p99-read")))] == 1
+    assert m[("fiomon_sla_breach", (("host", ""), *CLAT, ("rule", "p99-read")))] == 0
     promtool_clean(text)
 
     # Revision 2 of the same quantum, still breaching: already reported. A revision
@@ -275,7 +276,7 @@ def test_revision_counters_are_exported_with_a_zero_per_host() -> None:
     assert m[("fiomon_late_records_merged_total", (("host", "h2"),))] == 0
     assert m[("fiomon_late_records_total", (("host", "h1"),))] == 0
     assert m[("fiomon_late_records_total", (("host", "h2"),))] == 32
-    assert m[("fiomon_sla_revised_verdicts_total", (("rule", "p99-read"),))] == 0
+    assert m[("fiomon_sla_revised_verdicts_total", (*CLAT, ("rule", "p99-read")))] == 0
     assert "beyond the revision horizon" in text
     promtool_clean(text)
 
@@ -294,10 +295,13 @@ def test_a_revision_completes_the_latest_quantum_and_replaces_only_its_own_serie
     text, m = scrape(pub)
     host = "fiomon_host_latency_percentile_seconds"
     p99 = (("percentile", "99"),)
-    assert m[(host, (("direction", "read"), ("host", "h1"), *p99))] == 4e-3
-    assert m[(host, (("direction", "read"), ("host", "h2"), *p99))] == 2e-3
+    assert m[(host, (("direction", "read"), ("host", "h1"), *CLAT, *p99))] == 4e-3
+    assert m[(host, (("direction", "read"), ("host", "h2"), *CLAT, *p99))] == 2e-3
     assert held[("h1", "read", "99")] == 1e-3
-    assert m[("fiomon_cluster_latency_percentile_seconds", (("direction", "read"), *p99))] == 3e-3
+    assert (
+        m[("fiomon_cluster_latency_percentile_seconds", (("direction", "read"), *CLAT, *p99))]
+        == 3e-3
+    )
     assert m[("fiomon_quantum_complete", ())] == 1
     assert m[("fiomon_quanta_incomplete_total", ())] == 1  # it closed incomplete: counted
     promtool_clean(text)
