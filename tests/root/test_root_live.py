@@ -117,8 +117,9 @@ class Cluster:
         return out
 
     def root_rows(self) -> list[dict[str, object]]:
+        """The root's quanta file's complete lines (the last may be mid-write)."""
         text = self.root_quanta.read_text() if self.root_quanta.exists() else ""
-        return [json.loads(line) for line in text.splitlines()]
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
     def closed_ends(self) -> set[int]:
         return {int(str(r["end_ms"])) for r in self.root_rows()}
