@@ -50,6 +50,7 @@ from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit, rate_log
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import HistStats, pct_key
 from fiomon.model import DIRECTION_LABELS
+from fiomon.offline.iosources import iolog_thread, is_iolog
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
 from fiomon.offline.sources import REFUSED, host_labels
 from fiomon.offline.spans import SpanMerger
@@ -127,7 +128,14 @@ class ExactReader:
         self.sources: list[_File] = []
         for p, h in zip(paths, hosts, strict=True):
             r = IoLogReader(p, log_unit=log_unit, problems=self._problems)
-            self.sources.append(_File(r, self.host_names.index(h), r.chunks()))
+            spans = [r.span]
+            if iolog_thread(p) is None and r.refusal is None:
+                # per_job_logs=0: fio appended each job's lines, its time starting again
+                spans = r.time_spans(options.quantum_ms)
+            for span in spans:
+                if span != r.span:
+                    r = IoLogReader(p, log_unit=log_unit, problems=self._problems, span=span)
+                self.sources.append(_File(r, self.host_names.index(h), r.chunks()))
         refused = {
             f.reader.source: f.reader.refusal for f in self.sources if f.reader.refusal is not None
         }
@@ -142,7 +150,7 @@ class ExactReader:
             msg = f"cannot mix per-I/O and averaged latency logs: {listing}; report them apart"
             raise FiomonError(msg)
         self.averaged = kinds == {True}
-        self.total_bytes = sum(p.stat().st_size for p in paths)
+        self.total_bytes = sum(p.stat().st_size for p in paths)  # (spans: read again)
         self.layout = BinLayout()
         self.relative = False
         self.phase_ms = 0
@@ -412,8 +420,6 @@ def open_reader(paths: Sequence[Path], options: QuantaOptions) -> QuantaReader |
         FiomonError: per-I/O logs mixed with other inputs (the command line chooses
             before: :func:`fiomon.offline.iosources.choose_iologs`).
     """
-    from fiomon.offline.iosources import is_iolog  # noqa: PLC0415 -- iosources reads sources
-
     # fio's bw/iops logs go with per-I/O logs: ExactReader refuses them by name.
     flags = [is_iolog(p) or rate_log(p) is not None for p in paths if p.is_file()]
     if flags and all(rate_log(p) is not None for p in paths):

@@ -9,6 +9,7 @@ is the nearest-rank order statistic (between the order statistics around ``p n /
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import shutil
@@ -353,3 +354,41 @@ def test_source_iolog_log_unit_and_spans(epoch_run: Path) -> None:
     spans, _ = report("--directions", "all", "--quantum", "250ms", "--target-error", "50%", *logs)
     assert sum(r["samples"] for r in spans) == sum(r["samples"] for r in ns)
     assert all("target_met" in r for r in spans)
+
+
+def test_per_job_logs_0_one_file_holding_every_job(tmp_path: Path, fio_bin: str) -> None:
+    """per_job_logs=0: fio appends the jobs to P_clat.log, time starting again: all exact."""
+    run = tmp_path / "pj"
+    run.mkdir()
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=j",
+            f"--filename={run / 'data'}",
+            "--size=1m",
+            "--bs=4k",
+            "--rw=randrw",
+            "--rate_iops=150,100",
+            "--time_based",
+            "--runtime=2",
+            "--numjobs=3",
+            "--per_job_logs=0",
+            "--write_lat_log=pj",
+            "--log_avg_msec=0",
+            "--output-format=json",
+            f"--output={run / 'out.json'}",
+        ],
+        cwd=run,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    log = run / "pj_clat.log"
+    lines = read_lines(log)
+    assert any(b.time_ms < a.time_ms - 1000 for a, b in itertools.pairwise(lines))
+    rows, err = report("--quantum", "500ms", log)
+    assert "late" not in err
+    assert sum(r["samples"] for r in rows if r["direction"] == "all") == len(lines)
+    assert len(lines) == total_ios(run / "out.json")
+    rows_match_lines(rows, {"": lines})
+    assert max(r["streams"] for r in rows) == 3  # each job a stream of its own
