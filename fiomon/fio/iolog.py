@@ -49,7 +49,7 @@ from fiomon.model import LatencyKind
 I64 = npt.NDArray[np.int64]
 LogUnit = Literal["ns", "us"]
 
-READ_BYTES = 4 << 20  # raw bytes read at once (a decoded piece is at most 4 MiB too)
+READ_BYTES = 2 << 20  # raw bytes read at once (decoded pieces: at most 4 MiB)
 HEAD_BYTES = 256 << 10  # decoded head looked at to learn the columns and averaging
 MIN_COLUMNS, MAX_COLUMNS = 4, 6
 _MAX_DIGITS = 18  # every 18-digit decimal fits in int64
@@ -367,17 +367,25 @@ class IoLogReader:
         """The file, as problems name it."""
         return str(self.path)
 
+    # The generators below hand each piece on without keeping a reference while suspended
+    # (``yield box.pop()``): a report reads many files in step, and a piece held per
+    # suspended file was most of its memory.
+
     def _ranged(self) -> Iterator[bytes]:
         """The decoded bytes of :attr:`span` (the whole file by default)."""
         start, stop = self.span.start, self.span.stop
         pos = start
-        for piece in self._pieces(start):
+        pieces = self._pieces(start)
+        box: list[bytes] = []
+        while (piece := next(pieces, None)) is not None:
             if stop is not None and pos + len(piece) >= stop:
                 if stop > pos:
                     yield piece[: stop - pos]
                 return
             pos += len(piece)
-            yield piece
+            box.append(piece)
+            del piece
+            yield box.pop()
 
     def _pieces(self, skip: int = 0) -> Iterator[bytes]:
         """The file's decoded UTF-8 bytes from offset ``skip``, piece by piece (<= 4 MiB).
@@ -385,25 +393,28 @@ class IoLogReader:
         A plain file seeks there; a compressed one is decoded from its start.
         """
         with self.path.open("rb") as fh:
-            data = fh.read(READ_BYTES)
-            if not data:
+            box = [fh.read(READ_BYTES)]
+            if not box[0]:
                 return
-            decoder = InputDecoder(data)
+            decoder = InputDecoder(box[0])
             if not decoder.needed:
                 if skip:
                     fh.seek(skip)
-                    data = fh.read(READ_BYTES)
-                while data:
-                    self.bytes_read += len(data)
-                    yield data
-                    data = fh.read(READ_BYTES)
+                    box = [fh.read(READ_BYTES)]
+                while box[0]:
+                    self.bytes_read += len(box[0])
+                    yield box.pop()
+                    box.append(fh.read(READ_BYTES))
                 return
-            for piece in self._decoded(fh, decoder, data):
+            pieces = self._decoded(fh, decoder, box.pop())
+            while (piece := next(pieces, None)) is not None:
                 if skip >= len(piece):
                     skip -= len(piece)
                     continue
-                yield piece[skip:] if skip else piece
+                box.append(piece[skip:] if skip else piece)
+                del piece
                 skip = 0
+                yield box.pop()
 
     def _decoded(self, fh: BinaryIO, decoder: InputDecoder, data: bytes) -> Iterator[bytes]:
         """The decoded pieces of a compressed or re-encoded file starting with ``data``."""
@@ -507,10 +518,12 @@ class IoLogReader:
             data = tail + piece if tail else piece
             cut = data.rfind(b"\n") + 1
             tail = data[cut:]
-            if cut:
-                chunk = self._parse(data[:cut] if tail else data)
-                if chunk is not None:
-                    yield chunk
+            chunk = self._parse(data[:cut] if tail else data) if cut else None
+            del data, piece  # nothing held while suspended but the tail
+            if chunk is not None:
+                box = [chunk]
+                del chunk
+                yield box.pop()
         if tail.strip():
             chunk = self._parse(tail + b"\n")
             if chunk is not None:
