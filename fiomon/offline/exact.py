@@ -153,6 +153,16 @@ class ExactReader:
         }
         if refused:
             raise InputError(refused)
+        by_kind: dict[str, list[str]] = {}
+        for f in self.sources:
+            by_kind.setdefault(str(f.reader.kind), []).append(f.reader.source)
+        if len(by_kind) > 1 or (by_kind and options.latency not in by_kind):
+            listing = "; ".join(f"{k}: {', '.join(dict.fromkeys(v))}" for k, v in by_kind.items())
+            msg = (
+                f"per-I/O latency logs of another kind than --latency {options.latency} "
+                f"(one kind a run; choose it with --latency clat|lat|slat): {listing}"
+            )
+            raise FiomonError(msg)
         kinds = {f.reader.averaged for f in self.sources if f.reader.columns}
         if len(kinds) > 1:
             listing = ", ".join(

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fiomon.errors import FiomonError
 from fiomon.fio import iolog
 from fiomon.fio.iolog import IoLogReader
 from fiomon.fio.problems import ProblemLog
 from fiomon.offline.exact import ExactReader
+from fiomon.offline.iosources import choose_iologs
 from fiomon.offline.quanta import QuantaOptions
 from tests.conftest import DEADLINE_S
 from tests.fiorun import fiomon, total_ios
@@ -392,3 +394,24 @@ def test_per_job_logs_0_one_file_holding_every_job(tmp_path: Path, fio_bin: str)
     assert len(lines) == total_ios(run / "out.json")
     rows_match_lines(rows, {"": lines})
     assert max(r["streams"] for r in rows) == 3  # each job a stream of its own
+
+
+def test_the_latency_kind_picks_the_logs_and_kinds_never_mix(epoch_run: Path) -> None:
+    """--latency lat reads P_lat.N.log (total latency, >= clat); mixing kinds is refused."""
+    logs = sorted(epoch_run.glob("lat_*.log"))
+    chosen, notes, exact = choose_iologs(logs, None, "lat")
+    assert exact
+    assert [p.name for p in chosen] == [f"lat_lat.{n}.log" for n in (1, 2, 3)]
+    assert any("lat_clat.1.log" in n and "lat_slat.1.log" in n for n in notes)
+    opts = QuantaOptions(quantum_ms=500, directions=("all",), latency="lat")
+    with ExactReader(chosen, opts) as reader:
+        total = [r for rows in reader.chunks() for r in rows]
+    with ExactReader(clat_logs(epoch_run), QuantaOptions(quantum_ms=500, directions=("all",))) as r:
+        comp = [r for rows in r.chunks() for r in rows]
+    assert [r.stats.samples for r in total] == [r.stats.samples for r in comp]
+    assert all(t.stats.min_ns >= c.stats.min_ns for t, c in zip(total, comp, strict=True))
+    with pytest.raises(FiomonError, match=r"--latency") as exc:
+        ExactReader([*clat_logs(epoch_run), chosen[0]], QuantaOptions())
+    assert "lat_lat.1.log" in str(exc.value)
+    with pytest.raises(FiomonError, match=r"--latency clat"):
+        ExactReader(chosen, QuantaOptions())
