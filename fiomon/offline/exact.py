@@ -478,20 +478,20 @@ def open_reader(paths: Sequence[Path], options: QuantaOptions) -> QuantaReader |
         FiomonError: per-I/O logs mixed with other inputs (the command line chooses
             before: :func:`fiomon.offline.iosources.choose_iologs`).
     """
-    # fio's bw/iops logs go with per-I/O logs: ExactReader refuses them by name.
-    flags = [is_iolog(p) or rate_log(p) is not None for p in paths if p.is_file()]
-    if flags and all(rate_log(p) is not None for p in paths):
-        return QuantaReader(paths, options)  # bw/iops logs only: refused as before
-    if flags and all(flags):
-        return ExactReader(paths, options, log_unit=options.source.log_unit)
-    if any(flags):
-        logs = [str(p) for p, f in zip(paths, flags, strict=False) if f]
+    files = [p for p in paths if p.is_file()]
+    iologs = [p for p in files if is_iolog(p)]
+    if not iologs:
+        return QuantaReader(paths, options)
+    # fio's bw/iops logs go with whichever reader: each refuses them by name.
+    others = [p for p in files if p not in iologs and rate_log(p) is None]
+    if others:
         msg = (
-            f"per-I/O latency logs ({', '.join(logs[:4])}) cannot be read together with hist "
-            "logs or json+ streams: report them separately"
+            f"per-I/O latency logs ({', '.join(map(str, iologs[:4]))}) cannot be read together "
+            f"with hist logs or json+ streams ({', '.join(map(str, others[:4]))}): report "
+            "them separately"
         )
         raise FiomonError(msg)
-    return QuantaReader(paths, options)
+    return ExactReader(paths, options, log_unit=options.source.log_unit)
 
 
 def whole_hists(paths: Sequence[Path], log_unit: LogUnit, problems: ProblemLog) -> dict[int, F64]:
