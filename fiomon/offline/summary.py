@@ -13,6 +13,10 @@ Numbers and their bounds (the histograms are fio's log-linear bins, :mod:`fiomon
 * min and max are bounds (lower edge of the first, upper edge of the last non-empty bin);
 * percentiles are interpolated as in ``fiomon report``;
 * a text-histogram bin's count splits a fio bin that straddles its edge linearly.
+
+The latency is fio's completion latency (``clat``) unless ``--latency`` says ``lat`` or
+``slat`` (:mod:`fiomon.offline.kinds`); the text names it then, the JSON always
+(``"latency"``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import cumulative_at, summarize
-from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.model import DIRECTION_LABELS, LatencyKind, RecordBatch
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -350,8 +354,11 @@ def _when(ms: int) -> str:
     return f"{ms / 1000:.3f} s"
 
 
-def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
-    """The human-readable report."""
+def write_text(
+    stats: list[OpStats], out: TextIO, width: int = 40, latency: LatencyKind = "clat"
+) -> None:
+    """The human-readable report (``latency``: the kind its latencies are, named unless clat)."""
+    kind = "" if latency == "clat" else f"{latency} "
     for s in stats:
         span = (s.last_ms - s.first_ms) / 1000.0
         rate = "" if s.iops is None else f", {s.iops:,.0f} IOPS, {_size(s.bytes_per_second or 0)}/s"
@@ -361,14 +368,14 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
         )
         mean, sd, lo, hi = map(format_latency_ns, (s.mean_ns, s.stddev_ns, s.min_ns, s.max_ns))
         out.write(
-            f"  latency  mean {mean}  stddev {sd}  variance {s.variance_ns2 / 1e6:.4g} us^2  "
+            f"  {kind}latency  mean {mean}  stddev {sd}  variance {s.variance_ns2 / 1e6:.4g} us^2  "
             f"min >= {lo}  max < {hi}\n"
         )
         pct = "  ".join(
             f"p{k} {'>= ' if k in s.saturated else ''}{format_latency_ns(v)}"
             for k, v in s.percentiles_ns.items()
         )
-        out.write(f"  percentiles  {pct}\n")
+        out.write(f"  {kind}percentiles  {pct}\n")
         peak = max([c for _, _, c in s.histogram] + [1.0])
         for a, b, c in s.histogram:
             bar = "#" * round(width * c / peak)
@@ -412,9 +419,10 @@ def main_summary(
         return 1
     problems.write_to(err)
     if fmt == "json":
-        out.write(json.dumps([s.to_json() for s in stats], indent=1) + "\n")
+        docs = [{**s.to_json(), "latency": source.latency} for s in stats]
+        out.write(json.dumps(docs, indent=1) + "\n")
     else:
-        write_text(stats, out)
+        write_text(stats, out, latency=source.latency)
     return 0
 
 
