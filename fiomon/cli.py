@@ -580,14 +580,31 @@ def _add_summary(sub: SubParsers) -> argparse.ArgumentParser:
         help="per-operation I/O statistics of a run, with a latency histogram",
         description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
         "percentiles, IOPS and throughput per operation (read, write, trim, mixed, all), and a "
-        "text histogram on bins you choose, from fio hist logs and json+ status files.",
+        "text histogram on bins you choose, from fio hist logs and json+ status files. "
+        "From fio's per-I/O latency logs (write_lat_log=P with log_avg_msec=0: "
+        "P_clat.N.log; P_lat / P_slat with --latency; not together with hist logs or json+), "
+        "the IOstats report: the same numbers exact (total time = the sum of the "
+        "latencies; min, max and nearest-rank percentiles, the value of rank "
+        "ceil(p*n/100), read from the values in extra passes over the files), plus bytes "
+        "per request (mean, stddev, min, max), bytes per second per request (bs / latency "
+        "of each I/O) and of total time (bytes / total time), and the inter-arrival time: "
+        "per file (one fio job) and direction, the differences of consecutive stamps in "
+        "the file's order, pooled over the files (not the merged stream of all jobs, whose "
+        "rate the IOPS give; fio stamps each I/O at its completion for clat and lat, at "
+        "its submission for slat, in whole ms, so gaps are whole ms: 0 is two I/Os in one "
+        "ms, and nothing finer can be told); a stamp that goes back (per_job_logs=0 files "
+        "hold one job after another) starts a new sequence and is counted as a restart.",
         epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
         "seconds, or seconds since the job start for relative-time logs",
     )
     _add_input_options(p)
     _add_host_filter(p)
     p.add_argument(
-        "--job", action="append", default=[], help="only streams whose name contains this"
+        "--job",
+        action="append",
+        default=[],
+        help="only streams whose name contains this (repeatable; per-I/O logs: the file's "
+        "path, e.g. --job _clat.2. for fio's thread 2, as IOstats' -fileID)",
     )
     p.add_argument("--from", dest="from_", type=_when_ms, metavar="TIME", help="start")
     p.add_argument("--to", type=_when_ms, metavar="TIME", help="end")
