@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +57,18 @@ def pct_key(q: float) -> str:
     """The canonical key of a percentile: ``50``, ``99``, ``99.9`` (no trailing zeros)."""
     text = f"{q:.6f}".rstrip("0").rstrip(".")
     return text or "0"
+
+
+def nearest_rank(p: float, n: int) -> int:
+    """The 1-based rank of the ``p``-th percentile of ``n`` values: ``ceil(p n / 100)``, >= 1.
+
+    fio's own rule (the smallest value with at least ``p`` % of the values at or below it),
+    used wherever fiomon has the values themselves (per-I/O logs). Exact for percentiles
+    written in decimal (``99.9`` is 999/10, not its binary float: numpy's ``inverted_cdf``
+    takes the next value when ``p n / 100`` is whole, e.g. 99.9 % of 300 000).
+    """
+    f = Fraction(str(p)) * n / 100
+    return max(1, -(-f.numerator // f.denominator))
 
 
 def percentiles(

@@ -35,7 +35,6 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
 
@@ -50,7 +49,7 @@ from fiomon.errors import FiomonError, InputError
 from fiomon.fio.fiolog import EPOCH_MS_MIN
 from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit, rate_log
 from fiomon.fio.problems import ProblemLog
-from fiomon.histogram import HistStats, pct_key
+from fiomon.histogram import HistStats, nearest_rank, pct_key
 from fiomon.model import DIRECTION_LABELS
 from fiomon.offline.iosources import iolog_thread, is_iolog
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
@@ -73,15 +72,6 @@ def _read(f: _File) -> tuple[IoChunk, int, int] | None:
     if chunk is None:
         return None
     return chunk, int(chunk.time_ms.min()), int(chunk.time_ms.max())
-
-
-def nearest_rank(p: float, n: int) -> int:
-    """The 1-based rank of the ``p``-th percentile of ``n`` values: ``ceil(p n / 100)``, >= 1.
-
-    Exact for percentiles written in decimal (``99.9`` is 999/10, not its binary float).
-    """
-    f = Fraction(str(p)) * n / 100
-    return max(1, -(-f.numerator // f.denominator))
 
 
 @dataclass(slots=True)

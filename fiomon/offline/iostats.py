@@ -37,14 +37,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import MAX_GROUP_NR, PLAT_VAL, fine_lower_upper, plat_val_to_idx
-from fiomon.histogram import pct_key
+from fiomon.histogram import nearest_rank, pct_key
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -55,14 +54,6 @@ SPLIT = 1 << 16  # parts an interval too wide and too full is split into
 GAP_DENSE_MS = 1 << 16  # gaps below this (65.5 s) are counted in an array, above in a dict
 ALL = -1  # the direction key of every I/O together
 DDIR_LABELS = {0: "read", 1: "write", 2: "trim", ALL: "all"}
-
-
-def nearest_rank(q: float, n: int) -> int:
-    """The 1-based rank of the ``q``-th percentile of ``n`` values: ``ceil(q * n / 100)``, >= 1.
-
-    Exact for the decimal ``q`` as written (99.9 is 999/10, not the nearest double).
-    """
-    return max(1, math.ceil(Fraction(repr(float(q))) * n / 100))
 
 
 @dataclass(slots=True)

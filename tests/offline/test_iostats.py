@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 
 from fiomon.bins import MAX_GROUP_NR, plat_val_to_idx
-from fiomon.histogram import pct_key
+from fiomon.histogram import nearest_rank, pct_key
 from fiomon.offline import iostats
 from fiomon.offline.iostats import (
     ALL,
@@ -19,7 +19,6 @@ from fiomon.offline.iostats import (
     Moments,
     RankFinder,
     gap_stats,
-    nearest_rank,
 )
 
 I64 = npt.NDArray[np.int64]
