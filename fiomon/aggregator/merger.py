@@ -157,7 +157,7 @@ class AggregatorCore:
         self._first_silent: dict[int, tuple[str, ...]] = {}
         self._silent_known_ms = -_FAR
         # The live page's recent quanta, encoded once here and served by the /metrics child.
-        self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms)
+        self.live = LiveFeed(cfg.percentiles, cfg.sla, cfg.quantum_ms, latency=cfg.latency)
         self.snapshot = self._build()
 
     @property

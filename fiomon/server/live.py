@@ -82,6 +82,7 @@ from fiomon.closed import ClosedQuantum
 from fiomon.config import SlaRule
 from fiomon.heat import heat_counts
 from fiomon.histogram import pct_key
+from fiomon.model import LatencyKind
 from fiomon.palette import percentile_colours
 from fiomon.server.quantafile import raw_lines_backwards
 from fiomon.units import format_latency_ns
@@ -190,6 +191,8 @@ class LiveFeed:
         quantum_ms: the quantum.
         window_s: history the page keeps (cluster rows).
         host_window_s: the same for host rows.
+        latency: the latency kind the aggregator merges; SLA labels and the latency
+            charts' titles name it unless it is ``clat``.
     """
 
     def __init__(
@@ -199,7 +202,10 @@ class LiveFeed:
         quantum_ms: int,
         window_s: int = DEFAULT_WINDOW_S,
         host_window_s: int = DEFAULT_HOST_WINDOW_S,
+        *,
+        latency: LatencyKind = "clat",
     ) -> None:
+        self.latency: LatencyKind = latency
         self.window_s = window_s
         self.host_window_s = min(host_window_s, window_s)
         self.percentiles = tuple(percentiles)
@@ -225,7 +231,8 @@ class LiveFeed:
             {
                 "percentiles": [pct_key(q) for q in self.percentiles],
                 "sla_ns": sorted({r.threshold_ns for r in self.rules}),
-                "sla": [sla_line(r) for r in self.rules],
+                "sla": [sla_line(r, self.latency) for r in self.rules],
+                "latency": self.latency,
                 "colours": percentile_colours(self.percentiles),
                 "quantum_ms": self.quantum_ms,
                 "window_s": self.window_s,
@@ -279,10 +286,14 @@ class LiveFeed:
         )
 
 
-def sla_line(rule: SlaRule) -> dict[str, object]:
-    """How the page draws a rule: on its direction's chart, labelled "SLA p99 write 5 ms"."""
+def sla_line(rule: SlaRule, latency: LatencyKind = "clat") -> dict[str, object]:
+    """How the page draws a rule: on its direction's chart, labelled "SLA p99 write 5 ms".
+
+    An aggregator of another latency kind than clat names it: "SLA p99 lat write 5 ms".
+    """
     limit = format_latency_ns(rule.threshold_ns)
-    label = f"SLA p{pct_key(rule.percentile)} {rule.direction} {limit}"
+    kind = "" if latency == "clat" else f" {latency}"
+    label = f"SLA p{pct_key(rule.percentile)}{kind} {rule.direction} {limit}"
     return {
         "rule": rule.name,
         "direction": rule.direction,

@@ -335,7 +335,9 @@
     }
     series = series.concat(bands);
     var c = this.chart("lat-" + d, "latency over time: " + d + " (cluster)");
-    this.setTitle("lat-" + d, "latency over time: " + d + " (cluster)" + runsText(rows, this.meta.runs));
+    // an aggregator of lat or slat says so (clat, fio's usual, goes unsaid)
+    var kind = this.meta.latency && this.meta.latency !== "clat" ? " · " + this.meta.latency : "";
+    this.setTitle("lat-" + d, "latency over time: " + d + " (cluster)" + kind + runsText(rows, this.meta.runs));
     c.group = GROUP;
     c.setOption({
       animation: false,
