@@ -417,3 +417,20 @@ def test_the_latency_kind_picks_the_logs_and_kinds_never_mix(epoch_run: Path) ->
     assert "lat_lat.1.log" in str(exc.value)
     with pytest.raises(FiomonError, match=r"--latency clat"):
         ExactReader(chosen, QuantaOptions())
+
+
+def test_latency_never_drops_a_job_whose_chosen_kind_is_not_given(epoch_run: Path) -> None:
+    """--latency lat with job 1's clat log and job 2's lat log: an error, not job 2 alone.
+
+    Leaving ``lat_clat.1.log`` out as "the same I/Os" would be silently wrong: its job's
+    ``lat_lat.1.log`` is not among the inputs, so its I/Os would be counted nowhere.
+    """
+    clat1, lat2 = epoch_run / "lat_clat.1.log", epoch_run / "lat_lat.2.log"
+    r = fiomon("report", "--format", "jsonl", "--latency", "lat", clat1, lat2)
+    assert r.returncode == 2, r.stdout
+    assert "lat_clat.1.log: clat (per-I/O log; lat_lat.1.log not given)" in r.stderr
+    # with job 1's lat log given too, its clat log is the same I/Os: left out, exact count
+    lat1 = epoch_run / "lat_lat.1.log"
+    rows, err = report("--directions", "all", "--latency", "lat", clat1, lat1, lat2)
+    assert sum(r["samples"] for r in rows) == len(read_lines(lat1)) + len(read_lines(lat2))
+    assert "lat_clat.1.log" in err
