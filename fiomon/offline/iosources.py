@@ -9,7 +9,8 @@ same I/Os binned. Reading both would count each I/O twice, so:
 * ``--source auto`` (the default): the per-I/O logs are exact and win. A hist log is the
   same job's when it is in the same host folder (or one inside it) with the same job
   number ``N``; a json+ stream is when it is in the same host folder and every one of its
-  jobs has a per-I/O log there. Those are left out (a note names them); any other hist log
+  jobs has a per-I/O log there (``group_reporting``: every thread of an entry's
+  ``numjobs``). Those are left out (a note names them); any other hist log
   or json+ stream is an error (exact rows cannot merge binned ones: report them apart or
   choose a view with ``--source``);
 * ``--source iolog``: only the per-I/O logs; ``--source hist`` / ``json``: none of them
@@ -19,8 +20,9 @@ same I/Os binned. Reading both would count each I/O twice, so:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from fiomon.errors import OverlapError
 from fiomon.fio.iolog import IoLogReader, iolog_kind, rate_log
@@ -56,14 +58,52 @@ def _folder(p: Path) -> str:
 
 
 def _json_jobs(path: Path) -> int | None:
-    """The number of jobs of a json+ stream's first document (None: cannot tell)."""
-    from fiomon.offline.sources import _json_input  # noqa: PLC0415 -- one reader
+    """The number of jobs (fio threads, each with its log) of a json+ stream (None: cannot tell).
+
+    ``group_reporting`` folds a job's ``numjobs`` threads into one entry, while each thread
+    writes its own ``P_clat.N.log``: an entry stands for ``numjobs`` threads when fewer
+    entries than that carry its name.
+    """
+    from fiomon.offline.sources import _decoded, _json_input, _last_document  # noqa: PLC0415
 
     try:
         d = _json_input(path, _folder(path)).declaration
+        with _decoded(path) as fh:
+            last = _last_document(fh, fh.seek(0, 2))
     except (OSError, ValueError):
         return None
-    return len(d.jobs) or None
+    if not d.jobs:
+        return None
+    return max(len(d.jobs), _threads(last) if last is not None else 0)
+
+
+def _threads(doc: Mapping[str, Any]) -> int:
+    """The fio threads a document's ``jobs`` entries stand for (0: not a ``jobs`` document)."""
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        return 0  # fio --client: client_stats, one entry per thread and server
+    glob = doc.get("global options")
+    entries: dict[str, int] = {}
+    numjobs: dict[str, int] = {}
+    for job in jobs:
+        if not isinstance(job, dict):
+            continue
+        name = str(job.get("jobname"))
+        entries[name] = entries.get(name, 0) + 1
+        numjobs[name] = max(numjobs.get(name, 1), _numjobs(job.get("job options"), glob))
+    return sum(max(n, numjobs[name]) for name, n in entries.items())
+
+
+def _numjobs(*sections: object) -> int:
+    """``numjobs`` of a job's options, else the global options' (1: not set)."""
+    for section in sections:
+        value = section.get("numjobs") if isinstance(section, dict) else None
+        if value is not None:
+            try:
+                return max(1, int(str(value)))
+            except ValueError:
+                return 1
+    return 1
 
 
 def choose_iologs(

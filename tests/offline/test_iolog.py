@@ -30,7 +30,7 @@ from fiomon.offline.exact import ExactReader
 from fiomon.offline.iosources import choose_iologs
 from fiomon.offline.quanta import QuantaOptions
 from tests.conftest import DEADLINE_S
-from tests.fiorun import fiomon, total_ios
+from tests.fiorun import fiomon, last_document, total_ios
 
 pytestmark = pytest.mark.fio
 
@@ -434,3 +434,48 @@ def test_latency_never_drops_a_job_whose_chosen_kind_is_not_given(epoch_run: Pat
     rows, err = report("--directions", "all", "--latency", "lat", clat1, lat1, lat2)
     assert sum(r["samples"] for r in rows) == len(read_lines(lat1)) + len(read_lines(lat2))
     assert "lat_clat.1.log" in err
+
+
+def test_a_group_reporting_stream_is_not_left_out_for_one_thread_log(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """numjobs=3 group_reporting: one json+ entry, three per-I/O logs (one per thread).
+
+    The stream is the same I/Os as all three logs, not as ``P_clat.1.log`` alone: given
+    with that one log, leaving it out would report a third of fio's I/Os with exit 0.
+    """
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=g",
+            "--ioengine=psync",
+            "--rw=randread",
+            "--bs=4k",
+            "--size=1m",
+            f"--filename={tmp_path / 'data'}",
+            "--time_based",
+            "--runtime=1",
+            "--rate_iops=100",
+            "--numjobs=3",
+            "--group_reporting",
+            "--write_lat_log=g",
+            "--log_avg_msec=0",
+            "--output-format=json+",
+            "--status-interval=1",
+            f"--output={tmp_path / 'out.json'}",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    stream = tmp_path / "out.json"
+    assert len(last_document(stream)["jobs"]) == 1  # the three threads in one entry
+    logs = sorted(tmp_path.glob("g_clat.*.log"))
+    assert len(logs) == 3
+    r = fiomon("report", stream, logs[0])
+    assert r.returncode == 2, r.stdout
+    assert "out.json" in r.stderr
+    rows, err = report("--directions", "all", stream, *logs)
+    assert sum(r["samples"] for r in rows) == total_ios(stream)
+    assert "not reading" in err
