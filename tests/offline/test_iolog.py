@@ -278,6 +278,17 @@ def test_averaged_logs_give_mean_and_max_with_a_note(tmp_path: Path, fio_bin: st
     assert all(r["max_ns"] > 0 for r in rows)
 
 
+def test_fit_refuses_averaged_logs(tmp_path: Path, fio_bin: str) -> None:
+    """log_avg_msec=10: hundreds of window means, which fit must not take for I/Os."""
+    logs = clat_logs(run_fio(fio_bin, tmp_path / "avg", avg=10))
+    assert sum(len(read_lines(p)) for p in logs) >= 300  # enough "I/Os" to fit
+    for per_quantum in ([], ["--per-quantum", "1s"]):
+        r = fiomon("fit", *per_quantum, *logs)
+        assert r.returncode == 1, r.stdout
+        assert "averaged log" in r.stderr
+        assert "I/Os" not in r.stdout
+
+
 def test_a_bad_line_is_named_and_skipped(epoch_run: Path, tmp_path: Path) -> None:
     """Garbage in line 7 of a log: named file:line on stderr, every other line counted."""
     src = clat_logs(epoch_run)[0]
