@@ -10,7 +10,7 @@ same I/Os binned. Reading both would count each I/O twice, so:
   same job's when it is in the same host folder (or one inside it) with the same job
   number ``N``; a json+ stream is when it is in the same host folder and every one of its
   jobs has a per-I/O log there (``group_reporting``: every thread of an entry's
-  ``numjobs``). Those are left out (a note names them); any other hist log
+  ``numjobs``; ``fio --client``: the same server, from fio's ``.<server>`` suffix). Those are left out (a note names them); any other hist log
   or json+ stream is an error (exact rows cannot merge binned ones: report them apart or
   choose a view with ``--source``);
 * ``--source iolog``: only the per-I/O logs; ``--source hist`` / ``json``: none of them
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fiomon.errors import OverlapError
+from fiomon.fio.clientlog import client_log_host
 from fiomon.fio.iolog import IoLogReader, iolog_kind, rate_log
 from fiomon.fio.overlap import hist_log_thread, same_host
 from fiomon.fio.parsers import SNIFF_BYTES, sniff
@@ -57,9 +58,11 @@ def _folder(p: Path) -> str:
         return str(p.parent)
 
 
-def _json_jobs(path: Path) -> int | None:
-    """The number of jobs (fio threads, each with its log) of a json+ stream (None: cannot tell).
+def _json_jobs(path: Path) -> list[tuple[str | None, int]] | None:
+    """The fio threads of a json+ stream: (server, ``N``) of each (None: cannot tell).
 
+    The server is that of a ``fio --client`` document's entry (its logs carry fio's
+    ``.<server>`` suffix, thread numbers start at 1 on every server), else None.
     ``group_reporting`` folds a job's ``numjobs`` threads into one entry, while each thread
     writes its own ``P_clat.N.log``: an entry stands for ``numjobs`` threads when fewer
     entries than that carry its name.
@@ -74,7 +77,10 @@ def _json_jobs(path: Path) -> int | None:
         return None
     if not d.jobs:
         return None
-    return max(len(d.jobs), _threads(last) if last is not None else 0)
+    if any(j.server is not None for j in d.jobs):
+        return [(j.server, (j.thread or 0) + 1) for j in d.jobs]
+    n = max(len(d.jobs), _threads(last) if last is not None else 0)
+    return [(None, k) for k in range(1, n + 1)]
 
 
 def _threads(doc: Mapping[str, Any]) -> int:
@@ -190,10 +196,14 @@ def choose_iologs(
 
 def _covered(iologs: list[Path], others: list[Path]) -> tuple[list[Path], list[Path]]:
     """``others`` split into the ones the per-I/O logs hold the I/Os of, and the rest."""
-    threads: list[tuple[str, int | None]] = [(_folder(p), iolog_thread(p)) for p in iologs]
+    threads = [(_folder(p), iolog_thread(p), client_log_host(p)) for p in iologs]
 
-    def holds(folder: str, n: int | None) -> bool:
-        return any(same_host(folder, f) and (t is None or n == t) for f, t in threads)
+    def holds(folder: str, n: int | None, server: str | None) -> bool:
+        # fio --client: a server's logs hold its threads only (N starts at 1 on each)
+        return any(
+            same_host(folder, f) and (t is None or n == t) and (server is None or server == s)
+            for f, t, s in threads
+        )
 
     covered: list[Path] = []
     uncovered: list[Path] = []
@@ -207,10 +217,9 @@ def _covered(iologs: list[Path], others: list[Path]) -> tuple[list[Path], list[P
             continue
         if kind == "json":
             jobs = _json_jobs(p)
-            ok = jobs is not None and all(holds(folder, n) for n in range(1, jobs + 1))
+            ok = jobs is not None and all(holds(folder, n, server) for server, n in jobs)
         else:
-            n = hist_log_thread(str(p))
-            ok = holds(folder, n)
+            ok = holds(folder, hist_log_thread(str(p)), client_log_host(p))
         (covered if ok else uncovered).append(p)
     return covered, uncovered
 
