@@ -8,11 +8,13 @@ same I/Os binned. Reading both would count each I/O twice, so:
   other kinds' logs of the same jobs are the same I/Os and are left out (a note says so);
 * ``--source auto`` (the default): the per-I/O logs are exact and win. A hist log is the
   same job's when it is in the same host folder (or one inside it) with the same job
-  number ``N``; a json+ stream is when it is in the same host folder and every one of its
-  jobs has a per-I/O log there (``group_reporting``: every thread of an entry's
-  ``numjobs``; ``fio --client``: the same server, from fio's ``.<server>`` suffix). Those are left out (a note names them); any other hist log
-  or json+ stream is an error (exact rows cannot merge binned ones: report them apart or
-  choose a view with ``--source``);
+  number ``N`` (of the same server with ``fio --client``: fio's ``.<server>`` suffix); a
+  json+ stream is when it is in the same host folder, every one of its jobs has a per-I/O
+  log there (``group_reporting``: every thread of an entry's ``numjobs``), and those logs
+  hold as many lines as its last document's bins count I/Os (a stream of another run in
+  the folder is not the same I/Os). Those are left out (a note names them); any other
+  hist log or json+ stream is an error (exact rows cannot merge binned ones: report them
+  apart or choose a view with ``--source``);
 * ``--source iolog``: only the per-I/O logs; ``--source hist`` / ``json``: none of them
   (then the hist/json pairing of :func:`fiomon.offline.sources.choose_sources` applies).
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from fiomon.errors import OverlapError
 from fiomon.fio.clientlog import client_log_host
+from fiomon.fio.decode import InputDecoder
 from fiomon.fio.iolog import IoLogReader, iolog_kind, rate_log
 from fiomon.fio.overlap import hist_log_thread, same_host
 from fiomon.fio.parsers import SNIFF_BYTES, sniff
@@ -58,8 +61,10 @@ def _folder(p: Path) -> str:
         return str(p.parent)
 
 
-def _json_jobs(path: Path) -> list[tuple[str | None, int]] | None:
-    """The fio threads of a json+ stream: (server, ``N``) of each (None: cannot tell).
+def _json_jobs(path: Path) -> tuple[list[tuple[str | None, int]], int] | None:
+    """The fio threads of a json+ stream, (server, ``N``) of each, and its I/Os (None: cannot tell).
+
+    The I/Os are those its last document's bins count (every job, every direction).
 
     The server is that of a ``fio --client`` document's entry (its logs carry fio's
     ``.<server>`` suffix, thread numbers start at 1 on every server), else None.
@@ -77,10 +82,30 @@ def _json_jobs(path: Path) -> list[tuple[str | None, int]] | None:
         return None
     if not d.jobs:
         return None
+    ios = int(sum(int(j.hist.sum()) for j in d.jobs))
     if any(j.server is not None for j in d.jobs):
-        return [(j.server, (j.thread or 0) + 1) for j in d.jobs]
+        return [(j.server, (j.thread or 0) + 1) for j in d.jobs], ios
     n = max(len(d.jobs), _threads(last) if last is not None else 0)
-    return [(None, k) for k in range(1, n + 1)]
+    return [(None, k) for k in range(1, n + 1)], ios
+
+
+def _lines(path: Path) -> int:
+    """The lines of a (possibly compressed) per-I/O log: one per I/O."""
+    from fiomon.offline.sources import CHUNK_BYTES  # noqa: PLC0415 -- one piece size
+
+    with path.open("rb") as fh:
+        dec = InputDecoder(fh.read(SNIFF_BYTES))
+        fh.seek(0)
+        n = 0
+        last = b"\n"
+        for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            for piece in dec.feed(chunk) if dec.needed else (chunk,):
+                n += piece.count(b"\n")
+                last = piece[-1:] or last
+        for piece in dec.finish() if dec.needed else ():
+            n += piece.count(b"\n")
+            last = piece[-1:] or last
+    return n + (last != b"\n")
 
 
 def _threads(doc: Mapping[str, Any]) -> int:
@@ -176,13 +201,15 @@ def choose_iologs(
             f"histograms ({_names(others)}): choose --source iolog, hist or json"
         )
         raise OverlapError(msg)
-    covered, uncovered = _covered(chosen, others)
+    why: dict[Path, str] = {}
+    covered, uncovered = _covered(chosen, others, why)
     if uncovered:
+        reasons = "".join(f" ({p}: {why[p]})" for p in uncovered[:4] if p in why)
         msg = (
             "per-I/O latency logs (exact values) cannot be merged with the histograms of "
             "other jobs: these hist logs / json+ streams hold I/Os no per-I/O log given "
-            f"holds: {_names(uncovered)}. Report them separately, or choose one view: "
-            "--source iolog (only the per-I/O logs), --source hist or --source json"
+            f"holds: {_names(uncovered)}{reasons}. Report them separately, or choose one "
+            "view: --source iolog (only the per-I/O logs), --source hist or --source json"
         )
         raise OverlapError(msg)
     if covered:
@@ -194,16 +221,23 @@ def choose_iologs(
     return chosen + rates, notes, True
 
 
-def _covered(iologs: list[Path], others: list[Path]) -> tuple[list[Path], list[Path]]:
-    """``others`` split into the ones the per-I/O logs hold the I/Os of, and the rest."""
-    threads = [(_folder(p), iolog_thread(p), client_log_host(p)) for p in iologs]
+def _covered(
+    iologs: list[Path], others: list[Path], why: dict[Path, str]
+) -> tuple[list[Path], list[Path]]:
+    """``others`` split into the ones the per-I/O logs hold the I/Os of, and the rest.
 
-    def holds(folder: str, n: int | None, server: str | None) -> bool:
+    ``why`` gets the reason for a json+ stream whose jobs' logs are there but whose I/O
+    count is not theirs.
+    """
+    threads = [(p, _folder(p), iolog_thread(p), client_log_host(p)) for p in iologs]
+
+    def holders(folder: str, n: int | None, server: str | None) -> list[Path]:
         # fio --client: a server's logs hold its threads only (N starts at 1 on each)
-        return any(
-            same_host(folder, f) and (t is None or n == t) and (server is None or server == s)
-            for f, t, s in threads
-        )
+        return [
+            p
+            for p, f, t, s in threads
+            if same_host(folder, f) and (t is None or n == t) and (server is None or server == s)
+        ]
 
     covered: list[Path] = []
     uncovered: list[Path] = []
@@ -216,10 +250,22 @@ def _covered(iologs: list[Path], others: list[Path]) -> tuple[list[Path], list[P
             uncovered.append(p)
             continue
         if kind == "json":
+            # Every thread has its log there, and they hold as many I/Os as the stream's
+            # bins (a stream of another run in the folder is not the same I/Os).
             jobs = _json_jobs(p)
-            ok = jobs is not None and all(holds(folder, n, server) for server, n in jobs)
+            found = [holders(folder, n, server) for server, n in (jobs[0] if jobs else [])]
+            ok = jobs is not None and all(found)
+            if ok and jobs is not None:
+                logs = {q for h in found for q in h}
+                lines = sum(_lines(q) for q in logs)
+                ok = lines == jobs[1]
+                if not ok:
+                    why[p] = (
+                        f"its bins count {jobs[1]} I/Os, the per-I/O logs of its jobs there "
+                        f"{lines}: not the same I/Os (another run's, or cut short)"
+                    )
         else:
-            ok = holds(folder, hist_log_thread(str(p)), client_log_host(p))
+            ok = bool(holders(folder, hist_log_thread(str(p)), client_log_host(p)))
         (covered if ok else uncovered).append(p)
     return covered, uncovered
 

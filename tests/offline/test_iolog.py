@@ -490,3 +490,44 @@ def test_a_group_reporting_stream_is_not_left_out_for_one_thread_log(
     rows, err = report("--directions", "all", stream, *logs)
     assert sum(r["samples"] for r in rows) == total_ios(stream)
     assert "not reading" in err
+
+
+def test_a_stream_of_an_earlier_run_in_the_folder_is_not_left_out(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """fio run twice in one folder: the second run's per-I/O logs replace the first's.
+
+    The first run's json+ (a.json) names the same job numbers but not the same I/Os: left
+    out as "the same I/Os" its I/Os were counted nowhere, exit 0. Its bins' count tells.
+    """
+    for out, runtime in (("a.json", 1), ("b.json", 2)):
+        subprocess.run(
+            [
+                fio_bin,
+                "--name=j",
+                "--ioengine=psync",
+                "--rw=randread",
+                "--bs=4k",
+                "--size=1m",
+                f"--filename={tmp_path / 'data'}",
+                "--time_based",
+                f"--runtime={runtime}",
+                "--rate_iops=100",
+                "--write_lat_log=p",
+                "--log_avg_msec=0",
+                "--output-format=json+",
+                f"--output={tmp_path / out}",
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=DEADLINE_S,
+        )
+    log = tmp_path / "p_clat.1.log"
+    assert len(read_lines(log)) == total_ios(tmp_path / "b.json") != total_ios(tmp_path / "a.json")
+    r = fiomon("report", tmp_path / "a.json", tmp_path / "b.json", log)
+    assert r.returncode == 2, r.stdout
+    assert "a.json: its bins count" in r.stderr
+    rows, err = report("--directions", "all", tmp_path / "b.json", log)
+    assert sum(r["samples"] for r in rows) == total_ios(tmp_path / "b.json")
+    assert "b.json" in err
