@@ -8,7 +8,8 @@ same I/Os binned. Reading both would count each I/O twice, so:
   other kinds' logs of the same jobs are the same I/Os and are left out (a note says so);
 * ``--source auto`` (the default): the per-I/O logs are exact and win. A hist log is the
   same job's when it is in the same host folder (or one inside it) with the same job
-  number ``N`` (of the same server with ``fio --client``: fio's ``.<server>`` suffix); a
+  number ``N`` (of the same server with ``fio --client``: fio's ``.<server>`` suffix),
+  counting the I/Os of that job's per-I/O log less at most its last interval; a
   json+ stream is when it is in the same host folder, every one of its jobs has a per-I/O
   log there (``group_reporting``: every thread of an entry's ``numjobs``), and those logs
   hold as many lines as its last document's bins count I/Os (a stream of another run in
@@ -265,9 +266,35 @@ def _covered(
                         f"{lines}: not the same I/Os (another run's, or cut short)"
                     )
         else:
-            ok = bool(holders(folder, hist_log_thread(str(p)), client_log_host(p)))
+            n = hist_log_thread(str(p))
+            mine = holders(folder, n, client_log_host(p))
+            ok = bool(mine) and _hist_fits(p, folder, [q for q in mine if iolog_thread(q) == n])
+            if mine and not ok:
+                why[p] = "its I/O count is not that of the per-I/O log of its job there"
         (covered if ok else uncovered).append(p)
     return covered, uncovered
+
+
+def _hist_fits(path: Path, folder: str, logs: Sequence[Path]) -> bool:
+    """Whether hist log ``path`` counts what the per-I/O ``logs`` of its job hold.
+
+    fio's hist log lacks only the job's last partial interval (never written): at most
+    about one record's I/Os fewer than the per-I/O log's lines, never more. A hist log
+    of an earlier run left in the folder (the next run replaced the per-I/O logs) does not
+    fit. Without a log of its own job (a ``per_job_logs=0`` log holds every job), or when
+    the hist log cannot be read here, the name decides.
+    """
+    from fiomon.offline.sources import _log_content  # noqa: PLC0415 -- one reader
+
+    content = _log_content(path, folder) if logs else None
+    if content is None:
+        return True
+    ios = int(content.hist.sum())
+    lines = sum(_lines(q) for q in logs)
+    return ios <= lines <= ios + 2 * content.max_record + _HIST_SLACK
+
+
+_HIST_SLACK = 16  # I/Os: jitter around the last partial interval
 
 
 def _names(paths: Sequence[Path]) -> str:

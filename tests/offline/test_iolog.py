@@ -531,3 +531,39 @@ def test_a_stream_of_an_earlier_run_in_the_folder_is_not_left_out(
     rows, err = report("--directions", "all", tmp_path / "b.json", log)
     assert sum(r["samples"] for r in rows) == total_ios(tmp_path / "b.json")
     assert "b.json" in err
+
+
+def test_a_hist_log_of_an_earlier_run_in_the_folder_is_not_left_out(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """Run 1 wrote h_clat_hist.1.log, run 2 (same folder) p_clat.1.log: not the same I/Os.
+
+    Same folder, same job number: left out as "the same I/Os", run 1's I/Os were counted
+    nowhere (exit 0). Its count tells: a hist log lacks at most its last partial interval.
+    """
+    for runtime, opts in ((2, ["--write_hist_log=h", "--log_hist_msec=250"]), (1, [])):
+        subprocess.run(
+            [
+                fio_bin,
+                "--name=j",
+                "--ioengine=psync",
+                "--rw=randread",
+                "--bs=4k",
+                "--size=1m",
+                f"--filename={tmp_path / 'data'}",
+                "--time_based",
+                f"--runtime={runtime}",
+                "--rate_iops=100",
+                "--write_lat_log=p",
+                "--log_avg_msec=0",
+                *opts,
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=DEADLINE_S,
+        )
+    hist = tmp_path / "h_clat_hist.1.log"
+    r = fiomon("report", tmp_path / "p_clat.1.log", hist)
+    assert r.returncode == 2, r.stdout
+    assert f"{hist}: its I/O count" in r.stderr
