@@ -202,8 +202,11 @@ def choose_iologs(
             f"histograms ({_names(others)}): choose --source iolog, hist or json"
         )
         raise OverlapError(msg)
+    empty = [p for p in others if _blank(p)]
+    if empty:
+        notes.append(f"note: not reading {_names(empty)}: empty (no I/O in it)")
     why: dict[Path, str] = {}
-    covered, uncovered = _covered(chosen, others, why)
+    covered, uncovered = _covered(chosen, [p for p in others if p not in empty], why)
     if uncovered:
         reasons = "".join(f" ({p}: {why[p]})" for p in uncovered[:4] if p in why)
         msg = (
@@ -256,6 +259,8 @@ def _covered(
             jobs = _json_jobs(p)
             found = [holders(folder, n, server) for server, n in (jobs[0] if jobs else [])]
             ok = jobs is not None and all(found)
+            if jobs is None:
+                why[p] = "no json+ bins in it (plain json, fio's text, or not fio output)"
             if ok and jobs is not None:
                 logs = {q for h in found for q in h}
                 lines = sum(_lines(q) for q in logs)
@@ -295,6 +300,15 @@ def _hist_fits(path: Path, folder: str, logs: Sequence[Path]) -> bool:
 
 
 _HIST_SLACK = 16  # I/Os: jitter around the last partial interval
+
+
+def _blank(path: Path) -> bool:
+    """Whether a file holds nothing but blanks (fio killed before writing: no I/O to count)."""
+    try:
+        with path.open("rb") as fh:
+            return not fh.read(SNIFF_BYTES).strip() and not fh.read(1)
+    except OSError:
+        return False
 
 
 def _names(paths: Sequence[Path]) -> str:

@@ -567,3 +567,22 @@ def test_a_hist_log_of_an_earlier_run_in_the_folder_is_not_left_out(
     r = fiomon("report", tmp_path / "p_clat.1.log", hist)
     assert r.returncode == 2, r.stdout
     assert f"{hist}: its I/O count" in r.stderr
+
+
+def test_other_files_beside_per_io_logs_are_named_for_what_they_are(
+    epoch_run: Path, tmp_path: Path
+) -> None:
+    """`fiomon report *` in a run folder: the job file is named as no json+, not as I/Os.
+
+    And an empty out.json (fio killed before it wrote) holds no I/O: left out with a note,
+    where it was an error claiming it held I/Os no per-I/O log holds.
+    """
+    r = fiomon("report", *clat_logs(epoch_run), epoch_run / "three.fio")
+    assert r.returncode == 2, r.stdout
+    assert "three.fio: no json+ bins in it" in r.stderr
+    shutil.copytree(epoch_run, tmp_path / "run")
+    empty = tmp_path / "run" / "empty.json"
+    empty.write_bytes(b"")
+    rows, err = report("--directions", "all", *clat_logs(tmp_path / "run"), empty)
+    assert sum(r["samples"] for r in rows) == total_ios(epoch_run / "out.json")
+    assert "empty.json: empty" in err
