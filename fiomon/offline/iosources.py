@@ -31,7 +31,7 @@ from fiomon.errors import OverlapError
 from fiomon.fio.clientlog import client_log_host
 from fiomon.fio.decode import InputDecoder
 from fiomon.fio.iolog import IoLogReader, iolog_kind, rate_log
-from fiomon.fio.overlap import hist_log_thread, same_host
+from fiomon.fio.overlap import hist_log_thread, numjobs, same_host
 from fiomon.fio.parsers import SNIFF_BYTES, sniff
 from fiomon.model import LatencyKind
 
@@ -116,26 +116,14 @@ def _threads(doc: Mapping[str, Any]) -> int:
         return 0  # fio --client: client_stats, one entry per thread and server
     glob = doc.get("global options")
     entries: dict[str, int] = {}
-    numjobs: dict[str, int] = {}
+    threads: dict[str, int] = {}
     for job in jobs:
         if not isinstance(job, dict):
             continue
         name = str(job.get("jobname"))
         entries[name] = entries.get(name, 0) + 1
-        numjobs[name] = max(numjobs.get(name, 1), _numjobs(job.get("job options"), glob))
-    return sum(max(n, numjobs[name]) for name, n in entries.items())
-
-
-def _numjobs(*sections: object) -> int:
-    """``numjobs`` of a job's options, else the global options' (1: not set)."""
-    for section in sections:
-        value = section.get("numjobs") if isinstance(section, dict) else None
-        if value is not None:
-            try:
-                return max(1, int(str(value)))
-            except ValueError:
-                return 1
-    return 1
+        threads[name] = max(threads.get(name, 1), numjobs(job.get("job options"), glob))
+    return sum(max(n, threads[name]) for name, n in entries.items())
 
 
 def choose_iologs(
