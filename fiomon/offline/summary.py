@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
+from fiomon.fio.fiolog import EPOCH_MS_MIN
 from fiomon.fio.iolog import IoLogReader, iolog_kind
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import cumulative_at, summarize
@@ -472,9 +473,19 @@ def summarize_iologs(
     """
     chosen = _iolog_inputs(paths, filters, source, problems)
     acc = IoStatsAccumulator()
+    kinds: dict[str, str] = {}  # per file: epoch or relative stamps (its first line's)
     for path in chosen:
         for t, v, dirs, b in _io_chunks(path, source, problems, filters):
+            if t.size and str(path) not in kinds:
+                kinds[str(path)] = "epoch" if int(t[0]) >= EPOCH_MS_MIN else "relative"
             acc.add(str(path), t, v, dirs, b)
+    if len(set(kinds.values())) > 1:  # the span, IOPS and bytes/s would mix two clocks
+        listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
+        msg = (
+            f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
+            "with log_unix_epoch=1 or summarize them separately"
+        )
+        raise FiomonError(msg)
     wanted = [d for d in (0, 1, 2, ALL) if d in acc.dirs and DDIR_LABELS[d] in filters.directions]
     finders = {d: RankFinder(acc.dirs[d].fine, percentiles) for d in wanted}
     edges: dict[int, F64] = {}

@@ -217,3 +217,19 @@ def test_an_averaged_log_is_refused_by_name(tmp_path: Path, fio_bin: str) -> Non
     assert r.returncode == 1
     assert f"{log}: an averaged log" in r.stderr
     assert "log_avg_msec=0" in r.stderr
+
+
+def test_epoch_and_relative_logs_are_not_mixed(tmp_path: Path, fio_bin: str) -> None:
+    """One host's logs with log_unix_epoch=1, another's without: two clocks.
+
+    Their span was "1795765670.4 s (0.004 s .. 2026-11-27 07:47:50.389), 0 IOPS, 0 B/s"
+    with exit 0; `report` refuses the mix, and so does `summary` now.
+    """
+    run_fio(fio_bin, tmp_path / "rel", epoch=0)
+    run_fio(fio_bin, tmp_path / "epo", epoch=1)
+    logs = sorted(tmp_path.glob("*/P_clat.1.log"))
+    r = fiomon("summary", *logs)
+    assert r.returncode == 1, r.stdout
+    assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
+    got, _ = summary(*logs, "--host", "epo")  # one clock: fine
+    assert got["all"]["ios"] == lines(tmp_path / "epo" / "P_clat.1.log").shape[0]
