@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.fiorun import fiomon, last_document, start_fio, wait_fio
+from tests.fiorun import fiomon, job_file, last_document, start_fio, wait_fio
 
 I64 = npt.NDArray[np.int64]
 
@@ -233,3 +233,17 @@ def test_epoch_and_relative_logs_are_not_mixed(tmp_path: Path, fio_bin: str) -> 
     assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
     got, _ = summary(*logs, "--host", "epo")  # one clock: fine
     assert got["all"]["ios"] == lines(tmp_path / "epo" / "P_clat.1.log").shape[0]
+
+
+def test_a_json_stream_and_relative_hist_logs_are_not_mixed(tmp_path: Path, fio_bin: str) -> None:
+    """The same refusal for a json+ stream (epoch) beside another job's relative hist log:
+    "783 I/Os, 7.8 MiB in 1795765530.6 s (0.010 s .. 2026-11-27 07:45:30.637), 0 IOPS"."""
+    stream = tmp_path / "a" / "vm.json"
+    wait_fio([start_fio(fio_bin, job_file(tmp_path / "a", prefix=None), stream)])
+    job = job_file(tmp_path / "b", epoch=0)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "b" / "vm.json")])
+    hist = tmp_path / "b" / "run_clat_hist.1.log"
+    r = fiomon("summary", stream, hist)
+    assert r.returncode == 1, r.stdout
+    assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
+    assert fiomon("summary", stream).returncode == 0
