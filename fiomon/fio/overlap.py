@@ -344,18 +344,38 @@ def _client_jobs(doc: Mapping[str, Any]) -> tuple[JobContent, ...]:
 
 
 def is_grouped(doc: Mapping[str, Any]) -> bool:
-    """Whether the document's jobs use ``group_reporting`` (entries fold threads)."""
-    sections = [doc.get("global options")]
+    """Whether the document's jobs use ``group_reporting`` (entries fold threads).
+
+    fio 3.33 lists ``group_reporting`` in neither ``global options`` nor ``job options``
+    when it is given on the command line or in a job section; it shows as a job whose
+    ``numjobs`` exceeds the entries of its name (each thread is an entry otherwise).
+    """
+    glob = doc.get("global options")
+    sections = [glob]
     jobs = doc.get("jobs")
-    sections += (
-        [j.get("job options") for j in jobs if isinstance(j, dict)]
-        if isinstance(jobs, list)
-        else []
-    )
-    return any(
+    entries = [j for j in jobs if isinstance(j, dict)] if isinstance(jobs, list) else []
+    sections += [j.get("job options") for j in entries]
+    if any(
         isinstance(s, dict) and str(s.get("group_reporting", "0")) not in ("0", "false")
         for s in sections
-    )
+    ):
+        return True
+    names: dict[str, int] = {}
+    for j in entries:
+        names[str(j.get("jobname"))] = names.get(str(j.get("jobname")), 0) + 1
+    return any(numjobs(j.get("job options"), glob) > names[str(j.get("jobname"))] for j in entries)
+
+
+def numjobs(*sections: object) -> int:
+    """``numjobs`` of a job's options, else the global options' (1: not set or unreadable)."""
+    for section in sections:
+        value = section.get("numjobs") if isinstance(section, dict) else None
+        if value is not None:
+            try:
+                return max(1, int(str(value)))
+            except ValueError:
+                return 1
+    return 1
 
 
 def _job_hist(job: Mapping[str, Any]) -> tuple[I64 | None, bool]:

@@ -64,6 +64,11 @@ AVERAGED_NOTE = (
     "mean and largest of those values and no percentiles (write_lat_log with "
     "log_avg_msec=0 writes one line per I/O)"
 )
+AVERAGED_NOT_PER_IO = (
+    "an averaged log (fio's log_avg_msec > 0): one mean (or max) per window, not one "
+    "value per I/O, so no distribution can be fitted to it; fio writes one line per I/O "
+    "with log_avg_msec=0"
+)
 
 
 def _read(f: _File) -> tuple[IoChunk, int, int] | None:
@@ -485,13 +490,20 @@ def open_reader(paths: Sequence[Path], options: QuantaOptions) -> QuantaReader |
 
 
 def whole_hists(paths: Sequence[Path], log_unit: LogUnit, problems: ProblemLog) -> dict[int, F64]:
-    """Per fio direction, the whole run's values of per-I/O logs binned in fio 3's layout."""
+    """Per fio direction, the whole run's values of per-I/O logs binned in fio 3's layout.
+
+    Raises:
+        InputError: a file is not a readable per-I/O log, or it is averaged
+            (``log_avg_msec > 0``: one value per window, not per I/O).
+    """
     layout = BinLayout()
     out: dict[int, F64] = {}
     for p in paths:
         r = IoLogReader(p, log_unit=log_unit, problems=problems)
         if r.refusal is not None:
             raise InputError({r.source: r.refusal})
+        if r.averaged:
+            raise InputError({r.source: AVERAGED_NOT_PER_IO})
         for c in r.chunks():
             idx = plat_val_to_idx(c.value_ns, layout.group_nr)
             for d in np.unique(c.ddir).tolist():

@@ -12,11 +12,11 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.errors import FiomonError, FitError
+from fiomon.errors import FiomonError, FitError, InputError
 from fiomon.fio.problems import ProblemLog
 from fiomon.fit import Fit, describe, fit_histogram
 from fiomon.model import DIRECTION_LABELS
-from fiomon.offline.exact import open_reader, whole_hists
+from fiomon.offline.exact import AVERAGED_NOT_PER_IO, ExactReader, open_reader, whole_hists
 from fiomon.offline.iosources import is_iolog
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.sources import SourceOptions, host_labels
@@ -126,6 +126,8 @@ def _per_quantum(
     reader = open_reader(paths, opts)
     try:
         with reader:
+            if isinstance(reader, ExactReader) and reader.averaged:
+                raise InputError({str(p): AVERAGED_NOT_PER_IO for p in paths})
             for rows in reader.chunks():
                 for row in rows:
                     if row.scope == "cluster" and row.hist is not None:

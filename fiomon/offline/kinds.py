@@ -17,7 +17,8 @@ per-I/O latency log    its name's: ``NAME_clat.N.log``, ``NAME_lat.N.log``,
 =====================  =========================================================
 
 With ``--latency K`` (:func:`resolve_latency` with ``chosen``): per-I/O logs of the
-other kinds are left out (said on stderr), hist logs are refused unless ``K`` is ``clat``
+other kinds are left out (said on stderr) where their job's ``K`` log is given (else
+refused: their I/Os would be counted nowhere), hist logs are refused unless ``K`` is ``clat``
 (where a json+ stream of the same jobs is given, it is read instead: :func:`hist_logs`),
 and a json+ stream without ``K``'s bins is refused by its parser naming the fio option.
 Without it, the kind is one every input can give: ``clat`` where it can (a job's
@@ -58,6 +59,7 @@ LATENCY_HELP = (
 )
 _MAX_LISTED = 6  # files named per kind in a message
 _IOLOG_NAME = re.compile(r"^(.*)_(?:clat|lat|slat)\.")  # the kind in NAME_KIND.N.log
+_COMPRESSED = re.compile(r"\.(?:gz|bz2|xz)$")  # compressed after the run
 
 
 def _head(path: Path) -> bytes:
@@ -120,6 +122,24 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
     logs = {p: k for p in paths if (k := iolog_kind(p)) is not None}
     if chosen is not None:
         other = [p for p, k in logs.items() if k != chosen]
+        given = {_job_key(p) for p, k in logs.items() if k == chosen}
+        alone = [p for p in other if _job_key(p) not in given]
+        if alone:  # not the same I/Os as a log read: leaving them out would lose their I/Os
+            lines = [
+                f"  {p}: {logs[p]} (per-I/O log; {_counterpart(p, chosen)} not given)"
+                for p in alone[:_MAX_LISTED]
+            ]
+            more = len(alone) - len(lines)
+            msg = (
+                f"--latency {chosen}: these per-I/O logs hold another latency, and their "
+                f"jobs' {chosen} logs are not among the inputs (their I/Os would be counted "
+                "nowhere):\n"
+                + "\n".join(lines)
+                + (f"\n  ... and {more} more" if more > 0 else "")
+                + f"\nGive those {chosen} logs, choose their kind with --latency, or report "
+                "them separately"
+            )
+            raise UsageError([msg])
         kept = [p for p in paths if p not in set(other)]
         if not kept:
             msg = (
@@ -135,7 +155,7 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
     jobs: dict[tuple[str, str], set[LatencyKind]] = {}
     holds: dict[Path, str] = {}
     for p, k in logs.items():
-        jobs.setdefault((str(p.parent), _IOLOG_NAME.sub(r"\1_#.", p.name, count=1)), set()).add(k)
+        jobs.setdefault(_job_key(p), set()).add(k)
         holds[p] = f"{k} (per-I/O log)"
     can: list[frozenset[LatencyKind]] = [frozenset(ks) for ks in jobs.values()]
     for p in paths:
@@ -170,6 +190,21 @@ def resolve_latency(paths: Sequence[Path], chosen: LatencyKind | None) -> Latenc
     other = [p for p, k in logs.items() if k != kind]
     kept = [p for p in paths if p not in set(other)]
     return Latency(kind, kept, notes + _left_out(kind, other))
+
+
+def _job_key(path: Path) -> tuple[str, str]:
+    """The job a per-I/O log is of: its folder and its name without the kind (nor gzip...).
+
+    fio's ``write_lat_log=P`` writes ``P_clat.N.log``, ``P_lat.N.log`` and ``P_slat.N.log``
+    of one job side by side (``.<host>`` appended by ``fio --client``).
+    """
+    name = _COMPRESSED.sub("", path.name)
+    return str(path.parent), _IOLOG_NAME.sub(r"\1_#.", name, count=1)
+
+
+def _counterpart(path: Path, kind: LatencyKind) -> str:
+    """The name of the ``kind`` log of the job of per-I/O log ``path`` (fio's naming)."""
+    return _IOLOG_NAME.sub(rf"\1_{kind}.", path.name, count=1)
 
 
 def _left_out(kind: LatencyKind, other: Sequence[Path]) -> list[str]:

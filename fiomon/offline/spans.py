@@ -23,7 +23,7 @@ count of any quantum, ``late_records`` the sum.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +31,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope, ci_dicts
 from fiomon.confidence import DEFAULT_LEVEL, summarize_with_bounds
-from fiomon.histogram import pct_key
+from fiomon.histogram import HistStats, pct_key
 
 SpanKey = tuple[str, str, str]  # (scope, host or "", direction)
 
@@ -50,6 +50,10 @@ class _Span:
     nbytes: float
     streams: int
     late_records: int
+    min_ns: float
+    max_ns: float
+    total_ns: float  # sum of the latencies (each row's mean times its samples)
+    samples: float
 
 
 class SpanMerger:
@@ -131,6 +135,10 @@ class SpanMerger:
                     nbytes,
                     r.streams,
                     r.late_records,
+                    r.stats.min_ns,
+                    r.stats.max_ns,
+                    r.stats.mean_ns * r.stats.samples,
+                    r.stats.samples,
                 )
                 self._open[key] = span
             else:
@@ -140,6 +148,10 @@ class SpanMerger:
                 span.nbytes += nbytes
                 span.streams = max(span.streams, r.streams)
                 span.late_records += r.late_records
+                span.min_ns = min(span.min_ns, r.stats.min_ns)
+                span.max_ns = max(span.max_ns, r.stats.max_ns)
+                span.total_ns += r.stats.mean_ns * r.stats.samples
+                span.samples += r.stats.samples
             touched[key] = span
         out = self._rows(done)
         if touched:
@@ -189,9 +201,10 @@ class SpanMerger:
         )
         out = []
         cis = ci_dicts(self.keys, low, high)
-        for (s, ok), st, ci in zip(spans, stats, cis, strict=True):
-            if st is None:
+        for (s, ok), binned, ci in zip(spans, stats, cis, strict=True):
+            if binned is None:
                 continue
+            st = _exact_extremes(binned, s)
             out.append(
                 ClosedQuantum(
                     start_ms=s.start_ms,
@@ -209,3 +222,16 @@ class SpanMerger:
                 )
             )
         return out
+
+
+def _exact_extremes(st: HistStats, s: _Span) -> HistStats:
+    """A span's statistics with the min, max and mean of its rows (exact from per-I/O logs).
+
+    The merged histogram gives bin bounds (``704ns`` for a smallest I/O of 711 ns); the rows
+    hold the exact values where they have them, and the percentiles, from the bins, are
+    kept within them (never above the largest I/O, unless fio's last bin: a lower bound).
+    """
+    lo, hi = s.min_ns, s.max_ns
+    pct = {k: v if k in st.saturated else min(max(v, lo), hi) for k, v in st.percentiles_ns.items()}
+    mean = s.total_ns / s.samples if s.samples > 0 else st.mean_ns
+    return replace(st, min_ns=lo, max_ns=hi, mean_ns=mean, percentiles_ns=pct)

@@ -217,3 +217,70 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
             low, high = h[f"{lo:g}"] * (1 - 0.011), h[f"{hi:g}"] * (1 + 0.011)
             print(f"client/server {d} p{q:g}: json+ {value} in [{low:.0f}, {high:.0f}] (m={m})")
             assert low <= value <= high, (d, q, value, low, high)
+
+
+def test_per_io_logs_of_two_fio_servers_and_one_truth(tmp_path: Path, fio_bin: str) -> None:
+    """fio --client with write_lat_log: each server's P_clat.N.log.<server>, N from 1.
+
+    The client's json+ is the same I/Os as both servers' per-I/O logs (left out, exact
+    count); a server's hist logs are not the same I/Os as the other server's per-I/O logs
+    of the same ``N`` (an error, where they were left out: half the I/Os, exit 0).
+    """
+    servers = []
+    port = free_port()
+    ips = ("127.0.0.2", "127.0.0.3")
+    try:
+        for ip in ips:
+            servers.append(
+                subprocess.Popen(
+                    [fio_bin, f"--server=ip:{ip},{port}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for ip in ips:
+            deadline = time.monotonic() + DEADLINE_S
+            while not listening(ip, port):
+                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
+                time.sleep(0.05)
+        job = tmp_path / "job.fio"
+        job.write_text(
+            "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=1m\n"
+            f"filename={tmp_path}/data\ntime_based\nruntime=2\nrate_iops=100\n"
+            "write_lat_log=p\nlog_avg_msec=0\nwrite_hist_log=p\nlog_hist_msec=250\n"
+        )
+        out = tmp_path / "out.json"
+        cmd = [fio_bin]
+        for ip in ips:
+            cmd += [f"--client=ip:{ip},{port}", str(job)]
+        cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(DEADLINE_S)
+    truth = final_ios(load(out))
+    assert set(truth) == set(ips)
+    clat = {ip: tmp_path / f"p_clat.1.log.{ip}" for ip in ips}
+    lines = {ip: len(p.read_text().splitlines()) for ip, p in clat.items()}
+    assert lines == truth
+    rows = _fiomon(
+        "report", "--per-host", "--format", "jsonl", "--directions", "all", out, *clat.values()
+    )
+    counted: dict[str, float] = {}
+    for row in rows:
+        if row["scope"] == "host":
+            counted[str(row["host"])] = counted.get(str(row["host"]), 0) + row["samples"]
+    assert counted == truth
+    hist = sorted(tmp_path.glob("p_clat_hist.1.log.*"))
+    assert len(hist) == 2
+    r2 = subprocess.run(
+        [sys.executable, "-m", "fiomon", "report", clat[ips[0]], *hist],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert r2.returncode == 2, r2.stdout
+    assert f"p_clat_hist.1.log.{ips[1]}" in r2.stderr

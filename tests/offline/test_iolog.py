@@ -30,7 +30,7 @@ from fiomon.offline.exact import ExactReader
 from fiomon.offline.iosources import choose_iologs
 from fiomon.offline.quanta import QuantaOptions
 from tests.conftest import DEADLINE_S
-from tests.fiorun import fiomon, total_ios
+from tests.fiorun import fiomon, last_document, total_ios
 
 pytestmark = pytest.mark.fio
 
@@ -278,6 +278,17 @@ def test_averaged_logs_give_mean_and_max_with_a_note(tmp_path: Path, fio_bin: st
     assert all(r["max_ns"] > 0 for r in rows)
 
 
+def test_fit_refuses_averaged_logs(tmp_path: Path, fio_bin: str) -> None:
+    """log_avg_msec=10: hundreds of window means, which fit must not take for I/Os."""
+    logs = clat_logs(run_fio(fio_bin, tmp_path / "avg", avg=10))
+    assert sum(len(read_lines(p)) for p in logs) >= 300  # enough "I/Os" to fit
+    for per_quantum in ([], ["--per-quantum", "1s"]):
+        r = fiomon("fit", *per_quantum, *logs)
+        assert r.returncode == 1, r.stdout
+        assert "averaged log" in r.stderr
+        assert "I/Os" not in r.stdout
+
+
 def test_a_bad_line_is_named_and_skipped(epoch_run: Path, tmp_path: Path) -> None:
     """Garbage in line 7 of a log: named file:line on stderr, every other line counted."""
     src = clat_logs(epoch_run)[0]
@@ -417,3 +428,176 @@ def test_the_latency_kind_picks_the_logs_and_kinds_never_mix(epoch_run: Path) ->
     assert "lat_lat.1.log" in str(exc.value)
     with pytest.raises(FiomonError, match=r"--latency clat"):
         ExactReader(chosen, QuantaOptions())
+
+
+def test_latency_never_drops_a_job_whose_chosen_kind_is_not_given(epoch_run: Path) -> None:
+    """--latency lat with job 1's clat log and job 2's lat log: an error, not job 2 alone.
+
+    Leaving ``lat_clat.1.log`` out as "the same I/Os" would be silently wrong: its job's
+    ``lat_lat.1.log`` is not among the inputs, so its I/Os would be counted nowhere.
+    """
+    clat1, lat2 = epoch_run / "lat_clat.1.log", epoch_run / "lat_lat.2.log"
+    r = fiomon("report", "--format", "jsonl", "--latency", "lat", clat1, lat2)
+    assert r.returncode == 2, r.stdout
+    assert "lat_clat.1.log: clat (per-I/O log; lat_lat.1.log not given)" in r.stderr
+    # with job 1's lat log given too, its clat log is the same I/Os: left out, exact count
+    lat1 = epoch_run / "lat_lat.1.log"
+    rows, err = report("--directions", "all", "--latency", "lat", clat1, lat1, lat2)
+    assert sum(r["samples"] for r in rows) == len(read_lines(lat1)) + len(read_lines(lat2))
+    assert "lat_clat.1.log" in err
+
+
+def test_a_group_reporting_stream_is_not_left_out_for_one_thread_log(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """numjobs=3 group_reporting: one json+ entry, three per-I/O logs (one per thread).
+
+    The stream is the same I/Os as all three logs, not as ``P_clat.1.log`` alone: given
+    with that one log, leaving it out would report a third of fio's I/Os with exit 0.
+    """
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=g",
+            "--ioengine=psync",
+            "--rw=randread",
+            "--bs=4k",
+            "--size=1m",
+            f"--filename={tmp_path / 'data'}",
+            "--time_based",
+            "--runtime=1",
+            "--rate_iops=100",
+            "--numjobs=3",
+            "--group_reporting",
+            "--write_lat_log=g",
+            "--log_avg_msec=0",
+            "--output-format=json+",
+            "--status-interval=1",
+            f"--output={tmp_path / 'out.json'}",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    stream = tmp_path / "out.json"
+    assert len(last_document(stream)["jobs"]) == 1  # the three threads in one entry
+    logs = sorted(tmp_path.glob("g_clat.*.log"))
+    assert len(logs) == 3
+    r = fiomon("report", stream, logs[0])
+    assert r.returncode == 2, r.stdout
+    assert "out.json" in r.stderr
+    rows, err = report("--directions", "all", stream, *logs)
+    assert sum(r["samples"] for r in rows) == total_ios(stream)
+    assert "not reading" in err
+
+
+def test_a_stream_of_an_earlier_run_in_the_folder_is_not_left_out(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """fio run twice in one folder: the second run's per-I/O logs replace the first's.
+
+    The first run's json+ (a.json) names the same job numbers but not the same I/Os: left
+    out as "the same I/Os" its I/Os were counted nowhere, exit 0. Its bins' count tells.
+    """
+    for out, runtime in (("a.json", 1), ("b.json", 2)):
+        subprocess.run(
+            [
+                fio_bin,
+                "--name=j",
+                "--ioengine=psync",
+                "--rw=randread",
+                "--bs=4k",
+                "--size=1m",
+                f"--filename={tmp_path / 'data'}",
+                "--time_based",
+                f"--runtime={runtime}",
+                "--rate_iops=100",
+                "--write_lat_log=p",
+                "--log_avg_msec=0",
+                "--output-format=json+",
+                f"--output={tmp_path / out}",
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=DEADLINE_S,
+        )
+    log = tmp_path / "p_clat.1.log"
+    assert len(read_lines(log)) == total_ios(tmp_path / "b.json") != total_ios(tmp_path / "a.json")
+    r = fiomon("report", tmp_path / "a.json", tmp_path / "b.json", log)
+    assert r.returncode == 2, r.stdout
+    assert "a.json: its bins count" in r.stderr
+    rows, err = report("--directions", "all", tmp_path / "b.json", log)
+    assert sum(r["samples"] for r in rows) == total_ios(tmp_path / "b.json")
+    assert "b.json" in err
+
+
+def test_a_hist_log_of_an_earlier_run_in_the_folder_is_not_left_out(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """Run 1 wrote h_clat_hist.1.log, run 2 (same folder) p_clat.1.log: not the same I/Os.
+
+    Same folder, same job number: left out as "the same I/Os", run 1's I/Os were counted
+    nowhere (exit 0). Its count tells: a hist log lacks at most its last partial interval.
+    """
+    for runtime, opts in ((2, ["--write_hist_log=h", "--log_hist_msec=250"]), (1, [])):
+        subprocess.run(
+            [
+                fio_bin,
+                "--name=j",
+                "--ioengine=psync",
+                "--rw=randread",
+                "--bs=4k",
+                "--size=1m",
+                f"--filename={tmp_path / 'data'}",
+                "--time_based",
+                f"--runtime={runtime}",
+                "--rate_iops=100",
+                "--write_lat_log=p",
+                "--log_avg_msec=0",
+                *opts,
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            timeout=DEADLINE_S,
+        )
+    hist = tmp_path / "h_clat_hist.1.log"
+    r = fiomon("report", tmp_path / "p_clat.1.log", hist)
+    assert r.returncode == 2, r.stdout
+    assert f"{hist}: its I/O count" in r.stderr
+
+
+def test_other_files_beside_per_io_logs_are_named_for_what_they_are(
+    epoch_run: Path, tmp_path: Path
+) -> None:
+    """`fiomon report *` in a run folder: the job file is named as no json+, not as I/Os.
+
+    And an empty out.json (fio killed before it wrote) holds no I/O: left out with a note,
+    where it was an error claiming it held I/Os no per-I/O log holds.
+    """
+    r = fiomon("report", *clat_logs(epoch_run), epoch_run / "three.fio")
+    assert r.returncode == 2, r.stdout
+    assert "three.fio: no json+ bins in it" in r.stderr
+    shutil.copytree(epoch_run, tmp_path / "run")
+    empty = tmp_path / "run" / "empty.json"
+    empty.write_bytes(b"")
+    rows, err = report("--directions", "all", *clat_logs(tmp_path / "run"), empty)
+    assert sum(r["samples"] for r in rows) == total_ios(epoch_run / "out.json")
+    assert "empty.json: empty" in err
+
+
+def test_spans_of_per_io_logs_keep_the_exact_min_mean_and_max(epoch_run: Path) -> None:
+    """--target-error spans merge the rows' binned values for percentiles, but min, mean and
+    max are the rows' exact ones (a span said max 381us for a largest I/O of 378.8us)."""
+    logs = clat_logs(epoch_run)
+    lines = [x for p in logs for x in read_lines(p)]
+    spans, _ = report("--directions", "all", "--quantum", "250ms", "--target-error", "1%", *logs)
+    assert spans
+    for r in spans:
+        v = [x.value_ns for x in lines if r["start_ms"] < x.time_ms <= r["end_ms"]]
+        assert r["samples"] == len(v)
+        assert (r["min_ns"], r["max_ns"]) == (min(v), max(v))
+        assert math.isclose(r["mean_ns"], sum(v) / len(v), rel_tol=1e-9)
+        assert all(min(v) <= p <= max(v) for p in r["percentiles_ns"].values())

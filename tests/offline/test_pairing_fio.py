@@ -434,3 +434,47 @@ def test_two_runs_writing_one_log_at_once_never_count_twice(tmp_path: Path, fio_
     r = fiomon("report", "--source", "hist", *files)
     assert r.returncode != 0, f"--source hist cannot split one log between runs: {r.stdout}"
     assert f"{log} (held by " in r.stderr, r.stderr
+
+
+def test_group_reporting_on_the_command_line_pairs_every_threads_log(
+    tmp_path: Path, fio_bin: str
+) -> None:
+    """``fio --numjobs=3 --group_reporting``: fio 3.33's json+ lists group_reporting in
+    neither its global nor its job options, one entry folds the three threads, and each
+    thread writes its hist log. Thread 2's and 3's logs were "I/Os of their own" beside
+    the stream: every I/O counted twice (a third of them: h_clat_hist.1.log), exit 0.
+    """
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=j",
+            "--ioengine=psync",
+            "--rw=randread",
+            "--bs=4k",
+            "--size=1m",
+            f"--filename={tmp_path / 'data'}",
+            "--time_based",
+            "--runtime=2",
+            "--rate_iops=100",
+            "--numjobs=3",
+            "--group_reporting",
+            "--write_hist_log=h",
+            "--log_hist_msec=250",
+            "--log_unix_epoch=1",
+            "--status-interval=1",
+            "--output-format=json+",
+            f"--output={tmp_path / 'out.json'}",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    hist = sorted(tmp_path.glob("h_clat_hist.*.log"))
+    assert len(hist) == 3
+    files = [tmp_path / "out.json", *hist]
+    for given in (files, files[:2]):
+        r = fiomon("report", *given)
+        assert r.returncode != 0, r.stdout
+        assert f"and {len(given) - 1} hist log(s)" in r.stderr  # every log paired: asks
+    assert report_counts("--source", "json", *files) == {"": float(total_ios(files[0]))}

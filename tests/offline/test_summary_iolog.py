@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.fiorun import fiomon, last_document, start_fio, wait_fio
+from tests.fiorun import fiomon, job_file, last_document, start_fio, wait_fio
 
 I64 = npt.NDArray[np.int64]
 
@@ -217,3 +217,33 @@ def test_an_averaged_log_is_refused_by_name(tmp_path: Path, fio_bin: str) -> Non
     assert r.returncode == 1
     assert f"{log}: an averaged log" in r.stderr
     assert "log_avg_msec=0" in r.stderr
+
+
+def test_epoch_and_relative_logs_are_not_mixed(tmp_path: Path, fio_bin: str) -> None:
+    """One host's logs with log_unix_epoch=1, another's without: two clocks.
+
+    Their span was "1795765670.4 s (0.004 s .. 2026-11-27 07:47:50.389), 0 IOPS, 0 B/s"
+    with exit 0; `report` refuses the mix, and so does `summary` now.
+    """
+    run_fio(fio_bin, tmp_path / "rel", epoch=0)
+    run_fio(fio_bin, tmp_path / "epo", epoch=1)
+    logs = sorted(tmp_path.glob("*/P_clat.1.log"))
+    r = fiomon("summary", *logs)
+    assert r.returncode == 1, r.stdout
+    assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
+    got, _ = summary(*logs, "--host", "epo")  # one clock: fine
+    assert got["all"]["ios"] == lines(tmp_path / "epo" / "P_clat.1.log").shape[0]
+
+
+def test_a_json_stream_and_relative_hist_logs_are_not_mixed(tmp_path: Path, fio_bin: str) -> None:
+    """The same refusal for a json+ stream (epoch) beside another job's relative hist log:
+    "783 I/Os, 7.8 MiB in 1795765530.6 s (0.010 s .. 2026-11-27 07:45:30.637), 0 IOPS"."""
+    stream = tmp_path / "a" / "vm.json"
+    wait_fio([start_fio(fio_bin, job_file(tmp_path / "a", prefix=None), stream)])
+    job = job_file(tmp_path / "b", epoch=0)
+    wait_fio([start_fio(fio_bin, job, tmp_path / "b" / "vm.json")])
+    hist = tmp_path / "b" / "run_clat_hist.1.log"
+    r = fiomon("summary", stream, hist)
+    assert r.returncode == 1, r.stdout
+    assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
+    assert fiomon("summary", stream).returncode == 0
