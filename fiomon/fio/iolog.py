@@ -500,6 +500,24 @@ class IoLogReader:
             for n, (start, line) in enumerate(bounds)
         ]
 
+    def _warn_unit(self) -> None:
+        """Say once per file that a 4-column log's values are read as ns (fio 2.x wrote us).
+
+        fio 3.33 writes a 5th column (priority) always; 4 columns come from an older fio,
+        and fio 2.x wrote µs where 3.x writes ns: the file cannot say which.
+        """
+        if self.columns != MIN_COLUMNS or self.log_unit != "ns" or self.averaged:
+            return
+        if any(p.source == self.source and p.kind == "log-unit" for p in self.problems.kept):
+            return
+        self.problems.warn(
+            self.source,
+            0,
+            "log-unit",
+            "4 columns (an older fio): values read as ns, as fio >= 3 writes them; "
+            "fio 2.x wrote us: pass --log-unit us for a fio 2.x log",
+        )
+
     def chunks(self) -> Iterator[IoChunk]:
         """The file's lines in chunks; bad lines are reported (file:line) and skipped.
 
@@ -514,6 +532,7 @@ class IoLogReader:
         if self.columns == 0:
             self.problems.warn(self.source, 0, "empty", "empty file: no latency lines")
             return
+        self._warn_unit()
         tail = b""
         for piece in self._ranged():
             data = tail + piece if tail else piece

@@ -530,9 +530,22 @@ def summarize_iologs(
         for d in wanted
     ]
     if not out:
-        msg = "no I/O left after the filters (check --host, --job, --direction, --from, --to)"
-        raise FiomonError(msg)
+        raise FiomonError(_nothing_left(chosen))
     return out
+
+
+def _nothing_left(chosen: Sequence[Path]) -> str:
+    """Why per-I/O logs gave no I/O: every log empty (and why fio leaves one so), or filters."""
+    if chosen and all(p.stat().st_size == 0 for p in chosen):
+        names = ", ".join(map(str, chosen))
+        why = ""
+        if all(iolog_kind(p) == "slat" for p in chosen):
+            why = (
+                " (fio records no submission latency on synchronous engines such as psync: "
+                "slat needs an asynchronous engine, libaio or io_uring)"
+            )
+        return f"no I/O in {names}: the per-I/O logs are empty{why}"
+    return "no I/O left after the filters (check --host, --job, --direction, --from, --to)"
 
 
 def _iolog_op_stats(

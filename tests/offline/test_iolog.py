@@ -601,3 +601,20 @@ def test_spans_of_per_io_logs_keep_the_exact_min_mean_and_max(epoch_run: Path) -
         assert (r["min_ns"], r["max_ns"]) == (min(v), max(v))
         assert math.isclose(r["mean_ns"], sum(v) / len(v), rel_tol=1e-9)
         assert all(min(v) <= p <= max(v) for p in r["percentiles_ns"].values())
+
+
+def test_a_four_column_log_says_its_values_are_read_as_ns(epoch_run: Path, tmp_path: Path) -> None:
+    """fio 2.x wrote 4 columns in us, fio >= 3 ns: the file cannot say which, fiomon says so."""
+    real = clat_logs(epoch_run)[0]
+    old = tmp_path / "old_clat.1.log"  # fio 3.33's lines cut to fio 2.x's 4 columns
+    lines = real.read_text().splitlines()
+    old.write_text("".join(", ".join(x.split(", ")[:4]) + "\n" for x in lines))
+    five, err5 = report("--directions", "all", real)
+    four, err4 = report("--directions", "all", old)
+    assert "--log-unit" not in err5
+    assert err4.count("values read as ns") == 1, err4
+    assert "pass --log-unit us for a fio 2.x log" in err4
+    assert [r["percentiles_ns"] for r in four] == [r["percentiles_ns"] for r in five]
+    us, err_us = report("--directions", "all", "--log-unit", "us", old)
+    assert "--log-unit" not in err_us
+    assert [r["max_ns"] for r in us] == [1000 * r["max_ns"] for r in four]

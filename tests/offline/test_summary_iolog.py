@@ -247,3 +247,17 @@ def test_a_json_stream_and_relative_hist_logs_are_not_mixed(tmp_path: Path, fio_
     assert r.returncode == 1, r.stdout
     assert "cannot mix epoch-stamped and relative-time inputs" in r.stderr
     assert fiomon("summary", stream).returncode == 0
+
+
+def test_empty_slat_logs_of_a_synchronous_engine_say_why(tmp_path: Path, fio_bin: str) -> None:
+    """psync records no submission latency: fio writes P_slat logs empty (was: "check the
+    filters", which no filter explained)."""
+    run_fio(fio_bin, tmp_path)
+    slat = sorted(tmp_path.glob("P_slat.*.log"))
+    assert slat, sorted(tmp_path.iterdir())
+    assert all(p.stat().st_size == 0 for p in slat), "fio 3.33 with psync writes them empty"
+    r = fiomon("summary", "--latency", "slat", *slat)
+    assert r.returncode == 1
+    assert "the per-I/O logs are empty" in r.stderr, r.stderr
+    assert "slat needs an asynchronous engine" in r.stderr
+    assert "check --host" not in r.stderr
