@@ -37,6 +37,7 @@ from fiomon.errors import (
 from fiomon.fio.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
 from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
+from fiomon.offline.iosources import choose_iologs
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row, is_quanta_file
@@ -303,6 +304,13 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         "--usbin",
         action="store_true",
         help="bins are in µs (fio 2 logs; detected for 1216-bin layouts)",
+    )
+    g.add_argument(
+        "--log-unit",
+        choices=["ns", "us"],
+        default="ns",
+        help="unit of the values in fio's per-I/O latency logs (P_clat.N.log, P_lat.N.log, "
+        "P_slat.N.log): ns since fio 3 (default), us for fio 2.x logs",
     )
     g.add_argument(
         "--strict",
@@ -725,7 +733,15 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
         if interval is not None and interval <= 0:
             raise UsageError(["--log-hist-msec must be positive"])
     try:
-        paths, notes, skips = choose_sources(args.logs, args.source)
+        # Per-I/O latency logs first (one truth: they are exact), then hist vs json+.
+        paths, notes, exact = choose_iologs(
+            args.logs, args.source, getattr(args, "latency", "clat")
+        )
+        skips: dict[str, frozenset[int]] = {}
+        if not exact:
+            choice = None if args.source == "iolog" else args.source
+            paths, more, skips = choose_sources(paths, choice)
+            notes += more
     except OverlapError as exc:
         raise UsageError([str(exc)]) from None
     for note in notes:
@@ -736,6 +752,7 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
         unit="us" if args.usbin else None,
         strict=args.strict,
         skip_jobs=skips,
+        log_unit=args.log_unit,
     )
     return paths, source
 
@@ -849,6 +866,7 @@ def _rows_selection(args: argparse.Namespace, fmt: Format) -> Selection | None:
         "--job-file": args.job_file is not None,
         "--group-nr": args.group_nr is not None,
         "--usbin": args.usbin,
+        "--log-unit": args.log_unit != "ns",
         "--host-from": args.host_from != "auto",
     }
     other.update({flag: "reads fio output only" for flag, given in fio_only.items() if given})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +49,9 @@ DIRECTION_LABELS: tuple[str, ...] = tuple(d.label for d in Direction)
 DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
 # The percentiles computed unless asked for others: report, plot, the aggregator, the library.
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+# fio's latencies: completion (``clat``), total (``lat`` = submission + completion) and
+# submission (``slat``). Hist logs are clat; json+ bins and per-I/O logs exist for each.
+LatencyKind = Literal["clat", "lat", "slat"]
 
 
 @dataclass(frozen=True, slots=True)

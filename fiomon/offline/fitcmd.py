@@ -16,7 +16,9 @@ from fiomon.errors import FiomonError, FitError
 from fiomon.fio.problems import ProblemLog
 from fiomon.fit import Fit, describe, fit_histogram
 from fiomon.model import DIRECTION_LABELS
-from fiomon.offline.quanta import QuantaOptions, QuantaReader
+from fiomon.offline.exact import open_reader, whole_hists
+from fiomon.offline.iosources import is_iolog
+from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.sources import SourceOptions, host_labels
 from fiomon.offline.summary import Filters, collect
 
@@ -87,10 +89,15 @@ def _of_hosts(paths: Sequence[Path], hosts: Filters) -> list[Path]:
 def _whole(
     paths: Sequence[Path], directions: Sequence[str], source: SourceOptions, problems: ProblemLog
 ) -> list[tuple[str, int | None, Fit | FitError]]:
-    layout, acc = collect(paths, Filters(), source, problems)
-    hists = {DIRECTION_LABELS[d]: a.hist for d, a in acc.items()}
-    if acc:
-        hists["all"] = np.sum([a.hist for a in acc.values()], axis=0)
+    if paths and all(map(is_iolog, paths)):  # per-I/O logs: their values, binned
+        layout = BinLayout()
+        by_dir = whole_hists(paths, source.log_unit, problems)
+    else:
+        layout, acc = collect(paths, Filters(), source, problems)
+        by_dir = {d: a.hist for d, a in acc.items()}
+    hists = {DIRECTION_LABELS[d]: h for d, h in by_dir.items()}
+    if by_dir:
+        hists["all"] = np.sum(list(by_dir.values()), axis=0)
     out: list[tuple[str, int | None, Fit | FitError]] = []
     for label in directions:
         if label in hists:
@@ -113,7 +120,7 @@ def _per_quantum(
         quantum_ms=quantum_ms, directions=tuple(directions), source=source, keep_hists=True
     )
     out: list[tuple[str, int | None, Fit | FitError]] = []
-    reader = QuantaReader(paths, opts)
+    reader = open_reader(paths, opts)
     try:
         with reader:
             for rows in reader.chunks():

@@ -32,7 +32,7 @@ from fiomon.confidence import DEFAULT_LEVEL
 from fiomon.engine import PreparedBatch, QuantumEngine
 from fiomon.errors import FiomonError, LayoutError
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, RecordBatch
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, LatencyKind, RecordBatch
 from fiomon.offline.quantafiles import Selection, all_quanta_files, resolve_rows
 from fiomon.offline.sources import (
     REFUSED,
@@ -66,6 +66,7 @@ class QuantaOptions:
         keep_hists: keep each cluster row's merged histogram (:attr:`ClosedQuantum.hist`).
         run: ``--run``: fio output's rows carry this run label (:attr:`ClosedQuantum.runs`);
             a quanta file's rows are kept only when they name it.
+        latency: the latency kind read (``--latency``): which per-I/O logs count.
     """
 
     quantum_ms: int = 1000
@@ -82,6 +83,7 @@ class QuantaOptions:
     workers: int = 0
     keep_hists: bool = False
     run: str | None = None
+    latency: LatencyKind = "clat"
 
 
 def iter_quanta(
@@ -107,7 +109,9 @@ def iter_quanta(
     if all_quanta_files(paths):
         yield from _file_rows(paths, opts)
         return
-    reader = QuantaReader(paths, opts)
+    from fiomon.offline.exact import open_reader  # noqa: PLC0415 -- exact imports this module
+
+    reader = open_reader(paths, opts)
     try:
         with reader:
             for rows in reader.chunks():

@@ -1,6 +1,7 @@
 """``fiomon report``: percentiles over time from finished fio logs, written as they close.
 
-The computing is :class:`fiomon.offline.quanta.QuantaReader` (library users:
+The computing is :class:`fiomon.offline.quanta.QuantaReader`, or for fio's per-I/O latency
+logs :class:`fiomon.offline.exact.ExactReader` (exact values; library users:
 :func:`fiomon.offline.quanta.iter_quanta`); this module picks the writer, shows a progress
 line for large inputs and reports the files' problems.
 
@@ -22,6 +23,7 @@ from typing import TextIO
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
 from fiomon.fio.problems import ProblemLog
+from fiomon.offline.exact import AVERAGED_NOTE, open_reader
 from fiomon.offline.output import (
     CsvWriter,
     FiologparserWriter,
@@ -30,7 +32,7 @@ from fiomon.offline.output import (
     RowWriter,
     TableWriter,
 )
-from fiomon.offline.quanta import QuantaOptions, QuantaReader, file_selection
+from fiomon.offline.quanta import QuantaOptions, file_selection
 from fiomon.offline.quantafiles import FileRow, Selection, all_quanta_files, resolve_rows
 
 PROGRESS_MIN_BYTES = 32 << 20
@@ -147,7 +149,14 @@ def run_report(
     if sink is not None:
         # plot draws the cluster rows' histograms.
         quanta = dataclasses.replace(quanta, keep_hists=True)
-    reader = QuantaReader(paths, quanta)
+    reader = open_reader(paths, quanta)
+    if getattr(reader, "averaged", False):
+        # fio's averaged logs hold one mean (or max) per window: no percentiles.
+        if quanta.target_error is not None:
+            msg = "--target-error needs percentiles, which averaged latency logs cannot give"
+            raise FiomonError(msg)
+        err.write("fiomon: note: " + AVERAGED_NOTE.format(files=len(paths)) + "\n")
+        quanta = dataclasses.replace(quanta, percentiles=())
     show = (
         opts.progress
         if opts.progress is not None

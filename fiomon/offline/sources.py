@@ -61,6 +61,7 @@ class SourceOptions:
         strict: make the first bad line fatal.
         chunk_bytes: read size.
         skip_jobs: per json+ file, positions of jobs not to read (``--source hist``).
+        log_unit: unit of per-I/O latency log values (``us``: fio 2.x logs).
     """
 
     interval_ms: int | None = None
@@ -69,6 +70,7 @@ class SourceOptions:
     strict: bool = False
     chunk_bytes: int = CHUNK_BYTES
     skip_jobs: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    log_unit: Literal["ns", "us"] = "ns"
 
 
 class FileSource:
@@ -319,13 +321,16 @@ def host_labels(paths: list[Path], how: str = "auto") -> list[str]:
     return out
 
 
-SourceChoice = Literal["json", "hist", "both"]
+SourceChoice = Literal["json", "hist", "both", "iolog"]
 SOURCE_HELP = {
     "json": "the json+ status streams (what the agent publishes live; they hold each "
     "job's last partial interval)",
     "hist": "the hist logs (a record every log_hist_msec; fio never writes a job's last "
     "partial interval to them)",
     "both": "count both anyway (every I/O of those jobs twice)",
+    "iolog": "only the per-I/O latency logs (write_lat_log with log_avg_msec=0: exact "
+    "values; the default when they are given with the hist logs or json+ streams of the "
+    "same jobs, which are then left out)",
 }
 _DECLARATION_BYTES = 64 << 20  # how far into a json+ file its first document may end
 _BEYOND_DUMP_MS = 2_000  # a claimed log's records this far past its stream's last dump

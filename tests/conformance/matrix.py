@@ -563,12 +563,17 @@ def _lat_logs() -> Case:
         n = truth(ctx)
         stream = (ctx.folder / "run.json",)
         exact = Expect("exact", {"*": n})
-        lat = (ctx.folder / "run_clat.1.log",)
-        words = ("write_lat_log", "lat log", "latency log")
+        lat = tuple(sorted(ctx.folder.glob("run_*lat.1.log")))  # clat, lat, slat
+        rates = (ctx.folder / "run_bw.1.log", ctx.folder / "run_iops.1.log")
+        words = ("write_bw_log", "write_iops_log", "not latency")
         return [
             View("report-json", "report", stream, (), exact),
             View("summary-json", "summary", stream, (), exact),
-            *refuse_views(lat, words),
+            # per-I/O logs: one line per I/O, counted exactly (clat: the default kind)
+            View("report-iolog", "report", lat, (), exact),
+            # everything fio wrote but the bw/iops logs: the per-I/O logs win (one truth)
+            View("report-auto", "report", (*stream, *hist_logs(ctx.folder), *lat), (), exact),
+            *refuse_views(rates, words),
         ]
 
     def live(ctx: Ctx) -> Expect:  # the lat/bw/iops logs add nothing
@@ -576,10 +581,11 @@ def _lat_logs() -> Case:
 
     return Case(
         "lat-logs",
-        "json+ and hist logs beside write_lat_log/bw/iops logs (log_avg_msec=0)",
+        "json+ and hist logs beside write_lat_log/bw/iops logs (log_avg_msec=0): the "
+        "per-I/O logs counted exactly, alone and with the other views of the same job",
         run,
         views,
-        ("report-json", "summary-json", *REFUSE),
+        ("report-json", "summary-json", "report-iolog", "report-auto", *REFUSE),
         live,
     )
 
