@@ -356,7 +356,13 @@ def _add_report(sub: SubParsers) -> argparse.ArgumentParser:
         help="percentiles over time from finished fio logs (or a quanta file)",
         description="Percentiles over time, per direction, from fio hist logs and json+ "
         "status files: merged cluster-wide (and per host) in quanta of fixed length. "
-        "Also reads back a quanta file (closed-quantum JSON lines), resolving revisions.",
+        "From fio's per-I/O latency logs (write_lat_log with log_avg_msec=0: P_clat.N.log, "
+        "P_lat.N.log, P_slat.N.log) the rows are exact: percentiles are the nearest rank, "
+        "fio's rule (the p-th percentile of n values is the ceil(p*n/100)-th smallest; "
+        "numpy's quantile method inverted_cdf), no interpolation; averaged logs "
+        "(log_avg_msec > 0) give the smallest, mean and largest window value, no "
+        "percentiles. Also reads back a quanta file (closed-quantum JSON lines), resolving "
+        "revisions.",
         epilog=REPORT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -299,13 +299,12 @@ def test_fio_log_store_fz_says_what_it_is_and_how_to_inflate(
 @pytest.mark.parametrize(
     ("suffix", "what"),
     [
-        ("lat", "LAT log (write_lat_log)"),
-        ("clat", "CLAT log (write_lat_log)"),
+        # (per-I/O lat/clat logs are read: tests/offline/test_iolog.py)
         ("bw", "BW log (write_bw_log)"),
         ("iops", "IOPS log (write_iops_log)"),
     ],
 )
-def test_lat_bw_iops_logs_are_not_histogram_logs(
+def test_bw_iops_logs_are_not_histogram_logs(
     runs: Path, capsys: pytest.CaptureFixture[str], suffix: str, what: str
 ) -> None:
     log = runs / f"notes_{suffix}.1.log"
