@@ -67,7 +67,7 @@ QUANTUM_MS = 1000
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 CHUNK = 1 << 20  # lines generated and formatted at a time
 SAMPLE_QUANTA = 24
-GENERATOR_VERSION = 1  # bump when the data change, so cached sets are rewritten
+GENERATOR_VERSION = 2  # bump when the data change, so cached sets are rewritten
 
 
 # --------------------------------------------------------------------------- data
@@ -109,9 +109,11 @@ class DataSet:
     folder: Path
     paths: list[Path]
     lines: int
-    counts: I64  # [direction, quantum]: lines per direction (0 read, 1 write) per quantum
+    # [direction, k]: lines per direction (0 read, 1 write) in the quantum ((k-1) Q, k Q] ms:
+    # fio stamps completions and fiomon's quanta hold the stamps start < t <= end
+    counts: I64
     sample_quanta: I64
-    samples: dict[tuple[int, int], I64]  # (quantum, direction) -> every value written
+    samples: dict[tuple[int, int], I64]  # (k, direction) -> every value written
 
     @property
     def size_bytes(self) -> int:
@@ -149,7 +151,7 @@ def make_dataset(folder: Path, lines: int, files: int, iops: int, seed: int = 27
     rng = np.random.default_rng(seed)
     per_file = [lines // files + (1 if f < lines % files else 0) for f in range(files)]
     span_q = max(1, int(max(per_file) / iops * 1000) // QUANTUM_MS)
-    sample_quanta = np.sort(
+    sample_quanta = 1 + np.sort(
         rng.choice(max(1, span_q - 1), size=min(SAMPLE_QUANTA, max(1, span_q - 1)), replace=False)
     ).astype(np.int64)
     wanted = set(sample_quanta.tolist())
@@ -174,7 +176,7 @@ def make_dataset(folder: Path, lines: int, files: int, iops: int, seed: int = 27
                 value = _latency_ns(rng, ddir, time_ms, stall_phase)
                 prio = np.zeros(n, dtype=np.int64)
                 fh.write(format_lines([time_ms, value, ddir, bs, offset, prio]))
-                q = time_ms // QUANTUM_MS
+                q = (time_ms + QUANTUM_MS - 1) // QUANTUM_MS  # k of ((k-1) Q, k Q]
                 if int(q[-1]) >= counts.shape[1]:
                     counts = np.pad(counts, ((0, 0), (0, int(q[-1]) + 16 - counts.shape[1])))
                 for d in (0, 1):
@@ -315,8 +317,8 @@ def check_fiomon(out: Path, data: DataSet) -> list[str]:
             alls += r["samples"]
             continue
         d = names[r["direction"]]
-        q = r["start_ms"] // QUANTUM_MS
-        if r["start_ms"] % QUANTUM_MS or r["end_ms"] - r["start_ms"] != QUANTUM_MS:
+        q = r["end_ms"] // QUANTUM_MS
+        if r["end_ms"] % QUANTUM_MS or r["end_ms"] - r["start_ms"] != QUANTUM_MS:
             return [f"FAIL row not on the 1 s grid: {r['start_ms']}..{r['end_ms']}"]
         if q >= got.shape[1]:
             got = np.pad(got, ((0, 0), (0, q + 1 - got.shape[1])))
