@@ -373,7 +373,9 @@ def fit_time(points: list[tuple[int, float]]) -> tuple[float, float]:
     n = np.array([p[0] for p in points], dtype=np.float64)
     t = np.array([p[1] for p in points], dtype=np.float64)
     (a, c), *_ = np.linalg.lstsq(np.stack([n, n * n], axis=1), t, rcond=None)
-    return float(a), max(0.0, float(c))
+    if c < 0:  # no quadratic term to see: linear through the origin
+        return float((n @ t) / (n @ n)), 0.0
+    return float(a), float(c)
 
 
 def fit_memory(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -513,7 +515,7 @@ def main() -> int:
             f"fiologparser.py at N = {n:,}: not run; least-squares fits through N = "
             f"{', '.join(f'{k:,}' for k in sorted(ref))}: time = {a * 1e6:.3g} s x N/1e6 + "
             f"{c * 1e12:.3g} s x (N/1e6)^2, RSS = {b:.0f} MB + {m * 1e6:.0f} MB x N/1e6 "
-            f"-> about {est_s / 60:.0f} min and {est_mb / 1024:.1f} GB "
+            f"-> about {est_s:.0f} s ({est_s / 60:.0f} min) and {est_mb / 1024:.1f} GB "
             f"(limits {args.ref_max_s / 60:.0f} min, {args.ref_max_gb:g} GB; "
             f"this machine has {ram_gib:.0f} GiB)"
         )
