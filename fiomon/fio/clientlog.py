@@ -44,8 +44,8 @@ I64 = npt.NDArray[np.int64]
 # compression or backup suffix (``.fz``, ``.gz``, ``.bz2``, ``.xz``, ``.bak``, ``.old``,
 # ``.orig``, ``.log``: ``fio --inflate-log=X.fz > X.fz.log``) or a rotation number (``.1``),
 # alone or followed by such suffixes.
-_CLIENT_SUFFIX = re.compile(
-    r"_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?\."
+_CLIENT_SUFFIX = re.compile(  # hist logs, and per-I/O latency logs (write_lat_log)
+    r"_(?:clat|lat|slat)(?:_hist)?(?:\.\d+)?\.log(?:\.fz)?\."
     r"(?!(?:fz|gz|bz2|xz|bak|old|orig|log|\d+)(?:\.(?:gz|bz2|xz|bak|old|orig|log))*$)"
     r"(?P<host>[^/]+?)(?:\.(?:gz|bz2|xz))?$"
 )

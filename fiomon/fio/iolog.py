@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +49,7 @@ from fiomon.model import LatencyKind
 I64 = npt.NDArray[np.int64]
 LogUnit = Literal["ns", "us"]
 
-READ_BYTES = 4 << 20  # raw bytes read at once (a decoded piece is at most 4 MiB too)
+READ_BYTES = 2 << 20  # raw bytes read at once (decoded pieces: at most 4 MiB)
 HEAD_BYTES = 256 << 10  # decoded head looked at to learn the columns and averaging
 MIN_COLUMNS, MAX_COLUMNS = 4, 6
 _MAX_DIGITS = 18  # every 18-digit decimal fits in int64
@@ -90,6 +90,19 @@ def iolog_kind(path: Path) -> LatencyKind | None:
         return None
     kind: LatencyKind = found[-1]
     return kind
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A part of a log: decoded bytes ``[start, stop)`` whose first line is ``first_line``.
+
+    fio appends the jobs of ``per_job_logs=0`` one after the other to one file, each
+    starting its time again: each job is one span (:meth:`IoLogReader.time_spans`).
+    """
+
+    start: int = 0
+    stop: int | None = None
+    first_line: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +334,12 @@ class IoLogReader:
     """
 
     def __init__(
-        self, path: Path, *, log_unit: LogUnit = "ns", problems: ProblemLog | None = None
+        self,
+        path: Path,
+        *,
+        log_unit: LogUnit = "ns",
+        problems: ProblemLog | None = None,
+        span: Span | None = None,
     ) -> None:
         if log_unit not in ("ns", "us"):
             msg = f"log_unit must be 'ns' or 'us', got {log_unit!r}"
@@ -330,6 +348,7 @@ class IoLogReader:
         self.log_unit = log_unit
         self.problems = problems if problems is not None else ProblemLog()
         self.kind = iolog_kind(path)
+        self.span = span or Span()
         self.lines = 0
         self.bytes_read = 0
         head = self._read_head()
@@ -348,29 +367,67 @@ class IoLogReader:
         """The file, as problems name it."""
         return str(self.path)
 
-    def _pieces(self) -> Iterator[bytes]:
-        """The file's decoded UTF-8 bytes, piece by piece (each at most 4 MiB)."""
+    # The generators below hand each piece on without keeping a reference while suspended
+    # (``yield box.pop()``): a report reads many files in step, and a piece held per
+    # suspended file was most of its memory.
+
+    def _ranged(self) -> Iterator[bytes]:
+        """The decoded bytes of :attr:`span` (the whole file by default)."""
+        start, stop = self.span.start, self.span.stop
+        pos = start
+        pieces = self._pieces(start)
+        box: list[bytes] = []
+        while (piece := next(pieces, None)) is not None:
+            if stop is not None and pos + len(piece) >= stop:
+                if stop > pos:
+                    yield piece[: stop - pos]
+                return
+            pos += len(piece)
+            box.append(piece)
+            del piece
+            yield box.pop()
+
+    def _pieces(self, skip: int = 0) -> Iterator[bytes]:
+        """The file's decoded UTF-8 bytes from offset ``skip``, piece by piece (<= 4 MiB).
+
+        A plain file seeks there; a compressed one is decoded from its start.
+        """
         with self.path.open("rb") as fh:
-            data = fh.read(READ_BYTES)
-            if not data:
+            box = [fh.read(READ_BYTES)]
+            if not box[0]:
                 return
-            decoder = InputDecoder(data)
+            decoder = InputDecoder(box[0])
             if not decoder.needed:
-                while data:
-                    self.bytes_read += len(data)
-                    yield data
-                    data = fh.read(READ_BYTES)
+                if skip:
+                    fh.seek(skip)
+                    box = [fh.read(READ_BYTES)]
+                while box[0]:
+                    self.bytes_read += len(box[0])
+                    yield box.pop()
+                    box.append(fh.read(READ_BYTES))
                 return
-            while data:
-                self.bytes_read += len(data)
-                yield from decoder.feed(data)
-                data = fh.read(READ_BYTES)
-            yield from decoder.finish()
-            if decoder.error is not None:
-                what = decoder.description
-                self.problems.report(
-                    self.source, 0, "corrupt", f"{what}: {decoder.error}; read up to there"
-                )
+            pieces = self._decoded(fh, decoder, box.pop())
+            while (piece := next(pieces, None)) is not None:
+                if skip >= len(piece):
+                    skip -= len(piece)
+                    continue
+                box.append(piece[skip:] if skip else piece)
+                del piece
+                skip = 0
+                yield box.pop()
+
+    def _decoded(self, fh: BinaryIO, decoder: InputDecoder, data: bytes) -> Iterator[bytes]:
+        """The decoded pieces of a compressed or re-encoded file starting with ``data``."""
+        while data:
+            self.bytes_read += len(data)
+            yield from decoder.feed(data)
+            data = fh.read(READ_BYTES)
+        yield from decoder.finish()
+        if decoder.error is not None:
+            what = decoder.description
+            self.problems.report(
+                self.source, 0, "corrupt", f"{what}: {decoder.error}; read up to there"
+            )
 
     def _read_head(self) -> _Head:
         with self.path.open("rb") as fh:
@@ -398,13 +455,61 @@ class IoLogReader:
             text += b"\n"  # the whole file, its last line unterminated
         return _learn(text[: text.rfind(b"\n") + 1] if b"\n" in text else b"")
 
+    def time_spans(self, slack_ms: int) -> list[Span]:
+        """The parts of the file whose stamps start again, one :class:`Span` each.
+
+        fio appends the jobs of ``per_job_logs=0`` to one file one after the other, each
+        from its own time: a line stamped more than ``slack_ms`` before the latest stamp
+        so far starts a new part. Reads the whole file once (bad lines are left to
+        :meth:`chunks` to report).
+        """
+        if self.refusal is not None or self.columns == 0:
+            return [self.span]
+        restarts: list[tuple[int, int]] = []  # (byte offset, line number) of each new part
+        saved, self.problems = self.problems, ProblemLog()
+        try:
+            offset, lines, tail = 0, 0, b""
+            latest: int | None = None
+            for piece in self._pieces():
+                data = tail + piece if tail else piece
+                cut = data.rfind(b"\n") + 1
+                buf, tail = data[:cut], data[cut:]
+                if not cut:
+                    continue
+                res = scan_lines(buf, self.columns, hex_last=self._hex_last)
+                t = res.values[:, 0]
+                nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == _NL)
+                k = 0
+                while k < len(t):
+                    run = np.maximum.accumulate(t[k:])
+                    before = np.empty_like(run)
+                    before[0] = t[k] if latest is None else latest
+                    before[1:] = np.maximum(run[:-1], before[0])
+                    drop = np.flatnonzero(t[k:] < before - slack_ms)
+                    if not len(drop):
+                        latest = int(max(before[0], run[-1]))
+                        break
+                    k += int(drop[0])
+                    i = int(res.line_index[k])
+                    restarts.append((offset + (int(nl[i - 1]) + 1 if i else 0), lines + i + 1))
+                    latest = int(t[k])
+                offset += cut
+                lines += res.lines
+        finally:
+            self.problems = saved
+        bounds = [(0, 1), *restarts]
+        return [
+            Span(start, bounds[n + 1][0] if n + 1 < len(bounds) else None, line)
+            for n, (start, line) in enumerate(bounds)
+        ]
+
     def chunks(self) -> Iterator[IoChunk]:
         """The file's lines in chunks; bad lines are reported (file:line) and skipped.
 
         A refused file (see :attr:`refusal`) yields nothing and reports one ``refused``
         problem; an empty one yields nothing (a warning).
         """
-        self.lines = 0
+        self.lines = self.span.first_line - 1
         self.bytes_read = 0
         if self.refusal is not None:
             self.problems.report(self.source, 0, "refused", self.refusal)
@@ -413,14 +518,16 @@ class IoLogReader:
             self.problems.warn(self.source, 0, "empty", "empty file: no latency lines")
             return
         tail = b""
-        for piece in self._pieces():
+        for piece in self._ranged():
             data = tail + piece if tail else piece
             cut = data.rfind(b"\n") + 1
             tail = data[cut:]
-            if cut:
-                chunk = self._parse(data[:cut] if tail else data)
-                if chunk is not None:
-                    yield chunk
+            chunk = self._parse(data[:cut] if tail else data) if cut else None
+            del data, piece  # nothing held while suspended but the tail
+            if chunk is not None:
+                box = [chunk]
+                del chunk
+                yield box.pop()
         if tail.strip():
             chunk = self._parse(tail + b"\n")
             if chunk is not None:

@@ -31,7 +31,9 @@ largest of the window values, and no percentiles (percentiles cannot come from a
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -50,6 +52,7 @@ from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit, rate_log
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import HistStats, pct_key
 from fiomon.model import DIRECTION_LABELS
+from fiomon.offline.iosources import iolog_thread, is_iolog
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
 from fiomon.offline.sources import REFUSED, host_labels
 from fiomon.offline.spans import SpanMerger
@@ -62,6 +65,14 @@ AVERAGED_NOTE = (
     "mean and largest of those values and no percentiles (write_lat_log with "
     "log_avg_msec=0 writes one line per I/O)"
 )
+
+
+def _read(f: _File) -> tuple[IoChunk, int, int] | None:
+    """Worker: a file's next chunk with its first and last stamps (None: at its end)."""
+    chunk = next(f.chunks, None)
+    if chunk is None:
+        return None
+    return chunk, int(chunk.time_ms.min()), int(chunk.time_ms.max())
 
 
 def nearest_rank(p: float, n: int) -> int:
@@ -90,8 +101,8 @@ class _Quantum:
     """The lines of one open quantum, as the slices that arrived."""
 
     values: list[I64] = field(default_factory=list)
-    ddirs: list[I64] = field(default_factory=list)
-    nbytes: list[I64] = field(default_factory=list)
+    ddirs: list[npt.NDArray[np.int8]] = field(default_factory=list)
+    nbytes: list[F64] = field(default_factory=list)  # per slice, bytes per direction
     files: list[int] = field(default_factory=list)
 
 
@@ -123,16 +134,35 @@ class ExactReader:
             host_labels(list(paths), options.host_from) if options.per_host else [""] * len(paths)
         )
         self.host_names: list[str] = list(dict.fromkeys(hosts))
-        self._problems = ProblemLog(strict=options.source.strict)
         self.sources: list[_File] = []
+        strict = options.source.strict
         for p, h in zip(paths, hosts, strict=True):
-            r = IoLogReader(p, log_unit=log_unit, problems=self._problems)
-            self.sources.append(_File(r, self.host_names.index(h), r.chunks()))
+            # A log per reader: readers run on worker threads.
+            r = IoLogReader(p, log_unit=log_unit, problems=ProblemLog(strict=strict))
+            spans = [r.span]
+            if iolog_thread(p) is None and r.refusal is None:
+                # per_job_logs=0: fio appended each job's lines, its time starting again
+                spans = r.time_spans(options.quantum_ms)
+            for span in spans:
+                if span != r.span:
+                    log = ProblemLog(strict=strict)
+                    r = IoLogReader(p, log_unit=log_unit, problems=log, span=span)
+                self.sources.append(_File(r, self.host_names.index(h), r.chunks()))
         refused = {
             f.reader.source: f.reader.refusal for f in self.sources if f.reader.refusal is not None
         }
         if refused:
             raise InputError(refused)
+        by_kind: dict[str, list[str]] = {}
+        for f in self.sources:
+            by_kind.setdefault(str(f.reader.kind), []).append(f.reader.source)
+        if len(by_kind) > 1 or (by_kind and options.latency not in by_kind):
+            listing = "; ".join(f"{k}: {', '.join(dict.fromkeys(v))}" for k, v in by_kind.items())
+            msg = (
+                f"per-I/O latency logs of another kind than --latency {options.latency} "
+                f"(one kind a run; choose it with --latency clat|lat|slat): {listing}"
+            )
+            raise FiomonError(msg)
         kinds = {f.reader.averaged for f in self.sources if f.reader.columns}
         if len(kinds) > 1:
             listing = ", ".join(
@@ -142,7 +172,7 @@ class ExactReader:
             msg = f"cannot mix per-I/O and averaged latency logs: {listing}; report them apart"
             raise FiomonError(msg)
         self.averaged = kinds == {True}
-        self.total_bytes = sum(p.stat().st_size for p in paths)
+        self.total_bytes = sum(p.stat().st_size for p in paths)  # (spans: read again)
         self.layout = BinLayout()
         self.relative = False
         self.phase_ms = 0
@@ -162,7 +192,8 @@ class ExactReader:
     def problems(self) -> ProblemLog:
         """The problems every file met so far."""
         log = ProblemLog()
-        log.merge(self._problems, exclude=REFUSED)
+        for f in self.sources:
+            log.merge(f.reader.problems, exclude=REFUSED)
         return log
 
     def __enter__(self) -> ExactReader:
@@ -221,11 +252,15 @@ class ExactReader:
             self._add(f, c)
 
     def _next(self, f: _File) -> IoChunk | None:
-        chunk = next(f.chunks, None)
-        if chunk is None:
+        """File ``f``'s next chunk, its progress noted (the engine's thread only)."""
+        return self._note(f, _read(f))
+
+    @staticmethod
+    def _note(f: _File, got: tuple[IoChunk, int, int] | None) -> IoChunk | None:
+        if got is None:
             f.done = True
             return None
-        lo, hi = int(chunk.time_ms.min()), int(chunk.time_ms.max())
+        chunk, lo, hi = got
         f.first_ms = lo if f.first_ms is None else min(f.first_ms, lo)
         f.max_ms = hi if f.max_ms is None else max(f.max_ms, hi)
         return chunk
@@ -251,28 +286,51 @@ class ExactReader:
                 continue
             oq = self._open.setdefault(q, _Quantum())
             oq.values.append(c.value_ns[sel])
-            oq.ddirs.append(c.ddir[sel])
-            oq.nbytes.append(c.bs[sel])
+            d = c.ddir[sel].astype(np.int8)  # 1 byte a line while the quantum is open
+            oq.ddirs.append(d)
+            oq.nbytes.append(np.bincount(d, weights=c.bs[sel], minlength=3).astype(np.float64))
             oq.files.append(idx)
 
     def chunks(self) -> Iterator[list[ClosedQuantum]]:
         """The closed rows, one list per chunk read (often empty: a progress tick)."""
         q = self.options.quantum_ms
-        while True:
-            live = [f for f in self.sources if not f.done]
-            if not live:
-                break
-            f = min(live, key=lambda s: -1 if s.max_ms is None else s.max_ms)
-            chunk = self._next(f)
-            if chunk is not None:
-                self._add(f, chunk)
-            live = [s for s in self.sources if not s.done]
-            rows: list[ClosedQuantum] = []
-            if live and all(s.max_ms is not None for s in live):
-                mark = min(int(s.max_ms or 0) for s in live) - q
-                rows = self._close_through(mark)
-            yield self._spans(rows)
+        # Parsing runs on worker threads (numpy's text parser releases the GIL), one chunk
+        # per file at a time; a file's progress counts only once its chunk is merged here,
+        # so no quantum closes before the lines a worker is still reading.
+        workers = min(2, os.cpu_count() or 1)
+        in_flight: dict[Future[tuple[IoChunk, int, int] | None], _File] = {}
+        with ThreadPoolExecutor(workers, thread_name_prefix="fiomon-iolog") as pool:
+            got: list[tuple[_File, IoChunk | None]] = []
+            while True:
+                # The most lagging files next (in step by time), ``workers`` at a time; they
+                # are read while the chunks just read are merged.
+                busy = set(map(id, in_flight.values()))
+                idle = sorted(
+                    (f for f in self.sources if not f.done and id(f) not in busy),
+                    key=lambda s: -1 if s.max_ms is None else s.max_ms,
+                )
+                for f in idle[: max(0, workers - len(in_flight))]:
+                    in_flight[pool.submit(_read, f)] = f
+                for f, chunk in got:
+                    if chunk is not None:
+                        self._add(f, chunk)
+                if got:
+                    yield self._spans(self._close_ready(q))
+                if not in_flight:
+                    break
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                got = []
+                for fut in finished:
+                    f = in_flight.pop(fut)
+                    got.append((f, self._note(f, fut.result())))
         yield self._spans(self._close_through(None), last=True)
+
+    def _close_ready(self, q: int) -> list[ClosedQuantum]:
+        """Close the quanta every file still being read has passed by a quantum."""
+        live = [s for s in self.sources if not s.done]
+        if live and all(s.max_ms is not None for s in live):
+            return self._close_through(min(int(s.max_ms or 0) for s in live) - q)
+        return []
 
     def _spans(self, rows: list[ClosedQuantum], *, last: bool = False) -> list[ClosedQuantum]:
         if self._merger is not None:
@@ -304,13 +362,15 @@ class ExactReader:
         end = start + opts.quantum_ms
         values = np.concatenate(oq.values)
         ddir = np.concatenate(oq.ddirs)
-        nbytes = np.concatenate(oq.nbytes)
+        slice_bytes = np.stack(oq.nbytes)  # (slices, direction)
+        slice_hosts = np.asarray([self.sources[i].host for i in oq.files], dtype=np.int64)
         lens = [len(v) for v in oq.values]
         files = np.repeat(np.asarray(oq.files, dtype=np.int64), lens)
         hosts = np.asarray([f.host for f in self.sources], dtype=np.int64)[files]
         scopes: list[tuple[str | None, npt.NDArray[np.bool_] | None]] = [(None, None)]
         if opts.per_host:
-            scopes += [(self.host_names[h], hosts == h) for h in np.unique(hosts).tolist()]
+            present = np.flatnonzero(np.bincount(hosts, minlength=len(self.host_names)))
+            scopes += [(self.host_names[h], hosts == h) for h in present.tolist()]
         groups: list[tuple[str | None, str, I64]] = []  # host, direction, line indices
         for host, in_host in scopes:
             for label in opts.directions:
@@ -332,7 +392,6 @@ class ExactReader:
         late_total = sum(self._late.values())
         rows = []
         for (host, label, idx), v, ci in zip(groups, sorted_values, cis, strict=True):
-            # the files with lines here (np.unique hashes every line: 1 ms a group)
             f = np.flatnonzero(np.bincount(files[idx], minlength=len(self.sources)))
             lo = max(start, min(int(self.sources[i].first_ms or 0) for i in f.tolist()) - 1)
             hi = end
@@ -340,9 +399,8 @@ class ExactReader:
                 hi = min(end, max(int(self.sources[i].max_ms or 0) for i in f.tolist()))
             covered_s = (hi - lo) / 1000.0
             stats = self._stats(v)
-            keep_hist = (opts.keep_hists and host is None) or (
-                host is not None and opts.target_error is not None
-            )
+            # spans (--target-error) merge the histograms of every row
+            keep_hist = opts.target_error is not None or (opts.keep_hists and host is None)
             rows.append(
                 ClosedQuantum(
                     start_ms=start,
@@ -355,7 +413,7 @@ class ExactReader:
                     bytes_per_second=(
                         None
                         if self.averaged or covered_s <= 0
-                        else float(nbytes[idx].sum()) / covered_s
+                        else self._bytes(slice_bytes, slice_hosts, host, label) / covered_s
                     ),
                     streams=len(f),
                     late_records=(
@@ -368,6 +426,13 @@ class ExactReader:
                 )
             )
         return rows
+
+    def _bytes(self, per_slice: F64, hosts: I64, host: str | None, label: str) -> float:
+        """Bytes of a group, from each slice's bytes per direction."""
+        rows = per_slice if host is None else per_slice[hosts == self.host_names.index(host)]
+        if label == "all":
+            return float(rows.sum())
+        return float(rows[:, DIRECTION_LABELS.index(label)].sum())
 
     def _stats(self, v: I64) -> HistStats:
         n = len(v)
@@ -413,22 +478,20 @@ def open_reader(paths: Sequence[Path], options: QuantaOptions) -> QuantaReader |
         FiomonError: per-I/O logs mixed with other inputs (the command line chooses
             before: :func:`fiomon.offline.iosources.choose_iologs`).
     """
-    from fiomon.offline.iosources import is_iolog  # noqa: PLC0415 -- iosources reads sources
-
-    # fio's bw/iops logs go with per-I/O logs: ExactReader refuses them by name.
-    flags = [is_iolog(p) or rate_log(p) is not None for p in paths if p.is_file()]
-    if flags and all(rate_log(p) is not None for p in paths):
-        return QuantaReader(paths, options)  # bw/iops logs only: refused as before
-    if flags and all(flags):
-        return ExactReader(paths, options, log_unit=options.source.log_unit)
-    if any(flags):
-        logs = [str(p) for p, f in zip(paths, flags, strict=False) if f]
+    files = [p for p in paths if p.is_file()]
+    iologs = [p for p in files if is_iolog(p)]
+    if not iologs:
+        return QuantaReader(paths, options)
+    # fio's bw/iops logs go with whichever reader: each refuses them by name.
+    others = [p for p in files if p not in iologs and rate_log(p) is None]
+    if others:
         msg = (
-            f"per-I/O latency logs ({', '.join(logs[:4])}) cannot be read together with hist "
-            "logs or json+ streams: report them separately"
+            f"per-I/O latency logs ({', '.join(map(str, iologs[:4]))}) cannot be read together "
+            f"with hist logs or json+ streams ({', '.join(map(str, others[:4]))}): report "
+            "them separately"
         )
         raise FiomonError(msg)
-    return QuantaReader(paths, options)
+    return ExactReader(paths, options, log_unit=options.source.log_unit)
 
 
 def whole_hists(paths: Sequence[Path], log_unit: LogUnit, problems: ProblemLog) -> dict[int, F64]:

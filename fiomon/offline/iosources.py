@@ -124,6 +124,12 @@ def choose_iologs(
                 f"stream(s): {_names(others)}"
             )
         return chosen + rates, notes, True
+    if choice == "both" and others:
+        msg = (
+            "--source both cannot count per-I/O latency logs (exact values) together with "
+            f"histograms ({_names(others)}): choose --source iolog, hist or json"
+        )
+        raise OverlapError(msg)
     covered, uncovered = _covered(chosen, others)
     if uncovered:
         msg = (

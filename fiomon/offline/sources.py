@@ -207,10 +207,11 @@ HOST_FROM_HELP = (
     "prefers wherever every file has one), or regex:PATTERN (searched in the path as "
     "given; the group named host, else group 1, else the match)"
 )
-# fio's hist-log suffix (per job, per_job_logs=0, compressed by fio) and the json+
-# stream's, with what people add after the run: compression, backup and rotation suffixes.
+# fio's hist-log suffix (per job, per_job_logs=0, compressed by fio), its per-I/O
+# latency logs' (write_lat_log) and the json+ stream's, with what people add after the
+# run: compression, backup and rotation suffixes.
 _FIO_SUFFIX = re.compile(
-    r"(_(?:clat|lat|slat)_hist(?:\.\d+)?\.log(?:\.fz)?|\.json)"
+    r"(_(?:clat|lat|slat)(?:_hist)?(?:\.\d+)?\.log(?:\.fz)?|\.json)"
     r"(?:\.(?:gz|bz2|xz|bak|old|orig|\d+))*$"
 )
 

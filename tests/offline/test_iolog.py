@@ -9,6 +9,7 @@ is the nearest-rank order statistic (between the order statistics around ``p n /
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import shutil
@@ -21,10 +22,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fiomon.errors import FiomonError
 from fiomon.fio import iolog
 from fiomon.fio.iolog import IoLogReader
 from fiomon.fio.problems import ProblemLog
 from fiomon.offline.exact import ExactReader
+from fiomon.offline.iosources import choose_iologs
 from fiomon.offline.quanta import QuantaOptions
 from tests.conftest import DEADLINE_S
 from tests.fiorun import fiomon, total_ios
@@ -162,8 +165,11 @@ def rows_match_lines(rows: list[dict[str, Any]], lines_by_host: dict[str, list[L
 def test_every_quantum_is_exact_on_three_real_jobs(epoch_run: Path) -> None:
     """Random read/write, reads and a burst: counts = lines, percentiles = order statistics."""
     logs = clat_logs(epoch_run)
-    rows, err = report("--quantum", "250ms", "--per-host", *logs)
-    lines = {p.stem: read_lines(p) for p in logs}
+    # one folder: one host (lat); each job its own "host" by a pattern
+    rows, err = report(
+        "--quantum", "250ms", "--per-host", "--host-from", r"regex:clat\.(\d)", *logs
+    )
+    lines = {p.name.split(".")[1]: read_lines(p) for p in logs}
     assert {r["host"] for r in rows if r["scope"] == "host"} == set(lines)
     checked = rows_match_lines(rows, lines)
     total = sum(len(v) for v in lines.values())
@@ -335,3 +341,77 @@ def test_the_reader_streams_in_pieces_and_names_bad_lines(
         f"{bad}:121: negative value '-5' in field 1",
     ]
     assert small.lines == len(text)
+
+
+def test_source_iolog_log_unit_and_spans(epoch_run: Path) -> None:
+    """--source iolog reads only the per-I/O logs; --log-unit us scales; spans merge rows."""
+    files = sorted(p for p in epoch_run.iterdir() if p.suffix in (".json", ".log"))
+    rows, err = report("--directions", "all", "--source", "iolog", *files)
+    assert sum(r["samples"] for r in rows) == total_ios(epoch_run / "out.json")
+    assert "--source iolog: not reading 1" in err  # the json+ stream
+    logs = clat_logs(epoch_run)
+    ns, _ = report("--directions", "all", *logs)
+    us, _ = report("--directions", "all", "--log-unit", "us", *logs)
+    assert [r["max_ns"] for r in us] == [1000 * r["max_ns"] for r in ns]
+    spans, _ = report("--directions", "all", "--quantum", "250ms", "--target-error", "50%", *logs)
+    assert sum(r["samples"] for r in spans) == sum(r["samples"] for r in ns)
+    assert all("target_met" in r for r in spans)
+
+
+def test_per_job_logs_0_one_file_holding_every_job(tmp_path: Path, fio_bin: str) -> None:
+    """per_job_logs=0: fio appends the jobs to P_clat.log, time starting again: all exact."""
+    run = tmp_path / "pj"
+    run.mkdir()
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=j",
+            f"--filename={run / 'data'}",
+            "--size=1m",
+            "--bs=4k",
+            "--rw=randrw",
+            "--rate_iops=150,100",
+            "--time_based",
+            "--runtime=2",
+            "--numjobs=3",
+            "--per_job_logs=0",
+            "--write_lat_log=pj",
+            "--log_avg_msec=0",
+            "--output-format=json",
+            f"--output={run / 'out.json'}",
+        ],
+        cwd=run,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+    log = run / "pj_clat.log"
+    lines = read_lines(log)
+    assert any(b.time_ms < a.time_ms - 1000 for a, b in itertools.pairwise(lines))
+    rows, err = report("--quantum", "500ms", log)
+    assert "late" not in err
+    assert sum(r["samples"] for r in rows if r["direction"] == "all") == len(lines)
+    assert len(lines) == total_ios(run / "out.json")
+    rows_match_lines(rows, {"": lines})
+    assert max(r["streams"] for r in rows) == 3  # each job a stream of its own
+
+
+def test_the_latency_kind_picks_the_logs_and_kinds_never_mix(epoch_run: Path) -> None:
+    """--latency lat reads P_lat.N.log (total latency, >= clat); mixing kinds is refused."""
+    logs = sorted(epoch_run.glob("lat_*.log"))
+    chosen, notes, exact = choose_iologs(logs, None, "lat")
+    assert exact
+    assert [p.name for p in chosen] == [f"lat_lat.{n}.log" for n in (1, 2, 3)]
+    assert any("lat_clat.1.log" in n and "lat_slat.1.log" in n for n in notes)
+    opts = QuantaOptions(quantum_ms=500, directions=("all",), latency="lat")
+    with ExactReader(chosen, opts) as reader:
+        total = [r for rows in reader.chunks() for r in rows]
+    with ExactReader(clat_logs(epoch_run), QuantaOptions(quantum_ms=500, directions=("all",))) as r:
+        comp = [r for rows in r.chunks() for r in rows]
+    assert [r.stats.samples for r in total] == [r.stats.samples for r in comp]
+    assert all(t.stats.min_ns >= c.stats.min_ns for t, c in zip(total, comp, strict=True))
+    with pytest.raises(FiomonError, match=r"--latency") as exc:
+        ExactReader([*clat_logs(epoch_run), chosen[0]], QuantaOptions())
+    assert "lat_lat.1.log" in str(exc.value)
+    with pytest.raises(FiomonError, match=r"--latency clat"):
+        ExactReader(chosen, QuantaOptions())
