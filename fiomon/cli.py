@@ -36,8 +36,9 @@ from fiomon.errors import (
 )
 from fiomon.fio.fiolog import interval_from_job_file
 from fiomon.logs import LEVELS, LOG_FORMATS
-from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS
+from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS, LATENCY_KINDS
 from fiomon.offline.iosources import choose_iologs
+from fiomon.offline.kinds import LATENCY_HELP, LATENCY_NAMES, hist_logs, resolve_latency
 from fiomon.offline.output import FORMATS, Format
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import Selection, all_quanta_files, first_row, is_quanta_file
@@ -262,6 +263,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
         "counts differ, and plain json (no bins) pairs with nothing (see agents/README.md "
         "'One truth per I/O')",
     )
+    g.add_argument("--latency", choices=LATENCY_KINDS, default=None, help=LATENCY_HELP)
     g.add_argument(
         "--directions",
         type=_directions,
@@ -578,14 +580,31 @@ def _add_summary(sub: SubParsers) -> argparse.ArgumentParser:
         help="per-operation I/O statistics of a run, with a latency histogram",
         description="Count, bytes, mean, standard deviation and variance, min/max bounds, "
         "percentiles, IOPS and throughput per operation (read, write, trim, mixed, all), and a "
-        "text histogram on bins you choose, from fio hist logs and json+ status files.",
+        "text histogram on bins you choose, from fio hist logs and json+ status files. "
+        "From fio's per-I/O latency logs (write_lat_log=P with log_avg_msec=0: "
+        "P_clat.N.log; P_lat / P_slat with --latency; not together with hist logs or json+), "
+        "the IOstats report: the same numbers exact (total time = the sum of the "
+        "latencies; min, max and nearest-rank percentiles, the value of rank "
+        "ceil(p*n/100), read from the values in extra passes over the files), plus bytes "
+        "per request (mean, stddev, min, max), bytes per second per request (bs / latency "
+        "of each I/O) and of total time (bytes / total time), and the inter-arrival time: "
+        "per file (one fio job) and direction, the differences of consecutive stamps in "
+        "the file's order, pooled over the files (not the merged stream of all jobs, whose "
+        "rate the IOPS give; fio stamps each I/O at its completion for clat and lat, at "
+        "its submission for slat, in whole ms, so gaps are whole ms: 0 is two I/Os in one "
+        "ms, and nothing finer can be told); a stamp that goes back (per_job_logs=0 files "
+        "hold one job after another) starts a new sequence and is counted as a restart.",
         epilog="times for --from/--to: ISO 8601 (UTC unless it says otherwise), epoch "
         "seconds, or seconds since the job start for relative-time logs",
     )
     _add_input_options(p)
     _add_host_filter(p)
     p.add_argument(
-        "--job", action="append", default=[], help="only streams whose name contains this"
+        "--job",
+        action="append",
+        default=[],
+        help="only streams whose name contains this (repeatable; per-I/O logs: the file's "
+        "path, e.g. --job _clat.2. for fio's thread 2, as IOstats' -fileID)",
     )
     p.add_argument("--from", dest="from_", type=_when_ms, metavar="TIME", help="start")
     p.add_argument("--to", type=_when_ms, metavar="TIME", help="end")
@@ -738,19 +757,27 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
             raise UsageError([f"--job-file: {exc}"]) from None
         if interval is not None and interval <= 0:
             raise UsageError(["--log-hist-msec must be positive"])
+    latency = resolve_latency(args.logs, args.latency)
+    kind = latency.kind
+    if kind != "clat" and args.source in ("hist", "both"):
+        msg = f"--source {args.source} with --latency {kind}: hist logs hold clat only"
+        raise UsageError([msg])
     try:
         # Per-I/O latency logs first (one truth: they are exact), then hist vs json+.
-        paths, notes, exact = choose_iologs(
-            args.logs, args.source, getattr(args, "latency", "clat")
-        )
+        paths, notes, exact = choose_iologs(latency.paths, args.source, kind)
         skips: dict[str, frozenset[int]] = {}
         if not exact:
             choice = None if args.source == "iolog" else args.source
+            if kind != "clat" and choice is None:
+                choice = "json"  # a json+ stream holds the other kinds of its jobs; hist logs not
             paths, more, skips = choose_sources(paths, choice)
+            if choice != args.source:
+                more = [n.replace("--source json:", f"--latency {kind}:") for n in more]
             notes += more
     except OverlapError as exc:
         raise UsageError([str(exc)]) from None
-    for note in notes:
+    paths, more = hist_logs(paths, kind)
+    for note in [*latency.notes, *notes, *more]:
         _error(name, note)
     source = SourceOptions(
         interval_ms=interval,
@@ -759,6 +786,7 @@ def _read_inputs(args: argparse.Namespace, name: str) -> tuple[list[Path], Sourc
         strict=args.strict,
         skip_jobs=skips,
         log_unit=args.log_unit,
+        latency=kind,
     )
     return paths, source
 
@@ -868,6 +896,7 @@ def _rows_selection(args: argparse.Namespace, fmt: Format) -> Selection | None:
         other["--confidence-level"] = f"another level {need} (the rows carry their own)"
     fio_only = {
         "--source": args.source is not None,
+        "--latency": args.latency is not None,
         "--log-hist-msec": args.log_hist_msec is not None,
         "--job-file": args.job_file is not None,
         "--group-nr": args.group_nr is not None,
@@ -916,6 +945,8 @@ def _plot(args: argparse.Namespace) -> int:
     title = args.title or (
         logs[0].name if len(logs) == 1 else f"{logs[0].name} and {len(logs) - 1} more"
     )
+    if opts.latency != "clat":  # the charts' percentiles are of that latency
+        title = f"{title} · {opts.latency} ({LATENCY_NAMES[opts.latency]})"
     try:
         return _engine_errors(
             "plot",

@@ -49,9 +49,10 @@ DIRECTION_LABELS: tuple[str, ...] = tuple(d.label for d in Direction)
 DIRECTIONS: tuple[str, ...] = (*DIRECTION_LABELS[: Direction.MIXED], "all", "mixed")
 # The percentiles computed unless asked for others: report, plot, the aggregator, the library.
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
-# fio's latencies: completion (``clat``), total (``lat`` = submission + completion) and
-# submission (``slat``). Hist logs are clat; json+ bins and per-I/O logs exist for each.
+# fio's latencies of an I/O: completion (``clat``, what hist logs hold), submission
+# (``slat``) and total (``lat`` = slat + clat). A run of fiomon is of one kind.
 LatencyKind = Literal["clat", "lat", "slat"]
+LATENCY_KINDS: tuple[LatencyKind, ...] = ("clat", "lat", "slat")
 
 
 @dataclass(frozen=True, slots=True)

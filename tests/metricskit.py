@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -177,3 +178,12 @@ def _le(edge_s: float) -> str:
     """The ``le`` label as prometheus_client spells it."""
     text: str = floatToGoString(edge_s)  # type: ignore[no-untyped-call]
     return text
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of ``GET http://127.0.0.1:<port><path>`` (error statuses included)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

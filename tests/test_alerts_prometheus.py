@@ -39,7 +39,7 @@ from tests.batches import batch
 from tests.conftest import DEADLINE_S, Mosquitto, free_port, until
 from tests.metricskit import query, scrape
 from tests.webhookkit import Webhook as _Webhook
-from tests.webhookkit import alertmanager_config, webhook_receiver
+from tests.webhookkit import alertmanager_config, notifications, webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -102,10 +102,6 @@ async def publish_run(port: int, seconds: int) -> None:
             for h in (*FAST_HOSTS, SLOW):
                 payload = encode(h, "run.json@1", 2 * s, records(h, end))
                 await c.publish(f"{PREFIX}/v1/{h}/records", payload, qos=1)
-
-
-def notifications(status: str) -> list[dict[str, Any]]:
-    return [p for _, p in _Webhook.posts if p["status"] == status]
 
 
 async def test_one_slow_host_pages_once_with_value_threshold_host_and_ends(

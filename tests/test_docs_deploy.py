@@ -61,7 +61,7 @@ from tests.metricskit import query, scrape
 from tests.test_deploy_mosquitto import Broker, stock_broker_running, under
 from tests.test_e2e import received
 from tests.webhookkit import Webhook as _Webhook
-from tests.webhookkit import alertmanager_config, webhook_receiver
+from tests.webhookkit import alertmanager_config, notifications, webhook_receiver
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -423,7 +423,7 @@ async def _deployment(b: Broker, tmp: Path, tools: dict[str, str]) -> None:
             )
             # The SLA incident: Alertmanager's page receiver gets it firing, then resolved.
             await until(
-                lambda: any(p["status"] == "resolved" for _, p in _Webhook.posts),
+                lambda: notifications("resolved"),
                 what="Alertmanager posting the breach's resolution",
             )
             stages["resolved"] = time.time() - t0

@@ -33,6 +33,11 @@ class Webhook(BaseHTTPRequestHandler):
         """Quiet."""
 
 
+def notifications(status: str) -> list[dict[str, Any]]:
+    """The notifications received so far with ``status`` (``firing`` or ``resolved``)."""
+    return [p for _, p in Webhook.posts if p["status"] == status]
+
+
 @contextlib.contextmanager
 def webhook_receiver() -> Iterator[int]:
     """A webhook receiver on a free loopback port (yields the port)."""

@@ -21,6 +21,15 @@ section (``unified_rw_reporting=1``: :attr:`Direction.MIXED`); with
 ``unified_rw_reporting=both`` a job has all four and ``mixed``, their sum, is ignored. A
 file whose sections count I/Os but carry no bins (plain ``--output-format=json``) gives no
 records and is refused (:attr:`JsonStatusParser.refusal`, with its number of I/Os).
+
+The latency kind (:data:`~fiomon.model.LatencyKind`) picks the bins read: ``clat_ns``
+(completion latency, always written by json+), ``lat_ns`` (total latency: fio 3.33 writes
+its bins only with ``lat_percentiles=1``) or ``slat_ns`` (submission latency: only with
+``slat_percentiles=1``, and only asynchronous engines such as libaio or io_uring record it;
+psync's ``slat_ns`` has ``N`` 0). The same options give the bins in every
+``--status-interval`` dump. A direction that did I/O without that kind's bins is counted
+as :attr:`JsonStatusParser.ios_without_bins`, and a file with none is refused naming the
+fio option that writes them (never another kind's bins in their place).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.fio.overlap import MIN_SLACK_MS, Declaration, prefix_name
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DIRECTION_LABELS, Direction, RecordBatch, StreamInfo
+from fiomon.model import DIRECTION_LABELS, Direction, LatencyKind, RecordBatch, StreamInfo
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a json+ dump of 1000 jobs is a few tens of MB
 _MAX_TEXT_LINE = 64 << 10  # an unfinished line of text held back for its end
@@ -213,6 +222,8 @@ class JsonStatusParser:
         host: host label of the records.
         layout: fio 3 layout of the json+ bins (GROUP_NR 29 unless fio was rebuilt).
         problems: where bad documents are reported.
+        skip_jobs: positions of jobs not to read.
+        latency: which latency's bins to read (``clat``, ``lat`` or ``slat``).
     """
 
     def __init__(
@@ -223,8 +234,14 @@ class JsonStatusParser:
         layout: BinLayout | None = None,
         problems: ProblemLog | None = None,
         skip_jobs: frozenset[int] = frozenset(),
+        latency: LatencyKind = "clat",
     ) -> None:
+        if latency not in _LATENCY_KEYS:
+            msg = f"latency kind {latency!r}: expected clat, lat or slat"
+            raise ValueError(msg)
         self.source = source
+        self.latency: LatencyKind = latency
+        self._key = _LATENCY_KEYS[latency]
         self.host = host
         self.layout = layout or BinLayout()
         self.problems = problems if problems is not None else ProblemLog()
@@ -239,6 +256,9 @@ class JsonStatusParser:
         self.last_ms: int | None = None  # its last dump
         self._interval_ms = 0  # largest spacing of dumps seen
         self._no_bins: dict[tuple[str, str], int] = {}  # (job, direction) -> total_ios
+        self._other_bins: set[LatencyKind] = (
+            set()
+        )  # other kinds' bins where this kind's are missing
         self._told_no_bins = False
         self._client_unplaced = 0  # fio --client entries with no runtime at all
         self._finished = False
@@ -326,8 +346,8 @@ class JsonStatusParser:
                 self.source,
                 0,
                 "no-bins",
-                f"{self.ios_without_bins} I/Os in job sections without latency bins not "
-                "counted (fio --output-format=json+ writes them)",
+                f"{self.ios_without_bins} I/Os in job sections without {self._key} bins "
+                f"not counted ({_WRITES_BINS[self.latency]})",
             )
         return out
 
@@ -364,12 +384,30 @@ class JsonStatusParser:
             self.problems.report(self.source, line, "refused", self._no_bins_reason())
 
     def _no_bins_reason(self) -> str:
+        n = self.ios_without_bins
+        others = sorted(self._other_bins)
+        # What it does hold: the flag (the agent's config key ``latency``) that reads it.
+        has = "".join(f"; its {_LATENCY_KEYS[k]} bins are read with --latency {k}" for k in others)
+        if self.latency == "lat":
+            return (
+                f"fio JSON without total-latency histograms: it holds {n} I/Os but no "
+                "lat_ns bins, which fio writes only with lat_percentiles=1; re-run fio "
+                "with --lat_percentiles=1 (and --output-format=json+)" + has
+            )
+        if self.latency == "slat":
+            return (
+                f"fio JSON without submission-latency histograms: it holds {n} I/Os but "
+                "no slat_ns bins, which fio writes only with slat_percentiles=1 and only "
+                "for asynchronous ioengines (libaio, io_uring: psync and other synchronous "
+                "engines record no submission latency); re-run fio with "
+                "--slat_percentiles=1 (and --output-format=json+)" + has
+            )
         return (
-            f"fio JSON without latency histograms: it holds {self.ios_without_bins} I/Os but "
+            f"fio JSON without latency histograms: it holds {n} I/Os but "
             "no bins (clat_ns.bins), so no percentiles can be computed from it; run fio with "
             "--output-format=json+ (plain json has no bins, nor has json+ with "
             "clat_percentiles=0), or give fiomon the jobs' hist logs (write_hist_log=NAME "
-            "with log_hist_msec=MS)"
+            "with log_hist_msec=MS)" + has
         )
 
     def _collect(self, docs: Iterator[dict[str, Any]]) -> RecordBatch | None:
@@ -579,15 +617,18 @@ class JsonStatusParser:
         """Cumulative dense histogram and io_bytes of one direction, or None if absent."""
         if not isinstance(section, dict):
             return None
-        lat = section.get("clat_ns")
-        if not isinstance(lat, dict) or "bins" not in lat:
-            lat = section.get("lat_ns")
+        key = self._key
+        lat = section.get(key)
         bins = lat.get("bins") if isinstance(lat, dict) else None
         if bins is None:
+            for kind, other in _LATENCY_KEYS.items():
+                sec = section.get(other)
+                if other != key and isinstance(sec, dict) and isinstance(sec.get("bins"), dict):
+                    self._other_bins.add(kind)
             return None
         if not isinstance(bins, dict):
             self.problems.report(
-                self.source, line, "json-shape", f"{label}.clat_ns.bins is no object"
+                self.source, line, "json-shape", f"{label}.{key}.bins is no object"
             )
             return None
         try:
@@ -599,17 +640,17 @@ class JsonStatusParser:
                 self.source,
                 line,
                 "json-shape",
-                f"{label}.clat_ns.bins has non-integer or negative keys or counts",
+                f"{label}.{key}.bins has non-integer or negative keys or counts",
             )
             return None
         if (vals < 0).any():
             self.problems.report(
-                self.source, line, "negative", f"{label}.clat_ns.bins has negative values"
+                self.source, line, "negative", f"{label}.{key}.bins has negative values"
             )
             return None
         if len(vals) and int(vals.max()) > _MAX_COUNT:
             self.problems.report(
-                self.source, line, "overflow", f"{label}.clat_ns.bins has counts above 2**53"
+                self.source, line, "overflow", f"{label}.{key}.bins has counts above 2**53"
             )
             return None
         dense = np.zeros(self.layout.fine_nbins, dtype=np.int64)
@@ -638,6 +679,12 @@ _CLIENT_SKIPS = {
     "no-runtime": "{n} fio --client entries not counted: without job_runtime, a direction "
     "runtime or elapsed nothing places them in time; give fiomon the servers' hist logs "
     "(write_hist_log with log_hist_msec) instead",
+}
+_LATENCY_KEYS: dict[LatencyKind, str] = {"clat": "clat_ns", "lat": "lat_ns", "slat": "slat_ns"}
+_WRITES_BINS: dict[LatencyKind, str] = {
+    "clat": "fio --output-format=json+ writes them",
+    "lat": "fio writes them with lat_percentiles=1, per job",
+    "slat": "fio writes them with slat_percentiles=1 on an asynchronous engine, per job",
 }
 _INDEX_CACHE_MAX = 16384  # distinct bin keys remembered (fio has 1856; junk must not grow it)
 _MAX_PREFIXES = 4096  # distinct hist-log names remembered per stream

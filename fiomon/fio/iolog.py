@@ -23,7 +23,7 @@ The KIND (clat, lat, slat) comes from the file name (:func:`iolog_kind`); that t
 per-I/O log comes from its content (4-6 columns). Compression (gzip, bzip2, xz) and text
 encodings are undone as for every fio file (:mod:`fiomon.fio.decode`).
 
-Speed: a chunk of about 4 MiB of text (~100 000 lines) is parsed with a fixed number of
+Speed: a chunk of about 2 MiB of text (~50 000 lines) is parsed with a fixed number of
 numpy passes: two byte comparisons locate newlines and commas, which check that every line
 has the same number of fields, and numpy's C text parser reads the integers. A chunk that
 fails those checks (a bad line in it) is split line by line with a regular expression: the
@@ -313,9 +313,10 @@ def _learn(text: bytes) -> _Head:
 class IoLogReader:
     """Streams one per-I/O (or averaged) latency log as :class:`IoChunk`s.
 
-    Memory is bounded: the file is read ~4 MiB at a time and each chunk holds the lines
-    of one piece. The head of the file is read at construction to learn :attr:`columns`,
-    :attr:`averaged` and whether offset / priority columns are present.
+    Memory is bounded: the file is read ~2 MiB at a time (compressed: decoded pieces of
+    at most 4 MiB) and each chunk holds the lines of one piece. The head of the file is
+    read at construction to learn :attr:`columns`, :attr:`averaged` and whether offset /
+    priority columns are present.
 
     Args:
         path: the log (plain or compressed).

@@ -40,7 +40,7 @@ from fiomon.fio.decode import InputDecoder, fio_log_store
 from fiomon.fio.fiojson import MAX_DOCUMENT_BYTES, JsonStatusParser
 from fiomon.fio.fiolog import HistLogOptions, HistLogParser, TimeKind
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import RecordBatch
+from fiomon.model import LatencyKind, RecordBatch
 
 Kind = Literal["json", "hist"]
 
@@ -143,6 +143,8 @@ class ParserOptions:
         max_document_bytes: largest json+ document accepted.
         client_logs: undo the cumulative counts of ``fio --client`` hist logs (named
             by :func:`fiomon.fio.clientlog.client_log_host`).
+        latency: the latency read: json+ ``clat_ns``, ``lat_ns`` or ``slat_ns`` bins;
+            hist logs hold ``clat`` only and are refused for another kind.
     """
 
     host: str = ""
@@ -151,6 +153,7 @@ class ParserOptions:
     skip_jobs: frozenset[int] = frozenset()
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     client_logs: bool = True
+    latency: LatencyKind = "clat"
 
 
 def open_parser(
@@ -173,9 +176,12 @@ def open_parser(
                 problems=problems,
                 layout=BinLayout(opts.json_group_nr) if opts.json_group_nr else None,
                 skip_jobs=opts.skip_jobs,
+                latency=opts.latency,
             )
             parser.splitter.max_document_bytes = opts.max_document_bytes
             return parser
+        if opts.latency != "clat" and not PER_IO_LOG_NAME.search(Path(source).name):
+            return RefusedParser(source, problems, hist_log_kind_refusal(opts.latency))
         hist = HistLogParser(source, host=opts.host, options=opts.hist, problems=problems)
         if opts.client_logs and client_log_host(Path(source)) is not None:
             return ClientHistLogParser(hist, ClientLogUndo(source, problems))
@@ -185,6 +191,21 @@ def open_parser(
     if decoder is None:
         return make(text)
     return DecodedParser(make, decoder, source, problems, text)
+
+
+# fio's per-I/O latency, bw and iops logs: their own parsers say what they are.
+PER_IO_LOG_NAME = re.compile(r"_(?:lat|clat|slat|bw|iops)(?:\.\d+)?\.log\b")
+
+
+def hist_log_kind_refusal(latency: LatencyKind) -> str:
+    """Why a hist log cannot be read for ``latency`` (not ``clat``), and what can."""
+    option = "lat_percentiles=1" if latency == "lat" else "slat_percentiles=1"
+    return (
+        f"a hist log holds completion latency (clat) only, not {latency}: --latency "
+        f"{latency} cannot read it; give the json+ status stream of fio run with "
+        f"{option}, or the {latency} per-I/O logs (write_lat_log=NAME with "
+        f"log_avg_msec=0: NAME_{latency}.N.log), or use --latency clat"
+    )
 
 
 FIO_STORE_REFUSAL = (

@@ -297,7 +297,7 @@ class ExactReader:
         # Parsing runs on worker threads (numpy's text parser releases the GIL), one chunk
         # per file at a time; a file's progress counts only once its chunk is merged here,
         # so no quantum closes before the lines a worker is still reading.
-        workers = min(2, os.cpu_count() or 1)
+        workers = self.options.workers or min(2, os.cpu_count() or 1)  # --jobs
         in_flight: dict[Future[tuple[IoChunk, int, int] | None], _File] = {}
         with ThreadPoolExecutor(workers, thread_name_prefix="fiomon-iolog") as pool:
             got: list[tuple[_File, IoChunk | None]] = []

@@ -63,9 +63,12 @@ def run_fit(
         fitted += 1
         if fmt == "json":
             doc = {"direction": label, "end_ms": end_ms, **hist_fit.to_json()}
-            out.write(json.dumps(doc) + "\n")
+            out.write(json.dumps({**doc, "latency": source.latency}) + "\n")
         else:
-            out.write(describe(label if end_ms is None else f"{label} @ {end_ms}", hist_fit))
+            # Another latency than clat is named with each fit ("read (lat)").
+            kind = "" if source.latency == "clat" else f" ({source.latency})"
+            name = f"{label}{kind}"
+            out.write(describe(name if end_ms is None else f"{name} @ {end_ms}", hist_fit))
     return 0 if fitted else 1
 
 

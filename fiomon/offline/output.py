@@ -12,7 +12,8 @@ run in memory.
   ``runs`` holds the row's run labels, ``;``-separated (empty: none).
   The confidence bounds come last (``p99_low_ms``, ``p99_high_ms``, ...; empty where the
   data bound no side), so the columns before them keep their places. ``jsonl`` keeps the
-  exact integers (epoch ms, ns).
+  exact integers (epoch ms, ns). A run of another latency than ``clat`` (``--latency``)
+  prefixes its latency columns with the kind (``lat_min_ms``, ``lat_p99_ms``, ...).
 * ``fiologparser``: the layout of fio's ``fiologparser_hist.py`` so scripts keep working:
   ``end-time, [dir,] samples, min, avg, median, <p>%..., max`` with times in ms, latencies
   in the log's own unit (ns; µs for fio 2 logs), ``--percentiles`` other than 50 as the
@@ -24,7 +25,8 @@ run in memory.
   before the first row and whenever the rows' runs change. With ``ci_level``, each
   percentile is followed by its confidence interval ``[low, high]`` at that level (``?``:
   the data bound no side). With ``spans`` (``--target-error``), a ``span`` column gives each
-  row's length, ``*`` marking one that did not reach the target.
+  row's length, ``*`` marking one that did not reach the target. A run of another latency
+  than ``clat`` heads its latency columns with the kind (``lat p99``) and names it above.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Literal, Protocol, TextIO
 
 from fiomon.closed import ClosedQuantum
 from fiomon.histogram import pct_key
+from fiomon.model import LatencyKind
 
 Format = Literal["table", "csv", "jsonl", "fiologparser"]
 FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
@@ -43,6 +46,11 @@ FORMATS: tuple[Format, ...] = ("table", "csv", "jsonl", "fiologparser")
 # fio's unified_rw_reporting "mixed" sections take "u" (for unified), a letter it never uses.
 _FIOLOG_DIR = {"read": "r", "write": "w", "trim": "t", "all": "m", "mixed": "u"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_LATENCY_NAMES = {
+    "lat": "total latency (submission + completion), fio's lat",
+    "slat": "submission latency, fio's slat",
+    "clat": "completion latency, fio's clat",
+}
 _TABLE_UNITS = (("s", 1e9), ("ms", 1e6), ("us", 1e3))
 
 
@@ -107,6 +115,8 @@ class CsvWriter:
         spans: add the ``target_met`` column (``--target-error``).
         relative: times are ms since the job started (no ``log_unix_epoch``): the time
             columns are ``start_s``, ``end_s`` in seconds instead of ISO ``start``, ``end``.
+        latency: the latency the rows hold; other than ``clat``, it prefixes the latency
+            columns (``lat_p99_ms``).
     """
 
     def __init__(
@@ -116,8 +126,10 @@ class CsvWriter:
         *,
         spans: bool = False,
         relative: bool = False,
+        latency: LatencyKind = "clat",
     ) -> None:
         self.keys = [pct_key(q) for q in percentiles]
+        k = "" if latency == "clat" else f"{latency}_"
         self.spans = spans
         self.relative = relative
         self.w = csv.writer(out, lineterminator="\n")
@@ -131,15 +143,15 @@ class CsvWriter:
                 "samples",
                 "iops",
                 "bytes_per_second",
-                "min_ms",
-                "mean_ms",
-                *[f"p{k}_ms" for k in self.keys],
-                "max_ms",
+                f"{k}min_ms",
+                f"{k}mean_ms",
+                *[f"{k}p{q}_ms" for q in self.keys],
+                f"{k}max_ms",
                 "saturated",
                 "streams",
                 "late_records",
                 "runs",
-                *[f"p{k}_{side}_ms" for k in self.keys for side in ("low", "high")],
+                *[f"{k}p{q}_{side}_ms" for q in self.keys for side in ("low", "high")],
                 *(["target_met"] if spans else []),
             ]
         )
@@ -242,8 +254,11 @@ class TableWriter:
         show_host: bool,
         ci_level: float | None = None,
         spans: bool = False,
+        latency: LatencyKind = "clat",
     ) -> None:
         self.out = out
+        self.latency = latency
+        self._kind = "" if latency == "clat" else f"{latency} "
         self.keys = [pct_key(q) for q in percentiles]
         self.relative = relative
         self.show_host = show_host
@@ -266,16 +281,18 @@ class TableWriter:
             "samples",
             "IOPS",
             "MB/s",
-            "min",
-            "mean",
+            f"{self._kind}min",
+            f"{self._kind}mean",
             *[c for k in self.keys for c in self._pct_heads(k)],
-            "max",
+            f"{self._kind}max",
         ]
         ci = (
             f"; CI = {self.ci_level * 100:g}% confidence interval [low, high]"
             if self.ci_level is not None
             else ""
         )
+        if self.latency != "clat":
+            self.out.write(f"# {self.latency} = {_LATENCY_NAMES[self.latency]}\n")
         self.out.write(
             "# latencies with their units (ns, us, ms, s); end = end of each "
             f"{'span, span = its length' if self.spans else 'quantum'}"
@@ -284,9 +301,10 @@ class TableWriter:
         self.out.write(self._fmt(cols) + "\n")
 
     def _pct_heads(self, key: str) -> list[str]:
+        head = f"{self._kind}p{key}"
         if self.ci_level is None:
-            return [f"p{key}"]
-        return [f"p{key}", f"p{key} CI"]
+            return [head]
+        return [head, f"{head} CI"]
 
     def _fmt(self, cells: list[str]) -> str:
         head = [12, *([8] if self.spans else []), *([14] if self.show_host else []), 5]

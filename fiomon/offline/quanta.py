@@ -66,7 +66,8 @@ class QuantaOptions:
         keep_hists: keep each cluster row's merged histogram (:attr:`ClosedQuantum.hist`).
         run: ``--run``: fio output's rows carry this run label (:attr:`ClosedQuantum.runs`);
             a quanta file's rows are kept only when they name it.
-        latency: the latency kind read (``--latency``): which per-I/O logs count.
+        latency: the latency read (``--latency``); the rows do not carry it, the writers'
+            headers say it. Given here or as ``source.latency``: the two agree.
     """
 
     quantum_ms: int = 1000
@@ -84,6 +85,24 @@ class QuantaOptions:
     keep_hists: bool = False
     run: str | None = None
     latency: LatencyKind = "clat"
+
+    def __post_init__(self) -> None:
+        """Make ``latency`` and ``source.latency`` one (either may be given).
+
+        Raises:
+            ValueError: both are given and differ.
+        """
+        if self.latency == self.source.latency:
+            return
+        if self.source.latency == "clat":
+            object.__setattr__(
+                self, "source", dataclasses.replace(self.source, latency=self.latency)
+            )
+        elif self.latency == "clat":
+            object.__setattr__(self, "latency", self.source.latency)
+        else:
+            msg = f"latency {self.latency!r} differs from source.latency {self.source.latency!r}"
+            raise ValueError(msg)
 
 
 def iter_quanta(

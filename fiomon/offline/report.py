@@ -110,7 +110,7 @@ def _writer(
     if opts.fmt == "jsonl":
         return JsonlWriter(out)
     if opts.fmt == "csv":
-        return CsvWriter(out, q.percentiles, spans=spans, relative=relative)
+        return CsvWriter(out, q.percentiles, spans=spans, relative=relative, latency=q.latency)
     if opts.fmt == "fiologparser":
         return FiologparserWriter(
             out, q.percentiles, with_dir=opts.directions_given, unit_ns=unit_ns
@@ -122,6 +122,7 @@ def _writer(
         show_host=q.per_host,
         ci_level=q.confidence_level if opts.show_ci else None,
         spans=spans,
+        latency=q.latency,
     )
 
 

@@ -45,7 +45,7 @@ from fiomon.fio.parsers import (
     sniff,
 )
 from fiomon.fio.problems import ProblemLog
-from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.model import DIRECTION_LABELS, LatencyKind, RecordBatch
 
 CHUNK_BYTES = 2 << 20  # 2 MB: ~140 MB peak for 16 files read in step (4 MB: ~215 MB, no faster)
 
@@ -62,6 +62,7 @@ class SourceOptions:
         chunk_bytes: read size.
         skip_jobs: per json+ file, positions of jobs not to read (``--source hist``).
         log_unit: unit of per-I/O latency log values (``us``: fio 2.x logs).
+        latency: which latency to read (``--latency``; :mod:`fiomon.offline.kinds`).
     """
 
     interval_ms: int | None = None
@@ -71,6 +72,7 @@ class SourceOptions:
     chunk_bytes: int = CHUNK_BYTES
     skip_jobs: Mapping[str, frozenset[int]] = field(default_factory=dict)
     log_unit: Literal["ns", "us"] = "ns"
+    latency: LatencyKind = "clat"
 
 
 class FileSource:
@@ -106,6 +108,7 @@ class FileSource:
                     hist=HistLogOptions(options.interval_ms, options.group_nr, options.unit),
                     json_group_nr=options.group_nr,
                     skip_jobs=options.skip_jobs.get(self.name, frozenset()),
+                    latency=options.latency,
                 ),
             ),
             self.problems,

@@ -13,13 +13,17 @@ Numbers and their bounds (the histograms are fio's log-linear bins, :mod:`fiomon
 * min and max are bounds (lower edge of the first, upper edge of the last non-empty bin);
 * percentiles are interpolated as in ``fiomon report``;
 * a text-histogram bin's count splits a fio bin that straddles its edge linearly.
+
+The latency is fio's completion latency (``clat``) unless ``--latency`` says ``lat`` or
+``slat`` (:mod:`fiomon.offline.kinds`); the text names it then, the JSON always
+(``"latency"``).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,9 +34,20 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
+from fiomon.fio.iolog import IoLogReader, iolog_kind
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import cumulative_at, summarize
-from fiomon.model import DIRECTION_LABELS, RecordBatch
+from fiomon.model import DIRECTION_LABELS, LatencyKind, RecordBatch
+from fiomon.offline.iostats import (
+    ALL,
+    DDIR_LABELS,
+    DirAcc,
+    IoStatsAccumulator,
+    PerIoStats,
+    RankFinder,
+    bin_counts,
+    per_io_stats,
+)
 from fiomon.offline.sources import (
     REFUSED,
     FileSource,
@@ -43,6 +58,8 @@ from fiomon.offline.sources import (
 from fiomon.units import format_latency_ns
 
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+HIST_BINS = 12  # the inter-arrival text histogram's bins
 Scale = Literal["log", "linear"]
 
 
@@ -137,9 +154,11 @@ class OpStats:
     histogram: list[tuple[float, float, float]] = field(default_factory=list)
     below: float = 0.0
     above: float = 0.0
+    per_io: PerIoStats | None = None  # from per-I/O logs: min, max, percentiles exact
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict."""
+        extra = {} if self.per_io is None else {"exact": True, "per_io": self.per_io.to_json()}
         return {
             "operation": self.operation,
             "ios": self.ios,
@@ -159,6 +178,7 @@ class OpStats:
             "histogram": [{"from_ns": a, "to_ns": b, "ios": c} for a, b, c in self.histogram],
             "below_histogram": self.below,
             "above_histogram": self.above,
+            **extra,
         }
 
 
@@ -311,6 +331,15 @@ def summarize_run(
     Raises:
         FiomonError: nothing readable, or nothing left after the filters.
     """
+    if any(iolog_kind(p) is not None for p in paths):
+        return summarize_iologs(
+            paths,
+            filters=filters,
+            source=source,
+            percentiles=percentiles,
+            bins=bins,
+            problems=problems,
+        )
     layout, acc = collect(paths, filters, source, problems)
     out: list[OpStats] = []
     total = _Acc(np.zeros(layout.nbins))
@@ -337,6 +366,182 @@ def summarize_run(
     return out
 
 
+def _iolog_inputs(
+    paths: Sequence[Path], filters: Filters, source: SourceOptions, problems: ProblemLog
+) -> list[Path]:
+    """The per-I/O logs ``summary`` reads: those of the latency kind, through --host and --job.
+
+    The logs of the other kinds hold the same I/Os (``P_lat.1.log`` beside ``P_clat.1.log``):
+    they are named on stderr and left out.
+
+    Raises:
+        FiomonError: a missing file, per-I/O logs given with histogram inputs, or no log of
+            the kind asked for.
+    """
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        msg = f"not a readable file: {', '.join(missing)}"
+        raise FiomonError(msg)
+    others = [str(p) for p in paths if iolog_kind(p) is None]
+    if others:
+        msg = (
+            "per-I/O latency logs and histogram inputs in one summary: summarize "
+            f"{', '.join(others)} in a run of their own (the per-I/O logs give exact numbers)"
+        )
+        raise FiomonError(msg)
+    latency: str = source.latency
+    mine = [p for p in paths if iolog_kind(p) == latency]
+    other_kinds = [p for p in paths if iolog_kind(p) != latency]
+    if not mine:
+        msg = (
+            f"no {latency} per-I/O log among {', '.join(map(str, paths))} "
+            "(fio names them P_clat.N.log, P_lat.N.log, P_slat.N.log; --latency picks the kind)"
+        )
+        raise FiomonError(msg)
+    if other_kinds:
+        kinds = "/".join(sorted({str(iolog_kind(p)) for p in other_kinds}))
+        problems.warn(
+            ", ".join(map(str, other_kinds)),
+            0,
+            "other-latency",
+            f"left out: {kinds} logs, the same I/Os as the {latency} logs "
+            "(--latency picks the kind)",
+        )
+    hosts = dict(zip(paths, host_labels(list(paths), filters.host_from), strict=True))
+    return [
+        p
+        for p in mine
+        if (not filters.hosts or hosts[p] in filters.hosts)
+        and (not filters.jobs or any(j in str(p) for j in filters.jobs))
+    ]
+
+
+def _io_chunks(
+    path: Path, source: SourceOptions, problems: ProblemLog, filters: Filters
+) -> Iterator[tuple[I64, I64, I64, I64]]:
+    """``(time_ms, value_ns, ddir, bs)`` of one per-I/O log, chunk by chunk, --from/--to applied.
+
+    Raises:
+        FiomonError: the file is not a readable per-I/O log (the reader's refusal), or it is
+            averaged (``log_avg_msec > 0``): no per-I/O values in it.
+    """
+    reader = IoLogReader(path, log_unit=source.log_unit, problems=problems)
+    if reader.refusal is not None:
+        msg = f"{path}: {reader.refusal}"
+        raise FiomonError(msg)
+    if reader.averaged:
+        msg = (
+            f"{path}: an averaged log (fio's log_avg_msec > 0): one mean per window, so no "
+            "per-I/O statistics (percentiles, inter-arrival, bytes per request) can come "
+            "from it; fio writes one line per I/O with log_avg_msec=0"
+        )
+        raise FiomonError(msg)
+    for chunk in reader.chunks():
+        t = chunk.time_ms
+        keep = np.ones(t.size, dtype=np.bool_)
+        if filters.from_ms is not None:
+            keep &= t > filters.from_ms
+        if filters.to_ms is not None:
+            keep &= t <= filters.to_ms
+        if keep.all():
+            yield t, chunk.value_ns, chunk.ddir, chunk.bs
+        else:
+            yield t[keep], chunk.value_ns[keep], chunk.ddir[keep], chunk.bs[keep]
+
+
+MAX_PASSES = 8  # narrowing by SPLIT per pass: 2**63 ns is settled within 5
+
+
+def summarize_iologs(
+    paths: Sequence[Path],
+    *,
+    filters: Filters,
+    source: SourceOptions,
+    percentiles: Sequence[float],
+    bins: HistBins | None,
+    problems: ProblemLog,
+) -> list[OpStats]:
+    """Per operation, the exact and per-I/O statistics of fio's per-I/O latency logs.
+
+    The first pass keeps moments, fio's fine bins and the inter-arrival counts
+    (:mod:`fiomon.offline.iostats`); the next passes read the files again for the exact
+    percentiles and the text histogram (bad lines are reported by the first pass only).
+
+    Raises:
+        FiomonError: see :func:`_iolog_inputs`; nothing left after the filters.
+    """
+    chosen = _iolog_inputs(paths, filters, source, problems)
+    acc = IoStatsAccumulator()
+    for path in chosen:
+        for t, v, dirs, b in _io_chunks(path, source, problems, filters):
+            acc.add(str(path), t, v, dirs, b)
+    wanted = [d for d in (0, 1, 2, ALL) if d in acc.dirs and DDIR_LABELS[d] in filters.directions]
+    finders = {d: RankFinder(acc.dirs[d].fine, percentiles) for d in wanted}
+    edges: dict[int, F64] = {}
+    for d in wanted:
+        lat = acc.dirs[d].latency
+        assert lat.min is not None and lat.max is not None  # noqa: S101
+        edges[d] = (bins or HistBins.around(lat.min, lat.max + 1)).edges()
+    hist = {d: np.zeros(len(edges[d]) + 1, dtype=np.int64) for d in wanted}
+    for n_pass in range(MAX_PASSES):
+        if n_pass and not any(f.pending for f in finders.values()):
+            break
+        pending = [d for d in wanted if finders[d].pending]
+        quiet = ProblemLog()
+        for path in chosen:
+            for _, v, dd, _ in _io_chunks(path, source, quiet, filters):
+                for d in wanted:
+                    vals = v if d == ALL else v[dd == d]
+                    if n_pass == 0:
+                        hist[d] += bin_counts(vals, edges[d])
+                    if d in pending:
+                        finders[d].feed(vals)
+        for d in pending:
+            finders[d].finish_pass()
+    out = [
+        _iolog_op_stats(d, acc.dirs[d], finders[d], edges=edges[d], hist=hist[d], qs=percentiles)
+        for d in wanted
+    ]
+    if not out:
+        msg = "no I/O left after the filters (check --host, --job, --direction, --from, --to)"
+        raise FiomonError(msg)
+    return out
+
+
+def _iolog_op_stats(
+    d: int, a: DirAcc, finder: RankFinder, *, edges: F64, hist: I64, qs: Sequence[float]
+) -> OpStats:
+    lat = a.latency
+    assert lat.min is not None and lat.max is not None and lat.variance is not None  # noqa: S101
+    assert a.first_ms is not None and a.last_ms is not None  # noqa: S101
+    span_s = (a.last_ms - a.first_ms) / 1000.0
+    nbytes = float(a.request_bytes.total)
+    return OpStats(
+        operation=DDIR_LABELS[d],
+        ios=float(lat.n),
+        bytes=nbytes,
+        mean_ns=lat.mean,
+        variance_ns2=lat.variance,
+        stddev_ns=math.sqrt(lat.variance),
+        min_ns=lat.min,
+        max_ns=lat.max,
+        percentiles_ns={k: float(v) for k, v in finder.results.items()},
+        saturated=(),
+        first_ms=a.first_ms,
+        last_ms=a.last_ms,
+        iops=lat.n / span_s if span_s > 0 else None,
+        bytes_per_second=nbytes / span_s if span_s > 0 else None,
+        records=lat.n,
+        histogram=[
+            (float(x), float(y), float(c))
+            for x, y, c in zip(edges[:-1], edges[1:], hist[1:-1], strict=True)
+        ],
+        below=float(hist[0]),
+        above=float(hist[-1]),
+        per_io=per_io_stats(a, qs, HIST_BINS),
+    )
+
+
 def _size(b: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if b >= scale:
@@ -350,8 +555,11 @@ def _when(ms: int) -> str:
     return f"{ms / 1000:.3f} s"
 
 
-def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
-    """The human-readable report."""
+def write_text(
+    stats: list[OpStats], out: TextIO, width: int = 40, latency: LatencyKind = "clat"
+) -> None:
+    """The human-readable report (``latency``: the kind its latencies are, named unless clat)."""
+    kind = "" if latency == "clat" else f"{latency} "
     for s in stats:
         span = (s.last_ms - s.first_ms) / 1000.0
         rate = "" if s.iops is None else f", {s.iops:,.0f} IOPS, {_size(s.bytes_per_second or 0)}/s"
@@ -360,15 +568,16 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
             f"({_when(s.first_ms)} .. {_when(s.last_ms)}){rate}\n"
         )
         mean, sd, lo, hi = map(format_latency_ns, (s.mean_ns, s.stddev_ns, s.min_ns, s.max_ns))
+        bounds = f"min {lo}  max {hi}" if s.per_io else f"min >= {lo}  max < {hi}"
         out.write(
-            f"  latency  mean {mean}  stddev {sd}  variance {s.variance_ns2 / 1e6:.4g} us^2  "
-            f"min >= {lo}  max < {hi}\n"
+            f"  {kind}latency  mean {mean}  stddev {sd}  variance {s.variance_ns2 / 1e6:.4g} us^2  "
+            f"{bounds}\n"
         )
         pct = "  ".join(
             f"p{k} {'>= ' if k in s.saturated else ''}{format_latency_ns(v)}"
             for k, v in s.percentiles_ns.items()
         )
-        out.write(f"  percentiles  {pct}\n")
+        out.write(f"  {kind}percentiles  {pct}\n")
         peak = max([c for _, _, c in s.histogram] + [1.0])
         for a, b, c in s.histogram:
             bar = "#" * round(width * c / peak)
@@ -377,7 +586,55 @@ def write_text(stats: list[OpStats], out: TextIO, width: int = 40) -> None:
             )
         if s.below or s.above:
             out.write(f"  outside the histogram: {s.below:,.0f} below, {s.above:,.0f} above\n")
+        if s.per_io is not None:
+            _write_per_io(s.per_io, out, width)
         out.write("\n")
+
+
+def _write_per_io(p: PerIoStats, out: TextIO, width: int) -> None:
+    """The lines only per-I/O logs give: total time, per request, inter-arrival."""
+    of_total = p.bytes_per_second_of_total_time
+    out.write(
+        f"  total time {p.total_latency_ns / 1e9:.6g} s (sum of latencies)"
+        + ("" if of_total is None else f", {_size(of_total)}/s of total time")
+        + "\n"
+    )
+    rb, rate = p.request_bytes, p.rate
+    if rb.n and rb.variance is not None and rb.min is not None and rb.max is not None:
+        out.write(
+            f"  bytes per request  mean {_size(rb.mean)}  stddev {_size(math.sqrt(rb.variance))}  "
+            f"min {_size(rb.min)}  max {_size(rb.max)}\n"
+        )
+    if rate.n and rate.variance is not None and rate.min is not None and rate.max is not None:
+        zero = f"  ({p.zero_latency:,} of latency 0 left out)" if p.zero_latency else ""
+        out.write(
+            f"  bytes/s per request  mean {_size(rate.mean)}/s  "
+            f"stddev {_size(math.sqrt(rate.variance))}/s  min {_size(rate.min)}/s  "
+            f"max {_size(rate.max)}/s{zero}\n"
+        )
+    ia = p.interarrival
+    if ia is None:
+        out.write("  inter-arrival  fewer than two I/Os per file\n")
+        return
+    restarts = f", {ia.restarts} restarts (a stamp went back)" if ia.restarts else ""
+    out.write(
+        f"  inter-arrival ({ia.count:,} gaps, ms stamps{restarts})  mean {ia.mean_ms:.4g} ms  "
+        f"stddev {ia.stddev_ms:.4g} ms  variance {ia.variance_ms2:.4g} ms^2  "
+        f"min {ia.min_ms} ms  max {ia.max_ms} ms\n"
+    )
+    pct = "  ".join(f"p{k} {v} ms" for k, v in ia.percentiles_ms.items())
+    out.write(f"  inter-arrival percentiles  {pct}\n")
+    peak = max([c for _, _, c in ia.histogram] + [ia.same_stamp, 1])
+    if ia.same_stamp:
+        bar = "#" * round(width * ia.same_stamp / peak)
+        out.write(f"  {'0 ms (same stamp)':>22} {ia.same_stamp:12,} {bar}\n")
+    for a, b, c in ia.histogram:
+        bar = "#" * round(width * c / peak)
+        out.write(f"  {_ms(a):>9} .. {_ms(b):<9} {c:12,} {bar}\n")
+
+
+def _ms(v: float) -> str:
+    return format_latency_ns(v * 1e6)
 
 
 def main_summary(
@@ -412,9 +669,10 @@ def main_summary(
         return 1
     problems.write_to(err)
     if fmt == "json":
-        out.write(json.dumps([s.to_json() for s in stats], indent=1) + "\n")
+        docs = [{**s.to_json(), "latency": source.latency} for s in stats]
+        out.write(json.dumps(docs, indent=1) + "\n")
     else:
-        write_text(stats, out)
+        write_text(stats, out, latency=source.latency)
     return 0
 
 

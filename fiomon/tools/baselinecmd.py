@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError([str(exc)]) from None
     rows: list[ClosedQuantum]
+    latency = "clat"  # a quanta file's rows do not say theirs
     try:
         if all_quanta_files(args.logs):
             select = Selection(args.percentiles, directions, args.per_host, args.quantum)
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             if args.run is not None:
                 raise UsageError(["--run selects a quanta file's rows; fio output has no runs"])
             paths, source = cli._read_inputs(args, "baseline")
+            latency = source.latency
             quantum = args.quantum or parse_duration_ms(cli.QUANTUM, what="--quantum")
             opts = QuantaOptions(
                 quantum_ms=quantum,
@@ -190,5 +192,9 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in notes:
         print(f"fiomon baseline: {note}", file=sys.stderr)
+    if latency != "clat":  # thresholds of another latency hold only where it is measured
+        print(
+            f"# thresholds of fio's {latency} (--latency): set the aggregator's latency: {latency}"
+        )
     print(text, end="")
     return 0 if "  - {" in text else 1

@@ -277,3 +277,35 @@ def json_total_ios(path: Path) -> int:
             if d in job:
                 total += sum(job[d]["clat_ns"].get("bins", {}).values())
     return total
+
+
+def start_agent(
+    broker: Mosquitto,
+    tmp_path: Path,
+    procs: list[AgentProcess],
+    name: str = "agent",
+    *,
+    watch: list[str] | None = None,
+    state: str = "state",
+    client_id: str | None = None,
+    **extra: str,
+) -> AgentProcess:
+    """``fiomon agent`` with its config ``tmp_path/<name>.yaml`` and log ``<name>.log``.
+
+    ``watch`` defaults to the hist logs and json files under ``tmp_path/results`` (made);
+    ``extra`` are more config keys. The agent joins ``procs`` (the ``agents`` fixture,
+    which kills them at the end).
+    """
+    if watch is None:
+        results = tmp_path / "results"
+        results.mkdir(exist_ok=True)
+        watch = [f"{results}/*_clat_hist.*.log", f"{results}/*.json"]
+    text = agent_yaml(broker, watch, tmp_path / state, **extra)
+    if client_id is not None:
+        text = text.replace("keepalive: 5s}", f"keepalive: 5s, client_id: {client_id}}}")
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(text)
+    agent = AgentProcess(cfg, tmp_path / f"{name}.log")
+    procs.append(agent)
+    agent.start()
+    return agent

@@ -13,13 +13,12 @@ import asyncio
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fiomon.agent.follow import Follower, head_tells_kind
-from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, json_total_ios, subscribed
+from tests.agent.agentkit import AgentProcess, Subscriber, json_total_ios, start_agent, subscribed
 from tests.conftest import DEADLINE_S, Mosquitto, until
 
 pytestmark = pytest.mark.fio
@@ -46,25 +45,6 @@ def fio(fio_bin: str, *args: str) -> None:
 def line_samples(lines: list[str]) -> int:
     """I/Os of hist-log lines: the sum of their bins (fields after time, dir, bs)."""
     return sum(sum(int(v) for v in ln.split(",")[3:]) for ln in lines if ln.strip())
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    procs: list[AgentProcess] = []
-    yield procs
-    for p in procs:
-        p.kill()
-
-
-def start_agent(
-    broker: Mosquitto, tmp_path: Path, watch: list[str], agents: list[AgentProcess]
-) -> AgentProcess:
-    cfg = tmp_path / "agent.yaml"
-    cfg.write_text(agent_yaml(broker, watch, tmp_path / "state"))
-    agent = AgentProcess(cfg, tmp_path / "agent.log")
-    agents.append(agent)
-    agent.start()
-    return agent
 
 
 async def test_lost_positions_resend_under_the_same_ids_and_the_aggregator_drops_them(
@@ -94,14 +74,14 @@ async def test_lost_positions_resend_under_the_same_ids_and_the_aggregator_drops
     watch = [f"{results}/*.json", f"{results}/*_clat_hist.*.log"]
     positions = tmp_path / "state" / "positions.json"
     async with subscribed(mosquitto) as sub:
-        agent = start_agent(mosquitto, tmp_path, watch, agents)
+        agent = start_agent(mosquitto, tmp_path, agents, watch=watch)
         await sub.wait_for(lambda: sub.samples() >= truth)
         assert await agent.stop() == 0
         records = len(sub.seen)
         for damage in (b'{"version": 2, "streams": {"x', b""):
             positions.write_bytes(damage)
             resent = sub.duplicates
-            agent = start_agent(mosquitto, tmp_path, watch, agents)
+            agent = start_agent(mosquitto, tmp_path, agents, watch=watch)
             # Everything is read again from byte 0 and re-sent: as the same (stream, seq).
             await sub.wait_for(lambda: sub.duplicates >= resent + records)  # noqa: B023
             await until(positions.exists, what="positions saved again")
@@ -153,7 +133,7 @@ async def test_a_copy_that_diverges_from_its_original_publishes_its_own_records(
     original = logs / "a_clat_hist.1.log"
     original.write_text("".join(a))
     async with subscribed(mosquitto) as sub:
-        agent = start_agent(mosquitto, tmp_path, [f"{logs}/*_clat_hist.*.log"], agents)
+        agent = start_agent(mosquitto, tmp_path, agents, watch=[f"{logs}/*_clat_hist.*.log"])
         await sub.wait_for(lambda: sub.samples() >= line_samples(a))
         copy = logs / "copy_clat_hist.1.log"
         copy.write_text("".join(a[:keep]))  # a prefix of the original: a copy
@@ -244,7 +224,7 @@ async def follow_fio_live(
     if stdout_to is None:
         cmd.append(f"--output={out}")
     async with subscribed(mosquitto) as sub:
-        agent = start_agent(mosquitto, tmp_path, [f"{results}/*.json"], agents)
+        agent = start_agent(mosquitto, tmp_path, agents, watch=[f"{results}/*.json"])
         await sub.wait_for(lambda: sub.status)  # following before fio starts
         sink = os.open(out if stdout_to else os.devnull, os.O_WRONLY | os.O_CREAT, 0o644)
         try:

@@ -13,51 +13,16 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from fiomon.build import revision
-from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, subscribed
+from tests.agent.agentkit import AgentProcess, Subscriber, agent_yaml, start_agent, subscribed
 from tests.aggregator.test_metrics_live import git_head
 from tests.conftest import DEADLINE_S, FIXTURES, Mosquitto, free_port, until
-from tests.metricskit import parse_samples
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    procs: list[AgentProcess] = []
-    yield procs
-    for p in procs:
-        p.kill()
-
-
-def start_agent(
-    broker: Mosquitto,
-    tmp_path: Path,
-    name: str,
-    procs: list[AgentProcess],
-    *,
-    state: str = "state",
-    client_id: str | None = None,
-    **extra: str,
-) -> AgentProcess:
-    """``fiomon agent`` following ``tmp_path/results`` (its config and log named ``name``)."""
-    results = tmp_path / "results"
-    results.mkdir(exist_ok=True)
-    cfg = tmp_path / f"{name}.yaml"
-    watch = [f"{results}/*_clat_hist.*.log", f"{results}/*.json"]
-    text = agent_yaml(broker, watch, tmp_path / state, **extra)
-    if client_id is not None:
-        text = text.replace("keepalive: 5s}", f"keepalive: 5s, client_id: {client_id}}}")
-    cfg.write_text(text)
-    agent = AgentProcess(cfg, tmp_path / f"{name}.log")
-    procs.append(agent)
-    agent.start()
-    return agent
+from tests.metricskit import http_get, parse_samples
 
 
 def online_since(sub: Subscriber, m: int) -> bool:
@@ -102,7 +67,7 @@ async def test_seven_clean_stops_log_no_traceback(
         async with subscribed(mosquitto) as sub:
             for i in range(7):
                 n, m = len(sub.seen), len(sub.status)
-                agent = start_agent(mosquitto, tmp_path, f"a{i}", agents)
+                agent = start_agent(mosquitto, tmp_path, agents, f"a{i}")
                 await sub.wait_for(functools.partial(online_since, sub, m))
                 await sub.wait_for(functools.partial(more_records, sub, n + 5))
                 rc = await agent.stop(signal.SIGTERM)
@@ -186,8 +151,8 @@ async def test_two_agents_with_one_host_name_each_name_the_other(
     """
     async with subscribed(mosquitto):
         ids = ("agent-a", "agent-b") if own_ids else (None, None)
-        a = start_agent(mosquitto, tmp_path, "a", agents, state="state-a", client_id=ids[0])
-        b = start_agent(mosquitto, tmp_path, "b", agents, state="state-b", client_id=ids[1])
+        a = start_agent(mosquitto, tmp_path, agents, "a", state="state-a", client_id=ids[0])
+        b = start_agent(mosquitto, tmp_path, agents, "b", state="state-b", client_id=ids[1])
 
         def both_named() -> bool:
             ta, tb = a.log.read_text(), b.log.read_text()
@@ -207,22 +172,13 @@ async def test_two_agents_with_one_host_name_each_name_the_other(
             assert "Traceback" not in me.log.read_text()
 
 
-def http_get(port: int, path: str) -> tuple[int, str]:
-    """Status and body of ``GET http://127.0.0.1:<port><path>`` (errors included)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 async def test_agent_metrics_on_request_with_process_build_and_probes(
     mosquitto: Mosquitto, tmp_path: Path, agents: list[AgentProcess]
 ) -> None:
     """``metrics_listen``: process_*, build_info with the checkout's commit, /-/ready."""
     port = free_port()
     async with subscribed(mosquitto) as sub:
-        agent = start_agent(mosquitto, tmp_path, "a", agents, metrics_listen=f"127.0.0.1:{port}")
+        agent = start_agent(mosquitto, tmp_path, agents, "a", metrics_listen=f"127.0.0.1:{port}")
         await sub.wait_for(functools.partial(online_since, sub, 0))
 
         async def probe(path: str) -> tuple[int, str]:
@@ -298,7 +254,7 @@ async def test_takeovers_while_publishing_leave_no_traceback(
         written += n
 
     async with subscribed(mosquitto) as sub:
-        agent = start_agent(mosquitto, tmp_path, "a", agents, max_message_size="16KiB")
+        agent = start_agent(mosquitto, tmp_path, agents, "a", max_message_size="16KiB")
         await sub.wait_for(functools.partial(online_since, sub, 0))
         for k in range(25):
             append(40)  # a burst of messages to publish, PUBACK by PUBACK

@@ -4,25 +4,15 @@ broker is away, 200 in between; ``/-/healthy`` 200 throughout."""
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 
 from fiomon.aggregator.service import run_aggregator
 from fiomon.config import AggregatorConfig, BrokerConfig
 from tests.conftest import DEADLINE_S, Mosquitto, free_port
+from tests.metricskit import http_get
 
 PREFIX = "fiomonready"
 STARTING = "fiomon is not ready: starting: state restored, not yet subscribed on the broker\n"
 AWAY = "fiomon is not ready: not connected to the MQTT broker (reconnecting)\n"
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    """Status and body of ``GET http://127.0.0.1:<port><path>`` (error statuses included)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 async def answers(port: int, path: str, want: tuple[int, str]) -> None:

@@ -144,6 +144,8 @@ def rows_match_lines(rows: list[dict[str, Any]], lines_by_host: dict[str, list[L
         )
         n = len(vals)
         assert row["samples"] == n, row
+        if row["iops"] is not None:  # every I/O of these jobs moves bs=4k
+            assert row["bytes_per_second"] == pytest.approx(4096 * row["iops"])
         s = np.sort(vals)
         assert row["min_ns"] == s[0]
         assert row["max_ns"] == s[-1]

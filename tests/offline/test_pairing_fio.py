@@ -207,11 +207,16 @@ def test_hist_logs_of_zeros_beside_lat_only_bins_pair_with_nothing(
     tmp_path: Path, fio_bin: str
 ) -> None:
     """clat_percentiles=0, lat_percentiles=1: fio 3.33's json+ has lat_ns bins only and its
-    hist logs hold zeros; nothing to choose between, the stream counts every I/O."""
+    hist logs hold zeros. Its bins are total latency, never counted as clat: the default
+    (clat) asks for --latency lat, which counts every I/O from the stream."""
     job = job_file(tmp_path, iops=100, runtime=2, extra="clat_percentiles=0\nlat_percentiles=1")
     wait_fio([start_fio(fio_bin, job, tmp_path / "vm.json")])
     files = [tmp_path / "vm.json", tmp_path / "run_clat_hist.1.log"]
-    assert report_counts(*files) == {"": float(total_ios(tmp_path / "vm.json"))}
+    r = fiomon("report", *files)
+    assert r.returncode != 0
+    assert "its lat_ns bins are read with --latency lat" in r.stderr, r.stderr
+    total = float(total_ios(tmp_path / "vm.json"))
+    assert report_counts("--latency", "lat", *files) == {"": total}
 
 
 def test_a_compressed_stream_pairs_with_its_hist_log(tmp_path: Path, fio_bin: str) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,34 @@ def _shots() -> Path | None:
     return Path(folder) if folder else None
 
 
-def make_logs(folder: Path, hosts: int = 4, seconds: int = 60) -> list[Path]:
-    """Hist logs of ``hosts`` hosts; host02 is 8x slower from 20 s to 35 s."""
-    rng = np.random.default_rng(3)
+def make_logs(
+    folder: Path,
+    hosts: int = 4,
+    seconds: int = 60,
+    *,
+    seed: int = 3,
+    slow: tuple[str, int, int, float] | None = (SLOW_HOST, 20_000, 35_000, 8.0),
+    phases: Sequence[int] | None = None,
+    idle: tuple[int, int] | None = None,
+) -> list[Path]:
+    """Simulated hist logs ``hostNN_clat_hist.1.log`` of ``hosts`` hosts, 400 IOPS each.
+
+    ``slow``: ``(host, from s, to s, factor)`` relative to START_MS (default: host02 is 8x
+    slower from 20 s to 35 s); ``phases``: each host's record phase in ms (default: drawn
+    from the seeded generator); ``idle``: an epoch-ms window ``(after, up to]`` with no I/O,
+    where fio keeps writing records, all zero.
+    """
+    rng = np.random.default_rng(seed)
     model = LatencyModel(head_mean_ns=300_000, head_sd_ns=80_000, tail_share=0.05)
+    empty = np.zeros(BinLayout().nbins, np.int64)
     paths = []
     for h in range(hosts):
         name = f"host{h:02d}"
-        spec = JobSpec(name, 1, iops=400, phase_ms=int(rng.integers(0, 1000)))
-        slow = (START_MS + 20_000, START_MS + 35_000, 8.0) if name == SLOW_HOST else None
+        phase = int(rng.integers(0, 1000)) if phases is None else phases[h]
+        spec = JobSpec(name, 1, iops=400, phase_ms=phase)
+        window = None
+        if slow is not None and name == slow[0]:
+            window = (START_MS + slow[1], START_MS + slow[2], slow[3])
         path = folder / f"{name}_clat_hist.1.log"
         with path.open("w") as fh:
             for end, d, counts, _ in records(
@@ -54,9 +74,10 @@ def make_logs(folder: Path, hosts: int = 4, seconds: int = 60) -> list[Path]:
                 interval_ms=1000,
                 model=model,
                 rng=rng,
-                slow=slow,
+                slow=window,
             ):
-                fh.write(format_line(end, d, 4096, counts))
+                quiet = idle is not None and idle[0] < end <= idle[1]
+                fh.write(format_line(end, d, 4096, empty if quiet else counts))
         paths.append(path)
     return paths
 

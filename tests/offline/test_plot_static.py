@@ -40,28 +40,15 @@ def gapped_logs(folder: Path, hosts: int = 2, seconds: int = 60) -> list[Path]:
 
     host01 is 6x slower from 45 s to 52 s.
     """
-    rng = np.random.default_rng(5)
-    model = LatencyModel(head_mean_ns=300_000, head_sd_ns=80_000, tail_share=0.05)
-    empty = np.zeros(BinLayout().nbins, np.int64)
-    paths = []
-    for h in range(hosts):
-        spec = JobSpec(f"host{h:02d}", 1, iops=400, phase_ms=100 * h)
-        path = folder / f"host{h:02d}_clat_hist.1.log"
-        with path.open("w") as fh:
-            slow = (START_MS + 45_000, START_MS + 52_000, 6.0) if h == 1 else None
-            for end, d, counts, _ in records(
-                spec,
-                start_ms=START_MS,
-                seconds=seconds,
-                interval_ms=1000,
-                model=model,
-                rng=rng,
-                slow=slow,
-            ):
-                idle = GAP[0] < end <= GAP[1]
-                fh.write(format_line(end, d, 4096, empty if idle else counts))
-        paths.append(path)
-    return paths
+    return make_logs(
+        folder,
+        hosts,
+        seconds,
+        seed=5,
+        slow=("host01", 45_000, 52_000, 6.0),
+        phases=[100 * h for h in range(hosts)],
+        idle=GAP,
+    )
 
 
 def plot_doc(
