@@ -448,6 +448,10 @@ class IoLogReader:
                     break
         finally:
             self.problems = saved
+        if len(text) > HEAD_BYTES:
+            # A piece is up to 4 MiB (~100 000 lines): splitting all of it to keep 2000 lines
+            # cost 0.1 s per reader, 3 readers per file in a report.
+            text = text[:HEAD_BYTES]
         if not text.endswith(b"\n") and len(text) < HEAD_BYTES:
             text += b"\n"  # the whole file, its last line unterminated
         return _learn(text[: text.rfind(b"\n") + 1] if b"\n" in text else b"")
