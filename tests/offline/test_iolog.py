@@ -492,6 +492,32 @@ def test_a_group_reporting_stream_is_not_left_out_for_one_thread_log(
     assert "not reading" in err
 
 
+def fio_randread(fio_bin: str, folder: Path, runtime: int, *opts: str) -> None:
+    """One psync random-read job at 100 IOPS in ``folder`` writing ``p_clat.1.log`` (and
+    p_lat, p_slat); ``opts`` are more fio options."""
+    subprocess.run(
+        [
+            fio_bin,
+            "--name=j",
+            "--ioengine=psync",
+            "--rw=randread",
+            "--bs=4k",
+            "--size=1m",
+            f"--filename={folder / 'data'}",
+            "--time_based",
+            f"--runtime={runtime}",
+            "--rate_iops=100",
+            "--write_lat_log=p",
+            "--log_avg_msec=0",
+            *opts,
+        ],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+        timeout=DEADLINE_S,
+    )
+
+
 def test_a_stream_of_an_earlier_run_in_the_folder_is_not_left_out(
     tmp_path: Path, fio_bin: str
 ) -> None:
@@ -501,27 +527,12 @@ def test_a_stream_of_an_earlier_run_in_the_folder_is_not_left_out(
     out as "the same I/Os" its I/Os were counted nowhere, exit 0. Its bins' count tells.
     """
     for out, runtime in (("a.json", 1), ("b.json", 2)):
-        subprocess.run(
-            [
-                fio_bin,
-                "--name=j",
-                "--ioengine=psync",
-                "--rw=randread",
-                "--bs=4k",
-                "--size=1m",
-                f"--filename={tmp_path / 'data'}",
-                "--time_based",
-                f"--runtime={runtime}",
-                "--rate_iops=100",
-                "--write_lat_log=p",
-                "--log_avg_msec=0",
-                "--output-format=json+",
-                f"--output={tmp_path / out}",
-            ],
-            cwd=tmp_path,
-            check=True,
-            capture_output=True,
-            timeout=DEADLINE_S,
+        fio_randread(
+            fio_bin,
+            tmp_path,
+            runtime,
+            "--output-format=json+",
+            f"--output={tmp_path / out}",
         )
     log = tmp_path / "p_clat.1.log"
     assert len(read_lines(log)) == total_ios(tmp_path / "b.json") != total_ios(tmp_path / "a.json")
@@ -542,27 +553,7 @@ def test_a_hist_log_of_an_earlier_run_in_the_folder_is_not_left_out(
     nowhere (exit 0). Its count tells: a hist log lacks at most its last partial interval.
     """
     for runtime, opts in ((2, ["--write_hist_log=h", "--log_hist_msec=250"]), (1, [])):
-        subprocess.run(
-            [
-                fio_bin,
-                "--name=j",
-                "--ioengine=psync",
-                "--rw=randread",
-                "--bs=4k",
-                "--size=1m",
-                f"--filename={tmp_path / 'data'}",
-                "--time_based",
-                f"--runtime={runtime}",
-                "--rate_iops=100",
-                "--write_lat_log=p",
-                "--log_avg_msec=0",
-                *opts,
-            ],
-            cwd=tmp_path,
-            check=True,
-            capture_output=True,
-            timeout=DEADLINE_S,
-        )
+        fio_randread(fio_bin, tmp_path, runtime, *opts)
     hist = tmp_path / "h_clat_hist.1.log"
     r = fiomon("report", tmp_path / "p_clat.1.log", hist)
     assert r.returncode == 2, r.stdout
