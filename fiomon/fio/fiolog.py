@@ -51,6 +51,13 @@ _LOG_OPTION = {
 }
 
 TimeKind = Literal["epoch", "relative"]
+
+
+def time_kind_of(stamp_ms: int) -> TimeKind:
+    """Whether a fio stamp (ms) is epoch time (``log_unix_epoch=1``) or since the job started."""
+    return "epoch" if stamp_ms >= EPOCH_MS_MIN else "relative"
+
+
 I64 = npt.NDArray[np.int64]
 
 
@@ -274,7 +281,7 @@ class HistLogParser:
         for i, (stamp, d, line_no) in enumerate(
             zip(times.tolist(), dirs.tolist(), line_nos.tolist(), strict=True)
         ):
-            kind: TimeKind = "epoch" if stamp >= EPOCH_MS_MIN else "relative"
+            kind = time_kind_of(stamp)
             if d not in (0, 1, 2):
                 keep[i] = False
                 self.problems.report(

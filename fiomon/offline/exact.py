@@ -46,14 +46,14 @@ from fiomon.bins import BinLayout, plat_val_to_idx
 from fiomon.closed import ClosedQuantum, Interval
 from fiomon.confidence import rank_bounds
 from fiomon.errors import FiomonError, InputError
-from fiomon.fio.fiolog import EPOCH_MS_MIN
+from fiomon.fio.fiolog import time_kind_of
 from fiomon.fio.iolog import IoChunk, IoLogReader, LogUnit, rate_log
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import HistStats, nearest_rank, pct_key
 from fiomon.model import DIRECTION_LABELS
 from fiomon.offline.iosources import iolog_thread, is_iolog
 from fiomon.offline.quanta import QuantaOptions, QuantaReader
-from fiomon.offline.sources import REFUSED, host_labels
+from fiomon.offline.sources import REFUSED, check_one_clock, host_labels
 from fiomon.offline.spans import SpanMerger
 
 I64 = npt.NDArray[np.int64]
@@ -216,17 +216,8 @@ class ExactReader:
         if not first:
             msg = "no input file held a readable latency line"
             raise FiomonError(msg)
-        kinds = {
-            f.reader.source: "epoch" if int(c.time_ms[0]) >= EPOCH_MS_MIN else "relative"
-            for f, c in first
-        }
-        if len(set(kinds.values())) > 1:
-            listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
-            msg = (
-                f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
-                "with log_unix_epoch=1 or report them separately"
-            )
-            raise FiomonError(msg)
+        kinds = {f.reader.source: time_kind_of(int(c.time_ms[0])) for f, c in first}
+        check_one_clock(kinds)
         self.relative = "relative" in kinds.values()
         q = self.options.quantum_ms
         phase = phase_for(self.options.align, q)

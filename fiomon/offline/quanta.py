@@ -38,6 +38,7 @@ from fiomon.offline.sources import (
     REFUSED,
     FileSource,
     SourceOptions,
+    check_one_clock,
     check_refusals,
     host_labels,
 )
@@ -229,13 +230,7 @@ class QuantaReader:
         check_refusals(self.sources)
         self.layout = _common_layout(self.sources)
         kinds = {s.name: s.time_kind for s in self.sources if s.time_kind is not None}
-        if len(set(kinds.values())) > 1:
-            listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
-            msg = (
-                f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
-                "with log_unix_epoch=1 or report them separately"
-            )
-            raise FiomonError(msg)
+        check_one_clock(kinds)
         self.relative = "relative" in kinds.values()
         phase = phase_for(opts.align, opts.quantum_ms)
         if phase is None:

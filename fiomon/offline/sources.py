@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, cast
 
 from fiomon.bins import BinLayout, Unit
-from fiomon.errors import ConfigError, InputError, OverlapError
+from fiomon.errors import ConfigError, FiomonError, InputError, OverlapError
 from fiomon.fio.clientlog import ClientLogUndo, client_log_host
 from fiomon.fio.decode import InputDecoder
 from fiomon.fio.fiojson import JsonSplitter, JsonStatusParser
@@ -172,6 +172,24 @@ class FileSource:
 
 
 REFUSED = frozenset({"refused"})  # problem kinds an InputError reports instead
+
+
+def check_one_clock(kinds: Mapping[str, TimeKind], verb: str = "report") -> None:
+    """Refuse epoch-stamped and relative-time inputs together (``kinds``: per input).
+
+    Their quanta, spans and rates would mix two clocks. ``verb`` is the command's ("report",
+    "summarize") in the advice to treat them apart.
+
+    Raises:
+        FiomonError: both kinds, naming each input's.
+    """
+    if len(set(kinds.values())) > 1:
+        listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
+        msg = (
+            f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
+            f"with log_unix_epoch=1 or {verb} them separately"
+        )
+        raise FiomonError(msg)
 
 
 def check_refusals(sources: Sequence[FileSource]) -> None:

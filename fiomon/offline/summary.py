@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout, merged_layout
 from fiomon.errors import ConfigError, FiomonError, LayoutError
-from fiomon.fio.fiolog import EPOCH_MS_MIN
+from fiomon.fio.fiolog import TimeKind, time_kind_of
 from fiomon.fio.iolog import IoLogReader, iolog_kind
 from fiomon.fio.problems import ProblemLog
 from fiomon.histogram import cumulative_at, summarize
@@ -53,6 +53,7 @@ from fiomon.offline.sources import (
     REFUSED,
     FileSource,
     SourceOptions,
+    check_one_clock,
     check_refusals,
     host_labels,
 )
@@ -131,7 +132,7 @@ class _Acc:
     first_ms: int | None = None
     last_ms: int | None = None
     records: int = 0
-    clocks: dict[str, str] = field(default_factory=dict)  # per input: epoch or relative
+    clocks: dict[str, TimeKind] = field(default_factory=dict)  # per input: epoch or relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +270,7 @@ def _add(acc: dict[int, _Acc], batch: RecordBatch, layout: BinLayout) -> None:
         a.last_ms = hi if a.last_ms is None else max(a.last_ms, hi)
         for i in np.unique(sel.stream_idx).tolist():
             first = int(sel.start_ms[sel.stream_idx == i].min())
-            clock = "epoch" if first >= EPOCH_MS_MIN else "relative"
-            a.clocks.setdefault(sel.streams[i].stream, clock)
+            a.clocks.setdefault(sel.streams[i].stream, time_kind_of(first))
 
 
 def op_stats(
@@ -348,7 +348,7 @@ def summarize_run(
         )
     layout, acc = collect(paths, filters, source, problems)
     clocks = {k: v for a in acc.values() for k, v in a.clocks.items()}
-    _one_clock(clocks)
+    check_one_clock(clocks, "summarize")
     out: list[OpStats] = []
     total = _Acc(np.zeros(layout.nbins))
     for d, a in sorted(acc.items()):
@@ -372,21 +372,6 @@ def summarize_run(
         msg = "no I/O left after the filters (check --host, --job, --direction, --from, --to)"
         raise FiomonError(msg)
     return out
-
-
-def _one_clock(clocks: Mapping[str, str]) -> None:
-    """Refuse inputs of epoch stamps and of relative ones together (``clocks``: per input).
-
-    Raises:
-        FiomonError: both kinds, naming each input's.
-    """
-    if len(set(clocks.values())) > 1:  # the span, IOPS and bytes/s would mix two clocks
-        listing = ", ".join(f"{n} ({k})" for n, k in clocks.items())
-        msg = (
-            f"cannot mix epoch-stamped and relative-time inputs: {listing}; re-run fio "
-            "with log_unix_epoch=1 or summarize them separately"
-        )
-        raise FiomonError(msg)
 
 
 def _iolog_inputs(
@@ -495,13 +480,13 @@ def summarize_iologs(
     """
     chosen = _iolog_inputs(paths, filters, source, problems)
     acc = IoStatsAccumulator()
-    kinds: dict[str, str] = {}  # per file: epoch or relative stamps (its first line's)
+    kinds: dict[str, TimeKind] = {}  # per file: epoch or relative stamps (its first line's)
     for path in chosen:
         for t, v, dirs, b in _io_chunks(path, source, problems, filters):
             if t.size and str(path) not in kinds:
-                kinds[str(path)] = "epoch" if int(t[0]) >= EPOCH_MS_MIN else "relative"
+                kinds[str(path)] = time_kind_of(int(t[0]))
             acc.add(str(path), t, v, dirs, b)
-    _one_clock(kinds)
+    check_one_clock(kinds, "summarize")
     wanted = [d for d in (0, 1, 2, ALL) if d in acc.dirs and DDIR_LABELS[d] in filters.directions]
     finders = {d: RankFinder(acc.dirs[d].fine, percentiles) for d in wanted}
     edges: dict[int, F64] = {}
