@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,36 @@ def listening(ip: str, port: int) -> bool:
         if fields[1] == want and fields[3] == "0A":
             return True
     return False
+
+
+@contextlib.contextmanager
+def fio_servers(fio_bin: str, ips: Sequence[str]) -> Iterator[int]:
+    """``fio --server`` on each of ``ips`` at one free port (yielded), stopped at the end.
+
+    fio --client gives up on a server that is not listening yet (and may still exit 0 with
+    the other's results): this waits until every socket is in LISTEN.
+    """
+    servers: list[subprocess.Popen[bytes]] = []
+    port = free_port()
+    try:
+        for ip in ips:
+            servers.append(
+                subprocess.Popen(
+                    [fio_bin, f"--server=ip:{ip},{port}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for ip in ips:
+            deadline = time.monotonic() + DEADLINE_S
+            while not listening(ip, port):
+                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
+                time.sleep(0.05)
+        yield port
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(DEADLINE_S)
 
 
 def _fiomon(*args: str | Path) -> list[dict[str, Any]]:
@@ -149,24 +181,7 @@ def test_a_truncated_client_document_is_reported(tmp_path: Path) -> None:
 @pytest.mark.fio
 def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
     """fio --server on 127.0.0.2 and 127.0.0.3, one fio --client run with json+ output."""
-    servers = []
-    port = free_port()
-    try:
-        for ip in ("127.0.0.2", "127.0.0.3"):
-            servers.append(
-                subprocess.Popen(
-                    [fio_bin, f"--server=ip:{ip},{port}"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        # fio --client gives up on a server that is not listening yet (and may still exit
-        # 0 with the other's results): wait until both sockets are in LISTEN.
-        for ip in ("127.0.0.2", "127.0.0.3"):
-            deadline = time.monotonic() + DEADLINE_S
-            while not listening(ip, port):
-                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
-                time.sleep(0.05)
+    with fio_servers(fio_bin, ("127.0.0.2", "127.0.0.3")) as port:
         job = tmp_path / "job.fio"
         job.write_text(
             "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=4m\n"
@@ -180,10 +195,6 @@ def test_two_fio_servers_on_loopback(tmp_path: Path, fio_bin: str) -> None:
         cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
         assert r.returncode == 0, r.stderr
-    finally:
-        for s in servers:
-            s.terminate()
-            s.wait(DEADLINE_S)
     per_host, _ = parse(load(out))
     assert per_host == final_ios(load(out))
     assert set(per_host) == {"127.0.0.2", "127.0.0.3"}
@@ -226,23 +237,8 @@ def test_per_io_logs_of_two_fio_servers_and_one_truth(tmp_path: Path, fio_bin: s
     count); a server's hist logs are not the same I/Os as the other server's per-I/O logs
     of the same ``N`` (an error, where they were left out: half the I/Os, exit 0).
     """
-    servers = []
-    port = free_port()
     ips = ("127.0.0.2", "127.0.0.3")
-    try:
-        for ip in ips:
-            servers.append(
-                subprocess.Popen(
-                    [fio_bin, f"--server=ip:{ip},{port}"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        for ip in ips:
-            deadline = time.monotonic() + DEADLINE_S
-            while not listening(ip, port):
-                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
-                time.sleep(0.05)
+    with fio_servers(fio_bin, ips) as port:
         job = tmp_path / "job.fio"
         job.write_text(
             "[j]\nioengine=psync\nrw=randrw\nbs=4k\nsize=1m\n"
@@ -256,10 +252,6 @@ def test_per_io_logs_of_two_fio_servers_and_one_truth(tmp_path: Path, fio_bin: s
         cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
         assert r.returncode == 0, r.stderr
-    finally:
-        for s in servers:
-            s.terminate()
-            s.wait(DEADLINE_S)
     truth = final_ios(load(out))
     assert set(truth) == set(ips)
     clat = {ip: tmp_path / f"p_clat.1.log.{ip}" for ip in ips}

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import gzip
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEADLINE_S, free_port
+from tests.conftest import DEADLINE_S
 from tests.fiorun import fiomon, job_file, report_counts, start_fio, total_ios, wait_fio
-from tests.offline.test_fio_client import final_ios, listening, load
+from tests.offline.test_fio_client import final_ios, fio_servers, load
 
 pytestmark = pytest.mark.fio
 
@@ -121,23 +120,8 @@ def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str
     Their running sums are recognised by content and undone: per server, fio's total_ios
     (less the last partial interval).
     """
-    servers = []
-    port = free_port()
     ips = ("127.0.0.2", "127.0.0.3")
-    try:
-        for ip in ips:
-            servers.append(
-                subprocess.Popen(
-                    [fio_bin, f"--server=ip:{ip},{port}"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        for ip in ips:
-            deadline = time.monotonic() + DEADLINE_S
-            while not listening(ip, port):
-                assert time.monotonic() < deadline, f"fio --server on {ip}:{port} not listening"
-                time.sleep(0.05)
+    with fio_servers(fio_bin, ips) as port:
         job = job_file(tmp_path, prefix="h", rw="randrw", iops=100, runtime=3)
         cmd = [fio_bin]
         for ip in ips:
@@ -146,10 +130,6 @@ def test_fio_client_logs_filed_as_pbench_files_them(tmp_path: Path, fio_bin: str
         cmd += ["--status-interval=1", "--output-format=json+", f"--output={out}"]
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120, check=False)
         assert r.returncode == 0, r.stderr
-    finally:
-        for s in servers:
-            s.terminate()
-            s.wait(DEADLINE_S)
     truth = final_ios(load(out))
     files = []
     for ip in ips:  # as pbench-fio files them: clients/<host>/, fio's suffix removed
