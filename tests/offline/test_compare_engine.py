@@ -216,7 +216,7 @@ def test_shift_and_align_at_line_up_a_run_that_started_later(
 def test_bad_alignments_are_errors_that_say_why(runs: dict[str, Path]) -> None:
     with pytest.raises(FiomonError, match="multiple of the quantum"):
         _compare(runs["base"], runs["same"], window_ms=1500)
-    with pytest.raises(FiomonError, match="shift .* multiple of the quantum"):
+    with pytest.raises(FiomonError, match=r"shift .* multiple of the quantum"):
         _compare(runs["base"], runs["same"], shift_ms=250)
     with pytest.raises(FiomonError, match="outside the baseline run"):
         _compare(
