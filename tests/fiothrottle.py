@@ -1,0 +1,182 @@
+"""Real fio on loop devices whose reads a kernel timer paces: a device of known latency.
+
+This machine's real latencies are not repeatable from one run to the next (a loop device
+over a cached file is CPU-bound: whole-run p50 20 us in one run, 48 us in the next; the
+virtio disk under it: 115 us to 750 us), so "the same job twice" needs a device whose
+latency the kernel sets. The blkio controller (cgroup v1; this kernel has no
+device-mapper, so no dm-delay) throttles a device's reads to ``bps`` bytes per second in
+slices of 100 ms. Below one read per slice (``bps < 10 * BLOCK``) every read waits for its
+own turn: a 4 KiB read at 20,480 B/s completes 200 ms after it was issued (a timer tick
+of 4 ms either side), whatever the CPU or the disk do. Lowering the limit during a run is
+a throttled device phase (400 ms at 10,240 B/s) that starts and ends when the test says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEADLINE_S
+from tests.fiorun import start_fio, wait_fio
+
+BLKIO = Path("/sys/fs/cgroup/blkio")
+READ_BPS = BLKIO / "blkio.throttle.read_bps_device"
+BLOCK = 4096
+BASE_BPS = 20_480  # 200 ms a read (half a read per 100 ms slice)
+SLOW_BPS = 10_240  # 400 ms a read
+
+JOB = """[global]
+ioengine=psync
+rw=randread
+bs={block}
+direct=1
+time_based
+runtime={runtime}
+write_hist_log=h
+log_hist_msec=1000
+log_unix_epoch=1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A loop device of ours.
+
+    Args:
+        path: ``/dev/loopN``.
+        dev: its ``major:minor``.
+    """
+
+    path: Path
+    dev: str
+
+    def throttle(self, bps: int) -> None:
+        """Limit its reads to ``bps`` bytes per second (0: no limit)."""
+        READ_BPS.write_text(f"{self.dev} {bps}\n")
+
+
+@contextlib.contextmanager
+def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
+    """``count`` loop devices over 1 MiB files in ``folder``, each throttled to BASE_BPS.
+
+    The limits are lifted and the devices detached at the end (a later user of the same
+    device number must not inherit a limit).
+    """
+    if not READ_BPS.exists():
+        pytest.fail(f"{READ_BPS} is missing: these tests need the cgroup v1 blkio controller")
+    folder.mkdir(parents=True, exist_ok=True)
+    loops: list[Loop] = []
+    try:
+        for i in range(count):
+            backing = folder / f"loop{i}.img"
+            backing.write_bytes(os.urandom(1 << 20))
+            out = subprocess.run(
+                ["losetup", "--find", "--show", str(backing)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=DEADLINE_S,
+            )
+            path = Path(out.stdout.strip())
+            dev = (Path("/sys/block") / path.name / "dev").read_text().strip()
+            loops.append(Loop(path, dev))
+            loops[-1].throttle(BASE_BPS)
+        yield loops
+    finally:
+        for loop in loops:
+            loop.throttle(0)
+            subprocess.run(["losetup", "--detach", str(loop.path)], check=False, timeout=DEADLINE_S)
+
+
+def write_job(folder: Path, loops: Sequence[Loop], runtime: int) -> Path:
+    """A job file in ``folder``: one random-read job per loop device (hist logs h_clat_hist.N)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = JOB.format(block=BLOCK, runtime=runtime)
+    text += "".join(f"[d{i}]\nfilename={loop.path}\n" for i, loop in enumerate(loops))
+    job = folder / "job.fio"
+    job.write_text(text)
+    return job
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """When a host's devices were slow (epoch ms, each taken right at the switch)."""
+
+    on_ms: int
+    off_ms: int
+
+
+def job_runtime_ms(status: Path) -> int:
+    """The first job's runtime in the last complete json+ document of ``status`` (0: none)."""
+    try:
+        text = status.read_text()
+    except FileNotFoundError:
+        return 0
+    decoder = json.JSONDecoder()
+    pos, runtime = 0, 0
+    while (start := text.find("{", pos)) >= 0:
+        try:
+            doc, pos = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            break  # fio is still writing it
+        runtime = int(doc["jobs"][0]["job_runtime"])
+    return runtime
+
+
+def wait_runtime(status: Path, ms: int) -> None:
+    """Wait until fio's status stream says its jobs ran ``ms``."""
+    deadline = time.monotonic() + ms / 1000 + DEADLINE_S
+    while job_runtime_ms(status) < ms:
+        assert time.monotonic() < deadline, f"{status}: fio never reached {ms} ms"
+        time.sleep(0.05)
+
+
+def run_hosts(
+    fio_bin: str,
+    folder: Path,
+    hosts: Mapping[str, Sequence[Loop]],
+    *,
+    runtime: int = 30,
+    slow: tuple[str, int, int] | None = None,
+) -> Phase | None:
+    """One fio per host at once, each in ``folder/HOST`` (job.fio, out.json, hist logs).
+
+    Args:
+        fio_bin: fio.
+        folder: the run's folder.
+        hosts: each host's loop devices.
+        runtime: seconds.
+        slow: ``(host, on_ms, off_ms)``: that host's devices run at SLOW_BPS from when its
+            jobs have run ``on_ms`` until they have run ``off_ms``.
+
+    Returns:
+        When the slow phase really was, or None.
+    """
+    procs = []
+    for host, loops in hosts.items():
+        job = write_job(folder / host, loops, runtime)
+        procs.append(start_fio(fio_bin, job, folder / host / "out.json"))
+    phase = None
+    try:
+        if slow is not None:
+            host, on, off = slow
+            status = folder / host / "out.json"
+            wait_runtime(status, on)
+            for loop in hosts[host]:
+                loop.throttle(SLOW_BPS)
+            on_ms = time.time_ns() // 1_000_000
+            wait_runtime(status, off)
+            for loop in hosts[host]:
+                loop.throttle(BASE_BPS)
+            phase = Phase(on_ms, time.time_ns() // 1_000_000)
+    finally:
+        wait_fio(procs)
+    return phase

@@ -1,0 +1,192 @@
+"""``fiomon compare`` on real fio runs: the same job twice, a throttled phase, a slowed host.
+
+Two fio runs of the same jobs, one after the other (30 s each): two "hosts" (folders
+client-01 and client-02, one fio each, running at once), each reading four loop devices at
+iodepth 1. The devices' latency is set by the kernel's blkio throttle (200 ms a read, see
+:mod:`tests.fiothrottle`), because nothing else on this machine repeats from run to run.
+In the candidate, client-02's devices are throttled twice as hard from when its jobs have
+run 10 s until 20 s; the test records when (the truth the verdicts are held to). Each
+host folder also holds fio's json+ status stream of the same jobs (one-truth cases).
+
+Timeline of the candidate (aligned s; ``#`` = client-02 at 400 ms a read)::
+
+    0         10        20        30
+    |---------|#########|---------|   client-02
+    |---------|---------|---------|   client-01
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fiomon.offline.compare.model import CompareOptions, CompareResult, Verdict
+from fiomon.offline.compare.run import RunInput, run_compare
+from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.sources import SourceOptions
+from tests.fiothrottle import Phase, loop_devices, run_hosts
+
+pytestmark = pytest.mark.fio
+
+RUNTIME_S = 30
+SLOW_MS = (10_000, 20_000)  # client-02's slow phase, by its jobs' runtime
+PCTS = (50.0, 90.0, 99.0)
+HOSTS = ("client-01", "client-02")
+DEVICES_PER_HOST = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """The two runs' folders and when client-02 really was slow (epoch ms)."""
+
+    baseline: Path
+    candidate: Path
+    phase: Phase
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, fio_bin: str) -> Runs:
+    """Baseline and candidate, 30 s each; the candidate's client-02 slowed for 10 s."""
+    root = tmp_path_factory.mktemp("compare-fio")
+    with loop_devices(root / "loops", DEVICES_PER_HOST * len(HOSTS)) as loops:
+        hosts = {
+            h: loops[i * DEVICES_PER_HOST : (i + 1) * DEVICES_PER_HOST] for i, h in enumerate(HOSTS)
+        }
+        run_hosts(fio_bin, root / "baseline", hosts, runtime=RUNTIME_S)
+        phase = run_hosts(
+            fio_bin, root / "candidate", hosts, runtime=RUNTIME_S, slow=("client-02", *SLOW_MS)
+        )
+    assert phase is not None
+    return Runs(root / "baseline", root / "candidate", phase)
+
+
+def hist_logs(folder: Path) -> tuple[Path, ...]:
+    logs = tuple(sorted(folder.rglob("h_clat_hist.*.log")))
+    assert logs, f"no hist logs in {folder}"
+    return logs
+
+
+def compare(
+    baseline: Path, candidate: Path, *, window_ms: int = 10_000, per_host: bool = False
+) -> CompareResult:
+    """run_compare on the hist logs of two folders."""
+    quanta = QuantaOptions(percentiles=PCTS, per_host=per_host)
+    return run_compare(
+        RunInput("baseline", str(baseline), hist_logs(baseline), SourceOptions()),
+        RunInput("candidate", str(candidate), hist_logs(candidate), SourceOptions()),
+        CompareOptions(quanta=quanta, window_ms=window_ms),
+        io.StringIO(),
+    )
+
+
+def aligned_s(result: CompareResult, epoch_ms: int) -> float:
+    """An instant of the candidate in aligned seconds."""
+    assert not result.candidate.relative
+    return (epoch_ms - result.candidate.origin_ms) / 1000
+
+
+def windows(result: CompareResult) -> list[Verdict]:
+    return [v for v in result.verdicts if not v.whole_run]
+
+
+def span(v: Verdict) -> tuple[float, float]:
+    """A window verdict's aligned start and end, s."""
+    assert v.window_start_s is not None
+    assert v.window_end_s is not None
+    return v.window_start_s, v.window_end_s
+
+
+def within(v: Verdict, on_s: float, off_s: float) -> bool:
+    start, end = span(v)
+    return on_s <= start and end <= off_s
+
+
+def flagged(v: Verdict) -> bool:
+    return v.significant and v.ratio is not None and v.ratio > 1
+
+
+def show(vs: list[Verdict]) -> str:
+    return "\n".join(
+        f"{v.window_start_s} {v.scope} {v.host} {v.direction} p{v.percentile:g} "
+        f"{v.baseline_ns} {v.candidate_ns} ratio {v.ratio} {v.ratio_ci} {v.significant}"
+        for v in vs
+    )
+
+
+@pytest.mark.parametrize(("window_ms", "method"), [(10_000, "mover"), (2_000, "mover+bootstrap")])
+def test_the_same_job_twice_differs_in_no_whole_run_p50_or_p90(
+    runs: Runs, window_ms: int, method: str
+) -> None:
+    """client-01 ran the same jobs on the same devices in both runs: no whole-run verdict.
+
+    Its intervals are narrow enough to see a change of a few per cent, so this can fail.
+    """
+    result = compare(runs.baseline / "client-01", runs.candidate / "client-01", window_ms=window_ms)
+    whole = [v for v in result.verdicts if v.whole_run and v.percentile in (50.0, 90.0)]
+    print(show(whole))
+    assert {v.direction for v in whole} == {"read", "all"}  # every direction with I/O
+    for v in whole:
+        assert v.scope == "cluster"
+        assert v.method == method
+        assert not v.significant, show([v])
+        low, high = v.ratio_ci
+        assert low is not None
+        assert high is not None
+        assert high / low < 1.1, show([v])  # a 10 % change would be seen
+    # 4 devices x 5 reads a second x 30 s, both runs
+    assert 500 <= result.baseline.ios <= 620
+    assert 500 <= result.candidate.ios <= 620
+
+
+def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs) -> None:
+    """Cluster windows (2 s) inside client-02's slow phase: p90 up; well outside: nothing."""
+    result = compare(runs.baseline, runs.candidate, window_ms=2_000)
+    on_s, off_s = aligned_s(result, runs.phase.on_ms), aligned_s(result, runs.phase.off_ms)
+    print(f"slow phase: {on_s:.2f} .. {off_s:.2f} s (aligned)")
+    reads = [v for v in windows(result) if v.direction == "read"]
+    inside = [v for v in reads if within(v, on_s, off_s)]
+    outside = [v for v in reads if span(v)[1] <= on_s - 1 or span(v)[0] >= off_s + 1]
+    starts_in = {span(v)[0] for v in inside}
+    assert len(starts_in) >= 4, (on_s, off_s)
+    for start in starts_in:
+        tail = [v for v in inside if span(v)[0] == start and v.percentile in (90.0, 99.0)]
+        assert any(flagged(v) for v in tail), show(tail)
+    print("outside:\n" + show(outside))
+    stray = {span(v)[0] for v in outside if v.significant}
+    assert len(stray) <= 1, show([v for v in outside if v.significant])
+    assert len({span(v)[0] for v in outside}) >= 6
+
+
+def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
+    """--per-host: flagged cluster windows name client-02 first, far above its I/O share;
+    client-02's own windows are flagged in the phase, client-01's nowhere."""
+    result = compare(runs.baseline, runs.candidate, window_ms=2_000, per_host=True)
+    on_s, off_s = aligned_s(result, runs.phase.on_ms), aligned_s(result, runs.phase.off_ms)
+    assert set(result.candidate.hosts) == set(HOSTS)
+    cluster = [v for v in windows(result) if v.scope == "cluster" and flagged(v)]
+    assert cluster
+    for v in cluster:
+        top = v.hosts[0]
+        assert top.host == "client-02", show([v])
+        # client-01's 200 ms reads spread over a few bins: some land above a baseline
+        # window's p90 by chance, so a window's share is noisy; over the phase it is not.
+        assert top.share > 1.5 * top.io_share, v.hosts
+    above = {h: sum(x.above for v in cluster for x in v.hosts if x.host == h) for h in HOSTS}
+    assert above["client-02"] >= 0.8 * sum(above.values()), above
+    hosts = [v for v in windows(result) if v.scope == "host"]
+    inside = {span(v)[0] for v in hosts if within(v, on_s, off_s)}
+    slow = {
+        span(v)[0]
+        for v in hosts
+        if v.host == "client-02" and flagged(v) and v.percentile in (90.0, 99.0)
+    }
+    assert len(inside) >= 4
+    assert inside <= slow, (sorted(inside), sorted(slow))
+    others = [v for v in hosts if v.host == "client-01" and v.significant]
+    assert len({span(v)[0] for v in others}) <= 1, show(others)
+    whole_01 = [v for v in result.verdicts if v.whole_run and v.host == "client-01"]
+    assert whole_01
+    assert not any(v.significant for v in whole_01), show(whole_01)
