@@ -4,7 +4,8 @@ Two directions (read, write), the cluster and two hosts, four percentiles, six 1
 windows. The candidate's read p99 is 1.6x the baseline's in the windows starting at 20
 and 30 s (significant, ratio > 1) and its read p50 0.8x in the one at 50 s (significant,
 ratio < 1); the baseline has no write window at 20 s (a gap); p99.9's high side is
-unbounded in the read windows at 10 and 40 s and its low side in the one at 0 s.
+unbounded in the candidate's read windows at 10 and 40 s (so is the ratio's high side)
+and its low side in the one at 0 s (so is the ratio's low side).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ WINDOWS = [(float(s), float(s + 10)) for s in range(0, 60, 10)]
 SLOWER = {("read", "99", 20.0), ("read", "99", 30.0)}  # candidate 1.6x
 FASTER = {("read", "50", 50.0)}  # candidate 0.8x
 MISSING = {("baseline", "write", 20.0)}
-OPEN_HIGH = {("read", 10.0), ("read", 40.0)}  # p99.9's high side unbounded
-OPEN_LOW = {("read", 0.0)}  # p99.9's low side unbounded
+OPEN_HIGH = {("candidate", "read", 10.0), ("candidate", "read", 40.0)}  # p99.9's high side
+OPEN_LOW = {("candidate", "read", 0.0)}  # p99.9's low side
 HOSTS = ("h1", "h2")
 START_MS = 1_795_000_000_000
 
@@ -45,13 +46,13 @@ def _value(run: RunName, direction: str, key: str, start: float, wobble: float) 
     return v
 
 
-def _interval(direction: str, key: str, start: float, v: float) -> Interval:
+def _interval(run: RunName, direction: str, key: str, start: float, v: float) -> Interval:
     width = {"50": 0.03, "90": 0.05, "99": 0.12, "99.9": 0.3}[key]
     lo: float | None = v * (1 - width)
     hi: float | None = v * (1 + width)
-    if key == "99.9" and (direction, start) in OPEN_HIGH:
+    if key == "99.9" and (run, direction, start) in OPEN_HIGH:
         hi = None
-    if key == "99.9" and (direction, start) in OPEN_LOW:
+    if key == "99.9" and (run, direction, start) in OPEN_LOW:
         lo = None
     return lo, hi
 
@@ -71,7 +72,7 @@ def _points(run: RunName, direction: str, host_share: float) -> list[WindowPoint
                 ios=ios,
                 iops=ios / 10.0,
                 values_ns=values,
-                ci_ns={k: _interval(direction, k, start, v) for k, v in values.items()},
+                ci_ns={k: _interval(run, direction, k, start, v) for k, v in values.items()},
             )
         )
     return out
@@ -168,6 +169,6 @@ def hand_result(*, per_host: bool = True) -> CompareResult:
                 key = pct_key(p)
                 b, c = pts["baseline"][2], pts["candidate"][2]
                 whole.append(_verdict(b, c, key, (scope, host, direction), None))
-    windows.sort(key=lambda v: (v.window_start_s or 0.0))
+    windows.sort(key=lambda v: v.window_start_s or 0.0)
     result.verdicts = windows + whole
     return result

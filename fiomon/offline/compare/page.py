@@ -38,7 +38,13 @@ from typing import Any, Literal
 
 from fiomon.errors import PlotError
 from fiomon.histogram import pct_key
-from fiomon.offline.compare.model import CompareResult, RunInfo, Verdict, WindowPoint
+from fiomon.offline.compare.model import (
+    CompareResult,
+    RunInfo,
+    SeriesKey,
+    Verdict,
+    WindowPoint,
+)
 from fiomon.webpage import asset, colours
 
 FigureKind = Literal["html", "png", "svg"]
@@ -127,8 +133,8 @@ def document(result: CompareResult, title: str) -> dict[str, Any]:
             keys += [k for k in w.values_ns if k not in keys]
     keys.sort(key=float)
     series = [
-        _series_json(run, scope, host, direction, points, keys)
-        for (run, scope, host, direction), points in sorted(
+        _series_json(key, points, keys)
+        for key, points in sorted(
             result.series.items(), key=lambda kv: _order(kv[0][1], kv[0][2], kv[0][3], kv[0][0])
         )
     ]
@@ -182,9 +188,8 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _series_json(
-    run: str, scope: str, host: str | None, direction: str, points: list[WindowPoint], keys: list[str]
-) -> dict[str, Any]:
+def _series_json(key: SeriesKey, points: list[WindowPoint], keys: list[str]) -> dict[str, Any]:
+    run, scope, host, direction = key
     ordered = sorted(points, key=lambda w: w.start_s)
     ci = {k: [w.ci_ns.get(k, (None, None)) for w in ordered] for k in keys}
     return {
@@ -294,4 +299,3 @@ def compare_html(doc: dict[str, Any]) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
