@@ -67,12 +67,12 @@
     return isFinite(lo) ? [lo, hi] : null;
   }
 
-  /* A log axis' range around [lo, hi]: whole decades when the data spans more than one,
-     else a little padding (a narrow range gets ticks inside it). */
-  function logRange(ext) {
+  /* A log axis' range around [lo, hi]: whole decades (`decades`: latencies, labelled at
+     powers of ten), else a little padding (ratios near 1: the ends labelled). */
+  function logRange(ext, decades) {
     if (!ext) return [0.1, 10];
     var lo = ext[0], hi = ext[1];
-    if (hi / lo > 20) return [Math.pow(10, Math.floor(Math.log10(lo))), Math.pow(10, Math.ceil(Math.log10(hi)))];
+    if (decades) return [Math.pow(10, Math.floor(Math.log10(lo))), Math.pow(10, Math.ceil(Math.log10(hi)))];
     var pad = Math.max(1.08, Math.pow(hi / lo, 0.08));
     return [lo / pad, hi * pad];
   }
@@ -211,7 +211,7 @@
           c, base ? 0.08 : 0.2));
       });
     });
-    var range = logRange(extent(all));
+    var range = logRange(extent(all), true);
     var c = this.chart("latency", "");
     var kind = this.data.latency && this.data.latency !== "clat" ? " · " + this.data.latency : "";
     this.setTitle("latency", "latency percentiles, " + this.where() + kind +
@@ -223,7 +223,7 @@
       legend: { top: 0, type: "scroll", data: lines.map(function (l) { return l.name; }).concat(["candidate bands", "baseline bands"]) },
       grid: { left: 64, right: 30, top: 40, bottom: 40 },
       xAxis: this.timeAxis(),
-      yAxis: { type: "log", name: "latency (ms)", min: range[0], max: range[1],
+      yAxis: { type: "log", name: "latency (ms)", nameLocation: "middle", nameGap: 46, min: range[0], max: range[1],
                axisLabel: { formatter: function (v) { return String(Number(v.toPrecision(3))); } } },
       dataZoom: this.zoom(),
       series: lines.concat(bands),
@@ -273,7 +273,7 @@
       tooltip: { trigger: "axis", valueFormatter: fmtRatio },
       grid: { left: 64, right: 30, top: 12, bottom: 34 },
       xAxis: this.timeAxis(),
-      yAxis: { type: "log", name: "ratio", min: range[0], max: range[1],
+      yAxis: { type: "log", name: "ratio", nameLocation: "middle", nameGap: 46, min: range[0], max: range[1],
                axisLabel: { formatter: function (v) { return String(Number(v.toPrecision(2))); } } },
       dataZoom: this.zoom(),
       series: series,
@@ -304,7 +304,7 @@
       legend: { top: 0 },
       grid: { left: 64, right: 30, top: 36, bottom: 40 },
       xAxis: this.timeAxis(),
-      yAxis: { type: "value", name: "IOPS", min: 0 },
+      yAxis: { type: "value", name: "IOPS", nameLocation: "middle", nameGap: 46, min: 0 },
       dataZoom: this.zoom(),
       series: series,
     }, { notMerge: true });

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import re
@@ -15,7 +16,7 @@ import pytest
 
 from fiomon.errors import PlotError
 from fiomon.histogram import pct_key
-from fiomon.offline.compare.model import CompareResult, Verdict
+from fiomon.offline.compare.model import CompareOptions, CompareResult, Verdict
 from fiomon.offline.compare.page import (
     IMPROVEMENT_COLOUR,
     REGRESSION_COLOUR,
@@ -23,6 +24,10 @@ from fiomon.offline.compare.page import (
     figure_kind,
     write_figure,
 )
+from fiomon.offline.compare.run import RunInput, run_compare, run_files
+from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.sources import SourceOptions
+from fiomon.tools.simulate import write_cluster
 from tests.browser import Browser
 from tests.offline.compare_fixtures import hand_result
 from tests.pixels import Box, Pixels, chart_box, inked, load, near, x_of
@@ -176,29 +181,32 @@ def _column(img: Pixels, box: Box, x0: int, x1: int, rows: slice) -> Pixels:
     return box.crop(img, x0 + 3, x1 - 3)[rows]
 
 
-def _check_cluster_read(state: dict[str, Any], result: CompareResult) -> None:
-    """Every drawn number of the cluster's read charts is the result's."""
+def _check_drawn(
+    state: dict[str, Any], result: CompareResult, scope: str, host: str | None, direction: str
+) -> None:
+    """Every number the page's charts hold for one scope and direction is the result's."""
     charts = state["charts"]
-    assert state["order"] == [
-        "latency", "ratio-50", "ratio-90", "ratio-99", "ratio-99.9", "iops"
-    ]  # fmt: skip
+    keys = [pct_key(p) for p in result.options.quanta.percentiles]
+    assert state["order"] == ["latency", *(f"ratio-{k}" for k in keys), "iops"]
     lat = {s["id"]: s for s in charts["latency"]}
-    assert len(lat) == 2 * 4 * 2  # two runs x four percentiles, a line and a band each
-    for run in ("baseline", "candidate"):
-        pts = result.series[(run, "cluster", None, "read")]
+    iops = {s["id"]: s for s in charts["iops"]}
+    runs = [r for r in ("baseline", "candidate") if (r, scope, host, direction) in result.series]
+    assert runs == ["baseline", "candidate"]
+    assert len(lat) == len(runs) * len(keys) * 2  # a line and a band per run and percentile
+    for run in runs:
+        pts = result.series[(run, scope, host, direction)]  # type: ignore[index]
         start, end = [w.start_s for w in pts], [w.end_s for w in pts]
-        for k in ("50", "90", "99", "99.9"):
-            vals = [w.values_ns[k] for w in pts]
-            assert lat[f"{run}-p{k}"]["data"] == _steps(start, end, [_ms(v) for v in vals])
+        for k in keys:
+            vals = [_ms(w.values_ns.get(k)) for w in pts]
+            assert lat[f"{run}-p{k}"]["data"] == _steps(start, end, vals), (run, k)
             band = [
-                [w.start_s, w.end_s, _ms(w.ci_ns[k][0]), _ms(w.ci_ns[k][1]), _ms(w.values_ns[k])]
-                for w in pts
+                [w.start_s, w.end_s, *(_ms(x) for x in w.ci_ns.get(k, (None, None))), v]
+                for w, v in zip(pts, vals, strict=True)
             ]
-            assert lat[f"{run}-band-{k}"]["data"] == band
-        iops = {s["id"]: s for s in charts["iops"]}[f"{run}-iops"]["data"]
-        assert iops == _steps(start, end, [w.iops for w in pts])
-    for k in ("50", "90", "99", "99.9"):
-        vs = _windows(result, "cluster", None, "read", k)
+            assert lat[f"{run}-band-{k}"]["data"] == band, (run, k)
+        assert iops[f"{run}-iops"]["data"] == _steps(start, end, [w.iops for w in pts])
+    for k in keys:
+        vs = _windows(result, scope, host, direction, k)
         line, band = charts[f"ratio-{k}"]
         assert line["data"] == _steps(
             [v.window_start_s or 0.0 for v in vs],
@@ -215,11 +223,19 @@ def _check_cluster_read(state: dict[str, Any], result: CompareResult) -> None:
             if v.significant
         ]
         assert line["areas"] == want, k
+        assert state["axes"][f"ratio-{k}"]["type"] == "log"
+    assert state["axes"]["latency"]["type"] == "log"
+
+
+def _check_cluster_read(state: dict[str, Any], result: CompareResult) -> None:
+    """The hand-made result's cluster read charts: its numbers, its known verdicts."""
+    _check_drawn(state, result, "cluster", None, "read")
+    charts = state["charts"]
     assert charts["ratio-99"][0]["areas"] == [[20, 30, "slower"], [30, 40, "slower"]]
     assert charts["ratio-50"][0]["areas"] == [[50, 60, "faster"]]
-    assert state["axes"]["latency"]["type"] == "log"
-    assert state["axes"]["ratio-99"]["type"] == "log"
     assert state["axes"]["ratio-99"]["min"] < 1 < state["axes"]["ratio-99"]["max"]
+    # latencies on whole decades
+    assert (state["axes"]["latency"]["min"], state["axes"]["latency"]["max"]) == (0.1, 10)
 
 
 def test_the_page_draws_the_result_in_chromium(tmp_path: Path) -> None:
@@ -307,3 +323,67 @@ def test_the_page_draws_the_result_in_chromium(tmp_path: Path) -> None:
     assert inked(_column(img, lat, x[1], x[2], top)) > 0
     assert inked(_column(img, lat, x[2], x[3], top)) == 0
     assert math.isclose(state["axes"]["ratio-99"]["max"] / 1.6 / 1.1, 1.0, rel_tol=0.2)
+
+
+# -- a simulated comparison through the engine ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> CompareResult:
+    """Two simulated runs of 3 hosts; the candidate's client-01 3x slower from 20 to 40 s."""
+    root = tmp_path_factory.mktemp("compare-page")
+    for name, seed, slow in (("baseline", 1, 0), ("candidate", 2, 1)):
+        write_cluster(
+            root / name, hosts=3, jobs_per_host=1, seconds=60, iops=300, slow_hosts=slow,
+            slow_window_s=(20, 40), slow_factor=3.0, seed=seed,
+        )  # fmt: skip
+    runs = [
+        RunInput(name, str(root / name), tuple(run_files(str(root / name))), SourceOptions())
+        for name in ("baseline", "candidate")
+    ]
+    opts = CompareOptions(quanta=QuantaOptions(per_host=True))
+    return run_compare(runs[0], runs[1], opts, io.StringIO())
+
+
+def test_a_simulated_comparison_draws_the_engines_numbers(
+    tmp_path: Path, simulated: CompareResult
+) -> None:
+    result = simulated
+    target = tmp_path / "sim.html"
+    write_figure(result, target, "html", "client-01 3x slower")
+    assert _embedded(target.read_text()) == json.loads(
+        json.dumps(document(result, "client-01 3x slower"))
+    )
+    with Browser(1400, 2400) as b:
+        b.goto(target.as_uri())
+        state = b.state()
+        b.screenshot(tmp_path / "sim.png")
+        box, x = chart_box(b, "ratio-90"), [x_of(b, "ratio-90", t) for t in (0, 10, 20, 30, 40)]
+        scopes = b.evaluate(
+            "Array.from(document.getElementById('scope').options).map(o => o.value).join(',')"
+        )
+        b.evaluate(
+            "(function () { var s = document.getElementById('scope'); s.value = 'host:client-01';"
+            " s.dispatchEvent(new Event('change')); return 0; })()"
+        )
+        b.wait_for("window.fiomonState.draws === 2 && window.fiomonState.rendered", "client-01")
+        host = json.loads(b.evaluate("JSON.stringify(window.fiomonState)"))
+        errors = list(b.errors)
+    assert errors == []
+    assert scopes == "cluster,host:client-01,host:client-02,host:client-03"
+    _check_drawn(state, result, "cluster", None, "read")
+    _check_drawn(host, result, "host", "client-01", "read")
+    # The slow phase is what the shading says: p90 flagged slower in the windows at 20
+    # and 30 s, not in the first two.
+    areas = state["charts"]["ratio-90"][0]["areas"]
+    assert [20, 30, "slower"] in areas
+    assert [30, 40, "slower"] in areas
+    assert not [a for a in areas if a[0] < 20]
+    img = load(tmp_path / "sim.png")
+    red = _blend(REGRESSION_COLOUR, 0.16)
+    assert near(_column(img, box, x[2], x[4], slice(None)), red, 6) > 1000
+    assert near(_column(img, box, x[0], x[2], slice(None)), red, 6) == 0
+    png = tmp_path / "sim-figure.png"
+    write_figure(result, png, "png", "client-01 3x slower")
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert png.stat().st_size > 100_000
