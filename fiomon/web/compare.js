@@ -220,8 +220,11 @@
     c.setOption({
       animation: false,
       tooltip: { trigger: "axis", valueFormatter: function (v) { return v === null || v === undefined ? "-" : fmtNs(v * 1e6); } },
-      legend: { top: 0, type: "scroll", data: lines.map(function (l) { return l.name; }).concat(["candidate bands", "baseline bands"]) },
-      grid: { left: 64, right: 30, top: 40, bottom: 40 },
+      // Plain: a narrow page wraps the legend onto a second line (the grid leaves room).
+      legend: { top: 0, data: lines.map(function (l) { return l.name; }).concat([
+        { name: "candidate bands", itemStyle: { color: "#999999", opacity: 0.55 } },
+        { name: "baseline bands", itemStyle: { color: "#999999", opacity: 0.25 } }]) },
+      grid: { left: 64, right: 30, top: 58, bottom: 40 },
       xAxis: this.timeAxis(),
       yAxis: { type: "log", name: "latency (ms)", nameLocation: "middle", nameGap: 46, min: range[0], max: range[1],
                axisLabel: { formatter: function (v) { return String(Number(v.toPrecision(3))); } } },
