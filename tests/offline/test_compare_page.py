@@ -387,3 +387,52 @@ def test_a_simulated_comparison_draws_the_engines_numbers(
     write_figure(result, png, "png", "client-01 3x slower")
     assert png.read_bytes().startswith(b"\x89PNG")
     assert png.stat().st_size > 100_000
+
+
+def _band_ys(ax: Any) -> list[float]:
+    """Every y of the band polygons (fill_between) of a panel."""
+    ys: list[float] = []
+    for coll in ax.collections:
+        for path in coll.get_paths():
+            ys += [float(y) for y in path.vertices[:, 1]]
+    return ys
+
+
+def test_static_bands_are_the_intervals_and_open_sides_run_off_the_axis() -> None:
+    from fiomon.offline.compare.figure import build_figure  # noqa: PLC0415
+
+    result = hand_result(per_host=False)
+    fig = build_figure(document(result, "t"))
+    axes = {ax.get_label(): ax for ax in fig.axes}
+    assert {"lat-read", "ratio-read", "iops-read", "lat-write", "ratio-write"} <= set(axes)
+    sides = {
+        "lat-read": [
+            x / 1e6
+            for run in ("baseline", "candidate")
+            for w in result.series[(run, "cluster", None, "read")]  # type: ignore[index]
+            for ci in w.ci_ns.values()
+            for x in ci
+            if x is not None
+        ],
+        "ratio-read": [
+            x
+            for v in result.verdicts
+            if not v.whole_run and v.scope == "cluster" and v.direction == "read"
+            for x in v.ratio_ci
+            if x is not None
+        ],
+    }
+    for name, want in sides.items():
+        ax = axes[name]
+        bottom, top = ax.get_ylim()
+        ys = _band_ys(ax)
+        assert ys, name
+        assert min(ys) > 0, f"{name}: an open side drawn as 0"
+        # every band edge is an interval side of the result, or beyond the axis (open)
+        inside = [y for y in ys if bottom <= y <= top]
+        assert len(inside) > 0.8 * len(ys), f"{name}: bands off the axis (units?)"
+        assert all(any(math.isclose(y, x, rel_tol=1e-9) for x in want) for y in inside), name
+        assert any(y > top for y in ys), f"{name}: no open high side"
+        assert any(y < bottom for y in ys), f"{name}: no open low side"
+    # write has no unbounded side: its bands stay within the axis
+    assert all(axes["ratio-write"].get_ylim()[0] <= y for y in _band_ys(axes["ratio-write"]))

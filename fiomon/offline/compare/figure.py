@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from fiomon.offline.plotstatic import DPI, fmt_ms, require_matplotlib
+from fiomon.offline.plotstatic import DPI, fmt_ms, log_ticks, require_matplotlib
 from fiomon.palette import percentile_colour
 
 if TYPE_CHECKING:
@@ -78,27 +78,27 @@ def _band(
     **style: Any,
 ) -> None:
     """One band over each window with a value; an unbounded side runs past ``limits``."""
-    below, above = limits[0] / _OPEN, limits[1] * _OPEN
+    below, above = limits[0] / _OPEN, limits[1] * _OPEN  # axis units
     lo, hi = sides
     low = [
-        None if v is None else (below if x is None else x) for x, v in zip(lo, values, strict=True)
+        None if v is None else (below if x is None else x / scale)
+        for x, v in zip(lo, values, strict=True)
     ]
     high = [
-        None if v is None else (above if x is None else x) for x, v in zip(hi, values, strict=True)
+        None if v is None else (above if x is None else x / scale)
+        for x, v in zip(hi, values, strict=True)
     ]
-    x, y0 = _steps(s["start"], s["end"], [None if v is None else v * scale for v in low], scale)
-    _, y1 = _steps(s["start"], s["end"], [None if v is None else v * scale for v in high], scale)
+    x, y0 = _steps(s["start"], s["end"], low, 1.0)
+    _, y1 = _steps(s["start"], s["end"], high, 1.0)
     ax.fill_between(x, y0, y1, where=np.isfinite(y0) & np.isfinite(y1), lw=0, **style)
 
 
 def _log_axis(ax: Axes, limits: tuple[float, float], fmt: Any) -> None:
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: PLC0415
 
     ax.set_yscale("log")
     ax.set_ylim(*limits)
-    decades = np.log10(limits[1] / limits[0])
-    subs = (1.0, 2.0, 5.0) if decades > 1 else tuple(float(m) for m in range(1, 10))
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_locator(FixedLocator(log_ticks(*limits)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
