@@ -409,7 +409,7 @@ def test_static_bands_are_the_intervals_and_open_sides_run_off_the_axis() -> Non
         "lat-read": [
             x / 1e6
             for run in ("baseline", "candidate")
-            for w in result.series[(run, "cluster", None, "read")]  # type: ignore[index]
+            for w in result.series[(run, "cluster", None, "read")]
             for ci in w.ci_ns.values()
             for x in ci
             if x is not None
