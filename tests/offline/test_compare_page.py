@@ -52,8 +52,15 @@ def _steps(start: list[float], end: list[float], values: list[float | None]) -> 
     return out
 
 
+def _r(x: float | None, digits: int = 6) -> float | None:
+    """``x`` at the page's precision: latencies 6 significant digits, ratios and IOPS 5."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
 def _ms(v: float | None) -> float | None:
-    return None if v is None else v / 1e6
+    """A latency (ns) as the page draws it: at its precision, in ms."""
+    r = _r(v)
+    return None if r is None else r / 1e6
 
 
 def _windows(result: CompareResult, scope: str, host: str | None, d: str, k: str) -> list[Verdict]:
@@ -86,11 +93,11 @@ def test_the_document_holds_the_results_numbers() -> None:
         assert s["start"] == [w.start_s for w in points]
         assert s["end"] == [w.end_s for w in points]
         assert s["ios"] == [w.ios for w in points]
-        assert s["iops"] == [w.iops for w in points]
+        assert s["iops"] == [_r(w.iops, 5) for w in points]
         for k in doc["percentiles"]:
-            assert s["p"][k] == [w.values_ns[k] for w in points]
-            assert s["lo"][k] == [w.ci_ns[k][0] for w in points]
-            assert s["hi"][k] == [w.ci_ns[k][1] for w in points]
+            assert s["p"][k] == [_r(w.values_ns[k]) for w in points]
+            assert s["lo"][k] == [_r(w.ci_ns[k][0]) for w in points]
+            assert s["hi"][k] == [_r(w.ci_ns[k][1]) for w in points]
             opened += s["lo"][k].count(None) + s["hi"][k].count(None)
     assert opened == 3 * 3  # cluster, h1, h2: three open sides each, kept open (null)
     ratios = {(r["scope"], r["host"], r["direction"], r["percentile"]): r for r in doc["ratios"]}
@@ -98,9 +105,9 @@ def test_the_document_holds_the_results_numbers() -> None:
         vs = _windows(result, scope, host, d, k)
         assert r["start"] == [v.window_start_s for v in vs]
         assert r["end"] == [v.window_end_s for v in vs]
-        assert r["ratio"] == [v.ratio for v in vs]
-        assert r["lo"] == [v.ratio_ci[0] for v in vs]
-        assert r["hi"] == [v.ratio_ci[1] for v in vs]
+        assert r["ratio"] == [_r(v.ratio, 5) for v in vs]
+        assert r["lo"] == [_r(v.ratio_ci[0], 5) for v in vs]
+        assert r["hi"] == [_r(v.ratio_ci[1], 5) for v in vs]
         assert r["significant"] == [v.significant for v in vs]
     assert len(ratios) == 3 * 2 * 4
     p999 = ratios[("cluster", None, "read", "99.9")]
@@ -204,17 +211,18 @@ def _check_drawn(
                 for w, v in zip(pts, vals, strict=True)
             ]
             assert lat[f"{run}-band-{k}"]["data"] == band, (run, k)
-        assert iops[f"{run}-iops"]["data"] == _steps(start, end, [w.iops for w in pts])
+        assert iops[f"{run}-iops"]["data"] == _steps(start, end, [_r(w.iops, 5) for w in pts])
     for k in keys:
         vs = _windows(result, scope, host, direction, k)
         line, band = charts[f"ratio-{k}"]
         assert line["data"] == _steps(
             [v.window_start_s or 0.0 for v in vs],
             [v.window_end_s or 0.0 for v in vs],
-            [v.ratio for v in vs],
+            [_r(v.ratio, 5) for v in vs],
         )
         assert band["data"] == [
-            [v.window_start_s, v.window_end_s, v.ratio_ci[0], v.ratio_ci[1], v.ratio] for v in vs
+            [v.window_start_s, v.window_end_s, *(_r(x, 5) for x in (*v.ratio_ci, v.ratio))]
+            for v in vs
         ]
         assert line["markLines"] == [1]
         want = [
@@ -431,7 +439,7 @@ def test_static_bands_are_the_intervals_and_open_sides_run_off_the_axis() -> Non
         # every band edge is an interval side of the result, or beyond the axis (open)
         inside = [y for y in ys if bottom <= y <= top]
         assert len(inside) > 0.8 * len(ys), f"{name}: bands off the axis (units?)"
-        assert all(any(math.isclose(y, x, rel_tol=1e-9) for x in want) for y in inside), name
+        assert all(any(math.isclose(y, x, rel_tol=1e-4) for x in want) for y in inside), name
         assert any(y > top for y in ys), f"{name}: no open high side"
         assert any(y < bottom for y in ys), f"{name}: no open low side"
     # write has no unbounded side: its bands stay within the axis
