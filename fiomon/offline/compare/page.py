@@ -22,8 +22,9 @@ the data cannot bound (``None``) is drawn open: the band runs to the axis' edge,
 0 or to a made-up number.
 
 The embedded document (``{"version": 1, ...}``, see :func:`document`) holds the result's
-numbers at the jsonl's precision (latencies 6 significant digits, ratios 5, IOPS 5: an
-hour of 10 s windows of 16 hosts stays a few MB), ``null`` for unknown values.
+numbers at the jsonl's precision (latencies 6 significant digits, ratios 5, IOPS 5),
+``null`` for unknown values. Nothing is down-sampled: an hour of 10 s windows of 16 hosts
+in three directions makes a page of about 9.5 MB (1.1 MB of it ECharts).
 """
 
 from __future__ import annotations
