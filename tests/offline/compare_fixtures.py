@@ -71,6 +71,7 @@ def _points(run: RunName, direction: str, host_share: float) -> list[WindowPoint
                 end_s=end,
                 ios=ios,
                 iops=ios / 10.0,
+                covered_s=10.0,
                 values_ns=values,
                 ci_ns={k: _interval(run, direction, k, start, v) for k, v in values.items()},
             )

@@ -357,3 +357,14 @@ def test_trimmed_hist_sums_equal_full_sums() -> None:
     g = Hist()
     g.add_trimmed(h)
     assert g.lo == h.lo and np.array_equal(g.counts, h.counts)
+
+
+def test_first_and_last_windows_a_run_covers_in_part_are_marked(runs: dict[str, Path]) -> None:
+    """The simulated runs last 60 s from their hosts' phases: the 60-70 s window holds the
+    last fraction of a second; every full window is not partial."""
+    result = _compare(runs["base"], runs["same"])
+    windows = [v for v in result.verdicts if not v.whole_run]
+    assert {v.window_start_s for v in windows if v.partial} == {60.0}
+    assert all(not v.partial for v in windows if (v.window_end_s or 0) <= 60)
+    assert not any(v.partial for v in result.verdicts if v.whole_run)
+    assert all(v.to_json()["partial"] is v.partial for v in result.verdicts)
