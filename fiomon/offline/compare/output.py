@@ -148,7 +148,7 @@ def _header(
     result: CompareResult, level: str, windows: Sequence[Verdict], whole: Sequence[Verdict]
 ) -> list[str]:
     opts = result.options
-    lines = [f"{r.name}: {_run_line(r)}" for r in (result.baseline, result.candidate)]
+    lines = [x for r in (result.baseline, result.candidate) for x in _run_lines(r)]
     window_s = opts.window_ms / 1000
     lines.append(
         f"windows of {window_s:g} s of aligned time (0 = each run's alignment point); "
@@ -171,7 +171,8 @@ def _header(
     return lines
 
 
-def _run_line(r: RunInfo) -> str:
+def _run_lines(r: RunInfo) -> list[str]:
+    """What the run was (spec, files, I/Os, hosts) and where its aligned 0 is."""
     hosts = f"{len(r.hosts)} host{'s' if len(r.hosts) != 1 else ''}"
     if r.hosts and len(r.hosts) <= TOP_HOSTS:
         hosts += f" ({', '.join(r.hosts)})"
@@ -179,11 +180,11 @@ def _run_line(r: RunInfo) -> str:
     offset_s = (r.origin_ms - r.start_ms) / 1000
     if r.relative:
         start = "relative stamps (no wall clock)"
-        origin = f"+{offset_s:g} s" if offset_s else "its start"
+        origin = f"{offset_s:+g} s after its start" if offset_s else "its start"
     else:
         start = f"start {_local(r.start_ms)}"
         origin = f"{_local(r.origin_ms)} ({offset_s:+g} s)" if offset_s else "its start"
-    return f"{r.spec} ({files}, {r.ios:,} I/Os, {hosts}, {start}); 0 = {origin}"
+    return [f"{r.name}: {r.spec}: {files}, {r.ios:,} I/Os, {hosts}", f"  {start}; 0 = {origin}"]
 
 
 def _local(epoch_ms: int) -> str:
