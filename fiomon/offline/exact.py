@@ -386,7 +386,9 @@ class ExactReader:
             covered_s = (hi - lo) / 1000.0
             stats = self._stats(v)
             # spans (--target-error) merge the histograms of every row
-            keep_hist = opts.target_error is not None or (opts.keep_hists and host is None)
+            keep_hist = opts.target_error is not None or (
+                opts.keep_hists and (host is None or opts.keep_host_hists)
+            )
             rows.append(
                 ClosedQuantum(
                     start_ms=start,

@@ -65,6 +65,8 @@ class QuantaOptions:
         max_span_ms: longest span (reaching it is flagged in ``target_met``).
         workers: parsing threads; 0: one per core, at most 2, at most one per file.
         keep_hists: keep each cluster row's merged histogram (:attr:`ClosedQuantum.hist`).
+        keep_host_hists: with ``keep_hists``, host rows keep theirs too (``fiomon compare``
+            attributes a tail to hosts).
         run: ``--run``: fio output's rows carry this run label (:attr:`ClosedQuantum.runs`);
             a quanta file's rows are kept only when they name it.
         latency: the latency read (``--latency``); the rows do not carry it, the writers'
@@ -84,6 +86,7 @@ class QuantaOptions:
     max_span_ms: int = 60_000
     workers: int = 0
     keep_hists: bool = False
+    keep_host_hists: bool = False
     run: str | None = None
     latency: LatencyKind = "clat"
 
@@ -246,7 +249,8 @@ class QuantaReader:
             confidence_level=opts.confidence_level,
             # Spans are merged from each quantum's histogram.
             keep_hists=opts.keep_hists or opts.target_error is not None,
-            keep_host_hists=opts.target_error is not None,
+            keep_host_hists=opts.target_error is not None
+            or (opts.keep_hists and opts.keep_host_hists),
         )
         self._merger = (
             None

@@ -1,0 +1,350 @@
+"""One run's fio output read into aligned windows of merged histograms.
+
+The rows come from the report's own engine (:func:`fiomon.offline.report.run_report` with
+a sink), so a window holds exactly the I/Os of the ``fiomon report`` rows of its quanta:
+the same one-truth choice of inputs, the same quantum grid, the same problems reported.
+The sink keeps, per scope (cluster, each host), direction and window, the sum of the rows'
+histograms, trimmed to their non-empty bins (a window costs a few KB, not fio's 1,856
+bins per row), with the I/Os and the seconds the records covered (for IOPS).
+
+Aligned time: window ``k`` covers ``[origin + k w, origin + (k + 1) w)`` of the run's own
+ms, with ``origin`` on the run's quantum grid, so a quantum never straddles two windows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from fiomon.bins import BinLayout
+from fiomon.closed import ClosedQuantum, Scope
+from fiomon.errors import FiomonError
+from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
+from fiomon.offline.quanta import QuantaOptions
+from fiomon.offline.quantafiles import all_quanta_files
+from fiomon.offline.report import ReportOptions, run_report
+from fiomon.offline.sources import SourceOptions
+
+F64 = npt.NDArray[np.float64]
+Key = tuple[Scope, str | None, str]
+"""``(scope, host or None, direction)``."""
+
+
+class Hist:
+    """A histogram kept over its non-empty columns only (``lo`` is the first one's bin)."""
+
+    __slots__ = ("counts", "lo")
+
+    def __init__(self) -> None:
+        self.lo = 0
+        self.counts: F64 = np.zeros(0)
+
+    def add(self, hist: npt.NDArray[np.generic]) -> None:
+        """Add a full-layout histogram."""
+        nz = np.flatnonzero(hist)
+        if not len(nz):
+            return
+        a, b = int(nz[0]), int(nz[-1]) + 1
+        if not len(self.counts):
+            self.lo, self.counts = a, np.asarray(hist[a:b], dtype=np.float64).copy()
+            return
+        lo, hi = min(a, self.lo), max(b, self.lo + len(self.counts))
+        if lo != self.lo or hi != self.lo + len(self.counts):
+            grown = np.zeros(hi - lo)
+            grown[self.lo - lo : self.lo - lo + len(self.counts)] = self.counts
+            self.lo, self.counts = lo, grown
+        self.counts[a - self.lo : b - self.lo] += np.asarray(hist[a:b], dtype=np.float64)
+
+    def add_trimmed(self, other: Hist) -> None:
+        """Add another trimmed histogram of the same layout."""
+        if not len(other.counts):
+            return
+        full = np.zeros(other.lo + len(other.counts))
+        full[other.lo :] = other.counts
+        self.add(full)
+
+    @property
+    def total(self) -> float:
+        """The I/Os it holds."""
+        return float(self.counts.sum())
+
+
+@dataclass(slots=True)
+class Window:
+    """One window of one scope and direction."""
+
+    hist: Hist = field(default_factory=Hist)
+    ios: int = 0
+    covered_s: float = 0.0
+
+
+@dataclass(slots=True)
+class RunWindows:
+    """One run in windows: per key, per window index, the merged histogram.
+
+    Args:
+        info: the run (files, hosts, alignment).
+        layout: its bin layout.
+        windows: per :data:`Key`, per window index (negative before an ``--align-at``
+            point), the window.
+        quantum_ms: the quantum the rows were closed in.
+    """
+
+    info: RunInfo
+    layout: BinLayout
+    windows: dict[Key, dict[int, Window]]
+    quantum_ms: int
+
+
+class _WindowSink:
+    """The rows' sink: sums each row's histogram into its window (a :class:`RowWriter`)."""
+
+    def __init__(self, layout: BinLayout, relative: bool, place: _Placer) -> None:
+        self.layout, self.relative, self.place = layout, relative, place
+        self.windows: dict[Key, dict[int, Window]] = {}
+        self.first_ms: int | None = None
+        self.last_ms: int | None = None
+        self.ios = 0
+
+    def write(self, rows: Sequence[ClosedQuantum]) -> None:
+        for r in rows:
+            if r.hist is None:
+                msg = (
+                    "no histograms in the rows (averaged latency logs, log_avg_msec > 0, hold "
+                    "one mean per window): compare needs percentiles"
+                )
+                raise FiomonError(msg)
+            if self.first_ms is None:
+                self.first_ms = r.start_ms
+                self.place.start(r.start_ms, self.relative)
+            self.last_ms = r.end_ms if self.last_ms is None else max(self.last_ms, r.end_ms)
+            k = self.place.window(r.start_ms)
+            w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
+            w.hist.add(r.hist)
+            n = round(r.stats.samples)
+            w.ios += n
+            if r.iops:
+                w.covered_s += r.stats.samples / r.iops
+            if r.scope == "cluster" and r.direction not in ("all",):
+                self.ios += n
+
+    def close(self) -> None:
+        return None
+
+
+class _Placer:
+    """Maps a row's start (the run's own ms) to its window index, once the origin is known."""
+
+    def __init__(
+        self,
+        name: RunName,
+        window_ms: int,
+        quantum_ms: int,
+        shift_ms: int,
+        point: AlignPoint | None,
+    ) -> None:
+        self.name, self.window_ms, self.quantum_ms = name, window_ms, quantum_ms
+        self.shift_ms, self.point = shift_ms, point
+        self.origin_ms = 0
+        self.note: str | None = None
+
+    def start(self, first_ms: int, relative: bool) -> None:
+        """Fix the origin from the run's first quantum start."""
+        target = first_ms + self.shift_ms
+        p = self.point
+        if p is not None and p.offset_ms is not None:
+            target = first_ms + p.offset_ms
+        elif p is not None and p.epoch_ms is not None:
+            if relative:
+                msg = (
+                    f"--align-at {self.name}: a wall-clock time, but the {self.name}'s logs "
+                    "have relative stamps (log_unix_epoch=0): give an offset from its start "
+                    "instead, e.g. +95s"
+                )
+                raise FiomonError(msg)
+            target = p.epoch_ms
+            if target < TIME_OF_DAY_FLAG // 2:
+                target = time_of_day_at(target - TIME_OF_DAY_FLAG, first_ms)
+        # On the run's quantum grid, so that no quantum straddles two windows.
+        steps = round((target - first_ms) / self.quantum_ms)
+        self.origin_ms = first_ms + steps * self.quantum_ms
+        if self.origin_ms != target:
+            self.note = (
+                f"the {self.name}'s alignment point moved {self.origin_ms - target:+d} ms "
+                f"onto its quantum grid ({self.quantum_ms} ms)"
+            )
+
+    def window(self, start_ms: int) -> int:
+        return (start_ms - self.origin_ms) // self.window_ms
+
+
+def read_run(
+    name: RunName,
+    *,
+    spec: str,
+    files: Sequence[Path],
+    source: SourceOptions,
+    opts: CompareOptions,
+    err: TextIO = sys.stderr,
+) -> tuple[RunWindows, list[str]]:
+    """Read one run into windows; returns them and the notes for the reader.
+
+    Raises:
+        FiomonError: quanta files, averaged logs, no I/O, or an impossible alignment.
+    """
+    if all_quanta_files(files):
+        msg = (
+            f"{name} {spec}: quanta files hold closed rows, not histograms; compare reads "
+            "fio's logs (hist logs, json+ streams, per-I/O latency logs)"
+        )
+        raise FiomonError(msg)
+    q: QuantaOptions = dataclasses.replace(
+        opts.quanta,
+        source=source,
+        per_host=True,  # host histograms: per-host attribution, and --per-host lines
+        keep_hists=True,
+        keep_host_hists=True,
+        target_error=None,
+    )
+    shift = opts.shift_ms if name == "candidate" else 0
+    point = None if opts.align_at is None else opts.align_at[0 if name == "baseline" else 1]
+    placer = _Placer(name, opts.window_ms, q.quantum_ms, shift, point)
+    holder: list[_WindowSink] = []
+
+    def sink(layout: BinLayout, relative: bool) -> _WindowSink:
+        s = _WindowSink(layout, relative, placer)
+        holder.append(s)
+        return s
+
+    prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
+    summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    if not holder or holder[0].first_ms is None or summary.records == 0:
+        msg = f"{name} {spec}: no I/O in the directions compared"
+        raise FiomonError(msg)
+    s = holder[0]
+    hosts = sorted({h for (_, h, _) in s.windows if h is not None})
+    info = RunInfo(
+        name=name,
+        spec=spec,
+        files=tuple(files),
+        ios=s.ios,
+        hosts=tuple(hosts),
+        relative=s.relative,
+        origin_ms=placer.origin_ms,
+        start_ms=s.first_ms or 0,
+        end_ms=s.last_ms or 0,
+        late_records=summary.late_records,
+    )
+    if point is not None and not info.start_ms <= placer.origin_ms <= info.end_ms:
+        span = f"{_when(info.start_ms, info.relative)} .. {_when(info.end_ms, info.relative)}"
+        msg = (
+            f"--align-at {name}: the point ({_when(placer.origin_ms, info.relative)}) is "
+            f"outside the {name} run ({span})"
+        )
+        raise FiomonError(msg)
+    notes = [placer.note] if placer.note else []
+    return RunWindows(info, s.layout, s.windows, q.quantum_ms), notes
+
+
+class _Prefixed(io.TextIOBase):
+    """Writes each line to ``err`` with the run's name in front (which run a problem is in)."""
+
+    def __init__(self, err: TextIO, prefix: str) -> None:
+        self.err, self.prefix = err, prefix
+        self._at_start = True
+
+    def write(self, s: str) -> int:
+        for part in s.splitlines(keepends=True):
+            line = part
+            if self._at_start and line.startswith("fiomon: "):
+                line = "fiomon: " + self.prefix + line[len("fiomon: ") :]
+            self.err.write(line)
+            self._at_start = line.endswith("\n")
+        return len(s)
+
+    def isatty(self) -> bool:
+        return self.err.isatty()
+
+    def flush(self) -> None:
+        self.err.flush()
+
+
+def parse_align_at(text: str) -> tuple[AlignPoint, AlignPoint]:
+    """``baseline=T,candidate=T`` (see ``fiomon compare --help``).
+
+    T is ``+DURATION`` from the run's start (``+95s``, ``+2m``), a wall-clock time of day
+    ``HH:MM[:SS[.fff]]`` in the local time zone (the date comes later, from the run), or an
+    ISO 8601 date and time (with an offset, or local).
+
+    Raises:
+        ValueError: malformed; the message says what is expected.
+    """
+    from fiomon.units import parse_duration_ms  # noqa: PLC0415
+
+    got: dict[str, AlignPoint] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name.strip() not in ("baseline", "candidate") or not value.strip():
+            msg = f"--align-at wants baseline=T,candidate=T, got {text!r}"
+            raise ValueError(msg)
+        value = value.strip()
+        if value.startswith("+"):
+            try:
+                got[name.strip()] = AlignPoint(offset_ms=parse_duration_ms(value[1:], what=name))
+            except Exception as exc:  # ConfigError: its own message
+                msg = f"--align-at {name.strip()}: {exc}"
+                raise ValueError(msg) from None
+            continue
+        got[name.strip()] = AlignPoint(epoch_ms=_wall_ms(name.strip(), value))
+    if set(got) != {"baseline", "candidate"}:
+        msg = f"--align-at wants both baseline=T and candidate=T, got {text!r}"
+        raise ValueError(msg)
+    return got["baseline"], got["candidate"]
+
+
+TIME_OF_DAY_FLAG = -(1 << 62)
+"""Added to a time of day's ms (since local midnight) until a run's date resolves it."""
+
+
+def _wall_ms(name: str, value: str) -> int:
+    try:
+        t = dt.time.fromisoformat(value)
+    except ValueError:
+        pass
+    else:
+        ms = ((t.hour * 60 + t.minute) * 60 + t.second) * 1000 + t.microsecond // 1000
+        return TIME_OF_DAY_FLAG + ms
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        msg = (
+            f"--align-at {name}={value}: not a time (HH:MM:SS, an ISO date and time, or "
+            "+DURATION from the run's start)"
+        )
+        raise ValueError(msg) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as the clock on the wall
+    return int(when.timestamp() * 1000)
+
+
+def time_of_day_at(tod_ms: int, first_ms: int) -> int:
+    """The first instant at or after the run's start (less a minute) at that time of day."""
+    first = dt.datetime.fromtimestamp(first_ms / 1000).astimezone()
+    midnight = first.replace(hour=0, minute=0, second=0, microsecond=0)
+    at = int(midnight.timestamp() * 1000) + tod_ms
+    return at if at >= first_ms - 60_000 else at + 86_400_000
+
+
+def _when(ms: int, relative: bool) -> str:
+    if relative:
+        return f"{ms / 1000:g} s"
+    return dt.datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
