@@ -8,16 +8,16 @@ judges; :mod:`fiomon.offline.compare.output` prints; ``-o`` draws
 (:mod:`fiomon.offline.compare.page`).
 
 Times given to ``--align-at``: ``HH:MM:SS[.fff]`` is a wall-clock time in this machine's
-time zone (``TZ=UTC fiomon compare ...`` for UTC) on the date the run starts (the next day
-if that is more than an hour before its start: a run past midnight); an ISO datetime
-without a zone is local too; ``+95s`` / ``+1m30s`` is an offset from the run's start.
+time zone (``TZ=UTC fiomon compare ...`` for UTC) on the date the run covers (resolved by
+the engine from the run's first stamp: :func:`fiomon.offline.compare.windows.time_of_day_at`);
+an ISO datetime without a zone is local too; ``+95s`` / ``+1m30s`` is an offset from the
+run's start. A wall-clock time on relative-stamped logs is refused by the engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import datetime as dt
 import importlib
 import re
@@ -37,14 +37,12 @@ if TYPE_CHECKING:
         RunName,
     )
     from fiomon.offline.compare.run import RunInput
-    from fiomon.offline.quanta import QuantaOptions
 
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 FORMATS = ("table", "jsonl", "csv")
 WINDOW = "10s"
 RUNS: tuple[RunName, RunName] = ("baseline", "candidate")
-_PAST_MIDNIGHT_MS = 3_600_000  # a time of day this long before a run's start is the next day's
 
 EPILOG = """\
 runs:
@@ -366,8 +364,7 @@ def _options(args: argparse.Namespace, baseline: RunInput, candidate: RunInput) 
     """The flags as :class:`CompareOptions` (``--align-at`` resolved against each run).
 
     Raises:
-        UsageError: the runs read other latencies, a wall-clock --align-at on
-            relative-stamped logs (and what :func:`_check_flags` refuses).
+        UsageError: the runs read other latencies (and what :func:`_check_flags` refuses).
     """
     from fiomon.model import DEFAULT_PERCENTILES, DIRECTIONS  # noqa: PLC0415
     from fiomon.offline.compare.model import CompareOptions  # noqa: PLC0415
@@ -393,10 +390,7 @@ def _options(args: argparse.Namespace, baseline: RunInput, candidate: RunInput) 
     )
     align_at = None
     if args.align_at is not None:
-        align_at = (
-            _align_point(args.align_at["baseline"], baseline, quanta),
-            _align_point(args.align_at["candidate"], candidate, quanta),
-        )
+        align_at = (align_point(args.align_at["baseline"]), align_point(args.align_at["candidate"]))
     return CompareOptions(
         quanta=quanta, window_ms=args.window, shift_ms=args.shift, align_at=align_at
     )
@@ -428,65 +422,13 @@ def _check_flags(args: argparse.Namespace) -> tuple[Align, int]:
     return align, quantum
 
 
-def _align_point(when: When, run: RunInput, quanta: QuantaOptions) -> AlignPoint:
-    """``when`` for ``run``: a wall-clock time needs the run's epoch stamps (and its date).
-
-    Raises:
-        UsageError: a wall-clock time for a run whose logs have relative stamps.
-        FiomonError: the run cannot be read.
-    """
-    from fiomon.fio.fiolog import time_kind_of  # noqa: PLC0415
+def align_point(when: When) -> AlignPoint:
+    """``when`` as the engine takes it (a time of day is resolved on the run's date there)."""
     from fiomon.offline.compare.model import AlignPoint  # noqa: PLC0415
+    from fiomon.offline.compare.windows import TIME_OF_DAY_FLAG  # noqa: PLC0415
 
     if when.offset_ms is not None:
         return AlignPoint(offset_ms=when.offset_ms)
-    start_ms = _first_start_ms(run, quanta)
-    if start_ms is None:
-        msg = f"{run.name} {run.spec}: no I/O to place --align-at {run.name}={when.text} in"
-        raise FiomonError(msg)
-    if time_kind_of(start_ms) == "relative":
-        msg = (
-            f"--align-at {run.name}={when.text}: a wall-clock time, but the {run.name}'s logs "
-            "have relative stamps (fio's log_unix_epoch=0): give an offset from its start, "
-            "such as +95s"
-        )
-        raise UsageError([msg])
     if when.time_of_day_ms is not None:
-        return AlignPoint(epoch_ms=on_run_date(when.time_of_day_ms, start_ms))
+        return AlignPoint(epoch_ms=TIME_OF_DAY_FLAG + when.time_of_day_ms)
     return AlignPoint(epoch_ms=when.epoch_ms)
-
-
-def on_run_date(time_of_day_ms: int, start_ms: int) -> int:
-    """A local time of day on the date a run starts at ``start_ms`` (epoch ms), as epoch ms.
-
-    The next day's when the start date's is more than an hour before the start (the run
-    went past midnight).
-    """
-    start = dt.datetime.fromtimestamp(start_ms / 1000, tz=dt.UTC).astimezone()
-    day = start.replace(hour=0, minute=0, second=0, microsecond=0)
-    when = day + dt.timedelta(milliseconds=time_of_day_ms)
-    if when.timestamp() * 1000 < start_ms - _PAST_MIDNIGHT_MS:
-        when += dt.timedelta(days=1)
-    return round(when.timestamp() * 1000)
-
-
-def _first_start_ms(run: RunInput, quanta: QuantaOptions) -> int | None:
-    """The start of the run's first quantum (its own clock), from the first chunk read."""
-    from fiomon.offline.quanta import iter_quanta  # noqa: PLC0415
-
-    one = dataclasses.replace(
-        quanta,
-        source=run.source,
-        directions=("all",),
-        percentiles=(50.0,),
-        per_host=False,
-        workers=quanta.workers,
-    )
-    rows = iter_quanta(run.files, one)
-    try:
-        first = next(rows, None)
-    finally:
-        close = getattr(rows, "close", None)  # a generator: stop reading the other files
-        if close is not None:
-            close()
-    return None if first is None else first.start_ms

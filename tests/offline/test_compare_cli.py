@@ -14,8 +14,13 @@ import csv
 import datetime as dt
 import io
 import json
+import os
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,20 @@ import pytest
 
 from fiomon.cli import main
 from fiomon.offline.compare.model import CompareOptions, CompareResult, HostShare, RunInfo, Verdict
-from fiomon.offline.compare.output import CSV_COLUMNS, write_csv, write_jsonl, write_table
+from fiomon.offline.compare.output import (
+    CSV_COLUMNS,
+    csv_row,
+    write_csv,
+    write_jsonl,
+    write_table,
+)
+from fiomon.offline.compare.windows import TIME_OF_DAY_FLAG
+from fiomon.offline.output import scaled
 from fiomon.offline.quanta import QuantaOptions
-from fiomon.tools.comparecmd import duration_ms, on_run_date, parse_when
+from fiomon.tools.comparecmd import When, align_point, duration_ms, parse_when
+from tests.conftest import DEADLINE_S
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_795_347_290_000  # 2026-11-22 11:34:50 UTC
 
 
@@ -259,14 +274,14 @@ def test_align_at_times_are_offsets_wall_clock_times_or_iso_datetimes() -> None:
         assert parse_when(bad) is None, bad
 
 
-@pytest.mark.usefixtures("utc")
-def test_a_time_of_day_is_on_the_run_s_date_or_the_next_after_midnight() -> None:
-    day = int(dt.datetime(2026, 11, 22, tzinfo=dt.UTC).timestamp() * 1000)
-    hms = 12 * 3_600_000 + 3 * 60_000 + 10_000  # 12:03:10
-    assert on_run_date(hms, day + 11 * 3_600_000) == day + hms  # a run from 11:00
-    assert on_run_date(hms, day + 12 * 3_600_000 + 30 * 60_000) == day + hms  # from 12:30
-    # A run that started at 23:50: 00:05 is the next day's.
-    assert on_run_date(5 * 60_000, day + 23 * 3_600_000 + 50 * 60_000) == day + 86_400_000 + 300_000
+def test_align_at_times_become_the_engine_s_align_points() -> None:
+    when = parse_when("00:00:01.250")
+    assert when is not None
+    point = align_point(when)  # a time of day, dated by the engine from the run's stamps
+    assert point.epoch_ms is not None
+    assert point.epoch_ms - TIME_OF_DAY_FLAG == 1250
+    assert align_point(When("+2m", offset_ms=120_000)).offset_ms == 120_000
+    assert align_point(When("iso", epoch_ms=T0)).epoch_ms == T0
 
 
 # -- bad calls that the flags alone decide (exit 2, before any file is read) ----------------
@@ -301,3 +316,238 @@ def test_bad_flags_are_usage_errors_naming_the_flag(
     assert message in err
     assert "Traceback" not in err
     assert "missing-a" not in err  # decided before the runs are looked at
+
+
+# -- real fio: the README's command on two runs, and the refusals -----------------------------
+
+JOB = """[global]
+ioengine=psync
+rw=randread
+bs=4k
+size=1m
+filename={data}
+time_based
+runtime={runtime}
+rate_iops=300
+log_hist_msec=1000
+log_unix_epoch={epoch}
+{extra}
+[j]
+"""
+RUNTIME_S = 12
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Two 12 s runs of one job (``runs/before``, ``runs/after``) and a 3 s odd one."""
+
+    cwd: Path
+    relative_hist: Path  # log_unix_epoch=0
+    averaged_lat: Path  # log_avg_msec=500
+
+
+@pytest.fixture(scope="module")
+def runs(fio_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The job files sit beside the runs' folders, not in them (a folder is read whole)."""
+    cwd = tmp_path_factory.mktemp("compare")
+    procs = []
+    for name, runtime, epoch, extra in [
+        ("before", RUNTIME_S, 1, ""),
+        ("after", RUNTIME_S, 1, ""),
+        ("odd", 3, 0, "write_lat_log=avg\nlog_avg_msec=500\n"),
+    ]:
+        folder = cwd / "runs" / name
+        folder.mkdir(parents=True)
+        job = cwd / f"{name}.fio"
+        data = cwd / f"{name}.data"
+        more = f"write_hist_log={name}\n{extra}"
+        job.write_text(JOB.format(data=data, runtime=runtime, epoch=epoch, extra=more))
+        cmd = [fio_bin, str(job), f"--output={cwd / name}.out"]
+        procs.append(subprocess.Popen(cmd, cwd=folder, stderr=subprocess.PIPE))
+    for p in procs:
+        _, err = p.communicate(timeout=RUNTIME_S * 10)
+        assert p.returncode == 0, err
+    odd = cwd / "runs" / "odd"
+    return Runs(cwd, odd / "odd_clat_hist.1.log", odd / "avg_clat.1.log")
+
+
+def readme_command() -> list[str]:
+    """The first ``fiomon compare`` command of the README's "Comparing two runs"."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Comparing two runs", 1)[1].split("\n## ", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("fiomon compare "))
+    return shlex.split(line.split(" # ")[0])[1:]
+
+
+def compare(runs: Runs, *args: str, tz: str = "UTC") -> subprocess.CompletedProcess[str]:
+    """``fiomon compare ARGS`` in the runs' folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "fiomon", *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 2,
+        check=False,
+        cwd=runs.cwd,
+        env={**os.environ, "TZ": tz, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def ok(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    return r.stdout
+
+
+KEYS = {
+    "window_start_s": (float, type(None)),
+    "window_end_s": (float, type(None)),
+    "direction": (str,),
+    "percentile": (float,),
+    "baseline_ns": (float, type(None)),
+    "candidate_ns": (float, type(None)),
+    "ratio": (float, type(None)),
+    "ratio_ci": (list,),
+    "significant": (bool,),
+    "scope": (str,),
+    "host": (str, type(None)),
+    "baseline_ci_ns": (list,),
+    "candidate_ci_ns": (list,),
+    "baseline_ios": (int,),
+    "candidate_ios": (int,),
+    "method": (str,),
+    "hosts": (list,),
+}
+
+
+def test_the_readme_command_prints_what_was_compared_and_the_whole_run(runs: Runs) -> None:
+    argv = readme_command()
+    assert argv[-2:] == ["runs/before", "runs/after"]
+    text = ok(compare(runs, *argv))
+    lines = text.splitlines()
+    assert lines[0].startswith("# baseline: runs/before: 1 file, ")
+    assert any(x.startswith("# candidate: runs/after: 1 file, ") for x in lines[:6])
+    assert "# windows of 10 s of aligned time" in text
+    # The whole-run block: one line per direction and percentile, the jsonl's values.
+    whole = text.split("\n\n")[1].splitlines()
+    assert whole[0].startswith("whole run")
+    objs = [json.loads(x) for x in ok(compare(runs, *argv, "--format", "jsonl")).splitlines()]
+    expect = [o for o in objs if o["window_start_s"] is None]
+    assert len(whole) - 2 == len(expect) == 2 * 4  # read and all x 50, 90, 99, 99.9
+    for row, o in zip(whole[2:], expect, strict=True):
+        cells = row.split()
+        assert cells[:2] == [o["direction"], f"p{o['percentile']:g}"]
+        assert cells[2:4] == [scaled(o["baseline_ns"]), scaled(o["candidate_ns"])]
+        assert cells[-1] == (
+            "-" if not o["significant"] else "worse" if o["ratio"] > 1 else "better"
+        )
+    assert any(x.startswith("# ") and "window verdicts at 95 %: about" in x for x in lines[-6:])
+
+
+def test_jsonl_lines_carry_the_keys_with_their_types_windows_in_time_order(runs: Runs) -> None:
+    r = compare(runs, "--window", "2s", "--format", "jsonl", "runs/before", "runs/after")
+    objs = [json.loads(x) for x in ok(r).splitlines()]
+    for o in objs:
+        assert list(o) == list(KEYS)
+        for key, types in KEYS.items():
+            assert isinstance(o[key], types), (key, o[key])
+        assert len(o["ratio_ci"]) == len(o["baseline_ci_ns"]) == 2
+    windows = [o for o in objs if o["window_start_s"] is not None]
+    whole = [o for o in objs if o["window_start_s"] is None]
+    assert objs == windows + whole  # windows first
+    starts = [o["window_start_s"] for o in windows]
+    assert starts == sorted(starts)
+    assert len(set(starts)) >= RUNTIME_S // 2 - 1  # 2 s windows over 12 s runs
+    assert all(o["window_end_s"] - o["window_start_s"] == 2.0 for o in windows)
+    assert all(o["window_start_s"] % 2 == 0 for o in windows)
+    assert {(o["direction"], o["percentile"]) for o in whole} == {
+        (d, p) for d in ("read", "all") for p in (50.0, 90.0, 99.0, 99.9)
+    }
+    assert all(o["window_end_s"] is None and o["scope"] == "cluster" for o in whole)
+    for o in windows:  # 300 IOPS: every 2 s window of both runs holds I/O
+        assert o["baseline_ios"] > 0 and o["candidate_ios"] > 0, o
+        assert o["ratio"] == pytest.approx(o["candidate_ns"] / o["baseline_ns"], rel=1e-4)
+
+
+def test_csv_parses_to_the_jsonl_numbers(runs: Runs) -> None:
+    args = ("--window", "4s", "runs/before", "runs/after")
+    objs = [json.loads(x) for x in ok(compare(runs, *args, "--format", "jsonl")).splitlines()]
+    rows = list(csv.DictReader(io.StringIO(ok(compare(runs, *args, "--format", "csv")))))
+    assert len(rows) == len(objs) > 8
+    for row, o in zip(rows, objs, strict=True):
+        assert row == csv_row(o)
+        for key in ("baseline_ns", "candidate_ns", "ratio"):
+            assert (float(row[key]) if row[key] else None) == o[key]
+
+
+def test_all_prints_every_window(runs: Runs) -> None:
+    args = ("--window", "4s", "--percentiles", "50,99", "--directions", "read")
+    text = ok(compare(runs, *args, "--all", "runs/before", "runs/after"))
+    block = text.split("\n\n")[2].splitlines()
+    objs = ok(compare(runs, *args, "--format", "jsonl", "runs/before", "runs/after"))
+    n = sum(1 for x in objs.splitlines() if json.loads(x)["window_start_s"] is not None)
+    assert block[0].startswith(f"every window ({n} verdicts")
+    assert len(block) == n + 2
+
+
+def test_align_at_a_wall_clock_time_moves_the_baseline_s_zero(runs: Runs) -> None:
+    objs = [
+        json.loads(x)
+        for x in ok(compare(runs, "--format", "jsonl", "runs/before", "runs/after")).splitlines()
+    ]
+    assert objs
+    first = next(
+        int(line.split(",")[0])
+        for line in (runs.cwd / "runs/before/before_clat_hist.1.log").read_text().splitlines()
+    )
+    at = dt.datetime.fromtimestamp(first / 1000 + 4, tz=dt.UTC).strftime("%H:%M:%S")
+    text = ok(
+        compare(runs, "--align-at", f"baseline={at},candidate=+4s", "runs/before", "runs/after")
+    )
+    head = text.split("\n\n")[0]
+    assert "0 = its start" not in head  # both moved about 4 s, onto their quantum grids
+    assert head.count(" s)\n") == 2, head
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["runs/nothing", "runs/after"], 1, "runs/nothing: no such file or folder"),
+        (["runs/before/*.nolog", "runs/after"], 1, "runs/before/*.nolog: no file matches"),
+        (["q.jsonl", "runs/after"], 2, "baseline q.jsonl: q.jsonl: a quanta file"),
+        (["runs/after", "AVG"], 1, "averaged"),
+        (["--align-at", "baseline=+0s,candidate=12:00:00", "runs/after", "REL"], 1,
+         "--align-at candidate: a wall-clock time, but the candidate's logs have relative"),
+        (["--window", "2500ms", "runs/before", "runs/after"], 2,
+         "--window 2.5s is not a multiple of --quantum 1s"),
+        (["-o", "cmp.jpg", "runs/before", "runs/after"], 2, "the extension must be .html"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_message_and_an_exit_code(
+    runs: Runs, args: list[str], code: int, message: str
+) -> None:
+    quanta = runs.cwd / "q.jsonl"
+    if not quanta.exists():
+        quanta.write_text(_report_jsonl(runs))
+    args = [
+        str(runs.averaged_lat) if a == "AVG" else str(runs.relative_hist) if a == "REL" else a
+        for a in args
+    ]
+    r = compare(runs, *args)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def _report_jsonl(runs: Runs) -> str:
+    log = "runs/before/before_clat_hist.1.log"
+    r = subprocess.run(
+        [sys.executable, "-m", "fiomon", "report", "--format", "jsonl", log],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=runs.cwd,
+        timeout=DEADLINE_S,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return r.stdout

@@ -107,7 +107,8 @@ def write_table(result: CompareResult, out: TextIO, *, all_windows: bool = False
     for line in _header(result, level, windows, whole):
         out.write(_comment(line))
     out.write("\n")
-    table = _Table(level, show_host=show_host)
+    # Hosts carrying a regression say something only when the candidate has several.
+    table = _Table(level, show_host=show_host, attribute=len(result.candidate.hosts) > 1)
     out.write(f"whole run ({_span(windows)}):\n")
     if whole:
         out.write(table.render(whole, window=False))
@@ -227,9 +228,10 @@ def _footer(result: CompareResult, windows: Sequence[Verdict], table: _Table) ->
 class _Table:
     """Aligned verdict lines; remembers what the footer must explain."""
 
-    def __init__(self, level: str, *, show_host: bool) -> None:
+    def __init__(self, level: str, *, show_host: bool, attribute: bool = True) -> None:
         self.level = level
         self.show_host = show_host
+        self.attribute = attribute
         self.unbounded = False
         self.named_hosts = False
 
@@ -244,7 +246,7 @@ class _Table:
             "ratio",
             f"{self.level} CI",
             "verdict",
-            *(["hosts"] if window else []),
+            *(["hosts"] if window and self.attribute else []),
         ]
         rows = [heads] + [self._cells(v, window=window) for v in verdicts]
         widths = [max(len(r[i]) for r in rows) for i in range(len(heads))]
@@ -273,7 +275,7 @@ class _Table:
             self._interval(v.ratio_ci) if v.ratio is not None else "-",
             verdict,
         ]
-        if window:
+        if window and self.attribute:
             cells.append(self._hosts(v))
         return cells
 
