@@ -356,7 +356,7 @@ def _run_input(args: argparse.Namespace, name: RunName) -> RunInput:
     try:
         paths, source = cli._read_inputs(one, "compare")
     except UsageError as exc:  # say which run
-        raise UsageError([f"{name} {spec}: {p}" for p in exc.problems]) from None
+        raise UsageError([f"{name}: {p}" for p in exc.problems]) from None
     return RunInput(name=name, spec=spec, files=tuple(paths), source=source)
 
 

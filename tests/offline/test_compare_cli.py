@@ -372,17 +372,17 @@ def runs(fio_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 def readme_command() -> list[str]:
-    """The first ``fiomon compare`` command of the README's "Comparing two runs"."""
+    """The first ``fiomon compare`` command of the README's "Comparing two runs" (its args)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Comparing two runs", 1)[1].split("\n## ", 1)[0]
     line = next(x for x in section.splitlines() if x.startswith("fiomon compare "))
-    return shlex.split(line.split(" # ")[0])[1:]
+    return shlex.split(line.split(" # ")[0])[2:]
 
 
 def compare(runs: Runs, *args: str, tz: str = "UTC") -> subprocess.CompletedProcess[str]:
     """``fiomon compare ARGS`` in the runs' folder."""
     return subprocess.run(
-        [sys.executable, "-m", "fiomon", *args],
+        [sys.executable, "-m", "fiomon", "compare", *args],
         capture_output=True,
         text=True,
         timeout=DEADLINE_S * 2,
@@ -504,8 +504,10 @@ def test_align_at_a_wall_clock_time_moves_the_baseline_s_zero(runs: Runs) -> Non
         compare(runs, "--align-at", f"baseline={at},candidate=+4s", "runs/before", "runs/after")
     )
     head = text.split("\n\n")[0]
-    assert "0 = its start" not in head  # both moved about 4 s, onto their quantum grids
+    # The baseline's 0 is 4 s after its first stamp, the end of its first 1 s record (so
+    # 5 s after its start, or 4 s where the grid is nearer); the candidate's 4 s after its start.
     assert head.count(" s)\n") == 2, head
+    assert "(+4 s)\n# windows" in head, head
 
 
 @pytest.mark.parametrize(
@@ -513,7 +515,7 @@ def test_align_at_a_wall_clock_time_moves_the_baseline_s_zero(runs: Runs) -> Non
     [
         (["runs/nothing", "runs/after"], 1, "runs/nothing: no such file or folder"),
         (["runs/before/*.nolog", "runs/after"], 1, "runs/before/*.nolog: no file matches"),
-        (["q.jsonl", "runs/after"], 2, "baseline q.jsonl: q.jsonl: a quanta file"),
+        (["q.jsonl", "runs/after"], 2, "baseline: q.jsonl: a quanta file"),
         (["runs/after", "AVG"], 1, "averaged"),
         (["--align-at", "baseline=+0s,candidate=12:00:00", "runs/after", "REL"], 1,
          "--align-at candidate: a wall-clock time, but the candidate's logs have relative"),
