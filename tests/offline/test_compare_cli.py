@@ -553,3 +553,13 @@ def _report_jsonl(runs: Runs) -> str:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     return r.stdout
+
+
+def test_o_draws_the_page_and_still_prints_the_verdicts(runs: Runs) -> None:
+    """-o needs :mod:`fiomon.offline.compare.page` (helper "page"'s branch)."""
+    r = compare(runs, "--format", "jsonl", "-o", "cmp.html", "runs/before", "runs/after")
+    assert json.loads(ok(r).splitlines()[0])["window_start_s"] == 0.0
+    assert "fiomon compare: wrote cmp.html" in r.stderr
+    page = (runs.cwd / "cmp.html").read_text()
+    assert page.lstrip().lower().startswith("<!doctype html")
+    assert "runs/before vs runs/after" in page  # the default title
