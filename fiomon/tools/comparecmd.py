@@ -361,7 +361,7 @@ def _run_input(args: argparse.Namespace, name: RunName) -> RunInput:
 
 
 def _options(args: argparse.Namespace, baseline: RunInput, candidate: RunInput) -> CompareOptions:
-    """The flags as :class:`CompareOptions` (``--align-at`` resolved against each run).
+    """The flags as :class:`CompareOptions` (the engine dates ``--align-at``'s times of day).
 
     Raises:
         UsageError: the runs read other latencies (and what :func:`_check_flags` refuses).
