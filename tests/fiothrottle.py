@@ -96,14 +96,13 @@ def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
             subprocess.run(["losetup", "--detach", str(loop.path)], check=False, timeout=DEADLINE_S)
 
 
-def write_job(folder: Path, loops: Sequence[Loop], runtime: int) -> Path:
-    """A job file in ``folder``: one random-read job per loop device (hist logs h_clat_hist.N)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def write_job(path: Path, loops: Sequence[Loop], runtime: int) -> Path:
+    """A job file: one random-read job per loop device (hist logs h_clat_hist.N)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     text = JOB.format(block=BLOCK, runtime=runtime)
     text += "".join(f"[d{i}]\nfilename={loop.path}\n" for i, loop in enumerate(loops))
-    job = folder / "job.fio"
-    job.write_text(text)
-    return job
+    path.write_text(text)
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +146,10 @@ def run_hosts(
     runtime: int = 30,
     slow: tuple[str, int, int] | None = None,
 ) -> Phase | None:
-    """One fio per host at once, each in ``folder/HOST`` (job.fio, out.json, hist logs).
+    """One fio per host at once, each in ``folder/HOST`` (out.json and the hist logs).
+
+    The job files go beside ``folder`` (``folder.jobs/HOST.fio``): a run folder holds only
+    fio's output, as ``fiomon compare FOLDER`` reads every file in it.
 
     Args:
         fio_bin: fio.
@@ -162,8 +164,10 @@ def run_hosts(
     """
     procs = []
     for host, loops in hosts.items():
-        job = write_job(folder / host, loops, runtime)
-        procs.append(start_fio(fio_bin, job, folder / host / "out.json"))
+        out = folder / host
+        out.mkdir(parents=True, exist_ok=True)
+        job = write_job(folder.with_name(f"{folder.name}.jobs") / f"{host}.fio", loops, runtime)
+        procs.append(start_fio(fio_bin, job, out / "out.json", cwd=out))
     phase = None
     try:
         if slow is not None:

@@ -18,16 +18,20 @@ Timeline of the candidate (aligned s; ``#`` = client-02 at 400 ms a read)::
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from fiomon.cli import build_parser
 from fiomon.offline.compare.model import CompareOptions, CompareResult, Verdict
-from fiomon.offline.compare.run import RunInput, run_compare
+from fiomon.offline.compare.run import RunInput, run_compare, run_files
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.sources import SourceOptions
-from tests.fiothrottle import Phase, loop_devices, run_hosts
+from fiomon.tools import comparecmd
+from tests.fiorun import fiomon, report_counts, total_ios
+from tests.fiothrottle import BASE_BPS, BLOCK, Phase, loop_devices, run_hosts
 
 pytestmark = pytest.mark.fio
 
@@ -36,6 +40,7 @@ SLOW_MS = (10_000, 20_000)  # client-02's slow phase, by its jobs' runtime
 PCTS = (50.0, 90.0, 99.0)
 HOSTS = ("client-01", "client-02")
 DEVICES_PER_HOST = 4
+SOURCES = ("json", "hist", "both")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,15 @@ def within(v: Verdict, on_s: float, off_s: float) -> bool:
     return on_s <= start and end <= off_s
 
 
+def chance(verdicts: list[Verdict]) -> int:
+    """How many of ``verdicts`` may be flagged by chance alone: 1 in 20 at 95 %, rounded up.
+
+    Not a formality: this machine's timers also slip now and then (a window of the
+    baseline whose p90 was 290 ms for one host, the others' 204 ms).
+    """
+    return math.ceil(len(verdicts) / 20)
+
+
 def flagged(v: Verdict) -> bool:
     return v.significant and v.ratio is not None and v.ratio > 1
 
@@ -155,8 +169,8 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
         tail = [v for v in inside if span(v)[0] == start and v.percentile in (90.0, 99.0)]
         assert any(flagged(v) for v in tail), show(tail)
     print("outside:\n" + show(outside))
-    stray = {span(v)[0] for v in outside if v.significant}
-    assert len(stray) <= 1, show([v for v in outside if v.significant])
+    stray = [v for v in outside if v.significant]
+    assert len(stray) <= chance(outside), show(stray)
     assert len({span(v)[0] for v in outside}) >= 6
 
 
@@ -175,8 +189,8 @@ def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
         # window's p90 by chance, so a window's share is noisy; over the phase it is not.
         assert top.share > 1.5 * top.io_share, v.hosts
     above = {h: sum(x.above for v in cluster for x in v.hosts if x.host == h) for h in HOSTS}
-    assert above["client-02"] >= 0.8 * sum(above.values()), above
-    hosts = [v for v in windows(result) if v.scope == "host"]
+    assert above["client-02"] >= 0.65 * sum(above.values()), above  # it does 1/3 of the I/Os
+    hosts = [v for v in windows(result) if v.scope == "host" and v.direction == "read"]
     inside = {span(v)[0] for v in hosts if within(v, on_s, off_s)}
     slow = {
         span(v)[0]
@@ -185,8 +199,41 @@ def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
     }
     assert len(inside) >= 4
     assert inside <= slow, (sorted(inside), sorted(slow))
-    others = [v for v in hosts if v.host == "client-01" and v.significant]
-    assert len({span(v)[0] for v in others}) <= 1, show(others)
+    others = [v for v in hosts if v.host == "client-01"]
+    stray = [v for v in others if v.significant]
+    assert len(stray) <= chance(others), show(stray)
     whole_01 = [v for v in result.verdicts if v.whole_run and v.host == "client-01"]
     assert whole_01
     assert not any(v.significant for v in whole_01), show(whole_01)
+
+
+def compare_cli(baseline: Path, candidate: Path, *flags: str) -> CompareResult:
+    """What ``fiomon compare BASELINE CANDIDATE FLAGS`` computes (its own reading of runs)."""
+    args = build_parser().parse_args(["compare", str(baseline), str(candidate), *flags])
+    b, c = (comparecmd._run_input(args, name) for name in ("baseline", "candidate"))
+    return run_compare(b, c, comparecmd._options(args, b, c), io.StringIO())
+
+
+def test_a_run_folder_with_both_views_counts_each_io_once(runs: Runs) -> None:
+    """json+ streams and the hist logs of the same jobs in one folder: report's --source rules."""
+    folders = {"baseline": runs.baseline, "candidate": runs.candidate}
+    refused = fiomon("compare", runs.baseline, runs.candidate)
+    by_report = fiomon("report", *run_files(str(runs.baseline)))
+    assert refused.returncode == by_report.returncode == 2, refused.stderr
+    for r in (refused, by_report):
+        assert "describe the same I/Os twice" in r.stderr
+        assert "--source json" in r.stderr
+    ios = {s: compare_cli(runs.baseline, runs.candidate, "--source", s) for s in SOURCES}
+    per_job_second = BASE_BPS // BLOCK  # reads a second of one job, at most
+    for name, folder in folders.items():
+        got = {s: getattr(result, name).ios for s, result in ios.items()}
+        print(name, got)
+        files = run_files(str(folder))
+        for s in SOURCES:
+            counted = report_counts("--source", s, *files)
+            assert got[s] == round(sum(counted.values())), (s, counted)
+        assert got["json"] == sum(total_ios(folder / h / "out.json") for h in HOSTS)
+        assert got["both"] == got["json"] + got["hist"]
+        # fio never writes a job's last partial second to its hist log
+        jobs = DEVICES_PER_HOST * len(HOSTS)
+        assert got["json"] - jobs * per_job_second <= got["hist"] <= got["json"]
