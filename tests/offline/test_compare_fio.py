@@ -160,6 +160,9 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
     result = compare(runs.baseline, runs.candidate, window_ms=2_000)
     on_s, off_s = aligned_s(result, runs.phase.on_ms), aligned_s(result, runs.phase.off_ms)
     print(f"slow phase: {on_s:.2f} .. {off_s:.2f} s (aligned)")
+    # the switch follows fio's status stream (a document a second), so a little late
+    assert 10 <= on_s <= 13
+    assert off_s - on_s == pytest.approx(10, abs=0.5)
     reads = [v for v in windows(result) if v.direction == "read"]
     inside = [v for v in reads if within(v, on_s, off_s)]
     outside = [v for v in reads if span(v)[1] <= on_s - 1 or span(v)[0] >= off_s + 1]
