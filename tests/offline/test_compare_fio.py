@@ -178,21 +178,26 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
 
 
 def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
-    """--per-host: flagged cluster windows name client-02 first, far above its I/O share;
-    client-02's own windows are flagged in the phase, client-01's nowhere."""
+    """--per-host: the flagged cluster windows name client-02, far above its I/O share.
+
+    client-02's own windows are flagged in the phase; client-01's no more than by chance.
+    """
     result = compare(runs.baseline, runs.candidate, window_ms=2_000, per_host=True)
     on_s, off_s = aligned_s(result, runs.phase.on_ms), aligned_s(result, runs.phase.off_ms)
     assert set(result.candidate.hosts) == set(HOSTS)
     cluster = [v for v in windows(result) if v.scope == "cluster" and flagged(v)]
-    assert cluster
-    for v in cluster:
+    in_phase = [v for v in cluster if within(v, on_s, off_s)]
+    assert len({span(v)[0] for v in in_phase}) >= 4
+    for v in in_phase:
         top = v.hosts[0]
         assert top.host == "client-02", show([v])
         # client-01's 200 ms reads spread over a few bins: some land above a baseline
-        # window's p90 by chance, so a window's share is noisy; over the phase it is not.
+        # window's p90 by chance (a fifth of them at most), so client-02's share is
+        # about 20 / (20 + 40 / 5), not 1, while it does a third of the I/Os.
         assert top.share > 1.5 * top.io_share, v.hosts
+    # every flagged window, the phase's edges too (client-02 half slow there)
     above = {h: sum(x.above for v in cluster for x in v.hosts if x.host == h) for h in HOSTS}
-    assert above["client-02"] >= 0.65 * sum(above.values()), above  # it does 1/3 of the I/Os
+    assert above["client-02"] >= 0.65 * sum(above.values()), above
     hosts = [v for v in windows(result) if v.scope == "host" and v.direction == "read"]
     inside = {span(v)[0] for v in hosts if within(v, on_s, off_s)}
     slow = {
