@@ -113,29 +113,43 @@ class Phase:
     off_ms: int
 
 
-def job_runtime_ms(status: Path) -> int:
-    """The first job's runtime in the last complete json+ document of ``status`` (0: none)."""
-    try:
-        text = status.read_text()
-    except FileNotFoundError:
-        return 0
-    decoder = json.JSONDecoder()
-    pos, runtime = 0, 0
-    while (start := text.find("{", pos)) >= 0:
+class StatusStream:
+    """fio's json+ status stream as it grows: its jobs' runtime so far.
+
+    Args:
+        path: the ``--output`` file of ``--output-format=json+ --status-interval=N``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.read_to = 0  # end of the last whole document
+        self.runtime_ms = 0
+
+    def poll(self) -> int:
+        """The first job's runtime in the newest whole document (0 before the first)."""
         try:
-            doc, pos = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            break  # fio is still writing it
-        runtime = int(doc["jobs"][0]["job_runtime"])
-    return runtime
+            with self.path.open("rb") as fh:
+                fh.seek(self.read_to)
+                text = fh.read().decode("latin-1")  # one character a byte: offsets agree
+        except FileNotFoundError:
+            return 0
+        decoder = json.JSONDecoder()
+        pos = 0
+        while (start := text.find("{", pos)) >= 0:
+            try:
+                doc, pos = decoder.raw_decode(text, start)
+            except json.JSONDecodeError:
+                break  # fio is still writing it
+            self.runtime_ms = int(doc["jobs"][0]["job_runtime"])
+        self.read_to += pos
+        return self.runtime_ms
 
-
-def wait_runtime(status: Path, ms: int) -> None:
-    """Wait until fio's status stream says its jobs ran ``ms``."""
-    deadline = time.monotonic() + ms / 1000 + DEADLINE_S
-    while job_runtime_ms(status) < ms:
-        assert time.monotonic() < deadline, f"{status}: fio never reached {ms} ms"
-        time.sleep(0.05)
+    def wait(self, ms: int) -> None:
+        """Wait until the jobs have run ``ms``."""
+        deadline = time.monotonic() + ms / 1000 + DEADLINE_S
+        while self.poll() < ms:
+            assert time.monotonic() < deadline, f"{self.path}: fio never reached {ms} ms"
+            time.sleep(0.05)
 
 
 def run_hosts(
@@ -172,12 +186,12 @@ def run_hosts(
     try:
         if slow is not None:
             host, on, off = slow
-            status = folder / host / "out.json"
-            wait_runtime(status, on)
+            status = StatusStream(folder / host / "out.json")
+            status.wait(on)
             for loop in hosts[host]:
                 loop.throttle(SLOW_BPS)
             on_ms = time.time_ns() // 1_000_000
-            wait_runtime(status, off)
+            status.wait(off)
             for loop in hosts[host]:
                 loop.throttle(BASE_BPS)
             phase = Phase(on_ms, time.time_ns() // 1_000_000)
