@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import math
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from fiomon.offline.sources import SourceOptions
 from fiomon.tools import comparecmd
 from tests.fiorun import fiomon, report_counts, total_ios
 from tests.fiothrottle import BASE_BPS, BLOCK, Phase, loop_devices, run_hosts
+from tests.offline.test_fio_client import final_ios, fio_servers, load
 
 pytestmark = pytest.mark.fio
 
@@ -232,7 +234,9 @@ def test_a_run_folder_with_both_views_counts_each_io_once(runs: Runs) -> None:
         assert "describe the same I/Os twice" in r.stderr
         assert "--source json" in r.stderr
     ios = {s: compare_cli(runs.baseline, runs.candidate, "--source", s) for s in SOURCES}
-    per_job_second = BASE_BPS // BLOCK  # reads a second of one job, at most
+    # fio never writes a job's last partial interval (1 s) to its hist log: 5 reads a
+    # job at most, one more when a read ends on a timer tick at the interval's edge
+    per_job_second = BASE_BPS // BLOCK + 1
     for name, folder in folders.items():
         got = {s: getattr(result, name).ios for s, result in ios.items()}
         print(name, got)
@@ -242,6 +246,54 @@ def test_a_run_folder_with_both_views_counts_each_io_once(runs: Runs) -> None:
             assert got[s] == round(sum(counted.values())), (s, counted)
         assert got["json"] == sum(total_ios(folder / h / "out.json") for h in HOSTS)
         assert got["both"] == got["json"] + got["hist"]
-        # fio never writes a job's last partial second to its hist log
         jobs = DEVICES_PER_HOST * len(HOSTS)
         assert got["json"] - jobs * per_job_second <= got["hist"] <= got["json"]
+
+
+CLIENT_JOB = """[j]
+ioengine=psync
+rw=randread
+bs=4k
+size=4m
+filename={data}
+time_based
+runtime=4
+rate_iops=100
+write_hist_log=h
+log_hist_msec=1000
+log_unix_epoch=1
+"""
+
+
+def test_a_client_server_run_counts_each_server_s_ios_once(tmp_path: Path, fio_bin: str) -> None:
+    """fio --client to two servers: its json+ document and the hist logs it wrote per server."""
+    run = tmp_path / "run"
+    run.mkdir()
+    job = tmp_path / "job.fio"
+    job.write_text(CLIENT_JOB.format(data=tmp_path / "data"))
+    servers = ("127.0.0.2", "127.0.0.3")
+    with fio_servers(fio_bin, servers) as port:
+        cmd = [fio_bin]
+        for ip in servers:
+            cmd += [f"--client=ip:{ip},{port}", str(job)]
+        cmd += ["--status-interval=1", "--output-format=json+", "--output=out.json"]
+        r = subprocess.run(cmd, cwd=run, capture_output=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stderr
+    assert len(list(run.glob("h_clat_hist.1.log.*"))) == len(servers)
+    truth = final_ios(load(run / "out.json"))  # per server, fio's own totals
+    assert set(truth) == set(servers)
+    files = run_files(str(run))
+    ios = {}
+    for s in SOURCES:
+        result = compare_cli(run, run, "--source", s, "--per-host", "--window", "1s")
+        assert set(result.baseline.hosts) == set(servers)
+        ios[s] = result.baseline.ios
+        assert ios[s] == round(sum(report_counts("--source", s, *files).values()))
+        whole = [v for v in result.verdicts if v.whole_run and v.scope == "host"]
+        assert {v.host for v in whole} == set(servers)
+        assert all(v.ratio == 1 for v in whole)
+    print(truth, ios)
+    assert ios["json"] == sum(truth.values())
+    assert ios["both"] == ios["json"] + ios["hist"]
+    # fio --client writes no server's last interval (1 s at 100 IOPS, rate catching up)
+    assert ios["json"] - len(servers) * 110 <= ios["hist"] < ios["json"]
