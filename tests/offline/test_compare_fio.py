@@ -211,11 +211,13 @@ def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
     }
     assert len(inside) >= 4
     assert inside <= slow, (sorted(inside), sorted(slow))
-    others = [v for v in hosts if v.host == "client-01"]
+    # client-01: windows and whole run, by chance only (its p99 rests on the 400 ms
+    # reads' few tick-late ones, whose share differs from run to run)
+    others = [v for v in result.verdicts if v.host == "client-01" and v.direction == "read"]
     stray = [v for v in others if v.significant]
     assert len(stray) <= chance(others), show(stray)
-    whole_01 = [v for v in result.verdicts if v.whole_run and v.host == "client-01"]
-    assert whole_01
+    whole_01 = [v for v in others if v.whole_run and v.percentile in (50.0, 90.0)]
+    assert len(whole_01) == 2
     assert not any(v.significant for v in whole_01), show(whole_01)
 
 
