@@ -107,16 +107,19 @@ def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
             subprocess.run(["losetup", "--detach", str(loop.path)], check=False, timeout=DEADLINE_S)
 
 
-def write_job(path: Path, loops: Sequence[Loop], runtime: int) -> Path:
+def write_job(path: Path, loops: Sequence[Loop], runtime: int, *, first: int = 0) -> Path:
     """A job file: a random-read job per loop device (hist logs h_clat_hist.N).
 
     Every QUEUED_EVERY-th device is read at iodepth 2 (libaio), the others at iodepth 1.
+    Job N starts ``first + N`` ms late: paced by the same timer from the same instant, two
+    jobs can write byte-identical hist logs, which fiomon's one-truth rule reads once, as
+    copies of one file (fiomon.offline.sources._distinct_content).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     text = JOB.format(block=BLOCK, runtime=runtime)
     for i, loop in enumerate(loops, 1):
         queued = "ioengine=libaio\niodepth=2\n" if i % QUEUED_EVERY == 0 else ""
-        text += f"[d{i}]\nfilename={loop.path}\n{queued}"
+        text += f"[d{i}]\nfilename={loop.path}\nstartdelay={first + i}ms\n{queued}"
     path.write_text(text)
     return path
 
@@ -193,10 +196,13 @@ def run_hosts(
         When the slow phase really was, or None.
     """
     procs = []
+    first = 0
     for host, loops in hosts.items():
         out = folder / host
         out.mkdir(parents=True, exist_ok=True)
-        job = write_job(folder.with_name(f"{folder.name}.jobs") / f"{host}.fio", loops, runtime)
+        job = folder.with_name(f"{folder.name}.jobs") / f"{host}.fio"
+        write_job(job, loops, runtime, first=first)
+        first += len(loops)
         procs.append(start_fio(fio_bin, job, out / "out.json", cwd=out))
     phase = None
     try:

@@ -167,7 +167,8 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
     # the switch follows fio's status stream (a document a second), so a little late
     assert 8 <= on_s <= 11
     assert off_s - on_s == pytest.approx(20, abs=0.5)
-    reads = [v for v in windows(result) if v.direction == "read"]
+    # not the partial windows where fio starts or stops (its jobs' last reads)
+    reads = [v for v in windows(result) if v.direction == "read" and not v.partial]
     inside = [v for v in reads if within(v, on_s, off_s)]
     outside = [v for v in reads if span(v)[1] <= on_s - 1 or span(v)[0] >= off_s + 1]
     starts_in = {span(v)[0] for v in inside}
@@ -178,7 +179,7 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
     print("outside:\n" + show(outside))
     stray = [v for v in outside if v.significant]
     assert len(stray) <= chance(outside), show(stray)
-    assert len({span(v)[0] for v in outside}) >= 5
+    assert len({span(v)[0] for v in outside}) >= 4
 
 
 def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
@@ -213,7 +214,11 @@ def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
     assert inside <= slow, (sorted(inside), sorted(slow))
     # client-01: windows and whole run, by chance only (its p99 rests on the 400 ms
     # reads' few tick-late ones, whose share differs from run to run)
-    others = [v for v in result.verdicts if v.host == "client-01" and v.direction == "read"]
+    others = [
+        v
+        for v in result.verdicts
+        if v.host == "client-01" and v.direction == "read" and not v.partial
+    ]
     stray = [v for v in others if v.significant]
     assert len(stray) <= chance(others), show(stray)
     whole_01 = [v for v in others if v.whole_run and v.percentile in (50.0, 90.0)]
