@@ -5,9 +5,10 @@ over a cached file is CPU-bound: whole-run p50 20 us in one run, 48 us in the ne
 virtio disk under it: 115 us to 750 us), so "the same job twice" needs a device whose
 latency the kernel sets. The blkio controller (cgroup v1; this kernel has no
 device-mapper, so no dm-delay) throttles a device's reads to ``bps`` bytes per second in
-slices of 100 ms. Below one read per slice (``bps < 10 * BLOCK``) every read waits for its
-own turn: a 4 KiB read at 20,480 B/s completes 200 ms after it was issued, whatever the
-CPU or the disk do, and a second read queued behind it (iodepth 2) after 400 ms.
+slices of 100 ms. Below one read per slice (``bps < 10 * block``) every read waits for its
+own turn: a 4 KiB read at 20,480 B/s (5 reads a second) completes 200 ms after it was
+issued, whatever the CPU or the disk do, and a second read queued behind it (iodepth 2)
+after 400 ms.
 
 Not exactly: the timer ticks every 4 ms, and a run-dependent share of the reads (2 % to
 17 % seen) ends a tick early or late. A percentile whose rank falls among those few
@@ -18,7 +19,7 @@ thirds into the 200 ms reads and p90 in the middle of the 400 ms ones, far from 
 edges, in every run.
 
 Lowering the limit during a run is a throttled device phase that starts and ends when the
-test says: at 5,120 B/s reads take 800 ms (1,600 ms at iodepth 2).
+test says: at 1.25 reads a second they take 800 ms (1,600 ms at iodepth 2).
 """
 
 from __future__ import annotations
@@ -39,15 +40,13 @@ from tests.fiorun import start_fio, wait_fio
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
 READ_BPS = BLKIO / "blkio.throttle.read_bps_device"
-BLOCK = 4096
-BASE_BPS = 20_480  # 200 ms a read (half a read per 100 ms slice)
-SLOW_BPS = 5_120  # 800 ms a read
+BASE_READS = 5.0  # reads a second of a device: 200 ms a read (half a read per slice)
+SLOW_READS = 1.25  # 800 ms a read
 QUEUED_EVERY = 4  # every fourth device is read at iodepth 2
 
 JOB = """[global]
 ioengine=psync
 rw=randread
-bs={block}
 direct=1
 time_based
 runtime={runtime}
@@ -64,19 +63,25 @@ class Loop:
     Args:
         path: ``/dev/loopN``.
         dev: its ``major:minor``.
+        block: the size of its reads, bytes: each device its own, so that no two jobs
+            write the same hist log (same stamps and bins: fiomon's one-truth rule reads
+            such files once, as copies of one file); the limit scales with it.
     """
 
     path: Path
     dev: str
+    block: int
 
-    def throttle(self, bps: int) -> None:
-        """Limit its reads to ``bps`` bytes per second (0: no limit)."""
-        READ_BPS.write_text(f"{self.dev} {bps}\n")
+    def throttle(self, reads_per_s: float) -> None:
+        """Limit it to ``reads_per_s`` reads of ``block`` a second (0: no limit)."""
+        READ_BPS.write_text(f"{self.dev} {round(self.block * reads_per_s)}\n")
 
 
 @contextlib.contextmanager
 def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
-    """``count`` loop devices over 1 MiB files in ``folder``, each throttled to BASE_BPS.
+    """``count`` loop devices over 1 MiB files in ``folder``, each at BASE_READS.
+
+    Their blocks: 512 B times ``count``, ``count - 1``, ... 1.
 
     The limits are lifted and the devices detached at the end (a later user of the same
     device number must not inherit a limit).
@@ -98,8 +103,8 @@ def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
             )
             path = Path(out.stdout.strip())
             dev = (Path("/sys/block") / path.name / "dev").read_text().strip()
-            loops.append(Loop(path, dev))
-            loops[-1].throttle(BASE_BPS)
+            loops.append(Loop(path, dev, 512 * (count - i)))
+            loops[-1].throttle(BASE_READS)
         yield loops
     finally:
         for loop in loops:
@@ -107,19 +112,16 @@ def loop_devices(folder: Path, count: int) -> Iterator[list[Loop]]:
             subprocess.run(["losetup", "--detach", str(loop.path)], check=False, timeout=DEADLINE_S)
 
 
-def write_job(path: Path, loops: Sequence[Loop], runtime: int, *, first: int = 0) -> Path:
+def write_job(path: Path, loops: Sequence[Loop], runtime: int) -> Path:
     """A job file: a random-read job per loop device (hist logs h_clat_hist.N).
 
     Every QUEUED_EVERY-th device is read at iodepth 2 (libaio), the others at iodepth 1.
-    Job N starts ``first + N`` ms late: paced by the same timer from the same instant, two
-    jobs can write byte-identical hist logs, which fiomon's one-truth rule reads once, as
-    copies of one file (fiomon.offline.sources._distinct_content).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = JOB.format(block=BLOCK, runtime=runtime)
+    text = JOB.format(runtime=runtime)
     for i, loop in enumerate(loops, 1):
         queued = "ioengine=libaio\niodepth=2\n" if i % QUEUED_EVERY == 0 else ""
-        text += f"[d{i}]\nfilename={loop.path}\nstartdelay={first + i}ms\n{queued}"
+        text += f"[d{i}]\nfilename={loop.path}\nbs={loop.block}\n{queued}"
     path.write_text(text)
     return path
 
@@ -189,20 +191,18 @@ def run_hosts(
         folder: the run's folder.
         hosts: each host's loop devices.
         runtime: seconds.
-        slow: ``(host, on_ms, off_ms)``: that host's devices run at SLOW_BPS from when its
+        slow: ``(host, on_ms, off_ms)``: that host's devices run at SLOW_READS from when its
             jobs have run ``on_ms`` until they have run ``off_ms``.
 
     Returns:
         When the slow phase really was, or None.
     """
     procs = []
-    first = 0
     for host, loops in hosts.items():
         out = folder / host
         out.mkdir(parents=True, exist_ok=True)
         job = folder.with_name(f"{folder.name}.jobs") / f"{host}.fio"
-        write_job(job, loops, runtime, first=first)
-        first += len(loops)
+        write_job(job, loops, runtime)
         procs.append(start_fio(fio_bin, job, out / "out.json", cwd=out))
     phase = None
     try:
@@ -211,11 +211,11 @@ def run_hosts(
             status = StatusStream(folder / host / "out.json")
             status.wait(on)
             for loop in hosts[host]:
-                loop.throttle(SLOW_BPS)
+                loop.throttle(SLOW_READS)
             on_ms = time.time_ns() // 1_000_000
             status.wait(off)
             for loop in hosts[host]:
-                loop.throttle(BASE_BPS)
+                loop.throttle(BASE_READS)
             phase = Phase(on_ms, time.time_ns() // 1_000_000)
     finally:
         wait_fio(procs)
