@@ -118,10 +118,10 @@ def print_calibration(root: Path, pairs: int, detect_pairs: int) -> None:
 
     def table(title: str, counts: dict[Key, Count], kind: str) -> None:
         print(f"\n{title}")
-        print(f"  {'I/Os/window':>11s}  " + "".join(f"{f'p{q:g}':40s}" for q in PERCENTILES))
+        print(f"  {'I/Os/window':>11s}  " + "".join(f"{f'p{q:g}':46s}" for q in PERCENTILES))
         for level in LEVELS:
             cells = [str(counts.get((kind, level, q), Count())) for q in PERCENTILES]  # type: ignore[arg-type]
-            print(f"  {level:11,d}  " + "".join(f"{c:40s}" for c in cells))
+            print(f"  {level:11,d}  " + "".join(f"{c:46s}" for c in cells))
 
     table("equal runs, windows (false positives; bound 5 %):", same, "same")
     table("equal runs, whole-run lines (false positives; bound 5 %):", same, "whole")
@@ -149,7 +149,7 @@ def print_calibration(root: Path, pairs: int, detect_pairs: int) -> None:
 
 def make_run(folder: Path, seed: int, *, slowed: bool) -> dict[str, int]:
     """16 hosts x 1 hist log x 600 records per direction (cached); I/Os per direction."""
-    done = folder / "ios.json"
+    done = folder.with_suffix(".ios.json")  # beside the run: compare reads all of the folder
     if done.exists():
         return dict(json.loads(done.read_text()))
     rng = np.random.default_rng(seed)
@@ -183,8 +183,8 @@ def size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*.log")) / 1e6
 
 
-def run(cmd: list[str], out: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one child process (stdout to ``out``)."""
+def run(cmd: list[str], out: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS (MB) of one child process (stdout to ``out``)."""
     t0 = time.perf_counter()
     with out.open("wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.PIPE)
@@ -194,21 +194,24 @@ def run(cmd: list[str], out: Path) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) != 0:
         msg = f"{cmd[2:5]} failed ({os.waitstatus_to_exitcode(status)}): {err[-800:]}"
         raise RuntimeError(msg)
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def measure(name: str, cmd: list[str], out: Path, repeat: int) -> tuple[float, float]:
-    walls, rss = [], []
+def measure(name: str, cmd: list[str], out: Path, repeat: int) -> tuple[float, float, float]:
+    """Median wall s, median CPU s, peak RSS (MB) over ``repeat`` runs."""
+    walls, cpus, rss = [], [], []
     for _ in range(repeat):
-        w, r = run(cmd, out)
+        w, c, r = run(cmd, out)
         walls.append(w)
+        cpus.append(c)
         rss.append(r)
     med = statistics.median(walls)
+    cpu = statistics.median(cpus)
     print(
         f"{name:28s} median {med:8.3f} s  (runs: {', '.join(f'{w:.3f}' for w in walls)})"
-        f"  peak RSS {max(rss):7.1f} MB"
+        f"  CPU {cpu:7.3f} s  peak RSS {max(rss):7.1f} MB"
     )
-    return med, max(rss)
+    return med, cpu, max(rss)
 
 
 def report_ios(out: Path) -> dict[str, float]:
@@ -238,6 +241,30 @@ def compare_counts(out: Path) -> tuple[int, int, int, dict[str, dict[str, int]]]
     return verdicts, whole, flagged, ios
 
 
+ENGINE = """
+import sys
+from fiomon.offline.compare.model import CompareOptions
+from fiomon.offline.compare.run import RunInput, run_compare, run_files
+from fiomon.offline.sources import SourceOptions
+import json
+runs = [RunInput(n, s, tuple(run_files(s)), SourceOptions())
+        for n, s in zip(("baseline", "candidate"), sys.argv[1:3])]
+result = run_compare(*runs, CompareOptions())
+out = sys.stdout
+for v in result.verdicts:
+    out.write(json.dumps(v.to_json()) + "\\n")
+"""
+
+
+def compare_command(base: Path, cand: Path) -> tuple[str, list[str]]:
+    """``fiomon compare`` if this tree has it, else the engine behind it (and a name)."""
+    py = [sys.executable, "-m", "fiomon"]
+    probe = subprocess.run([*py, "compare", "--help"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        return "fiomon compare", [*py, "compare", str(base), str(cand), "--format", "jsonl"]
+    return "run_compare (no CLI yet)", [sys.executable, "-c", ENGINE, str(base), str(cand)]
+
+
 def speed(scratch: Path, repeat: int) -> bool:
     """Time compare against two reports; print the counters; whether the bound holds."""
     base = scratch / "baseline"
@@ -249,21 +276,17 @@ def speed(scratch: Path, repeat: int) -> bool:
     files = {name: sorted(str(p) for p in (scratch / name).rglob("*.log")) for name in truth}
     print(
         f"input: 2 runs x {HOSTS} hist logs x {RECORDS} records per direction (read, write), "
-        f"1856 bins; baseline {size_mb(base):.1f} MB, candidate {size_mb(cand):.1f} MB; "
+        f"1856 bins; baseline {size_mb(base):.1f} MB ({size_mb(base) / 1.048576:.1f} MiB), "
+        f"candidate {size_mb(cand):.1f} MB; "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before timing"
     )
     py = [sys.executable, "-m", "fiomon"]
     out = {name: scratch / f"{name}.jsonl" for name in ("compare", "baseline", "candidate")}
-    t_cmp, rss_cmp = measure(
-        "fiomon compare",
-        [*py, "compare", str(base), str(cand), "--format", "jsonl"],
-        out["compare"],
-        repeat,
-    )
-    t_rep = {}
-    rss_rep = {}
+    name, cmd = compare_command(base, cand)
+    t_cmp, cpu_cmp, rss_cmp = measure(name, cmd, out["compare"], repeat)
+    t_rep, cpu_rep, rss_rep = {}, {}, {}
     for name in ("baseline", "candidate"):
-        t_rep[name], rss_rep[name] = measure(
+        t_rep[name], cpu_rep[name], rss_rep[name] = measure(
             f"fiomon report ({name})",
             [*py, "report", "--format", "jsonl", "--quiet", *files[name]],
             out[name],
@@ -275,6 +298,8 @@ def speed(scratch: Path, repeat: int) -> bool:
         f"\ncompare / (report baseline + report candidate): {t_cmp:.3f} / {both:.3f} = "
         f"{ratio:.3f}x (bound <= {BOUND:.2f}x)"
     )
+    cpu_both = cpu_rep["baseline"] + cpu_rep["candidate"]
+    print(f"CPU time, the same: {cpu_cmp:.3f} / {cpu_both:.3f} = {cpu_cmp / cpu_both:.3f}x")
     print(f"peak RSS: compare {rss_cmp:.0f} MB, reports {max(rss_rep.values()):.0f} MB")
     verdicts, whole, flagged, cmp_ios = compare_counts(out["compare"])
     ok = ratio <= BOUND
