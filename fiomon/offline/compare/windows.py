@@ -281,7 +281,7 @@ class _Prefixed(io.TextIOBase):
 def parse_align_at(text: str) -> tuple[AlignPoint, AlignPoint]:
     """``baseline=T,candidate=T`` (see ``fiomon compare --help``).
 
-    T is ``+DURATION`` from the run's start (``+95s``, ``+1m30s``), a wall-clock time of day
+    T is ``+DURATION`` from the run's start (``+95s``, ``+2m``), a wall-clock time of day
     ``HH:MM[:SS[.fff]]`` in the local time zone (the date comes later, from the run), or an
     ISO 8601 date and time (with an offset, or local).
 
