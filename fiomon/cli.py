@@ -3,8 +3,8 @@
 Each subcommand is an adder (its flags) and a handler (what it runs), both named in
 :data:`COMMANDS`. Flags are checked where argparse reads them, so a handler gets valid
 values: durations carry units and are converted by one function, levels and fractions by
-another. ``report``, ``plot``, ``summary`` and ``fit`` read fio's outputs through the same
-input flags (:func:`_add_input_options`).
+another. ``report``, ``plot``, ``compare``, ``summary`` and ``fit`` read fio's outputs
+through the same input flags (:func:`_add_input_options`).
 
 Exit codes: 0 success; 1 the input held nothing usable or a strict parse failed; 2 a usage
 or configuration error. A handler that finds a bad call raises :class:`UsageError`, which
@@ -50,7 +50,7 @@ from fiomon.offline.sources import (
     check_host_from,
     choose_sources,
 )
-from fiomon.tools import baselinecmd, completion, manpage
+from fiomon.tools import baselinecmd, comparecmd, completion, manpage
 from fiomon.topics import Topics
 from fiomon.units import parse_duration_ms
 
@@ -239,12 +239,15 @@ def _csv(values: Sequence[float]) -> str:
 # -- flags shared between subcommands ------------------------------------------------------
 
 
-def _add_input_options(p: argparse.ArgumentParser) -> None:
+def _add_input_options(p: argparse.ArgumentParser, *, logs: bool = True) -> None:
     """The inputs of ``report``, ``plot``, ``summary`` and ``fit``: fio's files, how to read.
 
-    :func:`_read_inputs` turns them into the files and the parsing options.
+    :func:`_read_inputs` turns them into the files and the parsing options. ``logs=False``:
+    only the options (``compare`` names its runs by its own positional arguments and sets
+    ``logs`` on a copy of the namespace per run).
     """
-    p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
+    if logs:
+        p.add_argument("logs", nargs="+", type=Path, metavar="LOG", help="input files")
     g = p.add_argument_group("input options")
     choices = "; ".join(f"{k}: {v}" for k, v in SOURCE_HELP.items())
     g.add_argument(
@@ -1376,6 +1379,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {  # in the order of ``fiomon --help``
     "report": Command(_add_report, _report),
     "plot": Command(_add_plot, _plot),
+    "compare": Command(comparecmd.add_parser, comparecmd.run),
     "demo": Command(_add_demo, _demo),
     "summary": Command(_add_summary, _summary),
     "fit": Command(_add_fit, _fit),

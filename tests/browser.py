@@ -67,6 +67,7 @@ class Browser:
         self._buf = b""
         self._id = 0
         self.session = ""
+        self.errors: list[str] = []  # uncaught exceptions and console.error calls in the page
         targets = self.call("Target.getTargets")["targetInfos"]
         page = next(t for t in targets if t["type"] == "page")
         self.session = self.call(
@@ -86,12 +87,23 @@ class Browser:
         deadline = time.monotonic() + DEADLINE_S
         while True:
             reply = self._read(deadline)
+            self._note(reply)
             if reply.get("id") == self._id:
                 if "error" in reply:
                     text = f"{method}: {reply['error']}"
                     raise RuntimeError(text)
                 result: dict[str, Any] = reply.get("result", {})
                 return result
+
+    def _note(self, event: dict[str, Any]) -> None:
+        """Keep the page's errors (events read while waiting for a reply)."""
+        method = event.get("method")
+        params = event.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails", {})
+            self.errors.append(str(details.get("exception", {}).get("description", details)))
+        elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            self.errors.append(" ".join(str(a.get("value", a)) for a in params.get("args", [])))
 
     def _read(self, deadline: float) -> dict[str, Any]:
         while b"\0" not in self._buf:

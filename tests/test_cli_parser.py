@@ -16,7 +16,7 @@ from fiomon.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "deploy/README.md", ROOT / "agents/README.md"]
-OFFLINE = ("report", "plot", "summary", "fit")
+OFFLINE = ("report", "plot", "compare", "summary", "fit")
 INPUT_FLAGS = (
     "--source",
     "--directions",

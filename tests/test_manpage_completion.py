@@ -67,7 +67,7 @@ def test_bash_completes_subcommands_flags_values_and_files(
     bash_script: Path, tmp_path: Path
 ) -> None:
     assert complete(bash_script, "fiomon rep") == ["report"]
-    assert complete(bash_script, "fiomon c") == ["check-config", "completion"]
+    assert complete(bash_script, "fiomon c") == ["check-config", "compare", "completion"]
     assert complete(bash_script, "fiomon report --for") == ["--format"]
     assert complete(bash_script, "fiomon report --format ") == sorted(
         ["table", "csv", "jsonl", "fiologparser"]
@@ -83,6 +83,14 @@ def test_bash_completes_subcommands_flags_values_and_files(
         "aggregator.yaml",
     ]
     assert complete(bash_script, "fiomon agent --config agg", cwd=tmp_path) == ["aggregator.yaml"]
+    # compare's runs are files, folders or globs; -o a file; --format its own three.
+    (tmp_path / "run-before").mkdir()
+    assert complete(bash_script, "fiomon compare run-", cwd=tmp_path) == ["run-before"]
+    assert complete(bash_script, "fiomon compare -o ag", cwd=tmp_path) == [
+        "agent.yaml",
+        "aggregator.yaml",
+    ]
+    assert complete(bash_script, "fiomon compare --format ") == ["csv", "jsonl", "table"]
 
 
 def test_bash_offers_every_flag_of_every_subcommand(bash_script: Path) -> None:

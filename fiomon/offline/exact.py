@@ -171,6 +171,7 @@ class ExactReader:
         self.layout = BinLayout()
         self.relative = False
         self.phase_ms = 0
+        self.quantum_ms = options.quantum_ms  # the rows' (see QuantaOptions.regrid)
         self.records = 0
         self.late_records = 0
         self._open: dict[int, _Quantum] = {}
@@ -223,6 +224,11 @@ class ExactReader:
         phase = phase_for(self.options.align, q)
         if phase is None:  # auto: the first quantum starts just before the first I/O
             phase = (min(int(c.time_ms.min()) for _, c in first) - 1) % q
+        if self.options.regrid is not None:
+            # quanta are (start, end]: an I/O stamped t is in the one with start < t
+            first_t = min(int(c.time_ms.min()) for _, c in first)
+            first_q = phase + (first_t - phase - 1) // q * q
+            self.quantum_ms, phase = self.options.regrid(first_q, self.relative)
         self.phase_ms = phase
         opts = self.options
         if opts.target_error is not None and not self.averaged:
@@ -254,7 +260,7 @@ class ExactReader:
     def _add(self, f: _File, c: IoChunk) -> None:
         """File ``f``'s chunk into the open quanta (lines of closed quanta: late)."""
         self.records += len(c)
-        qid = np.floor_divide(c.time_ms - self.phase_ms - 1, self.options.quantum_ms)
+        qid = np.floor_divide(c.time_ms - self.phase_ms - 1, self.quantum_ms)
         idx = self.sources.index(f)
         order: I64 | None = None
         if len(qid) > 1 and bool(np.any(qid[1:] < qid[:-1])):
@@ -279,7 +285,7 @@ class ExactReader:
 
     def chunks(self) -> Iterator[list[ClosedQuantum]]:
         """The closed rows, one list per chunk read (often empty: a progress tick)."""
-        q = self.options.quantum_ms
+        q = self.quantum_ms
         # Parsing runs on worker threads (numpy's text parser releases the GIL), one chunk
         # per file at a time; a file's progress counts only once its chunk is merged here,
         # so no quantum closes before the lines a worker is still reading.
@@ -330,7 +336,7 @@ class ExactReader:
         if t_ms is None:
             last = max(self._open, default=None)
         else:
-            last = (t_ms - self.phase_ms) // self.options.quantum_ms - 1
+            last = (t_ms - self.phase_ms) // self.quantum_ms - 1
         if last is None:
             return []
         out: list[ClosedQuantum] = []
@@ -344,8 +350,8 @@ class ExactReader:
     def _rows(self, q: int, oq: _Quantum) -> list[ClosedQuantum]:
         """The rows of one quantum: cluster rows, then each host's, in direction order."""
         opts = self.options
-        start = self.phase_ms + q * opts.quantum_ms
-        end = start + opts.quantum_ms
+        start = self.phase_ms + q * self.quantum_ms
+        end = start + self.quantum_ms
         values = np.concatenate(oq.values)
         ddir = np.concatenate(oq.ddirs)
         slice_bytes = np.stack(oq.nbytes)  # (slices, direction)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +71,11 @@ class QuantaOptions:
             a quanta file's rows are kept only when they name it.
         latency: the latency read (``--latency``); the rows do not carry it, the writers'
             headers say it. Given here or as ``source.latency``: the two agree.
+        regrid: ``fiomon compare``'s windows: called once, when the reader opens, with the
+            start (ms) of the run's first quantum (of ``quantum_ms``, at the phase ``align``
+            gives) and whether its stamps are relative; returns the ``(quantum_ms,
+            phase_ms)`` the rows are closed in instead. ``None``: ``quantum_ms`` and the
+            phase.
     """
 
     quantum_ms: int = 1000
@@ -89,6 +94,7 @@ class QuantaOptions:
     keep_host_hists: bool = False
     run: str | None = None
     latency: LatencyKind = "clat"
+    regrid: Callable[[int, bool], tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         """Make ``latency`` and ``source.latency`` one (either may be given).
@@ -178,6 +184,7 @@ class QuantaReader:
         self.layout = BinLayout()
         self.relative = False
         self.phase_ms = 0
+        self.quantum_ms = options.quantum_ms  # the rows' (see QuantaOptions.regrid)
         self.records = 0
         self.late_records = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -238,10 +245,15 @@ class QuantaReader:
         phase = phase_for(opts.align, opts.quantum_ms)
         if phase is None:
             phase = phase_from([b for bs in first.values() for b in bs], opts.quantum_ms)
+        if opts.regrid is not None:
+            starts = [int(b.start_ms.min()) for bs in first.values() for b in bs if len(b)]
+            q = opts.quantum_ms
+            first_q = phase + (min(starts, default=phase) - phase) // q * q
+            self.quantum_ms, phase = opts.regrid(first_q, self.relative)
         self.phase_ms = phase
         self._engine = QuantumEngine(
             layout=self.layout,
-            quantum_ms=opts.quantum_ms,
+            quantum_ms=self.quantum_ms,
             phase_ms=phase,
             percentiles=opts.percentiles,
             directions=opts.directions,
@@ -278,7 +290,7 @@ class QuantaReader:
         if engine is None or pool is None:
             msg = "QuantaReader.chunks() outside its with block"
             raise RuntimeError(msg)
-        quantum_ms = self.options.quantum_ms
+        quantum_ms = self.quantum_ms
 
         run = self.options.run
 

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-FILE_METAVARS = {"FILE", "DIR", "LOG", "JOB", "PATH"}
+FILE_METAVARS = {"FILE", "DIR", "LOG", "JOB", "PATH", "BASELINE", "CANDIDATE"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,14 +87,15 @@ def test_a_window_holds_exactly_the_report_rows_of_its_quanta(runs: dict[str, Pa
         first = min(r.start_ms for r in rows)
         assert info.start_ms == first == info.origin_ms
         for d in ("read", "write", "all"):
-            want: dict[float, int] = {}
+            want: dict[float, float] = {}
             for r in rows:
                 if r.direction == d:
                     k = (r.start_ms - first) // 10_000 * 10.0
-                    want[k] = want.get(k, 0) + round(r.stats.samples)
+                    want[k] = want.get(k, 0) + r.stats.samples
             got = {p.start_s: p.ios for p in result.series[(name, "cluster", None, d)]}  # type: ignore[index]
-            assert got == want, (name, d)
-        assert info.ios == sum(round(r.stats.samples) for r in rows if r.direction != "all")
+            # records split over quanta leave fractions, summed before rounding
+            assert got == {k: round(v) for k, v in want.items()}, (name, d)
+        assert info.ios == round(sum(r.stats.samples for r in rows if r.direction != "all"))
 
 
 def test_a_run_against_itself_is_ratio_one_everywhere(runs: dict[str, Path]) -> None:
@@ -356,3 +357,14 @@ def test_trimmed_hist_sums_equal_full_sums() -> None:
     g = Hist()
     g.add_trimmed(h)
     assert g.lo == h.lo and np.array_equal(g.counts, h.counts)
+
+
+def test_first_and_last_windows_a_run_covers_in_part_are_marked(runs: dict[str, Path]) -> None:
+    """The simulated runs last 60 s from their hosts' phases: the 60-70 s window holds the
+    last fraction of a second; every full window is not partial."""
+    result = _compare(runs["base"], runs["same"])
+    windows = [v for v in result.verdicts if not v.whole_run]
+    assert {v.window_start_s for v in windows if v.partial} == {60.0}
+    assert all(not v.partial for v in windows if (v.window_end_s or 0) <= 60)
+    assert not any(v.partial for v in result.verdicts if v.whole_run)
+    assert all(v.to_json()["partial"] is v.partial for v in result.verdicts)

@@ -113,6 +113,8 @@ class Verdict:
         method: how ``ratio_ci`` was built: ``mover`` or ``mover+bootstrap``.
         hosts: cluster verdicts that are significant with ``ratio > 1``: the candidate's
             hosts by their share of the I/Os above the baseline's value, largest first.
+        partial: a run's records cover less than 90 % of the window (its first or last:
+            fio starting or stopping, fewer I/Os); ``False`` for whole-run lines.
     """
 
     window_start_s: float | None
@@ -132,6 +134,7 @@ class Verdict:
     significant: bool
     method: str
     hosts: tuple[HostShare, ...] = ()
+    partial: bool = False
 
     @property
     def whole_run(self) -> bool:
@@ -158,6 +161,7 @@ class Verdict:
             "candidate_ios": self.candidate_ios,
             "method": self.method,
             "hosts": [h.to_json() for h in self.hosts],
+            "partial": self.partial,
         }
 
 
@@ -170,6 +174,7 @@ class WindowPoint:
         end_s: aligned end, s.
         ios: I/Os in the window.
         iops: ``ios`` per second the run's records cover in the window.
+        covered_s: the seconds the run's records cover in the window.
         values_ns: per percentile key (``"99"``), the value, ns.
         ci_ns: per percentile key, the interval (``None`` sides unbounded).
     """
@@ -178,6 +183,7 @@ class WindowPoint:
     end_s: float
     ios: int
     iops: float
+    covered_s: float
     values_ns: dict[str, float]
     ci_ns: dict[str, Interval]
 

@@ -46,6 +46,8 @@ from fiomon.offline.compare.windows import Key, RunWindows, Window, read_run
 from fiomon.offline.sources import SourceOptions
 
 F64 = npt.NDArray[np.float64]
+PARTIAL = 0.9
+"""A window a run's records cover less of than this share is marked partial."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +241,7 @@ class _Judge:
                             judged=(ratio[i, j], low[i, j], high[i, j], bool(sig[i, j])),
                             method="mover",
                             hosts=hosts,
+                            partial=min(bwin[i].covered_s, cwin[i].covered_s) < PARTIAL * self.w_s,
                         ),
                     )
                 )
@@ -335,6 +338,7 @@ class _Judge:
             end_s=(k + 1) * self.w_s,
             ios=w.ios,
             iops=w.ios / w.covered_s if w.covered_s > 0 else w.ios / self.w_s,
+            covered_s=w.covered_s,
             values_ns={key: float(vals[i, j]) for j, key in enumerate(self.keys_p)},
             ci_ns={key: (_side(low[i, j]), _side(high[i, j])) for j, key in enumerate(self.keys_p)},
         )
@@ -350,6 +354,7 @@ class _Judge:
         judged: tuple[float, float, float, bool],
         method: str,
         hosts: tuple[HostShare, ...],
+        partial: bool = False,
     ) -> Verdict:
         scope: Scope = key[0]
         ratio, low, high, sig = judged
@@ -371,6 +376,7 @@ class _Judge:
             significant=sig,
             method=method,
             hosts=hosts,
+            partial=partial,
         )
 
 

@@ -113,7 +113,7 @@ class _WindowSink:
         self.windows: dict[Key, dict[int, Window]] = {}
         self.first_ms: int | None = None
         self.last_ms: int | None = None
-        self.ios = 0
+        self.ios = 0.0  # records split over quanta leave fractions: rounded once, at the end
 
     def write(self, rows: Sequence[ClosedQuantum]) -> None:
         for r in rows:
@@ -125,7 +125,6 @@ class _WindowSink:
                 raise FiomonError(msg)
             if self.first_ms is None:
                 self.first_ms = r.start_ms
-                self.place.start(r.start_ms, self.relative)
             self.last_ms = r.end_ms if self.last_ms is None else max(self.last_ms, r.end_ms)
             k = self.place.window(r.start_ms)
             w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
@@ -134,8 +133,8 @@ class _WindowSink:
             w.ios += n
             if r.iops:
                 w.covered_s += r.stats.samples / r.iops
-            if r.scope == "cluster" and r.direction not in ("all",):
-                self.ios += n
+            if r.scope == "cluster" and r.direction != "all":
+                self.ios += r.stats.samples
 
     def close(self) -> None:
         return None
@@ -155,7 +154,17 @@ class _Placer:
         self.name, self.window_ms, self.quantum_ms = name, window_ms, quantum_ms
         self.shift_ms, self.point = shift_ms, point
         self.origin_ms = 0
+        self.first_ms: int | None = None
         self.note: str | None = None
+
+    def regrid(self, first_ms: int, relative: bool) -> tuple[int, int]:
+        """:attr:`QuantaOptions.regrid`: fix the origin, close the rows as the windows.
+
+        Returns ``(window_ms, phase)`` from the run's first quantum start.
+        """
+        self.first_ms = first_ms
+        self.start(first_ms, relative)
+        return self.window_ms, self.origin_ms % self.window_ms
 
     def start(self, first_ms: int, relative: bool) -> None:
         """Fix the origin from the run's first quantum start."""
@@ -214,10 +223,15 @@ def read_run(
         keep_hists=True,
         keep_host_hists=True,
         target_error=None,
+        # The rows' own percentiles go unused (each window's come from its histogram).
+        percentiles=(),
+        regrid=None,
     )
     shift = opts.shift_ms if name == "candidate" else 0
     point = None if opts.align_at is None else opts.align_at[0 if name == "baseline" else 1]
     placer = _Placer(name, opts.window_ms, q.quantum_ms, shift, point)
+    # The rows are the windows themselves (a tenth of the rows of 1 s quanta to close).
+    q = dataclasses.replace(q, regrid=placer.regrid)
     holder: list[_WindowSink] = []
 
     def sink(layout: BinLayout, relative: bool) -> _WindowSink:
@@ -236,11 +250,11 @@ def read_run(
         name=name,
         spec=spec,
         files=tuple(files),
-        ios=s.ios,
+        ios=round(s.ios),
         hosts=tuple(hosts),
         relative=s.relative,
         origin_ms=placer.origin_ms,
-        start_ms=s.first_ms or 0,
+        start_ms=placer.first_ms if placer.first_ms is not None else s.first_ms or 0,
         end_ms=s.last_ms or 0,
         late_records=summary.late_records,
     )
