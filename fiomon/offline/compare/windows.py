@@ -242,7 +242,10 @@ def read_run(
         return s
 
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
-    summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    try:
+        summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except FiomonError as exc:  # which run it is
+        raise type(exc)(f"{name} {spec}: {exc}") from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
