@@ -6,6 +6,7 @@ slow windows; the report's own rows are the ground truth of what a window holds.
 
 from __future__ import annotations
 
+import gzip
 import io
 import math
 import os
@@ -17,6 +18,7 @@ import pytest
 
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
+from fiomon.offline.compare.align import parse_align_at, time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, CompareResult
 from fiomon.offline.compare.run import RunInput, run_compare, run_files
 from fiomon.offline.compare.stats import (
@@ -26,12 +28,7 @@ from fiomon.offline.compare.stats import (
     mover_ratio,
     significant,
 )
-from fiomon.offline.compare.windows import (
-    TIME_OF_DAY_FLAG,
-    Hist,
-    parse_align_at,
-    time_of_day_at,
-)
+from fiomon.offline.compare.windows import Hist
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import write_cluster
@@ -229,16 +226,36 @@ def test_bad_alignments_are_errors_that_say_why(runs: dict[str, Path]) -> None:
         _compare(runs["base"], runs["same"], shift_ms=-600_000)
 
 
-def test_run_files(tmp_path: Path) -> None:
-    (tmp_path / "run" / "client-01").mkdir(parents=True)
-    (tmp_path / "run" / ".hidden").mkdir()
-    a = tmp_path / "run" / "client-01" / "j_clat_hist.1.log"
-    b = tmp_path / "run" / "out.json"
-    for p in (a, b, tmp_path / "run" / ".hidden" / "x.log", tmp_path / "run" / ".dot"):
-        p.write_text("x")
-    assert run_files(str(tmp_path / "run")) == sorted([a, b])
-    assert run_files(str(a)) == [a]
-    assert run_files(str(tmp_path / "run" / "**" / "*.log")) == [a]
+def test_run_files_takes_fio_output_from_a_folder_or_glob(tmp_path: Path) -> None:
+    """A run folder as fio leaves it: the logs and json+ are taken; the job file, fio's
+    text output, a bw log, the data file and hidden files are left out (and said)."""
+    run = tmp_path / "run"
+    (run / "client-01").mkdir(parents=True)
+    (run / ".hidden").mkdir()
+    hist = run / "client-01" / "j_clat_hist.1.log"
+    hist.write_text("1000, 0, 4096, 1\n")
+    lat = run / "client-01" / "j_lat.1.log.gz"
+    with gzip.open(lat, "wt") as fh:
+        fh.write("1, 2000, 0, 4096, 0, 0x0000\n")
+    js = run / "out.txt"  # json+ whatever its name
+    js.write_text('note: both iodepth\n{\n  "fio version" : "fio-3.33",\n  "jobs" : []\n}\n')
+    others = [
+        run / "job.fio",
+        run / "normal.out",
+        run / "client-01" / "j_bw.1.log",
+        run / "datafile",
+        run / ".hidden" / "x_clat_hist.1.log",
+    ]
+    others[0].write_text("[job]\nrw=randread\n")
+    others[1].write_text("job: (g=0): rw=randread, bs=(R) 4096B-4096B\nRun status group 0\n")
+    others[2].write_text("1000, 4096, 0, 4096, 0\n")
+    others[3].write_bytes(bytes(range(256)) * 64)
+    others[4].write_text("1000, 0, 4096, 1\n")
+    skipped: list[Path] = []
+    assert run_files(str(run), skipped) == sorted([hist, lat, js])
+    assert sorted(skipped) == sorted(others[:4])
+    assert run_files(str(others[0])) == [others[0]]  # named alone: taken, it will say why
+    assert run_files(str(run / "**" / "*.log")) == [hist]
     with pytest.raises(FiomonError, match="no file matches"):
         run_files(str(tmp_path / "*.nothing"))
     with pytest.raises(FiomonError, match="no such file or folder"):
@@ -246,13 +263,15 @@ def test_run_files(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FiomonError, match="empty folder"):
         run_files(str(tmp_path / "empty"))
+    with pytest.raises(FiomonError, match=r"no fio output among its 1 file\(s\) \(job.fio\)"):
+        run_files(str(run / "*.f*"))
 
 
 def test_parse_align_at() -> None:
     b, c = parse_align_at("baseline=+95s,candidate=+2m")
     assert (b.offset_ms, c.offset_ms) == (95_000, 120_000)
     b, c = parse_align_at("baseline=12:03:10,candidate=2026-11-27T14:41:55+00:00")
-    assert b.epoch_ms == TIME_OF_DAY_FLAG + (12 * 3600 + 3 * 60 + 10) * 1000
+    assert b.time_of_day_ms == (12 * 3600 + 3 * 60 + 10) * 1000
     assert c.epoch_ms == 1_795_790_515_000
     for bad in (
         "baseline=1",

@@ -31,13 +31,18 @@ DEFAULT_RESAMPLES = 2000
 class AlignPoint:
     """An instant of one run that aligned time 0 maps to (``--align-at``).
 
+    One of the three is given.
+
     Args:
         epoch_ms: a wall-clock instant (epoch ms); the run's logs must carry epoch stamps.
-        offset_ms: else, ms since the run's own start (its first quantum's start).
+        offset_ms: ms since the run's own start (its first quantum's start).
+        time_of_day_ms: ms since local midnight, on the date the run covers (the first
+            such instant from a minute before the run's start on); epoch stamps only.
     """
 
     epoch_ms: int | None = None
     offset_ms: int | None = None
+    time_of_day_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,10 @@ the method and why.
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
+import lzma
 import math
 import sys
 from collections.abc import Sequence
@@ -24,6 +27,8 @@ import numpy.typing as npt
 from fiomon.closed import Scope
 from fiomon.confidence import summarize_with_bounds
 from fiomon.errors import FiomonError
+from fiomon.fio.iolog import iolog_kind, rate_log
+from fiomon.fio.parsers import fio_json_head
 from fiomon.histogram import pct_key
 from fiomon.offline.compare.model import (
     CompareOptions,
@@ -43,6 +48,7 @@ from fiomon.offline.compare.stats import (
     significant,
 )
 from fiomon.offline.compare.windows import Key, RunWindows, Window, read_run
+from fiomon.offline.quantafiles import is_quanta_file
 from fiomon.offline.sources import SourceOptions
 
 F64 = npt.NDArray[np.float64]
@@ -67,11 +73,15 @@ class RunInput:
     source: SourceOptions
 
 
-def run_files(spec: str) -> list[Path]:
+def run_files(spec: str, skipped: list[Path] | None = None) -> list[Path]:
     """The files of one run: a file, a folder (recursively, hidden ones skipped) or a glob.
 
+    From a folder or a glob only fio's output is taken (:func:`is_fio_output`): a run
+    folder also holds the job file, fio's text output, its bw/iops logs and maybe the data
+    file itself; those go to ``skipped`` (for a note). A file named alone is always taken.
+
     Raises:
-        FiomonError: nothing there, naming the spec.
+        FiomonError: nothing there, or nothing of fio's, naming the spec.
     """
     path = Path(spec)
     if path.is_file():
@@ -85,15 +95,66 @@ def run_files(spec: str) -> list[Path]:
         if not found:
             msg = f"{spec}: an empty folder"
             raise FiomonError(msg)
-        return found
-    if glob.has_magic(spec):
+    elif glob.has_magic(spec):
         found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
         if not found:
             msg = f"{spec}: no file matches"
             raise FiomonError(msg)
-        return found
-    msg = f"{spec}: no such file or folder"
-    raise FiomonError(msg)
+    else:
+        msg = f"{spec}: no such file or folder"
+        raise FiomonError(msg)
+    taken = [p for p in found if is_fio_output(p)]
+    if skipped is not None:
+        skipped.extend(p for p in found if p not in set(taken))
+    if not taken:
+        names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
+        msg = (
+            f"{spec}: no fio output among its {len(found)} file(s) ({names}): compare reads "
+            "hist logs (write_hist_log), per-I/O latency logs (write_lat_log) and json+ "
+            "output (--output-format=json+)"
+        )
+        raise FiomonError(msg)
+    return taken
+
+
+_HEAD_BYTES = 64 << 10
+
+
+def _head(path: Path) -> bytes:
+    """The first :data:`_HEAD_BYTES` of a file, decompressed by its suffix."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    if path.suffix == ".bz2":
+        with bz2.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    if path.suffix == ".xz":
+        with lzma.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    with path.open("rb") as fh:
+        return fh.read(_HEAD_BYTES)
+
+
+def is_fio_output(path: Path) -> bool:
+    """Whether a file found in a run's folder is fio output compare reads.
+
+    By name: hist logs (``_clat_hist.N.log``, also compressed or with fio --client's
+    ``.<host>``) and per-I/O latency logs (``_clat.N.log``, ``_lat.``, ``_slat.``); fio's
+    bw and iops logs are not latency. Else by content: a fio JSON document in the first
+    64 KiB (json+ output, whatever its name), or a quanta file (taken, so that it is
+    refused by name rather than left out in silence).
+    """
+    if "_hist." in path.name or iolog_kind(path) is not None:
+        return True
+    if rate_log(path) is not None:
+        return False
+    if is_quanta_file(path):
+        return True
+    try:
+        head = _head(path)
+    except (OSError, EOFError, lzma.LZMAError):
+        return False
+    return fio_json_head(head)
 
 
 def run_compare(

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
 from fiomon.errors import FiomonError
+from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import all_quanta_files
@@ -172,7 +173,7 @@ class _Placer:
         p = self.point
         if p is not None and p.offset_ms is not None:
             target = first_ms + p.offset_ms
-        elif p is not None and p.epoch_ms is not None:
+        elif p is not None:
             if relative:
                 msg = (
                     f"--align-at {self.name}: a wall-clock time, but the {self.name}'s logs "
@@ -180,9 +181,10 @@ class _Placer:
                     "instead, e.g. +95s"
                 )
                 raise FiomonError(msg)
-            target = p.epoch_ms
-            if target < TIME_OF_DAY_FLAG // 2:
-                target = time_of_day_at(target - TIME_OF_DAY_FLAG, first_ms)
+            if p.time_of_day_ms is not None:
+                target = time_of_day_at(p.time_of_day_ms, first_ms)
+            else:
+                target = p.epoch_ms if p.epoch_ms is not None else first_ms
         # On the run's quantum grid, so that no quantum straddles two windows.
         steps = round((target - first_ms) / self.quantum_ms)
         self.origin_ms = first_ms + steps * self.quantum_ms
@@ -240,7 +242,10 @@ def read_run(
         return s
 
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
-    summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    try:
+        summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except FiomonError as exc:  # which run it is
+        raise type(exc)(f"{name} {spec}: {exc}") from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
@@ -290,72 +295,6 @@ class _Prefixed(io.TextIOBase):
 
     def flush(self) -> None:
         self.err.flush()
-
-
-def parse_align_at(text: str) -> tuple[AlignPoint, AlignPoint]:
-    """``baseline=T,candidate=T`` (see ``fiomon compare --help``).
-
-    T is ``+DURATION`` from the run's start (``+95s``, ``+2m``), a wall-clock time of day
-    ``HH:MM[:SS[.fff]]`` in the local time zone (the date comes later, from the run), or an
-    ISO 8601 date and time (with an offset, or local).
-
-    Raises:
-        ValueError: malformed; the message says what is expected.
-    """
-    from fiomon.units import parse_duration_ms  # noqa: PLC0415
-
-    got: dict[str, AlignPoint] = {}
-    for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
-        if not sep or name.strip() not in ("baseline", "candidate") or not value.strip():
-            msg = f"--align-at wants baseline=T,candidate=T, got {text!r}"
-            raise ValueError(msg)
-        value = value.strip()
-        if value.startswith("+"):
-            try:
-                got[name.strip()] = AlignPoint(offset_ms=parse_duration_ms(value[1:], what=name))
-            except Exception as exc:  # ConfigError: its own message
-                msg = f"--align-at {name.strip()}: {exc}"
-                raise ValueError(msg) from None
-            continue
-        got[name.strip()] = AlignPoint(epoch_ms=_wall_ms(name.strip(), value))
-    if set(got) != {"baseline", "candidate"}:
-        msg = f"--align-at wants both baseline=T and candidate=T, got {text!r}"
-        raise ValueError(msg)
-    return got["baseline"], got["candidate"]
-
-
-TIME_OF_DAY_FLAG = -(1 << 62)
-"""Added to a time of day's ms (since local midnight) until a run's date resolves it."""
-
-
-def _wall_ms(name: str, value: str) -> int:
-    try:
-        t = dt.time.fromisoformat(value)
-    except ValueError:
-        pass
-    else:
-        ms = ((t.hour * 60 + t.minute) * 60 + t.second) * 1000 + t.microsecond // 1000
-        return TIME_OF_DAY_FLAG + ms
-    try:
-        when = dt.datetime.fromisoformat(value)
-    except ValueError:
-        msg = (
-            f"--align-at {name}={value}: not a time (HH:MM:SS, an ISO date and time, or "
-            "+DURATION from the run's start)"
-        )
-        raise ValueError(msg) from None
-    if when.tzinfo is None:
-        when = when.astimezone()  # local time, as the clock on the wall
-    return int(when.timestamp() * 1000)
-
-
-def time_of_day_at(tod_ms: int, first_ms: int) -> int:
-    """The first instant at or after the run's start (less a minute) at that time of day."""
-    first = dt.datetime.fromtimestamp(first_ms / 1000).astimezone()
-    midnight = first.replace(hour=0, minute=0, second=0, microsecond=0)
-    at = int(midnight.timestamp() * 1000) + tod_ms
-    return at if at >= first_ms - 60_000 else at + 86_400_000
 
 
 def _when(ms: int, relative: bool) -> str:
