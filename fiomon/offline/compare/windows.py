@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
-from fiomon.errors import FiomonError
+from fiomon.errors import FiomonError, ParseError, UsageError
 from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
 from fiomon.offline.quanta import QuantaOptions
@@ -245,7 +245,7 @@ def read_run(
     try:
         summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
     except FiomonError as exc:  # which run it is
-        raise type(exc)(f"{name} {spec}: {exc}") from None
+        raise _named(exc, f"{name} {spec}") from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
@@ -272,6 +272,19 @@ def read_run(
         raise FiomonError(msg)
     notes = [placer.note] if placer.note else []
     return RunWindows(info, s.layout, s.windows, q.quantum_ms), notes
+
+
+def _named(exc: FiomonError, run: str) -> FiomonError:
+    """``exc`` with the run named in front, of a class ``fiomon compare`` tells apart.
+
+    The classes' constructors differ (``InputError`` takes the refusals, ``ConfigError``
+    a list of problems), so the message is not handed to ``type(exc)``.
+    """
+    if isinstance(exc, ParseError):  # --strict: the command says so
+        return ParseError(f"{run}: {exc.source}", exc.line_no, exc.reason)
+    if isinstance(exc, UsageError):
+        return UsageError([f"{run}: {p}" for p in exc.problems])
+    return FiomonError(f"{run}: {exc}")
 
 
 class _Prefixed(io.TextIOBase):
