@@ -266,6 +266,17 @@ class _Judge:
         for i, s in enumerate(stats):
             if s is not None:
                 vals[i] = [s.percentiles_ns[k] for k in self.keys_p]
+        for i, w in enumerate(windows):
+            if w.exact is None:
+                continue
+            # Per-I/O logs: the nearest rank of the values and its order-statistic interval
+            # (report's exact rows), not the binned approximation.
+            for j, key in enumerate(self.keys_p):
+                if key in w.exact:
+                    v, lo, hi = w.exact[key]
+                    vals[i, j] = v
+                    low[i, j] = np.nan if lo is None else lo
+                    high[i, j] = np.nan if hi is None else hi
         return vals, low, high
 
     def _key(self, key: Key) -> tuple[list[tuple[int, Verdict]], list[Verdict]]:

@@ -30,6 +30,7 @@ from fiomon.closed import ClosedQuantum, Scope
 from fiomon.errors import FiomonError, ParseError, UsageError
 from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
+from fiomon.offline.iosources import is_iolog
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import all_quanta_files
 from fiomon.offline.report import ReportOptions, run_report
@@ -79,13 +80,24 @@ class Hist:
         return float(self.counts.sum())
 
 
+Exact = dict[str, tuple[float, float | None, float | None]]
+"""Per percentile key: the value and its interval's sides (None: unbounded)."""
+
+
 @dataclass(slots=True)
 class Window:
-    """One window of one scope and direction."""
+    """One window of one scope and direction.
+
+    ``exact``: from per-I/O logs, the window's own row's nearest-rank percentiles and
+    their order-statistic intervals on the values (``fiomon report``'s exact rows),
+    which the binned histogram only approximates; None otherwise.
+    """
 
     hist: Hist = field(default_factory=Hist)
     ios: int = 0
     covered_s: float = 0.0
+    exact: Exact | None = None
+    rows: int = 0
 
 
 @dataclass(slots=True)
@@ -109,8 +121,8 @@ class RunWindows:
 class _WindowSink:
     """The rows' sink: sums each row's histogram into its window (a :class:`RowWriter`)."""
 
-    def __init__(self, layout: BinLayout, relative: bool, place: _Placer) -> None:
-        self.layout, self.relative, self.place = layout, relative, place
+    def __init__(self, layout: BinLayout, relative: bool, place: _Placer, exact: bool) -> None:
+        self.layout, self.relative, self.place, self.exact = layout, relative, place, exact
         self.windows: dict[Key, dict[int, Window]] = {}
         self.first_ms: int | None = None
         self.last_ms: int | None = None
@@ -130,6 +142,9 @@ class _WindowSink:
             k = self.place.window(r.start_ms)
             w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
             w.hist.add(r.hist)
+            w.rows += 1
+            # Rows are the windows (regrid): one exact row is the window's exact statistics.
+            w.exact = _exact(r) if self.exact and w.rows == 1 else None
             n = round(r.stats.samples)
             w.ios += n
             if r.iops:
@@ -139,6 +154,15 @@ class _WindowSink:
 
     def close(self) -> None:
         return None
+
+
+def _exact(r: ClosedQuantum) -> Exact | None:
+    """An exact row's percentiles and intervals (None: it has not all of them)."""
+    out: Exact = {}
+    for key, value in r.stats.percentiles_ns.items():
+        low, high = (None, None) if r.ci_ns is None else r.ci_ns.get(key, (None, None))
+        out[key] = (value, low, high)
+    return out or None
 
 
 class _Placer:
@@ -218,6 +242,7 @@ def read_run(
             "fio's logs (hist logs, json+ streams, per-I/O latency logs)"
         )
         raise FiomonError(msg)
+    exact = bool(files) and all(is_iolog(p) for p in files)
     q: QuantaOptions = dataclasses.replace(
         opts.quanta,
         source=source,
@@ -225,8 +250,9 @@ def read_run(
         keep_hists=True,
         keep_host_hists=True,
         target_error=None,
-        # The rows' own percentiles go unused (each window's come from its histogram).
-        percentiles=(),
+        # Binned rows' percentiles go unused (each window's come from its histogram);
+        # per-I/O logs' rows are exact: a window's are its row's (rows are the windows).
+        percentiles=opts.quanta.percentiles if exact else (),
         regrid=None,
     )
     shift = opts.shift_ms if name == "candidate" else 0
@@ -237,7 +263,7 @@ def read_run(
     holder: list[_WindowSink] = []
 
     def sink(layout: BinLayout, relative: bool) -> _WindowSink:
-        s = _WindowSink(layout, relative, placer)
+        s = _WindowSink(layout, relative, placer, exact)
         holder.append(s)
         return s
 
