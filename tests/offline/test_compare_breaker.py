@@ -131,6 +131,25 @@ def test_per_io_log_windows_are_the_exact_nearest_rank_of_report_s_rows(run: Run
         assert v["baseline_ns"] == pytest.approx(values[max(rank, 1) - 1], rel=5e-6)
 
 
+def test_one_json_document_of_the_whole_run_is_refused_not_spread_over_windows(run: Run) -> None:
+    """fio's json+ output without --status-interval is one record of the whole run: each
+    window got an even share of it and printed the whole run's percentiles as if measured
+    there ('worse' in every window, exit 0)."""
+    text = (run.folder / "out.json").read_text()
+    last = text[text.rindex('{\n  "fio version"') :]
+    final = run.cwd / "final"
+    final.mkdir(exist_ok=True)
+    (final / "final.json").write_text(last)
+    r = fiomon(run, "compare", "--window", "2s", "--directions", "read", "final", "final")
+    assert r.returncode == 1, r.stdout
+    assert "Traceback" not in r.stderr
+    assert "baseline final:" in r.stderr
+    assert "--window" in r.stderr
+    # One window as long as the run: the whole-run comparison it can give.
+    got = jsonl(fiomon(run, "compare", "--format", "jsonl", "--window", "1h", "final", "final"))
+    assert {v["window_start_s"] for v in got} == {0.0, None}
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

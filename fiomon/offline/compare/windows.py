@@ -276,6 +276,7 @@ def read_run(
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
     s = holder[0]
+    _check_records(name, spec, summary.records, s.windows, opts.window_ms)
     hosts = sorted({h for (_, h, _) in s.windows if h is not None})
     info = RunInfo(
         name=name,
@@ -298,6 +299,36 @@ def read_run(
         raise FiomonError(msg)
     notes = [placer.note] if placer.note else []
     return RunWindows(info, s.layout, s.windows, q.quantum_ms), notes
+
+
+def _check_records(
+    name: RunName, spec: str, records: int, windows: dict[Key, dict[int, Window]], window_ms: int
+) -> None:
+    """Refuse windows that would hold shares of records, not what happened in them.
+
+    A record longer than a window (one json+ document of a whole run, fio's
+    ``--status-interval`` or ``log_hist_msec`` longer than ``--window``) is spread evenly
+    over the windows it covers: each would get the same percentiles, with intervals as if
+    its share of the I/Os had been seen there. Each host's direction's window with I/O
+    needs a record of its own unless records are split, so fewer than half as many
+    records as such windows means most records span two windows or more.
+
+    Raises:
+        FiomonError: naming the run, the counts and what to do.
+    """
+    needed = sum(len(ws) for (scope, _, d), ws in windows.items() if scope == "host" and d != "all")
+    if records <= 0 or needed < 2 * records:
+        return
+    msg = (
+        f"{name} {spec}: {records} fio record(s) for {needed} windows of "
+        f"{window_ms / 1000:g} s (per host and direction): its records are longer than a "
+        "window (json+ output without --status-interval, or a status interval or "
+        "log_hist_msec longer than --window), so each window would show an even share of "
+        "a record, not what happened in it; use a --window at least as long as fio's "
+        "interval (the whole run for one json+ document), or re-run fio with "
+        "--status-interval=1 or hist logs"
+    )
+    raise FiomonError(msg)
 
 
 def _named(exc: FiomonError, run: str) -> FiomonError:
