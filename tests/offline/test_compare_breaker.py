@@ -168,3 +168,23 @@ def test_unreadable_input_is_a_message_naming_the_run_not_a_traceback(
     assert r.returncode == 1, r.stdout
     assert "Traceback" not in r.stderr
     assert says in r.stderr.splitlines()[-1] or says in r.stderr
+
+
+def test_the_whole_run_header_names_only_the_windows_both_runs_have(run: Run) -> None:
+    """With --shift the windows at the ends are one run's only; the header said the
+    whole-run lines covered them."""
+    args = ["--window", "2s", "--shift", "4s", "--directions", "read", "run", "run"]
+    got = jsonl(fiomon(run, "compare", "--format", "jsonl", *args))
+    both = [
+        v
+        for v in got
+        if v["window_start_s"] is not None and v["baseline_ios"] and v["candidate_ios"]
+    ]
+    only = [v for v in got if v["window_start_s"] is not None and not v["candidate_ios"]]
+    assert only  # the baseline's last windows
+    low = min(v["window_start_s"] for v in both)
+    high = max(v["window_end_s"] for v in both)
+    span = f"within {low:g} .. {high:g} s"
+    r = fiomon(run, "compare", *args)
+    assert r.returncode == 0, r.stderr
+    assert f"whole run (the windows both runs have, {span}):" in r.stdout
