@@ -5,7 +5,9 @@ compared with itself: the numbers compare prints must be the per-I/O logs' exact
 nearest-rank percentiles (``fiomon report``'s exact rows), a json+ document that holds
 the whole run in one record must not be spread over windows as if each had been
 measured, and inputs compare cannot read must give a message naming the run, not a
-traceback.
+traceback. Two more fio jobs run beside it as a candidate of two hosts (``hosts/client-01``
+reads 4 KiB, ``hosts/client-02`` 256 KiB blocks: every I/O slower than the baseline's
+median), for the attribution of a regression to a host.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ RUNTIME_S = 8
 JOB = """[global]
 ioengine=psync
 rw=randread
-bs=4k
+bs={bs}
 size=4m
 filename={data}
 time_based
@@ -51,17 +53,22 @@ class Run:
     cwd: Path
     folder: Path
     clat_log: Path
+    slow_log: Path  # hosts/client-02's per-I/O log
 
 
 @pytest.fixture(scope="module")
 def run(fio_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
     cwd = tmp_path_factory.mktemp("breaker")
-    folder = cwd / "run"
-    folder.mkdir()
-    job = folder / "job.fio"
-    job.write_text(JOB.format(data=folder / "data", runtime=RUNTIME_S))
-    wait_fio([start_fio(fio_bin, job, folder / "out.json")])
-    return Run(cwd, folder, folder / "r_clat.1.log")
+    procs = []
+    for name, bs in (("run", "4k"), ("hosts/client-01", "4k"), ("hosts/client-02", "256k")):
+        folder = cwd / name
+        folder.mkdir(parents=True)
+        job = folder / "job.fio"
+        job.write_text(JOB.format(data=folder / "data", runtime=RUNTIME_S, bs=bs))
+        procs.append(start_fio(fio_bin, job, folder / "out.json"))
+    wait_fio(procs)
+    run = cwd / "run"
+    return Run(cwd, run, run / "r_clat.1.log", cwd / "hosts" / "client-02" / "r_clat.1.log")
 
 
 def fiomon(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
@@ -129,6 +136,30 @@ def test_per_io_log_windows_are_the_exact_nearest_rank_of_report_s_rows(run: Run
         values = np.sort(lines[(lines[:, 0] > start) & (lines[:, 0] <= start + 2000), 1])
         rank = int(np.ceil(round(v["percentile"] * len(values) * 1000) / 100_000))
         assert v["baseline_ns"] == pytest.approx(values[max(rank, 1) - 1], rel=5e-6)
+
+
+def test_a_host_slower_than_the_baseline_s_value_carries_all_its_i_os_above_it(run: Run) -> None:
+    """Attribution counts a candidate host's I/Os in bins above the baseline's value; a
+    host whose I/Os all lie above it lost its lowest bin (its columns start there, and
+    the threshold's bin was taken as the first column): 1,999 of 2,000, and 0 for a host
+    whose I/Os all fall in one bin."""
+    args = ["--window", "2s", "--directions", "read", "--percentiles", "50", "run", "hosts"]
+    got = jsonl(fiomon(run, "compare", "--format", "jsonl", *args))
+    logs = [str(run.cwd / "hosts" / h / "r_clat.1.log") for h in ("client-01", "client-02")]
+    first = fiomon(run, "report", "--format", "jsonl", *logs).stdout.splitlines()[0]
+    origin = int(json.loads(first)["start_ms"])
+    lines = np.loadtxt(run.slow_log, delimiter=",", usecols=(0, 1), dtype=np.int64, ndmin=2)
+    checked = 0
+    for v in got:
+        if v["window_start_s"] is None or not v["hosts"]:
+            continue
+        start = origin + v["window_start_s"] * 1000
+        mine = lines[(lines[:, 0] > start) & (lines[:, 0] <= start + 2000), 1]
+        assert mine.min() > v["baseline_ns"]  # the premise: 256 KiB reads are all slower
+        share = {h["host"]: h for h in v["hosts"]}["client-02"]
+        assert share["above"] == len(mine)
+        checked += 1
+    assert checked >= 3
 
 
 def test_one_json_document_of_the_whole_run_is_refused_not_spread_over_windows(run: Run) -> None:

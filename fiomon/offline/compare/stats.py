@@ -144,8 +144,10 @@ def hull(low_a: F64, high_a: F64, low_b: F64, high_b: F64) -> tuple[F64, F64]:
 def above_counts(hists: F64, lower_edges: F64, upper_edges: F64, threshold_ns: float) -> F64:
     """Per row of ``hists``, the I/Os in bins wholly above ``threshold_ns``.
 
-    The threshold is a percentile interpolated in its bin ``j`` (``lower_j <= t <=
-    upper_j``); the bins after ``j`` hold only latencies above it.
+    The threshold is a percentile in its bin ``j`` (``lower_j < t <= upper_j``, the edges
+    contiguous); the bins after ``j``, those with ``lower >= t``, hold only latencies above
+    it. The columns may start above the threshold's bin (a host whose I/Os are all
+    slower): then every column counts.
     """
-    j = int(np.searchsorted(upper_edges, threshold_ns, side="left"))
-    return np.asarray(hists[:, j + 1 :].sum(axis=1), dtype=np.float64)
+    above = np.asarray(lower_edges, dtype=np.float64) >= threshold_ns
+    return np.asarray(hists[:, above].sum(axis=1), dtype=np.float64)
