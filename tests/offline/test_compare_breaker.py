@@ -7,7 +7,7 @@ the whole run in one record must not be spread over windows as if each had been
 measured, and inputs compare cannot read must give a message naming the run, not a
 traceback. Two more fio jobs run beside it as a candidate of two hosts (``hosts/client-01``
 reads 4 KiB, ``hosts/client-02`` 256 KiB blocks: every I/O slower than the baseline's
-median), for the attribution of a regression to a host.
+median), for the attribution of a regression to a host, and ``rw/`` reads and writes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_S = 8
 JOB = """[global]
 ioengine=psync
-rw=randread
+rw={rw}
 bs={bs}
 size=4m
 filename={data}
@@ -60,11 +60,16 @@ class Run:
 def run(fio_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
     cwd = tmp_path_factory.mktemp("breaker")
     procs = []
-    for name, bs in (("run", "4k"), ("hosts/client-01", "4k"), ("hosts/client-02", "256k")):
+    for name, bs, rw in (
+        ("run", "4k", "randread"),
+        ("hosts/client-01", "4k", "randread"),
+        ("hosts/client-02", "256k", "randread"),
+        ("rw", "4k", "randrw"),
+    ):
         folder = cwd / name
         folder.mkdir(parents=True)
         job = folder / "job.fio"
-        job.write_text(JOB.format(data=folder / "data", runtime=RUNTIME_S, bs=bs))
+        job.write_text(JOB.format(data=folder / "data", runtime=RUNTIME_S, bs=bs, rw=rw))
         procs.append(start_fio(fio_bin, job, folder / "out.json"))
     wait_fio(procs)
     run = cwd / "run"
@@ -219,3 +224,17 @@ def test_the_whole_run_header_names_only_the_windows_both_runs_have(run: Run) ->
     r = fiomon(run, "compare", *args)
     assert r.returncode == 0, r.stderr
     assert f"whole run (the windows both runs have, {span}):" in r.stdout
+
+
+def test_all_is_not_compared_when_one_run_has_a_direction_the_other_lacks(run: Run) -> None:
+    """A read-only baseline against a candidate that also writes: the note said the writes
+    were "not compared", yet the ``all`` lines compared the baseline's reads with the
+    candidate's reads and writes (whole-run 'worse' from the writes alone)."""
+    r = fiomon(run, "compare", "--format", "jsonl", "--percentiles", "50", "run", "rw")
+    got = jsonl(r)
+    assert {v["direction"] for v in got} == {"read"}
+    assert "only the candidate has I/O in write" in r.stderr
+    assert "all: not compared" in r.stderr
+    # The same mix on both sides: all is compared.
+    both = jsonl(fiomon(run, "compare", "--format", "jsonl", "--percentiles", "50", "rw", "rw"))
+    assert {v["direction"] for v in both} == {"read", "write", "all"}

@@ -220,6 +220,12 @@ class _Judge:
                 self.result.notes.append(
                     f"only the {run.info.name} has I/O in {', '.join(only)}: not compared"
                 )
+        if "all" in dirs and not self._same_mix():
+            dirs.remove("all")
+            self.result.notes.append(
+                "all: not compared, the runs hold I/O of other directions (compare the "
+                "directions both have)"
+            )
         if not dirs:
             msg = "the two runs have no direction with I/O in common (--directions)"
             raise FiomonError(msg)
@@ -244,6 +250,20 @@ class _Judge:
         window_lines.sort(key=lambda t: (t[0], t[1]))
         self.result.verdicts = [v for _, _, v in window_lines] + whole
         self._coverage_notes(dirs[0])
+
+    def _same_mix(self) -> bool:
+        """Whether ``all`` means the same directions in both runs.
+
+        If not, it would compare, say, a read-only baseline with a candidate's reads and
+        writes. Unknown when a direction was not read (``--directions``) or a run reports
+        ``mixed`` (unified_rw_reporting: reads and writes in one): then taken as the same.
+        """
+        own = ("read", "write", "trim")
+        if not {*own, "mixed"} <= set(self.opts.quanta.directions):
+            return True
+        held = [{d for d in own if ("cluster", None, d) in r.windows} for r in (self.b, self.c)]
+        mixed = any(("cluster", None, "mixed") in r.windows for r in (self.b, self.c))
+        return mixed or held[0] == held[1]
 
     def _coverage_notes(self, d: str) -> None:
         key: Key = ("cluster", None, d)
