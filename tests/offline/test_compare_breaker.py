@@ -238,3 +238,16 @@ def test_all_is_not_compared_when_one_run_has_a_direction_the_other_lacks(run: R
     # The same mix on both sides: all is compared.
     both = jsonl(fiomon(run, "compare", "--format", "jsonl", "--percentiles", "50", "rw", "rw"))
     assert {v["direction"] for v in both} == {"read", "write", "all"}
+
+
+def test_a_run_ends_at_its_last_quantum_not_its_last_window(run: Run) -> None:
+    """The rows are the windows, so a run's end was its last window's end: a point 2 s
+    after the 8 s run was taken as inside it (exit 0), and the figure gave the run's
+    length as the windows' (25 s for a 20 s run)."""
+    after = f"+{RUNTIME_S + 2}s"
+    r = fiomon(run, "compare", "--align-at", f"baseline={after},candidate=+1s", "run", "run")
+    assert r.returncode == 1, r.stdout
+    assert "outside the baseline run" in r.stderr
+    assert "Traceback" not in r.stderr
+    inside = fiomon(run, "compare", "--align-at", "baseline=+5s,candidate=+5s", "run", "run")
+    assert inside.returncode == 0, inside.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,13 @@ class _WindowSink:
                 raise FiomonError(msg)
             if self.first_ms is None:
                 self.first_ms = r.start_ms
-            self.last_ms = r.end_ms if self.last_ms is None else max(self.last_ms, r.end_ms)
+            # Rows are windows: the records end where the last one's covered time does (a
+            # run's records run on from its start, or from the window's).
+            end = r.end_ms
+            if r.iops:
+                begin = max(r.start_ms, self.place.first_ms or r.start_ms)
+                end = min(r.end_ms, begin + math.ceil(r.stats.samples / r.iops * 1000))
+            self.last_ms = end if self.last_ms is None else max(self.last_ms, end)
             k = self.place.window(r.start_ms)
             w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
             w.hist.add(r.hist)
@@ -218,6 +225,11 @@ class _Placer:
                 f"onto its quantum grid ({self.quantum_ms} ms)"
             )
 
+    def quantum_end(self, ms: int) -> int:
+        """The end of the run's quantum that holds ``ms`` (its grid starts at its first)."""
+        first = self.first_ms if self.first_ms is not None else 0
+        return first + -(-(ms - first) // self.quantum_ms) * self.quantum_ms
+
     def window(self, start_ms: int) -> int:
         return (start_ms - self.origin_ms) // self.window_ms
 
@@ -287,7 +299,7 @@ def read_run(
         relative=s.relative,
         origin_ms=placer.origin_ms,
         start_ms=placer.first_ms if placer.first_ms is not None else s.first_ms or 0,
-        end_ms=s.last_ms or 0,
+        end_ms=placer.quantum_end(s.last_ms or 0),
         late_records=summary.late_records,
     )
     if point is not None and not info.start_ms <= placer.origin_ms <= info.end_ms:
