@@ -347,16 +347,17 @@ def test_bootstrap_is_seeded_and_brackets_the_ratio() -> None:
     assert (low > 1.0).all() and (high > low).all()
 
 
-def test_above_counts_counts_bins_wholly_above() -> None:
+def test_above_counts_counts_from_the_thresholds_bin_up() -> None:
     lower, upper = BinLayout().edges_ns()
     h = np.zeros((1, len(lower)))
     h[0, 700] = 5
     h[0, 701] = 3
     h[0, 702] = 2
     mid = (lower[701] + upper[701]) / 2
-    assert above_counts(h, lower, upper, mid)[0] == 2
-    assert above_counts(h, lower, upper, upper[701])[0] == 2  # the edge itself: bin 701's
-    assert above_counts(h, lower, upper, lower[700] - 1)[0] == 10
+    assert above_counts(h, upper, mid)[0] == 5  # bin 701 counts whole
+    assert above_counts(h, upper, upper[701])[0] == 5  # its upper edge is still bin 701
+    assert above_counts(h, upper, upper[701] + 1)[0] == 2
+    assert above_counts(h, upper, lower[700] - 1)[0] == 10
 
 
 def test_trimmed_hist_sums_equal_full_sums() -> None:

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
-from fiomon.errors import FiomonError
+from fiomon.errors import FiomonError, ParseError
 from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
 from fiomon.offline.quanta import QuantaOptions
@@ -244,8 +244,11 @@ def read_run(
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
     try:
         summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except ParseError:
+        raise  # --strict's first bad line names its file
     except FiomonError as exc:  # which run it is
-        raise type(exc)(f"{name} {spec}: {exc}") from None
+        msg = f"{name} {spec}: {exc}"
+        raise FiomonError(msg) from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
