@@ -142,28 +142,15 @@ def test_the_slow_windows_are_flagged_and_carried_by_the_slow_host(runs: dict[st
     }
 
 
-def test_jsonl_objects_have_the_issue_keys(runs: dict[str, Path]) -> None:
+def test_jsonl_objects_put_whole_run_lines_last(runs: dict[str, Path]) -> None:
+    """(Their keys and types: tests/offline/test_compare_cli.py.)"""
     result = _compare(runs["base"], runs["same"])
     objs = [v.to_json() for v in result.verdicts]
-    for o in objs:
-        for key in (
-            "window_start_s",
-            "window_end_s",
-            "direction",
-            "percentile",
-            "baseline_ns",
-            "candidate_ns",
-            "ratio",
-            "ratio_ci",
-            "significant",
-        ):
-            assert key in o
-        assert isinstance(o["ratio_ci"], list) and len(o["ratio_ci"]) == 2
     whole = [o for o in objs if o["window_start_s"] is None]
     assert whole and all(o["window_end_s"] is None for o in whole)
     starts = [o["window_start_s"] for o in objs if o["window_start_s"] is not None]
     assert starts == sorted(starts)
-    assert objs.index(whole[0]) == len(objs) - len(whole)  # whole-run lines last
+    assert objs.index(whole[0]) == len(objs) - len(whole)
 
 
 def _shifted_copy(src: Path, dst: Path, shift_ms: int) -> None:
