@@ -397,7 +397,7 @@ class _Judge:
         """The candidate's hosts by their share of the I/Os above ``threshold_ns``."""
         if math.isnan(threshold_ns):
             return ()
-        lower, upper = self.c.layout.edges_ns()
+        _, upper = self.c.layout.edges_ns()
         above: dict[str, float] = {}
         ios: dict[str, int] = {}
         for h in self.c.info.hosts:
@@ -408,12 +408,7 @@ class _Judge:
             hist, first = _matrix([w.hist.lo for w in got], [w.hist.counts for w in got])
             total = hist.sum(axis=0)[None, :]
             above[h] = float(
-                above_counts(
-                    total,
-                    lower[first : first + total.shape[1]],
-                    upper[first : first + total.shape[1]],
-                    threshold_ns,
-                )[0]
+                above_counts(total, upper[first : first + total.shape[1]], threshold_ns)[0]
             )
             ios[h] = sum(w.ios for w in got)
         all_above = sum(above.values())

@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
-from fiomon.errors import FiomonError, ParseError, UsageError
+from fiomon.errors import FiomonError, ParseError
 from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
 from fiomon.offline.iosources import is_iolog
@@ -282,8 +282,11 @@ def read_run(
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
     try:
         summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except ParseError:
+        raise  # --strict's first bad line names its file
     except FiomonError as exc:  # which run it is
-        raise _named(exc, f"{name} {spec}") from None
+        msg = f"{name} {spec}: {exc}"
+        raise FiomonError(msg) from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
@@ -341,19 +344,6 @@ def _check_records(
         "--status-interval=1 or hist logs"
     )
     raise FiomonError(msg)
-
-
-def _named(exc: FiomonError, run: str) -> FiomonError:
-    """``exc`` with the run named in front, of a class ``fiomon compare`` tells apart.
-
-    The classes' constructors differ (``InputError`` takes the refusals, ``ConfigError``
-    a list of problems), so the message is not handed to ``type(exc)``.
-    """
-    if isinstance(exc, ParseError):  # --strict: the command says so
-        return ParseError(f"{run}: {exc.source}", exc.line_no, exc.reason)
-    if isinstance(exc, UsageError):
-        return UsageError([f"{run}: {p}" for p in exc.problems])
-    return FiomonError(f"{run}: {exc}")
 
 
 class _Prefixed(io.TextIOBase):
