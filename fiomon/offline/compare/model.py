@@ -74,7 +74,8 @@ class HostShare:
 
     Args:
         host: the host label.
-        above: its I/Os in the window above the baseline's percentile value.
+        above: its I/Os in the window at or above the bin of the baseline's percentile
+            value (:func:`fiomon.histogram.bin_of`, as the live tail shares count).
         share: ``above`` over all hosts' (0..1).
         io_share: its I/Os over all hosts' in the window (0..1): a host whose ``share``
             is far above its ``io_share`` carries the regression.

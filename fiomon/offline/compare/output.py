@@ -197,8 +197,10 @@ def _local(epoch_ms: int) -> str:
 
 
 def _span(windows: Sequence[Verdict]) -> str:
-    starts = [v.window_start_s for v in windows if v.window_start_s is not None]
-    ends = [v.window_end_s for v in windows if v.window_end_s is not None]
+    # The whole-run lines merge only the windows both runs have I/O in.
+    both = [v for v in windows if v.baseline_ios and v.candidate_ios]
+    starts = [v.window_start_s for v in both if v.window_start_s is not None]
+    ends = [v.window_end_s for v in both if v.window_end_s is not None]
     if not starts or not ends:
         return "the windows both runs have"
     return f"the windows both runs have, within {min(starts):g} .. {max(ends):g} s"

@@ -220,6 +220,12 @@ class _Judge:
                 self.result.notes.append(
                     f"only the {run.info.name} has I/O in {', '.join(only)}: not compared"
                 )
+        if "all" in dirs and not self._same_mix():
+            dirs.remove("all")
+            self.result.notes.append(
+                "all: not compared, the runs hold I/O of other directions (compare the "
+                "directions both have)"
+            )
         if not dirs:
             msg = "the two runs have no direction with I/O in common (--directions)"
             raise FiomonError(msg)
@@ -245,6 +251,20 @@ class _Judge:
         self.result.verdicts = [v for _, _, v in window_lines] + whole
         self._coverage_notes(dirs[0])
 
+    def _same_mix(self) -> bool:
+        """Whether ``all`` means the same directions in both runs.
+
+        If not, it would compare, say, a read-only baseline with a candidate's reads and
+        writes. Unknown when a direction was not read (``--directions``) or a run reports
+        ``mixed`` (unified_rw_reporting: reads and writes in one): then taken as the same.
+        """
+        own = ("read", "write", "trim")
+        if not {*own, "mixed"} <= set(self.opts.quanta.directions):
+            return True
+        held = [{d for d in own if ("cluster", None, d) in r.windows} for r in (self.b, self.c)]
+        mixed = any(("cluster", None, "mixed") in r.windows for r in (self.b, self.c))
+        return mixed or held[0] == held[1]
+
     def _coverage_notes(self, d: str) -> None:
         key: Key = ("cluster", None, d)
         wb, wc = set(self.b.windows[key]), set(self.c.windows[key])
@@ -266,6 +286,17 @@ class _Judge:
         for i, s in enumerate(stats):
             if s is not None:
                 vals[i] = [s.percentiles_ns[k] for k in self.keys_p]
+        for i, w in enumerate(windows):
+            if w.exact is None:
+                continue
+            # Per-I/O logs: the nearest rank of the values and its order-statistic interval
+            # (report's exact rows), not the binned approximation.
+            for j, key in enumerate(self.keys_p):
+                if key in w.exact:
+                    v, lo, hi = w.exact[key]
+                    vals[i, j] = v
+                    low[i, j] = np.nan if lo is None else lo
+                    high[i, j] = np.nan if hi is None else hi
         return vals, low, high
 
     def _key(self, key: Key) -> tuple[list[tuple[int, Verdict]], list[Verdict]]:
@@ -366,7 +397,7 @@ class _Judge:
         """The candidate's hosts by their share of the I/Os above ``threshold_ns``."""
         if math.isnan(threshold_ns):
             return ()
-        lower, upper = self.c.layout.edges_ns()
+        _, upper = self.c.layout.edges_ns()
         above: dict[str, float] = {}
         ios: dict[str, int] = {}
         for h in self.c.info.hosts:
@@ -377,12 +408,7 @@ class _Judge:
             hist, first = _matrix([w.hist.lo for w in got], [w.hist.counts for w in got])
             total = hist.sum(axis=0)[None, :]
             above[h] = float(
-                above_counts(
-                    total,
-                    lower[first : first + total.shape[1]],
-                    upper[first : first + total.shape[1]],
-                    threshold_ns,
-                )[0]
+                above_counts(total, upper[first : first + total.shape[1]], threshold_ns)[0]
             )
             ios[h] = sum(w.ios for w in got)
         all_above = sum(above.values())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,9 +28,10 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
-from fiomon.errors import FiomonError
+from fiomon.errors import FiomonError, ParseError
 from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
+from fiomon.offline.iosources import is_iolog
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import all_quanta_files
 from fiomon.offline.report import ReportOptions, run_report
@@ -79,13 +81,24 @@ class Hist:
         return float(self.counts.sum())
 
 
+Exact = dict[str, tuple[float, float | None, float | None]]
+"""Per percentile key: the value and its interval's sides (None: unbounded)."""
+
+
 @dataclass(slots=True)
 class Window:
-    """One window of one scope and direction."""
+    """One window of one scope and direction.
+
+    ``exact``: from per-I/O logs, the window's own row's nearest-rank percentiles and
+    their order-statistic intervals on the values (``fiomon report``'s exact rows),
+    which the binned histogram only approximates; None otherwise.
+    """
 
     hist: Hist = field(default_factory=Hist)
     ios: int = 0
     covered_s: float = 0.0
+    exact: Exact | None = None
+    rows: int = 0
 
 
 @dataclass(slots=True)
@@ -109,8 +122,8 @@ class RunWindows:
 class _WindowSink:
     """The rows' sink: sums each row's histogram into its window (a :class:`RowWriter`)."""
 
-    def __init__(self, layout: BinLayout, relative: bool, place: _Placer) -> None:
-        self.layout, self.relative, self.place = layout, relative, place
+    def __init__(self, layout: BinLayout, relative: bool, place: _Placer, exact: bool) -> None:
+        self.layout, self.relative, self.place, self.exact = layout, relative, place, exact
         self.windows: dict[Key, dict[int, Window]] = {}
         self.first_ms: int | None = None
         self.last_ms: int | None = None
@@ -126,10 +139,19 @@ class _WindowSink:
                 raise FiomonError(msg)
             if self.first_ms is None:
                 self.first_ms = r.start_ms
-            self.last_ms = r.end_ms if self.last_ms is None else max(self.last_ms, r.end_ms)
+            # Rows are windows: the records end where the last one's covered time does (a
+            # run's records run on from its start, or from the window's).
+            end = r.end_ms
+            if r.iops:
+                begin = max(r.start_ms, self.place.first_ms or r.start_ms)
+                end = min(r.end_ms, begin + math.ceil(r.stats.samples / r.iops * 1000))
+            self.last_ms = end if self.last_ms is None else max(self.last_ms, end)
             k = self.place.window(r.start_ms)
             w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
             w.hist.add(r.hist)
+            w.rows += 1
+            # Rows are the windows (regrid): one exact row is the window's exact statistics.
+            w.exact = _exact(r) if self.exact and w.rows == 1 else None
             n = round(r.stats.samples)
             w.ios += n
             if r.iops:
@@ -139,6 +161,15 @@ class _WindowSink:
 
     def close(self) -> None:
         return None
+
+
+def _exact(r: ClosedQuantum) -> Exact | None:
+    """An exact row's percentiles and intervals (None: it has not all of them)."""
+    out: Exact = {}
+    for key, value in r.stats.percentiles_ns.items():
+        low, high = (None, None) if r.ci_ns is None else r.ci_ns.get(key, (None, None))
+        out[key] = (value, low, high)
+    return out or None
 
 
 class _Placer:
@@ -194,6 +225,11 @@ class _Placer:
                 f"onto its quantum grid ({self.quantum_ms} ms)"
             )
 
+    def quantum_end(self, ms: int) -> int:
+        """The end of the run's quantum that holds ``ms`` (its grid starts at its first)."""
+        first = self.first_ms if self.first_ms is not None else 0
+        return first + -(-(ms - first) // self.quantum_ms) * self.quantum_ms
+
     def window(self, start_ms: int) -> int:
         return (start_ms - self.origin_ms) // self.window_ms
 
@@ -218,6 +254,7 @@ def read_run(
             "fio's logs (hist logs, json+ streams, per-I/O latency logs)"
         )
         raise FiomonError(msg)
+    exact = bool(files) and all(is_iolog(p) for p in files)
     q: QuantaOptions = dataclasses.replace(
         opts.quanta,
         source=source,
@@ -225,8 +262,9 @@ def read_run(
         keep_hists=True,
         keep_host_hists=True,
         target_error=None,
-        # The rows' own percentiles go unused (each window's come from its histogram).
-        percentiles=(),
+        # Binned rows' percentiles go unused (each window's come from its histogram);
+        # per-I/O logs' rows are exact: a window's are its row's (rows are the windows).
+        percentiles=opts.quanta.percentiles if exact else (),
         regrid=None,
     )
     shift = opts.shift_ms if name == "candidate" else 0
@@ -237,19 +275,23 @@ def read_run(
     holder: list[_WindowSink] = []
 
     def sink(layout: BinLayout, relative: bool) -> _WindowSink:
-        s = _WindowSink(layout, relative, placer)
+        s = _WindowSink(layout, relative, placer, exact)
         holder.append(s)
         return s
 
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
     try:
         summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except ParseError:
+        raise  # --strict's first bad line names its file
     except FiomonError as exc:  # which run it is
-        raise type(exc)(f"{name} {spec}: {exc}") from None
+        msg = f"{name} {spec}: {exc}"
+        raise FiomonError(msg) from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
     s = holder[0]
+    _check_records(name, spec, summary.records, s.windows, opts.window_ms)
     hosts = sorted({h for (_, h, _) in s.windows if h is not None})
     info = RunInfo(
         name=name,
@@ -260,7 +302,7 @@ def read_run(
         relative=s.relative,
         origin_ms=placer.origin_ms,
         start_ms=placer.first_ms if placer.first_ms is not None else s.first_ms or 0,
-        end_ms=s.last_ms or 0,
+        end_ms=placer.quantum_end(s.last_ms or 0),
         late_records=summary.late_records,
     )
     if point is not None and not info.start_ms <= placer.origin_ms <= info.end_ms:
@@ -272,6 +314,36 @@ def read_run(
         raise FiomonError(msg)
     notes = [placer.note] if placer.note else []
     return RunWindows(info, s.layout, s.windows, q.quantum_ms), notes
+
+
+def _check_records(
+    name: RunName, spec: str, records: int, windows: dict[Key, dict[int, Window]], window_ms: int
+) -> None:
+    """Refuse windows that would hold shares of records, not what happened in them.
+
+    A record longer than a window (one json+ document of a whole run, fio's
+    ``--status-interval`` or ``log_hist_msec`` longer than ``--window``) is spread evenly
+    over the windows it covers: each would get the same percentiles, with intervals as if
+    its share of the I/Os had been seen there. Each host's direction's window with I/O
+    needs a record of its own unless records are split, so fewer than half as many
+    records as such windows means most records span two windows or more.
+
+    Raises:
+        FiomonError: naming the run, the counts and what to do.
+    """
+    needed = sum(len(ws) for (scope, _, d), ws in windows.items() if scope == "host" and d != "all")
+    if records <= 0 or needed < 2 * records:
+        return
+    msg = (
+        f"{name} {spec}: {records} fio record(s) for {needed} windows of "
+        f"{window_ms / 1000:g} s (per host and direction): its records are longer than a "
+        "window (json+ output without --status-interval, or a status interval or "
+        "log_hist_msec longer than --window), so each window would show an even share of "
+        "a record, not what happened in it; use a --window at least as long as fio's "
+        "interval (the whole run for one json+ document), or re-run fio with "
+        "--status-interval=1 or hist logs"
+    )
+    raise FiomonError(msg)
 
 
 class _Prefixed(io.TextIOBase):
