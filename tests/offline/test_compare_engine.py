@@ -93,6 +93,12 @@ def test_a_window_holds_exactly_the_report_rows_of_its_quanta(runs: dict[str, Pa
             # records split over quanta leave fractions, summed before rounding
             assert got == {k: round(v) for k, v in want.items()}, (name, d)
         assert info.ios == round(sum(r.stats.samples for r in rows if r.direction != "all"))
+    # Whole-run lines count every I/O of the windows both runs have (all of them here),
+    # their records' fractions summed before rounding.
+    whole = [v for v in result.verdicts if v.whole_run and v.direction == "all"]
+    assert whole and {(v.baseline_ios, v.candidate_ios) for v in whole} == {
+        (result.baseline.ios, result.candidate.ios)
+    }
 
 
 def test_a_run_against_itself_is_ratio_one_everywhere(runs: dict[str, Path]) -> None:

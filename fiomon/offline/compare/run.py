@@ -351,7 +351,7 @@ class _Judge:
             m = Window()
             for w in wins:
                 m.hist.add_trimmed(w.hist)
-                m.ios += w.ios
+                m.samples += w.samples
             merged.append((run, m))
         (_, mb), (_, mc) = merged
         bs, cs = self._stats(self.b, [mb]), self._stats(self.c, [mc])
@@ -399,7 +399,7 @@ class _Judge:
             return ()
         _, upper = self.c.layout.edges_ns()
         above: dict[str, float] = {}
-        ios: dict[str, int] = {}
+        ios: dict[str, float] = {}
         for h in self.c.info.hosts:
             wins = self.c.windows.get(("host", h, d), {})
             got = [wins[k] for k in ks if k in wins]
@@ -410,7 +410,7 @@ class _Judge:
             above[h] = float(
                 above_counts(total, upper[first : first + total.shape[1]], threshold_ns)[0]
             )
-            ios[h] = sum(w.ios for w in got)
+            ios[h] = sum(w.samples for w in got)
         all_above = sum(above.values())
         all_ios = sum(ios.values())
         if all_above <= 0 or all_ios <= 0:

@@ -95,9 +95,14 @@ class Window:
     """
 
     hist: Hist = field(default_factory=Hist)
-    ios: int = 0
+    samples: float = 0.0  # fio records split over windows leave fractions
     covered_s: float = 0.0
     exact: Exact | None = None
+
+    @property
+    def ios(self) -> int:
+        """The I/Os, rounded once (a sum of windows sums their ``samples`` first)."""
+        return round(self.samples)
     rows: int = 0
 
 
@@ -152,8 +157,7 @@ class _WindowSink:
             w.rows += 1
             # Rows are the windows (regrid): one exact row is the window's exact statistics.
             w.exact = _exact(r) if self.exact and w.rows == 1 else None
-            n = round(r.stats.samples)
-            w.ios += n
+            w.samples += r.stats.samples
             if r.iops:
                 w.covered_s += r.stats.samples / r.iops
             if r.scope == "cluster" and r.direction != "all":
