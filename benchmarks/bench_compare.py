@@ -251,30 +251,6 @@ def compare_counts(out: Path) -> tuple[int, int, int, dict[str, dict[str, int]]]
     return verdicts, whole, flagged, ios
 
 
-ENGINE = """
-import sys
-from fiomon.offline.compare.model import CompareOptions
-from fiomon.offline.compare.run import RunInput, run_compare, run_files
-from fiomon.offline.sources import SourceOptions
-import json
-runs = [RunInput(n, s, tuple(run_files(s)), SourceOptions())
-        for n, s in zip(("baseline", "candidate"), sys.argv[1:3])]
-result = run_compare(*runs, CompareOptions())
-out = sys.stdout
-for v in result.verdicts:
-    out.write(json.dumps(v.to_json()) + "\\n")
-"""
-
-
-def compare_command(base: Path, cand: Path) -> tuple[str, list[str]]:
-    """``fiomon compare`` if this tree has it, else the engine behind it (and a name)."""
-    py = [sys.executable, "-m", "fiomon"]
-    probe = subprocess.run([*py, "compare", "--help"], capture_output=True, check=False)
-    if probe.returncode == 0:
-        return "fiomon compare", [*py, "compare", str(base), str(cand), "--format", "jsonl"]
-    return "run_compare (no CLI yet)", [sys.executable, "-c", ENGINE, str(base), str(cand)]
-
-
 def speed(scratch: Path, repeat: int) -> bool:
     """Time compare against two reports; print the counters; whether the bound holds."""
     base = scratch / "baseline"
@@ -292,8 +268,12 @@ def speed(scratch: Path, repeat: int) -> bool:
     )
     py = [sys.executable, "-m", "fiomon"]
     out = {name: scratch / f"{name}.jsonl" for name in ("compare", "baseline", "candidate")}
-    name, cmd = compare_command(base, cand)
-    t_cmp, cpu_cmp, rss_cmp = measure(name, cmd, out["compare"], repeat)
+    t_cmp, cpu_cmp, rss_cmp = measure(
+        "fiomon compare",
+        [*py, "compare", str(base), str(cand), "--format", "jsonl"],
+        out["compare"],
+        repeat,
+    )
     t_rep, cpu_rep, rss_rep = {}, {}, {}
     for name in ("baseline", "candidate"):
         t_rep[name], cpu_rep[name], rss_rep[name] = measure(
