@@ -25,7 +25,9 @@ and percentile), at 200, 2,000 and 20,000 I/Os per window per direction, cluster
   At 2,000 I/Os p99 rests on ~20 I/Os: no two-sample test reaches 80 % there (an exact
   test on the counts above the *true* baseline p99 reaches 64 %, a one-sample test that
   knows the baseline 93 %; benchmarks/bench_compare.py prints them), so the test asks
-  for clearly more than chance (>= 25 %) and the benchmark states the rate.
+  for clearly more than chance (>= 25 %) and the benchmark states the rate. With a
+  lighter tail (Pareto exponent 6 instead of 2.5) the same 2,000 I/Os suffice: >= 80 %
+  is asserted there (99.8 % measured over 100 pairs).
 
 * **Counts.** Every I/O the simulator wrote is in ``RunInfo.ios`` and the whole-run
   lines, also when records straddle quanta and are split in fractions.
@@ -99,6 +101,7 @@ def write_run(
     *,
     in_phase: bool = False,
     slow: tuple[int, int, float] | None = None,
+    model: LatencyModel = MODEL,
 ) -> dict[int, int]:
     """One simulated run: ``HOSTS`` folders, each a reading and a writing job; I/Os per direction.
 
@@ -110,6 +113,7 @@ def write_run(
             every host); else each host has a random phase, as ``write_cluster`` gives it.
         slow: ``(from_s, to_s, factor)``: the records that cover ``[from_s, to_s)`` after
             the start are ``factor`` times slower (meant with ``in_phase``).
+        model: the latency model.
     """
     iops = ios_per_window / WINDOW_S / HOSTS
     ios = {0: 0, 1: 0}
@@ -126,7 +130,7 @@ def write_run(
                 start_ms=START_MS - lag,  # the write lines on the read lines' stamps
                 seconds=SECONDS,
                 interval_ms=INTERVAL_MS,
-                model=MODEL,
+                model=model,
                 rng=rng,
                 factor_at=factor_at,
             ):
@@ -208,14 +212,16 @@ def tally(
         counts.setdefault((kind, level, v.percentile), Count()).add(v)
 
 
-def compare_pair(root: Path, level: int, pair: int, *, slowed: bool) -> list[Verdict]:
+def compare_pair(
+    root: Path, level: int, pair: int, *, slowed: bool, model: LatencyModel = MODEL
+) -> list[Verdict]:
     """Write a baseline and a candidate run, compare them; the verdicts (files removed)."""
     folder = root / f"{'slow' if slowed else 'same'}-{level}-{pair}"
     base, cand = folder / "baseline", folder / "candidate"
     # one seed per (level, pair, kind): every pair independent of every other
     rng = np.random.default_rng([level, pair, int(slowed)])
-    write_run(base, level, rng, in_phase=slowed)
-    write_run(cand, level, rng, in_phase=slowed, slow=SLOW if slowed else None)
+    write_run(base, level, rng, in_phase=slowed, model=model)
+    write_run(cand, level, rng, in_phase=slowed, slow=SLOW if slowed else None, model=model)
     result = run_compare(
         run_input("baseline", base), run_input("candidate", cand), OPTIONS, io.StringIO()
     )
@@ -223,12 +229,15 @@ def compare_pair(root: Path, level: int, pair: int, *, slowed: bool) -> list[Ver
     return result.verdicts
 
 
-def calibrate(root: Path, levels: Iterable[int], pairs: int, *, slowed: bool) -> dict[Key, Count]:
+def calibrate(
+    root: Path, levels: Iterable[int], pairs: int, *, slowed: bool, model: LatencyModel = MODEL
+) -> dict[Key, Count]:
     """``pairs`` independent pairs per level, tallied."""
     counts: dict[Key, Count] = {}
     for level in levels:
         for pair in range(pairs):
-            tally(counts, compare_pair(root, level, pair, slowed=slowed), level, slowed=slowed)
+            verdicts = compare_pair(root, level, pair, slowed=slowed, model=model)
+            tally(counts, verdicts, level, slowed=slowed)
     return counts
 
 
@@ -290,6 +299,23 @@ def test_p99_30_percent_higher_for_20_s_is_flagged_there_and_only_there(
             out = slowed["outside", level, q]
             assert out.total == PAIRS * 4 * 2
             assert out.rate <= MAX_FP, f"p{q:g} at {level} I/Os outside 20-40 s: {out}"
+
+
+def test_at_2000_ios_a_lighter_tail_is_found_80_percent_of_the_time(tmp_path: Path) -> None:
+    """The 2,000 I/O level's shortfall above is the Pareto tail's, not the method's: with a
+    tail of exponent 6 instead of 2.5 (p99's I/Os lie closer together, so 20 of them say
+    more), the same 1.3x slowdown of p99 is flagged in at least 80 % of the slowed windows,
+    and equal runs still flag at most 5 %."""
+    light = LatencyModel(tail_alpha=6.0)
+    slow = calibrate(tmp_path / "slow", [2_000], PAIRS, slowed=True, model=light)
+    same = calibrate(tmp_path / "same", [2_000], PAIRS, slowed=False, model=light)
+    hit = slow["slowed", 2_000, 99.0]
+    assert hit.total == PAIRS * 2 * 2
+    assert hit.up >= 0.8 * hit.total, hit
+    assert hit.flagged == hit.up, hit
+    for q in PERCENTILES:
+        assert slow["outside", 2_000, q].rate <= MAX_FP, slow["outside", 2_000, q]
+        assert same["same", 2_000, q].rate <= MAX_FP, same["same", 2_000, q]
 
 
 @pytest.mark.parametrize("in_phase", [True, False], ids=["in-phase", "split-records"])
