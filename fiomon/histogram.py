@@ -59,6 +59,20 @@ def pct_key(q: float) -> str:
     return text or "0"
 
 
+def bin_of(
+    upper_edges: npt.NDArray[np.float64], values_ns: Sequence[float]
+) -> npt.NDArray[np.intp]:
+    """The bin holding each value: the first whose upper edge is at or above it.
+
+    Clamped to the last bin. A percentile interpolated in bin ``b`` lies in ``[lower_b,
+    upper_b]``, so the I/Os of bins ``b`` and above are the ones at or above it, to a bin's
+    width (the tail shares of :mod:`fiomon.server.tailshare` and ``fiomon compare``'s
+    attribution).
+    """
+    found = np.searchsorted(upper_edges, np.asarray(values_ns, dtype=np.float64), side="left")
+    return np.minimum(found, len(upper_edges) - 1)
+
+
 def nearest_rank(p: float, n: int) -> int:
     """The 1-based rank of the ``p``-th percentile of ``n`` values: ``ceil(p n / 100)``, >= 1.
 

@@ -315,8 +315,8 @@ class JsonStatusParser:
             self.hist_names.add(hist_name)
             if client is None:  # client logs are numbered per server: no job mapping
                 self.job_prefixes[pos] = hist_name
-            runtime = job.get("job_runtime")
-            if _is_int(ts, _MAX_MS) and _is_int(runtime, _MAX_MS):
+            runtime = _job_span_ms(job)
+            if _is_int(ts, _MAX_MS) and runtime is not None:
                 start = ts - runtime
                 self.first_ms = start if self.first_ms is None else min(self.first_ms, start)
         if _is_int(ts, _MAX_MS):
@@ -565,8 +565,7 @@ class JsonStatusParser:
                 f"job {base.rsplit(':', 1)[-1]!r} restarted (counts decreased): new stream",
             )
         if state.last_ts is None:
-            runtime = job.get("job_runtime")
-            span = runtime if _is_int(runtime, _MAX_MS) else _runtime_without_job_runtime(job)
+            span = _job_span_ms(job)
             start = ts - min(span or 0, ts)
         else:
             start = state.last_ts
@@ -762,6 +761,24 @@ def _client_view(doc: dict[str, Any]) -> _ClientView | None:
         slot.entries.append((e, rt))
         g[1] += 1
     return _ClientView(end_ms, list(slots.values()), skipped, fallback)
+
+
+def _job_span_ms(job: dict[str, Any]) -> int | None:
+    """How long (ms) a job entry has run at its document: where its first record starts.
+
+    ``job_runtime``, except where fio summed it over the threads of a ``group_reporting``
+    entry (``numjobs=8``: eight times the wall time, so the run would seem to start long
+    before its first I/O): a ``job_runtime`` beyond ``elapsed`` (whole seconds since the
+    job started) plus a second is such a sum, and the directions' ``runtime`` (not summed)
+    places the entry instead.
+    """
+    runtime = job.get("job_runtime")
+    elapsed = job.get("elapsed")
+    if _is_int(runtime, _MAX_MS) and not (
+        _is_int(elapsed, _MAX_MS // 1000) and runtime > (elapsed + 1) * 1000
+    ):
+        return runtime
+    return _runtime_without_job_runtime(job)
 
 
 def _runtime_without_job_runtime(entry: dict[str, Any]) -> int | None:

@@ -131,6 +131,12 @@ def sniff(head: bytes) -> Kind | None:
     return _classify(text)
 
 
+def fio_json_head(head: bytes) -> bool:
+    """Whether a file's first bytes hold the start of a fio JSON document (json, json+)."""
+    text, _ = _decoded_head(head)
+    return _DOC_START.search(text) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class ParserOptions:
     """How :func:`open_parser` sets the parsers up.

@@ -8,7 +8,6 @@ The rows come from the report's own engine (:func:`fiomon.offline.report.run_rep
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -20,6 +19,7 @@ from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import all_quanta_files
 from fiomon.offline.report import ReportSummary, run_report
 from fiomon.offline.sources import host_labels
+from fiomon.runtime import write_atomic
 from fiomon.webpage import page_html
 
 PlotKind = Literal["html", "png", "svg"]
@@ -85,10 +85,5 @@ def run_plot(
         from fiomon.offline.plotstatic import figure_bytes  # noqa: PLC0415
 
         body = figure_bytes(doc, kind)
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(body)
-        tmp.replace(output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(output, body)
     return summary

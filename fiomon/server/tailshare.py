@@ -31,6 +31,7 @@ import numpy as np
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum
+from fiomon.histogram import bin_of
 
 TOP_K = 5
 
@@ -98,9 +99,7 @@ def tail_shares(
         ]
         if not found:
             continue
-        bins = np.minimum(
-            np.searchsorted(upper, [v for _, v in found], side="left"), len(upper) - 1
-        )
+        bins = bin_of(upper, [v for _, v in found])
         lo = int(bins.min())
         tail = np.stack([h.hist[lo:] for h in hs if h.hist is not None])
         for (p, v), b in zip(found, bins.tolist(), strict=True):

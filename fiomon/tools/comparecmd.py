@@ -9,7 +9,7 @@ judges; :mod:`fiomon.offline.compare.output` prints; ``-o`` draws
 
 Times given to ``--align-at``: ``HH:MM:SS[.fff]`` is a wall-clock time in this machine's
 time zone (``TZ=UTC fiomon compare ...`` for UTC) on the date the run covers (resolved by
-the engine from the run's first stamp: :func:`fiomon.offline.compare.windows.time_of_day_at`);
+the engine from the run's first stamp: :func:`fiomon.offline.compare.align.time_of_day_at`);
 an ISO datetime without a zone is local too; ``+95s`` / ``+1m30s`` is an offset from the
 run's start. A wall-clock time on relative-stamped logs is refused by the engine.
 """
@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import importlib
-import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -75,23 +72,6 @@ examples:
 
 class _Figure(Protocol):
     def __call__(self, result: CompareResult, path: Path, kind: str, title: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class When:
-    """One run's side of ``--align-at``, as written.
-
-    Args:
-        epoch_ms: an ISO datetime, as epoch ms.
-        offset_ms: ``+95s``: ms since the run's start.
-        time_of_day_ms: ``HH:MM:SS[.fff]``: ms since local midnight of the run's date.
-        text: what the user wrote.
-    """
-
-    text: str
-    epoch_ms: int | None = None
-    offset_ms: int | None = None
-    time_of_day_ms: int | None = None
 
 
 def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
@@ -210,75 +190,23 @@ def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
 
 # -- converters -------------------------------------------------------------------------------
 
-_PIECE = re.compile(r"(\d+(?:\.\d+)?)(ms|min|h|m|s)?")
-_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|min|h|m|s)?)+")
-_TIME_OF_DAY = re.compile(r"(\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,3}))?")
-_UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, None: 1000}
-
-
-def duration_ms(text: str) -> int | None:
-    """``95s``, ``1m30s``, ``250ms``, ``1.5s`` or a bare number of seconds, in ms (None: not one).
-
-    Pieces add up (``1m30s`` = 90 s); a bare number is seconds only alone.
-    """
-    t = text.strip().lower()
-    if not t or _DURATION.fullmatch(t) is None:
-        return None
-    pieces = _PIECE.findall(t)
-    if len(pieces) > 1 and any(not unit for _, unit in pieces):
-        return None
-    value = sum(float(n) * _UNIT_MS[u or None] for n, u in pieces)
-    return round(value) if value == round(value) else None
-
 
 def _shift(text: str) -> int:
-    t = text.strip()
-    sign = -1 if t.startswith("-") else 1
-    ms = duration_ms(t.lstrip("+-"))
-    if ms is None:
-        msg = f"--shift: {text!r} is not a duration (try 5s, -30s, 1m30s)"
-        raise argparse.ArgumentTypeError(msg)
-    return sign * ms
+    from fiomon.offline.compare.align import parse_shift  # noqa: PLC0415
 
-
-def parse_when(text: str) -> When | None:
-    """One side of ``--align-at`` (None: not a time)."""
-    t = text.strip()
-    if t.startswith("+"):
-        ms = duration_ms(t[1:])
-        return None if ms is None else When(t, offset_ms=ms)
-    m = _TIME_OF_DAY.fullmatch(t)
-    if m is not None:
-        h, mi, s, frac = m.groups()
-        if int(h) > 23 or int(mi) > 59 or int(s) > 59:
-            return None
-        ms = ((int(h) * 60 + int(mi)) * 60 + int(s)) * 1000 + int((frac or "0").ljust(3, "0"))
-        return When(t, time_of_day_ms=ms)
     try:
-        when = dt.datetime.fromisoformat(t)
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.astimezone()  # a naive time is the local zone's, as HH:MM:SS is
-    return When(t, epoch_ms=round(when.timestamp() * 1000))
+        return parse_shift(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _align_at(text: str) -> dict[str, When]:
-    usage = (
-        "--align-at: expected baseline=T,candidate=T, T a wall-clock time HH:MM:SS[.fff], "
-        f"an ISO datetime or an offset such as +95s from the run's start; got {text!r}"
-    )
-    found: dict[str, When] = {}
-    for part in text.split(","):
-        name, eq, value = part.partition("=")
-        name = name.strip().lower()
-        when = parse_when(value) if eq else None
-        if name not in RUNS or name in found or when is None:
-            raise argparse.ArgumentTypeError(usage)
-        found[name] = when
-    if set(found) != set(RUNS):
-        raise argparse.ArgumentTypeError(usage)
-    return found
+def _align_at(text: str) -> tuple[AlignPoint, AlignPoint]:
+    from fiomon.offline.compare.align import parse_align_at  # noqa: PLC0415
+
+    try:
+        return parse_align_at(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -350,7 +278,15 @@ def _run_input(args: argparse.Namespace, name: RunName) -> RunInput:
     from fiomon.offline.compare.run import RunInput, run_files  # noqa: PLC0415
 
     spec: str = getattr(args, name)
-    files = run_files(spec)
+    skipped: list[Path] = []
+    files = run_files(spec, skipped)
+    if skipped:
+        shown = ", ".join(str(p) for p in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        cli._error(
+            "compare",
+            f"note: {name}: {len(skipped)} file(s) that are not fio's latency output left "
+            f"out: {shown}",
+        )
     one = copy.copy(args)
     one.logs = files
     try:
@@ -388,11 +324,8 @@ def _options(args: argparse.Namespace, baseline: RunInput, candidate: RunInput) 
         workers=args.jobs,
         source=baseline.source,
     )
-    align_at = None
-    if args.align_at is not None:
-        align_at = (align_point(args.align_at["baseline"]), align_point(args.align_at["candidate"]))
     return CompareOptions(
-        quanta=quanta, window_ms=args.window, shift_ms=args.shift, align_at=align_at
+        quanta=quanta, window_ms=args.window, shift_ms=args.shift, align_at=args.align_at
     )
 
 
@@ -420,15 +353,3 @@ def _check_flags(args: argparse.Namespace) -> tuple[Align, int]:
     if problems:
         raise UsageError(problems)
     return align, quantum
-
-
-def align_point(when: When) -> AlignPoint:
-    """``when`` as the engine takes it (a time of day is resolved on the run's date there)."""
-    from fiomon.offline.compare.model import AlignPoint  # noqa: PLC0415
-    from fiomon.offline.compare.windows import TIME_OF_DAY_FLAG  # noqa: PLC0415
-
-    if when.offset_ms is not None:
-        return AlignPoint(offset_ms=when.offset_ms)
-    if when.time_of_day_ms is not None:
-        return AlignPoint(epoch_ms=TIME_OF_DAY_FLAG + when.time_of_day_ms)
-    return AlignPoint(epoch_ms=when.epoch_ms)

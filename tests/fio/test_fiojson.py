@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from fiomon.fio.problems import ProblemLog
 from fiomon.model import RecordBatch
 from tests.clock import T0
 from tests.conftest import FIXTURES
+from tests.fiorun import job_file, start_fio, wait_fio
 
 
 def doc(ts: int, jobs: list[tuple[str, dict[int, int], int]]) -> str:
@@ -157,3 +159,21 @@ def test_splitter_bounds_a_never_ending_document() -> None:
     out = list(sp.feed(b'{"a": [' + b"1, " * 100))
     assert out == []
     assert log.counts["json"] == 1
+
+
+def test_a_group_reporting_stream_starts_where_fio_started(fio_bin: str, tmp_path: Path) -> None:
+    """fio sums ``job_runtime`` over a group_reporting entry's threads (numjobs=8: 8 s at
+    1 s of wall time); the first record must still start at the job's start, within the
+    first second before fio's first document, not 7 s before it (report and compare
+    spread the first interval's I/Os over that span)."""
+    job = job_file(tmp_path, prefix=None, iops=50, runtime=3, extra="numjobs=8\ngroup_reporting")
+    wait_fio([start_fio(fio_bin, job, tmp_path / "out.json")])
+    text = (tmp_path / "out.json").read_text()
+    first = json.JSONDecoder().raw_decode(text, text.index("{"))[0]
+    entry = first["jobs"][0]
+    assert entry["job_runtime"] > (entry["elapsed"] + 1) * 1000  # fio summed it
+    batches, parser = run(text)
+    start = min(int(b.start_ms.min()) for b in batches)
+    assert first["timestamp_ms"] - 1100 <= start <= first["timestamp_ms"]
+    assert parser.first_ms is not None
+    assert first["timestamp_ms"] - 1100 <= parser.first_ms

@@ -6,6 +6,7 @@ slow windows; the report's own rows are the ground truth of what a window holds.
 
 from __future__ import annotations
 
+import gzip
 import io
 import math
 import os
@@ -17,6 +18,7 @@ import pytest
 
 from fiomon.bins import BinLayout
 from fiomon.errors import FiomonError
+from fiomon.offline.compare.align import parse_align_at, time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, CompareResult
 from fiomon.offline.compare.run import RunInput, run_compare, run_files
 from fiomon.offline.compare.stats import (
@@ -26,12 +28,7 @@ from fiomon.offline.compare.stats import (
     mover_ratio,
     significant,
 )
-from fiomon.offline.compare.windows import (
-    TIME_OF_DAY_FLAG,
-    Hist,
-    parse_align_at,
-    time_of_day_at,
-)
+from fiomon.offline.compare.windows import Hist
 from fiomon.offline.quanta import QuantaOptions, iter_quanta
 from fiomon.offline.sources import SourceOptions
 from fiomon.tools.simulate import write_cluster
@@ -96,6 +93,12 @@ def test_a_window_holds_exactly_the_report_rows_of_its_quanta(runs: dict[str, Pa
             # records split over quanta leave fractions, summed before rounding
             assert got == {k: round(v) for k, v in want.items()}, (name, d)
         assert info.ios == round(sum(r.stats.samples for r in rows if r.direction != "all"))
+    # Whole-run lines count every I/O of the windows both runs have (all of them here),
+    # their records' fractions summed before rounding.
+    whole = [v for v in result.verdicts if v.whole_run and v.direction == "all"]
+    assert whole and {(v.baseline_ios, v.candidate_ios) for v in whole} == {
+        (result.baseline.ios, result.candidate.ios)
+    }
 
 
 def test_a_run_against_itself_is_ratio_one_everywhere(runs: dict[str, Path]) -> None:
@@ -145,28 +148,15 @@ def test_the_slow_windows_are_flagged_and_carried_by_the_slow_host(runs: dict[st
     }
 
 
-def test_jsonl_objects_have_the_issue_keys(runs: dict[str, Path]) -> None:
+def test_jsonl_objects_put_whole_run_lines_last(runs: dict[str, Path]) -> None:
+    """(Their keys and types: tests/offline/test_compare_cli.py.)"""
     result = _compare(runs["base"], runs["same"])
     objs = [v.to_json() for v in result.verdicts]
-    for o in objs:
-        for key in (
-            "window_start_s",
-            "window_end_s",
-            "direction",
-            "percentile",
-            "baseline_ns",
-            "candidate_ns",
-            "ratio",
-            "ratio_ci",
-            "significant",
-        ):
-            assert key in o
-        assert isinstance(o["ratio_ci"], list) and len(o["ratio_ci"]) == 2
     whole = [o for o in objs if o["window_start_s"] is None]
     assert whole and all(o["window_end_s"] is None for o in whole)
     starts = [o["window_start_s"] for o in objs if o["window_start_s"] is not None]
     assert starts == sorted(starts)
-    assert objs.index(whole[0]) == len(objs) - len(whole)  # whole-run lines last
+    assert objs.index(whole[0]) == len(objs) - len(whole)
 
 
 def _shifted_copy(src: Path, dst: Path, shift_ms: int) -> None:
@@ -229,16 +219,36 @@ def test_bad_alignments_are_errors_that_say_why(runs: dict[str, Path]) -> None:
         _compare(runs["base"], runs["same"], shift_ms=-600_000)
 
 
-def test_run_files(tmp_path: Path) -> None:
-    (tmp_path / "run" / "client-01").mkdir(parents=True)
-    (tmp_path / "run" / ".hidden").mkdir()
-    a = tmp_path / "run" / "client-01" / "j_clat_hist.1.log"
-    b = tmp_path / "run" / "out.json"
-    for p in (a, b, tmp_path / "run" / ".hidden" / "x.log", tmp_path / "run" / ".dot"):
-        p.write_text("x")
-    assert run_files(str(tmp_path / "run")) == sorted([a, b])
-    assert run_files(str(a)) == [a]
-    assert run_files(str(tmp_path / "run" / "**" / "*.log")) == [a]
+def test_run_files_takes_fio_output_from_a_folder_or_glob(tmp_path: Path) -> None:
+    """A run folder as fio leaves it: the logs and json+ are taken; the job file, fio's
+    text output, a bw log, the data file and hidden files are left out (and said)."""
+    run = tmp_path / "run"
+    (run / "client-01").mkdir(parents=True)
+    (run / ".hidden").mkdir()
+    hist = run / "client-01" / "j_clat_hist.1.log"
+    hist.write_text("1000, 0, 4096, 1\n")
+    lat = run / "client-01" / "j_lat.1.log.gz"
+    with gzip.open(lat, "wt") as fh:
+        fh.write("1, 2000, 0, 4096, 0, 0x0000\n")
+    js = run / "out.txt"  # json+ whatever its name
+    js.write_text('note: both iodepth\n{\n  "fio version" : "fio-3.33",\n  "jobs" : []\n}\n')
+    others = [
+        run / "job.fio",
+        run / "normal.out",
+        run / "client-01" / "j_bw.1.log",
+        run / "datafile",
+        run / ".hidden" / "x_clat_hist.1.log",
+    ]
+    others[0].write_text("[job]\nrw=randread\n")
+    others[1].write_text("job: (g=0): rw=randread, bs=(R) 4096B-4096B\nRun status group 0\n")
+    others[2].write_text("1000, 4096, 0, 4096, 0\n")
+    others[3].write_bytes(bytes(range(256)) * 64)
+    others[4].write_text("1000, 0, 4096, 1\n")
+    skipped: list[Path] = []
+    assert run_files(str(run), skipped) == sorted([hist, lat, js])
+    assert sorted(skipped) == sorted(others[:4])
+    assert run_files(str(others[0])) == [others[0]]  # named alone: taken, it will say why
+    assert run_files(str(run / "**" / "*.log")) == [hist]
     with pytest.raises(FiomonError, match="no file matches"):
         run_files(str(tmp_path / "*.nothing"))
     with pytest.raises(FiomonError, match="no such file or folder"):
@@ -246,13 +256,15 @@ def test_run_files(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FiomonError, match="empty folder"):
         run_files(str(tmp_path / "empty"))
+    with pytest.raises(FiomonError, match=r"no fio output among its 1 file\(s\) \(job.fio\)"):
+        run_files(str(run / "*.f*"))
 
 
 def test_parse_align_at() -> None:
     b, c = parse_align_at("baseline=+95s,candidate=+2m")
     assert (b.offset_ms, c.offset_ms) == (95_000, 120_000)
     b, c = parse_align_at("baseline=12:03:10,candidate=2026-11-27T14:41:55+00:00")
-    assert b.epoch_ms == TIME_OF_DAY_FLAG + (12 * 3600 + 3 * 60 + 10) * 1000
+    assert b.time_of_day_ms == (12 * 3600 + 3 * 60 + 10) * 1000
     assert c.epoch_ms == 1_795_790_515_000
     for bad in (
         "baseline=1",
@@ -328,16 +340,17 @@ def test_bootstrap_is_seeded_and_brackets_the_ratio() -> None:
     assert (low > 1.0).all() and (high > low).all()
 
 
-def test_above_counts_counts_bins_wholly_above() -> None:
+def test_above_counts_counts_from_the_thresholds_bin_up() -> None:
     lower, upper = BinLayout().edges_ns()
     h = np.zeros((1, len(lower)))
     h[0, 700] = 5
     h[0, 701] = 3
     h[0, 702] = 2
     mid = (lower[701] + upper[701]) / 2
-    assert above_counts(h, lower, upper, mid)[0] == 2
-    assert above_counts(h, lower, upper, upper[701])[0] == 2  # the edge itself: bin 701's
-    assert above_counts(h, lower, upper, lower[700] - 1)[0] == 10
+    assert above_counts(h, upper, mid)[0] == 5  # bin 701 counts whole
+    assert above_counts(h, upper, upper[701])[0] == 5  # its upper edge is still bin 701
+    assert above_counts(h, upper, upper[701] + 1)[0] == 2
+    assert above_counts(h, upper, lower[700] - 1)[0] == 10
 
 
 def test_trimmed_hist_sums_equal_full_sums() -> None:

@@ -31,13 +31,18 @@ DEFAULT_RESAMPLES = 2000
 class AlignPoint:
     """An instant of one run that aligned time 0 maps to (``--align-at``).
 
+    One of the three is given.
+
     Args:
         epoch_ms: a wall-clock instant (epoch ms); the run's logs must carry epoch stamps.
-        offset_ms: else, ms since the run's own start (its first quantum's start).
+        offset_ms: ms since the run's own start (its first quantum's start).
+        time_of_day_ms: ms since local midnight, on the date the run covers (the first
+            such instant from a minute before the run's start on); epoch stamps only.
     """
 
     epoch_ms: int | None = None
     offset_ms: int | None = None
+    time_of_day_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +74,8 @@ class HostShare:
 
     Args:
         host: the host label.
-        above: its I/Os in the window above the baseline's percentile value.
+        above: its I/Os in the window at or above the bin of the baseline's percentile
+            value (:func:`fiomon.histogram.bin_of`, as the live tail shares count).
         share: ``above`` over all hosts' (0..1).
         io_share: its I/Os over all hosts' in the window (0..1): a host whose ``share``
             is far above its ``io_share`` carries the regression.

@@ -50,6 +50,7 @@ CSV_COLUMNS = (
     "candidate_ios",
     "method",
     "hosts",
+    "partial",
 )
 TOP_HOSTS = 3  # hosts named per regression in the table
 _PAIRS = ("ratio_ci", "baseline_ci_ns", "candidate_ci_ns")
@@ -196,8 +197,10 @@ def _local(epoch_ms: int) -> str:
 
 
 def _span(windows: Sequence[Verdict]) -> str:
-    starts = [v.window_start_s for v in windows if v.window_start_s is not None]
-    ends = [v.window_end_s for v in windows if v.window_end_s is not None]
+    # The whole-run lines merge only the windows both runs have I/O in.
+    both = [v for v in windows if v.baseline_ios and v.candidate_ios]
+    starts = [v.window_start_s for v in both if v.window_start_s is not None]
+    ends = [v.window_end_s for v in both if v.window_end_s is not None]
     if not starts or not ends:
         return "the windows both runs have"
     return f"the windows both runs have, within {min(starts):g} .. {max(ends):g} s"
@@ -217,6 +220,11 @@ def _footer(result: CompareResult, windows: Sequence[Verdict], table: _Table) ->
             "'?' in an interval: too few I/Os to bound that side (e.g. p99.9 of fewer "
             "than a few thousand I/Os has no upper bound)"
         )
+    if table.partial:
+        lines.append(
+            "(partial): a run's records cover less than 90 % of the window (fio starting or "
+            "stopping): fewer I/Os, and the edge of a run"
+        )
     if table.named_hosts:
         lines.append(
             "hosts: the candidate's hosts carrying a regression: their share of the I/Os "
@@ -234,6 +242,7 @@ class _Table:
         self.attribute = attribute
         self.unbounded = False
         self.named_hosts = False
+        self.partial = False
 
     def render(self, verdicts: Sequence[Verdict], *, window: bool) -> str:
         heads = [
@@ -264,6 +273,9 @@ class _Table:
         verdict = "-"
         if v.significant:
             verdict = "worse" if _ratio(v) > 1 else "better"
+        if v.partial:
+            self.partial = True
+            verdict += " (partial)"
         cells = [
             *([f"{v.window_start_s:g} .. {v.window_end_s:g}"] if window else []),
             *([v.host or "cluster"] if self.show_host else []),

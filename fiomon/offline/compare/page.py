@@ -32,7 +32,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,6 +46,7 @@ from fiomon.offline.compare.model import (
     Verdict,
     WindowPoint,
 )
+from fiomon.runtime import write_atomic
 from fiomon.webpage import asset, colours
 
 FigureKind = Literal["html", "png", "svg"]
@@ -111,12 +111,7 @@ def write_figure(result: CompareResult, path: Path, kind: FigureKind, title: str
         from fiomon.offline.compare.figure import figure_bytes  # noqa: PLC0415
 
         body = figure_bytes(doc, kind)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(body)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, body)
 
 
 # -- the document ---------------------------------------------------------------------

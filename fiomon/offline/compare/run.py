@@ -10,7 +10,10 @@ the method and why.
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
+import lzma
 import math
 import sys
 from collections.abc import Sequence
@@ -24,6 +27,8 @@ import numpy.typing as npt
 from fiomon.closed import Scope
 from fiomon.confidence import summarize_with_bounds
 from fiomon.errors import FiomonError
+from fiomon.fio.iolog import iolog_kind, rate_log
+from fiomon.fio.parsers import fio_json_head
 from fiomon.histogram import pct_key
 from fiomon.offline.compare.model import (
     CompareOptions,
@@ -43,6 +48,7 @@ from fiomon.offline.compare.stats import (
     significant,
 )
 from fiomon.offline.compare.windows import Key, RunWindows, Window, read_run
+from fiomon.offline.quantafiles import is_quanta_file
 from fiomon.offline.sources import SourceOptions
 
 F64 = npt.NDArray[np.float64]
@@ -67,11 +73,15 @@ class RunInput:
     source: SourceOptions
 
 
-def run_files(spec: str) -> list[Path]:
+def run_files(spec: str, skipped: list[Path] | None = None) -> list[Path]:
     """The files of one run: a file, a folder (recursively, hidden ones skipped) or a glob.
 
+    From a folder or a glob only fio's output is taken (:func:`is_fio_output`): a run
+    folder also holds the job file, fio's text output, its bw/iops logs and maybe the data
+    file itself; those go to ``skipped`` (for a note). A file named alone is always taken.
+
     Raises:
-        FiomonError: nothing there, naming the spec.
+        FiomonError: nothing there, or nothing of fio's, naming the spec.
     """
     path = Path(spec)
     if path.is_file():
@@ -85,15 +95,66 @@ def run_files(spec: str) -> list[Path]:
         if not found:
             msg = f"{spec}: an empty folder"
             raise FiomonError(msg)
-        return found
-    if glob.has_magic(spec):
+    elif glob.has_magic(spec):
         found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
         if not found:
             msg = f"{spec}: no file matches"
             raise FiomonError(msg)
-        return found
-    msg = f"{spec}: no such file or folder"
-    raise FiomonError(msg)
+    else:
+        msg = f"{spec}: no such file or folder"
+        raise FiomonError(msg)
+    taken = [p for p in found if is_fio_output(p)]
+    if skipped is not None:
+        skipped.extend(p for p in found if p not in set(taken))
+    if not taken:
+        names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
+        msg = (
+            f"{spec}: no fio output among its {len(found)} file(s) ({names}): compare reads "
+            "hist logs (write_hist_log), per-I/O latency logs (write_lat_log) and json+ "
+            "output (--output-format=json+)"
+        )
+        raise FiomonError(msg)
+    return taken
+
+
+_HEAD_BYTES = 64 << 10
+
+
+def _head(path: Path) -> bytes:
+    """The first :data:`_HEAD_BYTES` of a file, decompressed by its suffix."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    if path.suffix == ".bz2":
+        with bz2.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    if path.suffix == ".xz":
+        with lzma.open(path, "rb") as fh:
+            return fh.read(_HEAD_BYTES)
+    with path.open("rb") as fh:
+        return fh.read(_HEAD_BYTES)
+
+
+def is_fio_output(path: Path) -> bool:
+    """Whether a file found in a run's folder is fio output compare reads.
+
+    By name: hist logs (``_clat_hist.N.log``, also compressed or with fio --client's
+    ``.<host>``) and per-I/O latency logs (``_clat.N.log``, ``_lat.``, ``_slat.``); fio's
+    bw and iops logs are not latency. Else by content: a fio JSON document in the first
+    64 KiB (json+ output, whatever its name), or a quanta file (taken, so that it is
+    refused by name rather than left out in silence).
+    """
+    if "_hist." in path.name or iolog_kind(path) is not None:
+        return True
+    if rate_log(path) is not None:
+        return False
+    if is_quanta_file(path):
+        return True
+    try:
+        head = _head(path)
+    except (OSError, EOFError, lzma.LZMAError):
+        return False
+    return fio_json_head(head)
 
 
 def run_compare(
@@ -159,6 +220,12 @@ class _Judge:
                 self.result.notes.append(
                     f"only the {run.info.name} has I/O in {', '.join(only)}: not compared"
                 )
+        if "all" in dirs and not self._same_mix():
+            dirs.remove("all")
+            self.result.notes.append(
+                "all: not compared, the runs hold I/O of other directions (compare the "
+                "directions both have)"
+            )
         if not dirs:
             msg = "the two runs have no direction with I/O in common (--directions)"
             raise FiomonError(msg)
@@ -184,6 +251,20 @@ class _Judge:
         self.result.verdicts = [v for _, _, v in window_lines] + whole
         self._coverage_notes(dirs[0])
 
+    def _same_mix(self) -> bool:
+        """Whether ``all`` means the same directions in both runs.
+
+        If not, it would compare, say, a read-only baseline with a candidate's reads and
+        writes. Unknown when a direction was not read (``--directions``) or a run reports
+        ``mixed`` (unified_rw_reporting: reads and writes in one): then taken as the same.
+        """
+        own = ("read", "write", "trim")
+        if not {*own, "mixed"} <= set(self.opts.quanta.directions):
+            return True
+        held = [{d for d in own if ("cluster", None, d) in r.windows} for r in (self.b, self.c)]
+        mixed = any(("cluster", None, "mixed") in r.windows for r in (self.b, self.c))
+        return mixed or held[0] == held[1]
+
     def _coverage_notes(self, d: str) -> None:
         key: Key = ("cluster", None, d)
         wb, wc = set(self.b.windows[key]), set(self.c.windows[key])
@@ -205,6 +286,17 @@ class _Judge:
         for i, s in enumerate(stats):
             if s is not None:
                 vals[i] = [s.percentiles_ns[k] for k in self.keys_p]
+        for i, w in enumerate(windows):
+            if w.exact is None:
+                continue
+            # Per-I/O logs: the nearest rank of the values and its order-statistic interval
+            # (report's exact rows), not the binned approximation.
+            for j, key in enumerate(self.keys_p):
+                if key in w.exact:
+                    v, lo, hi = w.exact[key]
+                    vals[i, j] = v
+                    low[i, j] = np.nan if lo is None else lo
+                    high[i, j] = np.nan if hi is None else hi
         return vals, low, high
 
     def _key(self, key: Key) -> tuple[list[tuple[int, Verdict]], list[Verdict]]:
@@ -259,7 +351,7 @@ class _Judge:
             m = Window()
             for w in wins:
                 m.hist.add_trimmed(w.hist)
-                m.ios += w.ios
+                m.samples += w.samples
             merged.append((run, m))
         (_, mb), (_, mc) = merged
         bs, cs = self._stats(self.b, [mb]), self._stats(self.c, [mc])
@@ -305,9 +397,9 @@ class _Judge:
         """The candidate's hosts by their share of the I/Os above ``threshold_ns``."""
         if math.isnan(threshold_ns):
             return ()
-        lower, upper = self.c.layout.edges_ns()
+        _, upper = self.c.layout.edges_ns()
         above: dict[str, float] = {}
-        ios: dict[str, int] = {}
+        ios: dict[str, float] = {}
         for h in self.c.info.hosts:
             wins = self.c.windows.get(("host", h, d), {})
             got = [wins[k] for k in ks if k in wins]
@@ -316,14 +408,9 @@ class _Judge:
             hist, first = _matrix([w.hist.lo for w in got], [w.hist.counts for w in got])
             total = hist.sum(axis=0)[None, :]
             above[h] = float(
-                above_counts(
-                    total,
-                    lower[first : first + total.shape[1]],
-                    upper[first : first + total.shape[1]],
-                    threshold_ns,
-                )[0]
+                above_counts(total, upper[first : first + total.shape[1]], threshold_ns)[0]
             )
-            ios[h] = sum(w.ios for w in got)
+            ios[h] = sum(w.samples for w in got)
         all_above = sum(above.values())
         all_ios = sum(ios.values())
         if all_above <= 0 or all_ios <= 0:

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fiomon.bins import BinLayout
-from fiomon.histogram import summarize_many
+from fiomon.histogram import bin_of, summarize_many
 
 F64 = npt.NDArray[np.float64]
 
@@ -141,11 +141,12 @@ def hull(low_a: F64, high_a: F64, low_b: F64, high_b: F64) -> tuple[F64, F64]:
     return np.minimum(low_a, low_b), np.maximum(high_a, high_b)
 
 
-def above_counts(hists: F64, lower_edges: F64, upper_edges: F64, threshold_ns: float) -> F64:
-    """Per row of ``hists``, the I/Os in bins wholly above ``threshold_ns``.
+def above_counts(hists: F64, upper_edges: F64, threshold_ns: float) -> F64:
+    """Per row of ``hists``, the I/Os at or above ``threshold_ns``'s bin.
 
-    The threshold is a percentile interpolated in its bin ``j`` (``lower_j <= t <=
-    upper_j``); the bins after ``j`` hold only latencies above it.
+    The bin holding the threshold counts whole (:func:`fiomon.histogram.bin_of`, the rule
+    of the live tail shares): fio's bins are 1.6 % wide, so these are the I/Os from that
+    much below the threshold up.
     """
-    j = int(np.searchsorted(upper_edges, threshold_ns, side="left"))
-    return np.asarray(hists[:, j + 1 :].sum(axis=1), dtype=np.float64)
+    b = int(bin_of(upper_edges, [threshold_ns])[0])
+    return np.asarray(hists[:, b:].sum(axis=1), dtype=np.float64)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,10 @@ import numpy.typing as npt
 
 from fiomon.bins import BinLayout
 from fiomon.closed import ClosedQuantum, Scope
-from fiomon.errors import FiomonError
+from fiomon.errors import FiomonError, ParseError
+from fiomon.offline.compare.align import time_of_day_at
 from fiomon.offline.compare.model import AlignPoint, CompareOptions, RunInfo, RunName
+from fiomon.offline.iosources import is_iolog
 from fiomon.offline.quanta import QuantaOptions
 from fiomon.offline.quantafiles import all_quanta_files
 from fiomon.offline.report import ReportOptions, run_report
@@ -78,13 +81,29 @@ class Hist:
         return float(self.counts.sum())
 
 
+Exact = dict[str, tuple[float, float | None, float | None]]
+"""Per percentile key: the value and its interval's sides (None: unbounded)."""
+
+
 @dataclass(slots=True)
 class Window:
-    """One window of one scope and direction."""
+    """One window of one scope and direction.
+
+    ``exact``: from per-I/O logs, the window's own row's nearest-rank percentiles and
+    their order-statistic intervals on the values (``fiomon report``'s exact rows),
+    which the binned histogram only approximates; None otherwise.
+    """
 
     hist: Hist = field(default_factory=Hist)
-    ios: int = 0
+    samples: float = 0.0  # fio records split over windows leave fractions
     covered_s: float = 0.0
+    exact: Exact | None = None
+
+    @property
+    def ios(self) -> int:
+        """The I/Os, rounded once (a sum of windows sums their ``samples`` first)."""
+        return round(self.samples)
+    rows: int = 0
 
 
 @dataclass(slots=True)
@@ -108,8 +127,8 @@ class RunWindows:
 class _WindowSink:
     """The rows' sink: sums each row's histogram into its window (a :class:`RowWriter`)."""
 
-    def __init__(self, layout: BinLayout, relative: bool, place: _Placer) -> None:
-        self.layout, self.relative, self.place = layout, relative, place
+    def __init__(self, layout: BinLayout, relative: bool, place: _Placer, exact: bool) -> None:
+        self.layout, self.relative, self.place, self.exact = layout, relative, place, exact
         self.windows: dict[Key, dict[int, Window]] = {}
         self.first_ms: int | None = None
         self.last_ms: int | None = None
@@ -125,12 +144,20 @@ class _WindowSink:
                 raise FiomonError(msg)
             if self.first_ms is None:
                 self.first_ms = r.start_ms
-            self.last_ms = r.end_ms if self.last_ms is None else max(self.last_ms, r.end_ms)
+            # Rows are windows: the records end where the last one's covered time does (a
+            # run's records run on from its start, or from the window's).
+            end = r.end_ms
+            if r.iops:
+                begin = max(r.start_ms, self.place.first_ms or r.start_ms)
+                end = min(r.end_ms, begin + math.ceil(r.stats.samples / r.iops * 1000))
+            self.last_ms = end if self.last_ms is None else max(self.last_ms, end)
             k = self.place.window(r.start_ms)
             w = self.windows.setdefault((r.scope, r.host, r.direction), {}).setdefault(k, Window())
             w.hist.add(r.hist)
-            n = round(r.stats.samples)
-            w.ios += n
+            w.rows += 1
+            # Rows are the windows (regrid): one exact row is the window's exact statistics.
+            w.exact = _exact(r) if self.exact and w.rows == 1 else None
+            w.samples += r.stats.samples
             if r.iops:
                 w.covered_s += r.stats.samples / r.iops
             if r.scope == "cluster" and r.direction != "all":
@@ -138,6 +165,15 @@ class _WindowSink:
 
     def close(self) -> None:
         return None
+
+
+def _exact(r: ClosedQuantum) -> Exact | None:
+    """An exact row's percentiles and intervals (None: it has not all of them)."""
+    out: Exact = {}
+    for key, value in r.stats.percentiles_ns.items():
+        low, high = (None, None) if r.ci_ns is None else r.ci_ns.get(key, (None, None))
+        out[key] = (value, low, high)
+    return out or None
 
 
 class _Placer:
@@ -172,7 +208,7 @@ class _Placer:
         p = self.point
         if p is not None and p.offset_ms is not None:
             target = first_ms + p.offset_ms
-        elif p is not None and p.epoch_ms is not None:
+        elif p is not None:
             if relative:
                 msg = (
                     f"--align-at {self.name}: a wall-clock time, but the {self.name}'s logs "
@@ -180,9 +216,10 @@ class _Placer:
                     "instead, e.g. +95s"
                 )
                 raise FiomonError(msg)
-            target = p.epoch_ms
-            if target < TIME_OF_DAY_FLAG // 2:
-                target = time_of_day_at(target - TIME_OF_DAY_FLAG, first_ms)
+            if p.time_of_day_ms is not None:
+                target = time_of_day_at(p.time_of_day_ms, first_ms)
+            else:
+                target = p.epoch_ms if p.epoch_ms is not None else first_ms
         # On the run's quantum grid, so that no quantum straddles two windows.
         steps = round((target - first_ms) / self.quantum_ms)
         self.origin_ms = first_ms + steps * self.quantum_ms
@@ -191,6 +228,11 @@ class _Placer:
                 f"the {self.name}'s alignment point moved {self.origin_ms - target:+d} ms "
                 f"onto its quantum grid ({self.quantum_ms} ms)"
             )
+
+    def quantum_end(self, ms: int) -> int:
+        """The end of the run's quantum that holds ``ms`` (its grid starts at its first)."""
+        first = self.first_ms if self.first_ms is not None else 0
+        return first + -(-(ms - first) // self.quantum_ms) * self.quantum_ms
 
     def window(self, start_ms: int) -> int:
         return (start_ms - self.origin_ms) // self.window_ms
@@ -216,6 +258,7 @@ def read_run(
             "fio's logs (hist logs, json+ streams, per-I/O latency logs)"
         )
         raise FiomonError(msg)
+    exact = bool(files) and all(is_iolog(p) for p in files)
     q: QuantaOptions = dataclasses.replace(
         opts.quanta,
         source=source,
@@ -223,8 +266,9 @@ def read_run(
         keep_hists=True,
         keep_host_hists=True,
         target_error=None,
-        # The rows' own percentiles go unused (each window's come from its histogram).
-        percentiles=(),
+        # Binned rows' percentiles go unused (each window's come from its histogram);
+        # per-I/O logs' rows are exact: a window's are its row's (rows are the windows).
+        percentiles=opts.quanta.percentiles if exact else (),
         regrid=None,
     )
     shift = opts.shift_ms if name == "candidate" else 0
@@ -235,16 +279,23 @@ def read_run(
     holder: list[_WindowSink] = []
 
     def sink(layout: BinLayout, relative: bool) -> _WindowSink:
-        s = _WindowSink(layout, relative, placer)
+        s = _WindowSink(layout, relative, placer, exact)
         holder.append(s)
         return s
 
     prefix = cast("TextIO", _Prefixed(err, f"{name}: "))
-    summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    try:
+        summary = run_report(files, q, io.StringIO(), prefix, opts=ReportOptions(), sink=sink)
+    except ParseError:
+        raise  # --strict's first bad line names its file
+    except FiomonError as exc:  # which run it is
+        msg = f"{name} {spec}: {exc}"
+        raise FiomonError(msg) from None
     if not holder or holder[0].first_ms is None or summary.records == 0:
         msg = f"{name} {spec}: no I/O in the directions compared"
         raise FiomonError(msg)
     s = holder[0]
+    _check_records(name, spec, summary.records, s.windows, opts.window_ms)
     hosts = sorted({h for (_, h, _) in s.windows if h is not None})
     info = RunInfo(
         name=name,
@@ -255,7 +306,7 @@ def read_run(
         relative=s.relative,
         origin_ms=placer.origin_ms,
         start_ms=placer.first_ms if placer.first_ms is not None else s.first_ms or 0,
-        end_ms=s.last_ms or 0,
+        end_ms=placer.quantum_end(s.last_ms or 0),
         late_records=summary.late_records,
     )
     if point is not None and not info.start_ms <= placer.origin_ms <= info.end_ms:
@@ -267,6 +318,36 @@ def read_run(
         raise FiomonError(msg)
     notes = [placer.note] if placer.note else []
     return RunWindows(info, s.layout, s.windows, q.quantum_ms), notes
+
+
+def _check_records(
+    name: RunName, spec: str, records: int, windows: dict[Key, dict[int, Window]], window_ms: int
+) -> None:
+    """Refuse windows that would hold shares of records, not what happened in them.
+
+    A record longer than a window (one json+ document of a whole run, fio's
+    ``--status-interval`` or ``log_hist_msec`` longer than ``--window``) is spread evenly
+    over the windows it covers: each would get the same percentiles, with intervals as if
+    its share of the I/Os had been seen there. Each host's direction's window with I/O
+    needs a record of its own unless records are split, so fewer than half as many
+    records as such windows means most records span two windows or more.
+
+    Raises:
+        FiomonError: naming the run, the counts and what to do.
+    """
+    needed = sum(len(ws) for (scope, _, d), ws in windows.items() if scope == "host" and d != "all")
+    if records <= 0 or needed < 2 * records:
+        return
+    msg = (
+        f"{name} {spec}: {records} fio record(s) for {needed} windows of "
+        f"{window_ms / 1000:g} s (per host and direction): its records are longer than a "
+        "window (json+ output without --status-interval, or a status interval or "
+        "log_hist_msec longer than --window), so each window would show an even share of "
+        "a record, not what happened in it; use a --window at least as long as fio's "
+        "interval (the whole run for one json+ document), or re-run fio with "
+        "--status-interval=1 or hist logs"
+    )
+    raise FiomonError(msg)
 
 
 class _Prefixed(io.TextIOBase):
@@ -290,72 +371,6 @@ class _Prefixed(io.TextIOBase):
 
     def flush(self) -> None:
         self.err.flush()
-
-
-def parse_align_at(text: str) -> tuple[AlignPoint, AlignPoint]:
-    """``baseline=T,candidate=T`` (see ``fiomon compare --help``).
-
-    T is ``+DURATION`` from the run's start (``+95s``, ``+2m``), a wall-clock time of day
-    ``HH:MM[:SS[.fff]]`` in the local time zone (the date comes later, from the run), or an
-    ISO 8601 date and time (with an offset, or local).
-
-    Raises:
-        ValueError: malformed; the message says what is expected.
-    """
-    from fiomon.units import parse_duration_ms  # noqa: PLC0415
-
-    got: dict[str, AlignPoint] = {}
-    for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
-        if not sep or name.strip() not in ("baseline", "candidate") or not value.strip():
-            msg = f"--align-at wants baseline=T,candidate=T, got {text!r}"
-            raise ValueError(msg)
-        value = value.strip()
-        if value.startswith("+"):
-            try:
-                got[name.strip()] = AlignPoint(offset_ms=parse_duration_ms(value[1:], what=name))
-            except Exception as exc:  # ConfigError: its own message
-                msg = f"--align-at {name.strip()}: {exc}"
-                raise ValueError(msg) from None
-            continue
-        got[name.strip()] = AlignPoint(epoch_ms=_wall_ms(name.strip(), value))
-    if set(got) != {"baseline", "candidate"}:
-        msg = f"--align-at wants both baseline=T and candidate=T, got {text!r}"
-        raise ValueError(msg)
-    return got["baseline"], got["candidate"]
-
-
-TIME_OF_DAY_FLAG = -(1 << 62)
-"""Added to a time of day's ms (since local midnight) until a run's date resolves it."""
-
-
-def _wall_ms(name: str, value: str) -> int:
-    try:
-        t = dt.time.fromisoformat(value)
-    except ValueError:
-        pass
-    else:
-        ms = ((t.hour * 60 + t.minute) * 60 + t.second) * 1000 + t.microsecond // 1000
-        return TIME_OF_DAY_FLAG + ms
-    try:
-        when = dt.datetime.fromisoformat(value)
-    except ValueError:
-        msg = (
-            f"--align-at {name}={value}: not a time (HH:MM:SS, an ISO date and time, or "
-            "+DURATION from the run's start)"
-        )
-        raise ValueError(msg) from None
-    if when.tzinfo is None:
-        when = when.astimezone()  # local time, as the clock on the wall
-    return int(when.timestamp() * 1000)
-
-
-def time_of_day_at(tod_ms: int, first_ms: int) -> int:
-    """The first instant at or after the run's start (less a minute) at that time of day."""
-    first = dt.datetime.fromtimestamp(first_ms / 1000).astimezone()
-    midnight = first.replace(hour=0, minute=0, second=0, microsecond=0)
-    at = int(midnight.timestamp() * 1000) + tod_ms
-    return at if at >= first_ms - 60_000 else at + 86_400_000
 
 
 def _when(ms: int, relative: bool) -> str:
