@@ -183,7 +183,7 @@ def test_a_throttled_phase_is_flagged_in_its_windows_and_nowhere_else(runs: Runs
 
 
 def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
-    """--per-host: the flagged cluster windows name client-02, far above its I/O share.
+    """--per-host: the flagged cluster windows give client-02 a share far above its I/Os'.
 
     client-02's own windows are flagged in the phase; client-01's no more than by chance.
     """
@@ -194,15 +194,21 @@ def test_the_slowed_host_carries_the_regression(runs: Runs) -> None:
     in_phase = [v for v in cluster if within(v, on_s, off_s)]
     assert len({span(v)[0] for v in in_phase}) >= 4
     for v in in_phase:
-        top = v.hosts[0]
-        assert top.host == "client-02", show([v])
-        # client-01's 400 ms reads spread over three bins (timer ticks): some land above
-        # a baseline window's p90 by chance, so client-02's share is about 40 / (40 + 7),
-        # not 1, while it does a fifth of the I/Os in the phase
-        assert top.share > 3 * top.io_share, v.hosts
-    # every flagged window, the phase's edges too (client-02 part slow there)
-    above = {h: sum(x.above for v in cluster for x in v.hosts if x.host == h) for h in HOSTS}
-    assert above["client-02"] >= 0.7 * sum(above.values()), above
+        shares = {h.host: h for h in v.hosts}
+        hit, calm = shares["client-02"], shares["client-01"]
+        # All of client-02's reads are above the baseline's p90 (400 ms), a fifth of the
+        # window's. The engine counts the bin of that p90 whole, and a quarter of
+        # client-01's reads take exactly 400 ms, so it gets about half the share: the
+        # slowed host is told by its share over its I/O share, not by its rank here.
+        assert hit.share >= 2 * hit.io_share, v.hosts
+        assert calm.share <= calm.io_share, v.hosts
+    # the whole run's flagged lines name the hosts too, client-02 above its I/O share
+    whole = [v for v in result.verdicts if v.whole_run and v.scope == "cluster" and flagged(v)]
+    assert whole
+    for v in whole:
+        shares = {h.host: h for h in v.hosts}
+        assert shares["client-02"].share > shares["client-02"].io_share, v.hosts
+        assert shares["client-01"].share < shares["client-01"].io_share, v.hosts
     hosts = [v for v in windows(result) if v.scope == "host" and v.direction == "read"]
     inside = {span(v)[0] for v in hosts if within(v, on_s, off_s)}
     slow = {
