@@ -98,12 +98,12 @@ class Window:
     samples: float = 0.0  # fio records split over windows leave fractions
     covered_s: float = 0.0
     exact: Exact | None = None
+    rows: int = 0
 
     @property
     def ios(self) -> int:
         """The I/Os, rounded once (a sum of windows sums their ``samples`` first)."""
         return round(self.samples)
-    rows: int = 0
 
 
 @dataclass(slots=True)
