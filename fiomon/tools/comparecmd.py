@@ -46,7 +46,10 @@ runs:
   BASELINE and CANDIDATE are each one run's fio output: a file, a folder (read
   recursively, hidden files skipped) or a quoted glob ('runs/a/**/*.log'); anything
   fiomon report reads except quanta files (they hold no histograms) and averaged
-  latency logs (no percentiles). The input options apply to both runs.
+  latency logs (no percentiles). From a folder or a glob only fio's latency output is
+  taken (hist logs, per-I/O latency logs, json+ documents): the job file, fio's text
+  output, bw/iops logs and data files are left out, with a note. The input options
+  apply to both runs.
 
 alignment (aligned time 0):
   default          each run's first quantum start
@@ -98,8 +101,8 @@ def add_parser(sub: SubParsers) -> argparse.ArgumentParser:
         p.add_argument(
             run,
             metavar=run.upper(),
-            help=f"the {run} run's fio output: a file, a folder (read recursively) or a "
-            "quoted glob",
+            help=f"the {run} run's fio output: a file, a folder (read recursively; fio's "
+            "latency output in it) or a quoted glob",
         )
     cli._add_input_options(p, logs=False)
     p.add_argument(
